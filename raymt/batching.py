@@ -1,0 +1,76 @@
+"""Token-budget batching and collation (plain PyTorch/NumPy, no Ray)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+@dataclass
+class Batch:
+    """A padded training batch: src ends in EOS, tgt_in starts with BOS, tgt_out ends in EOS."""
+
+    src: torch.Tensor  # (B, S)
+    tgt_in: torch.Tensor  # (B, T)
+    tgt_out: torch.Tensor  # (B, T)
+
+    @property
+    def num_tokens(self) -> int:
+        """Target tokens that count in the loss."""
+        return int((self.tgt_out != PAD_ID).sum())
+
+    def to(self, device: torch.device | str) -> "Batch":
+        """Copy to a device (non-blocking from pinned memory on GPU)."""
+        return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)))
+
+
+def _pad(rows: Sequence[Sequence[int]], prefix: Sequence[int] = (), suffix: Sequence[int] = ()) -> torch.Tensor:
+    """Right-pad rows (with optional prefix/suffix ids) into a (B, T) long tensor."""
+    width = max(len(r) for r in rows) + len(prefix) + len(suffix)
+    out = np.full((len(rows), width), PAD_ID, dtype=np.int64)
+    for i, r in enumerate(rows):
+        row = [*prefix, *r, *suffix]
+        out[i, :len(row)] = row
+    return torch.from_numpy(out)
+
+
+def collate(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]) -> Batch:
+    """Source ids (EOS included) and raw target ids -> a padded `Batch`."""
+    return Batch(src=_pad(src_ids), tgt_in=_pad(tgt_ids, prefix=[BOS_ID]),
+                 tgt_out=_pad(tgt_ids, suffix=[EOS_ID]))
+
+
+def token_budget_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
+                         rng: np.random.Generator) -> list[np.ndarray]:
+    """Cut one window of rows into batches whose padded size rows * longest <= max_tokens.
+
+    Rows are sorted by length so that padding stays small; the batch order is shuffled.
+    `tgt_lens` count the EOS/BOS-extended target.
+    """
+    longest = np.maximum(src_lens, tgt_lens)
+    order = np.lexsort((rng.random(len(longest)), longest))  # ties broken at random
+    batches, start, batch_max = [], 0, 0
+    for pos, i in enumerate(order):
+        new_max = max(batch_max, int(longest[i]))
+        if pos > start and new_max * (pos - start + 1) > max_tokens:
+            batches.append(order[start:pos])
+            start, new_max = pos, int(longest[i])
+        batch_max = new_max
+    if len(order) > start:
+        batches.append(order[start:])
+    rng.shuffle(batches)
+    return batches
+
+
+def window_batches(window: dict, max_tokens: int, rng: np.random.Generator) -> Iterator[Batch]:
+    """Token-budget `Batch`es from a window dict with `src_ids` and `tgt_ids` columns."""
+    src, tgt = window["src_ids"], window["tgt_ids"]
+    src_lens = np.fromiter((len(s) for s in src), dtype=np.int64, count=len(src))
+    tgt_lens = np.fromiter((len(t) + 1 for t in tgt), dtype=np.int64, count=len(tgt))
+    for idx in token_budget_batches(src_lens, tgt_lens, max_tokens, rng):
+        yield collate([src[i] for i in idx], [tgt[i] for i in idx])

@@ -1,0 +1,317 @@
+"""Typed configuration: the one home of every default, presets and `--set` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ACTIVATIONS = ("relu", "gelu")
+SP_MODEL_TYPES = ("unigram", "bpe")
+# Languages of the built-in corpus (CLDR data through Babel, number words through num2words).
+BUILTIN_LANGS = ("en", "de", "fr", "es")
+
+
+def _check(ok: bool, message: str) -> None:
+    """Raise a one-line ValueError for a user mistake when `ok` is false."""
+    if not ok:
+        raise ValueError(message)
+
+
+def _positive(obj: Any, section: str, *names: str) -> None:
+    """Check that each named numeric field of `obj` is > 0."""
+    for name in names:
+        value = getattr(obj, name)
+        _check(value > 0, f"{section}.{name}={value!r} must be > 0")
+
+
+@dataclass
+class ModelConfig:
+    """Encoder-decoder Transformer shape (Vaswani et al. 2017)."""
+
+    d_model: int = 256
+    num_heads: int = 4
+    d_ff: int = 1024
+    num_encoder_layers: int = 3
+    num_decoder_layers: int = 3
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation: str = "relu"
+    pre_norm: bool = True
+    # Sinusoidal positions need no table, but decoding stops at this length.
+    max_positions: int = 1024
+
+    def __post_init__(self) -> None:
+        _positive(self, "model", "d_model", "num_heads", "d_ff", "num_encoder_layers",
+                  "num_decoder_layers", "max_positions")
+        _check(self.d_model % self.num_heads == 0,
+               f"model.d_model={self.d_model} must be divisible by model.num_heads={self.num_heads}")
+        _check(self.d_model % 2 == 0,
+               f"model.d_model={self.d_model} must be even (sinusoidal positions)")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            _check(0.0 <= value < 1.0, f"model.{name}={value!r} must be in [0, 1)")
+        _check(self.activation in ACTIVATIONS,
+               f"model.activation={self.activation!r} must be one of {', '.join(ACTIVATIONS)}")
+
+
+@dataclass
+class DataConfig:
+    """Corpus, tokenizer and batching."""
+
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    # File prefixes: PREFIX.{src_lang} and PREFIX.{tgt_lang}, optionally gzipped.
+    # None means the built-in corpus, generated offline.
+    train: Optional[str] = None
+    valid: Optional[str] = None
+    test: Optional[str] = None
+    builtin_train_size: int = 24000
+    builtin_eval_size: int = 500
+    vocab_size: int = 8000
+    sp_model_type: str = "unigram"
+    sp_sample_size: int = 200_000
+    # Per worker and micro-batch: rows * longest row (padding included) stays under this.
+    max_tokens: int = 4096
+    # Rows per length-sorted window from which token-budget batches are cut.
+    window_rows: int = 4096
+    shuffle_buffer_rows: int = 8192
+    max_len: int = 200
+    eval_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        _check(self.src_lang != self.tgt_lang,
+               f"data.src_lang and data.tgt_lang are both {self.src_lang!r}: pick two languages")
+        _positive(self, "data", "builtin_train_size", "builtin_eval_size", "vocab_size",
+                  "sp_sample_size", "max_tokens", "window_rows", "max_len", "eval_batch_size")
+        _check(self.vocab_size % 8 == 0,
+               f"data.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. "
+               f"{(self.vocab_size + 7) // 8 * 8})")
+        _check(self.sp_model_type in SP_MODEL_TYPES,
+               f"data.sp_model_type={self.sp_model_type!r} must be one of {', '.join(SP_MODEL_TYPES)}")
+        _check(self.max_tokens >= self.max_len + 2,
+               f"data.max_tokens={self.max_tokens} must be at least data.max_len + 2 = "
+               f"{self.max_len + 2} so that every kept sentence fits in a batch")
+        _check(self.shuffle_buffer_rows >= 0,
+               f"data.shuffle_buffer_rows={self.shuffle_buffer_rows} must be >= 0")
+        if self.train is None:
+            for lang in (self.src_lang, self.tgt_lang):
+                _check(lang in BUILTIN_LANGS,
+                       f"language {lang!r} is not in the built-in corpus ({', '.join(BUILTIN_LANGS)});"
+                       f" pass --train/--valid files for other languages")
+        else:
+            _check(self.valid is not None,
+                   "--train is set but --valid is not: pass a validation file prefix")
+
+
+@dataclass
+class OptimConfig:
+    """Adam with inverse-square-root warmup, label smoothing, clipping, accumulation."""
+
+    lr: float = 1e-3
+    warmup_steps: int = 1000
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    label_smoothing: float = 0.1
+    # Micro-batches accumulated per update (no_sync on all but the last).
+    update_freq: int = 1
+
+    def __post_init__(self) -> None:
+        _positive(self, "optim", "lr", "warmup_steps", "eps", "update_freq")
+        for name in ("beta1", "beta2", "label_smoothing"):
+            value = getattr(self, name)
+            _check(0.0 <= value < 1.0, f"optim.{name}={value!r} must be in [0, 1)")
+        _check(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay!r} must be >= 0")
+        _check(self.clip_norm >= 0, f"optim.clip_norm={self.clip_norm!r} must be >= 0 (0 = off)")
+
+
+@dataclass
+class TrainConfig:
+    """Run length, evaluation, scaling and storage."""
+
+    max_steps: int = 1500
+    epochs: Optional[int] = None
+    eval_every: int = 500
+    log_every: int = 50
+    num_workers: int = 2
+    use_gpu: bool = False
+    # CPUs reserved per worker; None = leave one CPU of the cluster to Ray Data.
+    cpus_per_worker: Optional[float] = None
+    # bf16 autocast; only takes effect on GPU.
+    bf16: bool = True
+    seed: int = 1
+    storage_path: str = "runs"
+    name: Optional[str] = None
+    num_to_keep: int = 2
+    max_failures: int = 0
+    valid_beam: int = 1
+    test_beam: int = 5
+    length_penalty: float = 0.6
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+
+    def __post_init__(self) -> None:
+        _positive(self, "train", "max_steps", "eval_every", "log_every", "num_workers",
+                  "num_to_keep", "valid_beam", "test_beam")
+        if self.epochs is not None:
+            _positive(self, "train", "epochs")
+        if self.cpus_per_worker is not None:
+            _positive(self, "train", "cpus_per_worker")
+        _check(self.max_failures >= -1, f"train.max_failures={self.max_failures} must be >= -1")
+        _check(self.length_penalty >= 0, f"train.length_penalty={self.length_penalty} must be >= 0")
+
+
+@dataclass
+class Config:
+    """Everything one training run needs; crosses to Ray workers as a plain dict."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        """Plain nested dict (JSON-serializable)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        """Build from a nested dict, rejecting unknown fields."""
+        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        unknown = set(d) - set(sections)
+        _check(not unknown, f"unknown config section(s) {sorted(unknown)}; "
+                            f"known: {', '.join(sections)}")
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for name, value in d.items():
+            section_cls = hints[name]
+            known = {f.name for f in dataclasses.fields(section_cls)}
+            bad = set(value) - known
+            _check(not bad, f"unknown field(s) {', '.join(f'{name}.{b}' for b in sorted(bad))}; "
+                            f"known: {', '.join(sorted(known))}")
+            kwargs[name] = section_cls(**value)
+        return cls(**kwargs)
+
+
+# ---------------------------------------------------------------- presets
+
+
+def tiny() -> ModelConfig:
+    """Tests: 2+2 layers of width 32."""
+    return ModelConfig(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=2,
+                       num_decoder_layers=2, dropout=0.0)
+
+
+def small() -> ModelConfig:
+    """Small corpora (Multi30k, the built-in corpus): 3+3 layers, 256 wide."""
+    return ModelConfig()
+
+
+def base() -> ModelConfig:
+    """Transformer base (the paper): 6+6 layers, 512, FFN 2048, 8 heads."""
+    return ModelConfig(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6,
+                       num_decoder_layers=6, dropout=0.1)
+
+
+def big() -> ModelConfig:
+    """Transformer big (the paper): 6+6 layers, 1024, FFN 4096, 16 heads, dropout 0.3."""
+    return ModelConfig(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6,
+                       num_decoder_layers=6, dropout=0.3)
+
+
+PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "tiny": tiny, "small": small, "base": base, "big": big}
+
+
+def preset(name: str) -> ModelConfig:
+    """The model preset called `name`."""
+    _check(name in PRESETS, f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]()
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def _parse_value(raw: str, tp: Any, key: str) -> Any:
+    """Convert the string `raw` to the annotated type `tp` of field `key`."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        if raw.lower() in ("none", "null", ""):
+            return None
+        tp = next(a for a in args if a is not type(None))
+    try:
+        if tp is bool:
+            lowered = raw.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if tp is int:
+            return int(float(raw)) if "e" in raw.lower() else int(raw)
+        if tp is float:
+            return float(raw)
+        return str(raw)
+    except ValueError:
+        raise ValueError(f"{key}={raw!r} is not a valid {tp.__name__}") from None
+
+
+def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
+    """Return a copy of `cfg` with dotted keys (e.g. `optim.lr`) replaced; values may be strings."""
+    hints = typing.get_type_hints(Config)
+    grouped: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        _check(section in hints and name,
+               f"unknown config field {key!r}; fields look like "
+               f"{', '.join(s + '.<name>' for s in hints)}")
+        section_hints = typing.get_type_hints(hints[section])
+        _check(name in section_hints,
+               f"unknown config field {key!r}; {section} has: {', '.join(sorted(section_hints))}")
+        if isinstance(value, str):
+            value = _parse_value(value, section_hints[name], key)
+        grouped.setdefault(section, {})[name] = value
+    kwargs = {s: dataclasses.replace(getattr(cfg, s), **v) for s, v in grouped.items()}
+    return dataclasses.replace(cfg, **kwargs)
+
+
+def parse_set_args(items: list[str]) -> dict[str, str]:
+    """Turn `["optim.lr=5e-4", ...]` into `{"optim.lr": "5e-4"}`."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        _check(bool(sep) and bool(key), f"--set {item!r} must look like section.field=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def load_file(path: str | Path) -> dict:
+    """Read a JSON or TOML config file into a nested dict."""
+    path = Path(path)
+    _check(path.is_file(), f"config file {path} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            return tomllib.loads(text)
+        return json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ValueError(f"config file {path} is not valid {path.suffix[1:] or 'JSON'}: {err}") from None
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested dict to dotted keys."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

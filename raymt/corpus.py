@@ -1,0 +1,119 @@
+"""Built-in parallel corpus, generated offline from real CLDR data (Babel) and num2words.
+
+Each sentence is a CLDR-formatted list of 1-3 phrases: country and language names, full
+dates (month/day order differs), times, quantities with number words (German puts units
+before tens), and currency amounts (symbol position and decimal marks differ). Generation
+is deterministic given the seed and the installed Babel/num2words versions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from typing import Callable
+
+from babel import Locale
+from babel.dates import format_date, format_time
+from babel.lists import format_list
+from babel.numbers import format_currency
+from babel.units import format_unit
+from num2words import num2words
+
+LANGS = ("en", "de", "fr", "es")
+UNITS = ("length-kilometer", "length-meter", "mass-kilogram", "duration-hour",
+         "duration-minute", "volume-liter", "duration-day", "length-centimeter")
+CURRENCIES = ("EUR", "USD", "GBP", "JPY", "CHF")
+
+Phrase = Callable[[random.Random], dict[str, str]]
+
+
+def _codes(kind: str) -> list[str]:
+    """Codes named in every corpus language (countries or languages), sorted."""
+    names = [getattr(Locale.parse(lang), kind) for lang in LANGS]
+    return sorted(c for c in names[0] if c.isalpha() and all(c in n for n in names))
+
+
+_TERRITORIES = [c for c in _codes("territories") if len(c) == 2]
+_LANGUAGES = [c for c in _codes("languages") if len(c) == 2]
+
+
+def _country(rng: random.Random) -> dict[str, str]:
+    code = rng.choice(_TERRITORIES)
+    return {lang: Locale.parse(lang).territories[code] for lang in LANGS}
+
+
+def _language(rng: random.Random) -> dict[str, str]:
+    code = rng.choice(_LANGUAGES)
+    return {lang: Locale.parse(lang).languages[code] for lang in LANGS}
+
+
+def _date(rng: random.Random) -> dict[str, str]:
+    day = dt.date(1950, 1, 1) + dt.timedelta(days=rng.randrange(365 * 100))
+    width = rng.choice(("full", "long"))
+    return {lang: format_date(day, width, locale=lang) for lang in LANGS}
+
+
+def _time(rng: random.Random) -> dict[str, str]:
+    t = dt.time(rng.randrange(24), rng.randrange(0, 60, 5))
+    return {lang: format_time(t, "short", locale=lang) for lang in LANGS}
+
+
+def _quantity(rng: random.Random) -> dict[str, str]:
+    n = rng.choice((rng.randrange(2, 20), rng.randrange(20, 100), rng.randrange(100, 1000)))
+    unit = rng.choice(UNITS)
+    # Format the digits (to get the plural form right), then spell the number out.
+    return {lang: format_unit(n, unit, length="long", locale=lang).replace(
+        str(n), num2words(n, lang=lang), 1) for lang in LANGS}
+
+
+def _money(rng: random.Random) -> dict[str, str]:
+    amount = rng.randrange(1, 100000) / 100
+    currency = rng.choice(CURRENCIES)
+    return {lang: format_currency(amount, currency, locale=lang) for lang in LANGS}
+
+
+PHRASES: tuple[Phrase, ...] = (_country, _language, _date, _time, _quantity, _money)
+
+
+def sentence(rng: random.Random) -> dict[str, str]:
+    """One sentence in every corpus language: a CLDR list of 1-3 random phrases."""
+    phrases = [rng.choice(PHRASES)(rng) for _ in range(rng.choice((1, 2, 2, 3)))]
+    # CLDR puts (narrow) no-break spaces in times and amounts; plain spaces keep the
+    # text identical after SentencePiece's NFKC normalization.
+    return {lang: format_list([p[lang] for p in phrases], locale=lang).replace("\u202f", " ")
+            .replace("\xa0", " ") for lang in LANGS}
+
+
+def generate(num_pairs: int, src_lang: str, tgt_lang: str, seed: int) -> tuple[list[str], list[str]]:
+    """`num_pairs` deterministic (src, tgt) sentences for one direction."""
+    for lang in (src_lang, tgt_lang):
+        if lang not in LANGS:
+            raise ValueError(f"language {lang!r} is not in the built-in corpus ({', '.join(LANGS)})")
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(num_pairs):
+        s = sentence(rng)
+        src.append(s[src_lang])
+        tgt.append(s[tgt_lang])
+    return src, tgt
+
+
+def builtin_splits(src_lang: str, tgt_lang: str, train_size: int, eval_size: int,
+                   seed: int = 1) -> dict[str, tuple[list[str], list[str]]]:
+    """Train/valid/test splits with no valid or test source sentence seen in training."""
+    src, tgt = generate(train_size + 4 * eval_size, src_lang, tgt_lang, seed)
+    held_out: dict[str, tuple[list[str], list[str]]] = {"valid": ([], []), "test": ([], [])}
+    seen: set[str] = set()
+    train_src, train_tgt = [], []
+    for s, t in zip(src, tgt):
+        for split in ("valid", "test"):
+            if len(held_out[split][0]) < eval_size and s not in seen:
+                held_out[split][0].append(s)
+                held_out[split][1].append(t)
+                seen.add(s)
+                break
+        else:
+            if s not in seen and len(train_src) < train_size:
+                train_src.append(s)
+                train_tgt.append(t)
+    return {"train": (train_src, train_tgt), **held_out}

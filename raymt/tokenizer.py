@@ -1,0 +1,91 @@
+"""Joint SentencePiece tokenizer; the one place where special token ids are defined."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+
+def round_up(n: int, multiple: int = 8) -> int:
+    """Smallest multiple of `multiple` that is >= n."""
+    return (n + multiple - 1) // multiple * multiple
+
+
+class Tokenizer:
+    """A SentencePiece model with raymt's special ids and a model vocabulary padded to 8."""
+
+    def __init__(self, model_proto: bytes):
+        self.model_proto = model_proto
+        self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        assert self.sp.pad_id() == PAD_ID and self.sp.eos_id() == EOS_ID
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer":
+        """Load a `.model` file written by `save`."""
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"SentencePiece model {path} does not exist; "
+                             "point to the run's spm.model or a checkpoint directory")
+        try:
+            return cls(path.read_bytes())
+        except RuntimeError as err:
+            raise ValueError(f"{path} is not a SentencePiece model ({err})") from None
+
+    def save(self, path: str | Path) -> None:
+        """Write the serialized SentencePiece model."""
+        Path(path).write_bytes(self.model_proto)
+
+    @property
+    def vocab_size(self) -> int:
+        """Embedding rows: the SentencePiece vocabulary rounded up to a multiple of 8."""
+        return round_up(self.sp.get_piece_size())
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one sentence, without BOS/EOS."""
+        return self.sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of many sentences (SentencePiece's threaded batch path)."""
+        return self.sp.encode(list(texts))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Detokenized text; ids past EOS, specials and padding rows are dropped."""
+        out = []
+        for i in ids:
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID) and i < self.sp.get_piece_size():
+                out.append(int(i))
+        return self.sp.decode(out)
+
+
+def train_tokenizer(sentences: Iterable[str], vocab_size: int, model_type: str = "unigram",
+                    sample_size: int = 200_000, seed: int = 1) -> Tokenizer:
+    """Train a joint SentencePiece model on a reservoir sample of at most `sample_size` lines."""
+    rng = random.Random(seed)
+    sample: list[str] = []
+    for n, line in enumerate(sentences):
+        if len(sample) < sample_size:
+            sample.append(line)
+        else:
+            j = rng.randrange(n + 1)
+            if j < sample_size:
+                sample[j] = line
+    if not sample:
+        raise ValueError("cannot train a tokenizer on an empty corpus")
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sample), model_writer=buffer, vocab_size=vocab_size,
+        model_type=model_type, character_coverage=1.0, pad_id=PAD_ID, unk_id=UNK_ID,
+        bos_id=BOS_ID, eos_id=EOS_ID, hard_vocab_limit=False, num_threads=2,
+        minloglevel=2)
+    return Tokenizer(buffer.getvalue())

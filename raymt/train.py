@@ -1,0 +1,210 @@
+"""`python -m raymt.train`: train a Transformer translation model with Ray Train."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from raymt import data
+from raymt.checkpoint import MODEL_FILE, SPM_FILE, load_config, load_model
+from raymt.config import Config, apply_overrides, flatten, load_file, parse_set_args, preset
+from raymt.decoding import DecodeOptions, translate
+from raymt.metrics import score
+from raymt.tokenizer import Tokenizer, train_tokenizer
+
+RUN_CONFIG = "raymt_config.json"
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Command-line flags; each one addresses a field of `Config`."""
+    p = argparse.ArgumentParser(prog="python -m raymt.train", description=__doc__)
+    p.add_argument("--preset", help="model preset: tiny, small, base, big (default small)")
+    p.add_argument("--config", help="JSON or TOML file with sections model/data/optim/train")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override any config field, e.g. --set optim.lr=5e-4 (repeatable)")
+    flag_fields = {"num_workers": "train.num_workers", "max_steps": "train.max_steps",
+                   "epochs": "train.epochs", "src_lang": "data.src_lang",
+                   "tgt_lang": "data.tgt_lang", "train": "data.train", "valid": "data.valid",
+                   "test": "data.test", "storage_path": "train.storage_path", "name": "train.name"}
+    for flag, field in flag_fields.items():
+        p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"sets {field}")
+    p.add_argument("--gpu", action="store_true", help="one GPU per worker (sets train.use_gpu)")
+    p.add_argument("--resume", help="a run directory to continue, or a checkpoint to start from")
+    p.set_defaults(flag_fields=flag_fields)
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace, base: Optional[Config] = None) -> Config:
+    """Defaults < preset < config file < flags < --set, validated field by field."""
+    cfg = base or Config()
+    if args.preset:
+        cfg = apply_overrides(cfg, {f"model.{k}": v for k, v in preset(args.preset).__dict__.items()})
+    if args.config:
+        cfg = apply_overrides(cfg, flatten(load_file(args.config)))
+    flags = {field: getattr(args, flag) for flag, field in args.flag_fields.items()
+             if getattr(args, flag) is not None}
+    if args.gpu:
+        flags["train.use_gpu"] = True
+    return apply_overrides(apply_overrides(cfg, flags), parse_set_args(args.set))
+
+
+def resolve_resume(args: argparse.Namespace) -> tuple[Config, Optional[Path], Optional[Path]]:
+    """(config, run directory to continue, checkpoint to initialize from)."""
+    if not args.resume:
+        return build_config(args), None, None
+    path = Path(args.resume).expanduser().resolve()
+    if (path / MODEL_FILE).is_file():  # a checkpoint: new run from its weights
+        return build_config(args, load_config(path)[0]), None, path
+    if not (path / RUN_CONFIG).is_file():
+        raise ValueError(f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) "
+                         f"nor a checkpoint (no {MODEL_FILE})")
+    saved = Config.from_dict(json.loads((path / RUN_CONFIG).read_text()))
+    cfg = build_config(args, saved)
+    return apply_overrides(cfg, {"train.storage_path": str(path.parent), "train.name": path.name}), path, None
+
+
+def prepare_run(cfg: Config, run_dir: Path, resume_dir: Optional[Path]) -> tuple[dict, Tokenizer]:
+    """Load the corpus, train (or reuse) the tokenizer, write run files: all before Ray starts."""
+    splits = data.load_splits(cfg.data, cfg.train.seed)
+    if resume_dir is not None and (resume_dir / SPM_FILE).is_file():
+        tokenizer = Tokenizer.load(resume_dir / SPM_FILE)
+    else:
+        tokenizer = train_tokenizer(itertools.chain(*splits["train"]), cfg.data.vocab_size,
+                                    cfg.data.sp_model_type, cfg.data.sp_sample_size, cfg.train.seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(run_dir / SPM_FILE)
+    (run_dir / RUN_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
+    return splits, tokenizer
+
+
+def init_ray() -> None:
+    """Attach to the cluster under `ray job submit` (RAY_ADDRESS), else start a local one."""
+    import ray
+    from ray.data import DataContext
+
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # worker prints appear once
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init()
+        else:
+            ray.init(include_dashboard=False, log_to_driver=True)
+    DataContext.get_current().enable_progress_bars = False
+
+
+def scaling(cfg: Config) -> tuple[dict, int]:
+    """Resources per worker and torch threads, checked against the cluster."""
+    import ray
+
+    total = ray.cluster_resources()
+    num_cpus, num_gpus = total.get("CPU", 0), total.get("GPU", 0)
+    n = cfg.train.num_workers
+    if cfg.train.use_gpu and n > num_gpus:
+        raise ValueError(f"train.num_workers={n} with --gpu needs {n} GPUs; the cluster has "
+                         f"{num_gpus:g}: lower --num-workers")
+    cpus = cfg.train.cpus_per_worker
+    if cpus is None:  # leave one CPU to Ray Data so the data pipeline never starves
+        cpus = 1.0 if cfg.train.use_gpu else max(0.25, (num_cpus - 1) / n)
+    if cpus * n > num_cpus:
+        raise ValueError(f"train.num_workers={n} x train.cpus_per_worker={cpus:g} CPUs exceeds "
+                         f"the cluster's {num_cpus:g} CPUs: lower --num-workers or cpus_per_worker")
+    resources = {"CPU": cpus} | ({"GPU": 1} if cfg.train.use_gpu else {})
+    return resources, max(1, int(cpus))
+
+
+def fit(cfg: Config, splits: dict, tokenizer: Tokenizer, init_checkpoint: Optional[Path]):
+    """Run the TorchTrainer; returns Ray's Result."""
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from raymt.worker import train_loop_per_worker
+
+    resources, num_threads = scaling(cfg)
+    valid_rows = data.eval_rows(splits["valid"], tokenizer, cfg.model.max_positions)
+    train_ds = data.train_dataset(splits["train"], tokenizer.model_proto, cfg.data.max_len)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={
+            "config": cfg.to_dict(), "spm_model": tokenizer.model_proto,
+            "num_threads": num_threads, "valid": {"rows": valid_rows, "refs": splits["valid"][1]},
+            "init_checkpoint": str(init_checkpoint) if init_checkpoint else None},
+        scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
+                                     resources_per_worker=resources),
+        torch_config=TorchConfig(backend="nccl" if cfg.train.use_gpu else "gloo"),
+        run_config=RunConfig(
+            name=cfg.train.name, storage_path=cfg.train.storage_path,
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.num_to_keep,
+                                               checkpoint_score_attribute="valid_bleu",
+                                               checkpoint_score_order="max"),
+            failure_config=FailureConfig(max_failures=cfg.train.max_failures)),
+        datasets={"train": train_ds},
+        # Only the training set is split; validation rows are all scored, none dropped.
+        dataset_config=DataConfig(datasets_to_split=["train"]))
+    return trainer.fit()
+
+
+def best_checkpoint_path(result) -> Path:
+    """The kept checkpoint with the highest validation BLEU."""
+    scored = [(m.get("valid_bleu", -1.0), c) for c, m in result.best_checkpoints]
+    if not scored:
+        raise RuntimeError("training finished without a checkpoint")
+    return Path(max(scored, key=lambda x: x[0])[1].path)
+
+
+def test_scores(checkpoint: Path, pairs: data.Pairs, cfg: Config) -> dict:
+    """Beam-search the test set on the driver with the best checkpoint and score it."""
+    model, tokenizer, _ = load_model(checkpoint)
+    opts = DecodeOptions(beam=cfg.train.test_beam, length_penalty=cfg.train.length_penalty,
+                         max_len_a=cfg.train.max_len_a, max_len_b=cfg.train.max_len_b)
+    return score(translate(model, tokenizer, pairs[0], opts), pairs[1])
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    t0 = time.time()
+    args = parse_args(argv)
+    try:
+        cfg, resume_dir, init_checkpoint = resolve_resume(args)
+        name = cfg.train.name or (f"raymt-{cfg.data.src_lang}-{cfg.data.tgt_lang}-"
+                                  f"{datetime.datetime.now():%Y%m%d-%H%M%S}")
+        cfg = apply_overrides(cfg, {"train.name": name,
+                                    "train.storage_path": str(Path(cfg.train.storage_path).expanduser().resolve())})
+        run_dir = Path(cfg.train.storage_path) / name
+        splits, tokenizer = prepare_run(cfg, run_dir, resume_dir)
+        init_ray()
+        result = fit(cfg, splits, tokenizer, init_checkpoint)
+    except ValueError as err:
+        print(f"raymt.train: error: {err}", file=sys.stderr)
+        return 2
+    best = best_checkpoint_path(result)
+    summary = {"run_dir": str(run_dir), "best_checkpoint": str(best),
+               "valid": {k: v for k, v in result.metrics.items() if k.startswith("valid_")}}
+    test = splits.get("test")
+    if test is not None:
+        summary["test"] = test_scores(best, test, cfg)
+    summary["wall_time_s"] = round(time.time() - t0, 1)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_summary(summary)
+    return 0
+
+
+def print_summary(summary: dict) -> None:
+    """The run's closing lines."""
+    print("\n=== raymt training finished ===")
+    if "test" in summary:
+        t = summary["test"]
+        print(f"test BLEU {t['bleu']:.2f}  ({t['bleu_signature']})")
+        print(f"test chrF {t['chrf']:.2f}  ({t['chrf_signature']})")
+    print(f"best checkpoint: {summary['best_checkpoint']}")
+    print(f"wall time: {summary['wall_time_s'] / 60:.1f} min")
+    print(f"translate: python -m raymt.translate --checkpoint {summary['best_checkpoint']} \"...\"")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""`python -m raymt.translate`: translate text with a checkpoint (no Ray needed)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from raymt.checkpoint import load_model
+from raymt.decoding import DecodeOptions, translate
+from raymt.metrics import score
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Command-line flags."""
+    d = DecodeOptions()
+    p = argparse.ArgumentParser(prog="python -m raymt.translate", description=__doc__)
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (model.pt, config.json, spm.model)")
+    p.add_argument("text", nargs="*", help="sentences to translate; stdin (one per line) when none")
+    p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
+    p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
+    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    p.add_argument("--ref", help="reference file (one line per input): also print BLEU and chrF")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    args = parse_args(argv)
+    try:
+        if args.beam < 1:
+            raise ValueError(f"--beam {args.beam} must be >= 1")
+        model, tokenizer, _ = load_model(args.checkpoint, args.device)
+        sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
+        refs = None
+        if args.ref:
+            ref_path = Path(args.ref)
+            if not ref_path.is_file():
+                raise ValueError(f"--ref {ref_path} does not exist")
+            refs = ref_path.read_text(encoding="utf-8").splitlines()
+            if len(refs) != len(sentences):
+                raise ValueError(f"--ref {ref_path} has {len(refs)} lines for {len(sentences)} inputs")
+    except ValueError as err:
+        print(f"raymt.translate: error: {err}", file=sys.stderr)
+        return 2
+    opts = DecodeOptions(beam=args.beam, length_penalty=args.length_penalty,
+                         max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+    hyps = translate(model, tokenizer, sentences, opts, args.batch_size, args.device)
+    for hyp in hyps:
+        print(hyp)
+    if refs is not None:
+        s = score(hyps, refs)
+        print(f"BLEU {s['bleu']:.2f} ({s['bleu_signature']})", file=sys.stderr)
+        print(f"chrF {s['chrf']:.2f} ({s['chrf_signature']})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

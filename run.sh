@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Set up everything from nothing (a .venv beside this file), then run one command:
+#   ./run.sh train [raymt.train flags]   train on the built-in corpus with 2 Ray workers
+#   ./run.sh test  [pytest flags]        run the test suite
+#   ./run.sh shell                       just set up; then: source .venv/bin/activate
+set -euo pipefail
+cd "$(dirname "$0")"
+
+python_bin=${PYTHON:-}
+if [[ -z "$python_bin" ]]; then
+  for candidate in python3.11 python3 python; do
+    if command -v "$candidate" >/dev/null; then python_bin=$candidate; break; fi
+  done
+fi
+[[ -n "$python_bin" ]] || { echo "run.sh: no python3 found; install Python 3.11" >&2; exit 2; }
+
+if [[ ! -x .venv/bin/python ]]; then
+  "$python_bin" -m venv .venv
+fi
+# shellcheck disable=SC1091
+source .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# torch first, so that the project's `torch>=2.4` finds it installed:
+# - with an NVIDIA GPU: the default wheel from the package index (CUDA build);
+# - without one: the CPU-only wheel (~200 MB instead of several GB of CUDA libraries),
+#   from PyTorch's CPU wheel index, or from a local wheel cache when pip has one.
+if ! python -c "import torch" 2>/dev/null; then
+  torch_spec=${RAYMT_TORCH:-torch==2.13.0}
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    pip install "$torch_spec"
+  else
+    pip install --retries 1 "$torch_spec" \
+      --extra-index-url "${RAYMT_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+  fi
+fi
+if [[ ! -f .venv/.raymt-installed ]] || [[ pyproject.toml -nt .venv/.raymt-installed ]]; then
+  pip install -e ".[test]"
+  touch .venv/.raymt-installed
+fi
+
+cmd=${1:-train}
+shift || true
+case "$cmd" in
+  train) exec python -m raymt.train "$@" ;;
+  test) exec python -m pytest "$@" ;;
+  shell) echo "ready: source .venv/bin/activate" ;;
+  *) echo "run.sh: unknown command '$cmd' (use train, test or shell)" >&2; exit 2 ;;
+esac

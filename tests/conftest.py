@@ -1,0 +1,34 @@
+"""Shared fixtures: tiny models and a local 2-CPU Ray cluster."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray instance (2 CPUs) shared by the tests that need it."""
+    import ray
+    from ray.data import DataContext
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def tiny_model():
+    """A random tiny Transformer in eval mode."""
+    from raymt.config import tiny
+    from raymt.model import Transformer
+
+    torch.manual_seed(0)
+    return Transformer(tiny(), vocab_size=64).eval()

@@ -1,0 +1,52 @@
+"""End to end: `python -m raymt.train` on 2 workers, then `python -m raymt.translate`."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(600)
+
+TINY_RUN = ["--preset", "tiny", "--num-workers", "2", "--max-steps", "40",
+            "--set", "train.eval_every=20", "--set", "train.log_every=10",
+            "--set", "data.vocab_size=512", "--set", "data.builtin_train_size=1500",
+            "--set", "data.builtin_eval_size=60", "--set", "data.max_tokens=512",
+            "--set", "optim.warmup_steps=20", "--set", "train.test_beam=2"]
+
+
+def run(args, **kw):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, **kw)
+
+
+def test_train_resume_and_translate(tmp_path):
+    out = run(["raymt.train", "--storage-path", str(tmp_path), "--name", "e2e", *TINY_RUN], timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "test BLEU" in out.stdout and "best checkpoint:" in out.stdout
+    summary = json.loads((tmp_path / "e2e" / "summary.json").read_text())
+    assert 0 <= summary["test"]["bleu"] <= 100 and "nrefs:1" in summary["test"]["bleu_signature"]
+    assert "step 40/40" in out.stdout + out.stderr
+
+    # --resume RUN continues from the latest checkpoint (step 40) to the new max_steps.
+    out = run(["raymt.train", "--resume", str(tmp_path / "e2e"), "--max-steps", "50"], timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    logs = out.stdout + out.stderr
+    assert "step 50/50" in logs and "step 10/50" not in logs
+
+    ckpt = json.loads((tmp_path / "e2e" / "summary.json").read_text())["best_checkpoint"]
+    out = run(["raymt.translate", "--checkpoint", ckpt, "--beam", "3",
+               "Germany and March 3, 2021", "Monday, July 4, 1999"], timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == 2
+
+    ref = tmp_path / "ref.de"
+    ref.write_text("Deutschland und 3. März 2021\n")
+    out = run(["raymt.translate", "--checkpoint", ckpt, "--ref", str(ref)],
+              input="Germany and March 3, 2021\n", timeout=120)
+    assert out.returncode == 0 and "BLEU" in out.stderr and "nrefs:1" in out.stderr
+
+
+def test_translate_bad_checkpoint_is_one_line(tmp_path):
+    out = run(["raymt.translate", "--checkpoint", str(tmp_path), "hello"], timeout=60)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and "config.json" in out.stderr

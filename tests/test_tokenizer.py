@@ -1,0 +1,31 @@
+"""Tokenizer: special ids in one place, vocabulary padded to 8, round trip."""
+
+import itertools
+
+from raymt import corpus
+from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+
+
+def test_round_trip_and_special_ids(tmp_path):
+    src, tgt = corpus.generate(600, "en", "de", seed=3)
+    tok = train_tokenizer(itertools.chain(src, tgt), vocab_size=504, sample_size=500)
+    assert tok.vocab_size % 8 == 0 and tok.vocab_size >= tok.sp.get_piece_size()
+    assert (tok.sp.pad_id(), tok.sp.unk_id(), tok.sp.bos_id(), tok.sp.eos_id()) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+    for line in src[:50] + tgt[:50]:
+        assert tok.decode(tok.encode(line)) == line
+    tok.save(tmp_path / "spm.model")
+    again = Tokenizer.load(tmp_path / "spm.model")
+    assert again.encode(src[0]) == tok.encode(src[0])
+    # Decoding stops at EOS and skips BOS/PAD.
+    ids = tok.encode(src[1])
+    assert tok.decode([BOS_ID, *ids, EOS_ID, *tok.encode("junk"), PAD_ID]) == src[1]
+
+
+def test_builtin_corpus_is_deterministic_and_held_out():
+    a = corpus.builtin_splits("en", "fr", 300, 40, seed=5)
+    b = corpus.builtin_splits("en", "fr", 300, 40, seed=5)
+    assert a == b
+    assert {k: len(v[0]) for k, v in a.items()} == {"train": 300, "valid": 40, "test": 40}
+    train = set(a["train"][0])
+    assert not train & set(a["valid"][0]) and not train & set(a["test"][0])
+    assert all(len(s.split()) >= 1 for s in a["train"][1])
