@@ -25,7 +25,7 @@ RUN_CONFIG = "raymt_config.json"
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags; each one addresses a field of `Config`."""
     p = argparse.ArgumentParser(prog="python -m raymt.train", description=__doc__)
-    p.add_argument("--preset", help="model preset: tiny, small, base, big (default small)")
+    p.add_argument("--preset", help="model preset: tiny, mini, small, base, big (default mini)")
     p.add_argument("--config", help="JSON or TOML file with sections model/data/optim/train")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field, e.g. --set optim.lr=5e-4 (repeatable)")
@@ -76,7 +76,7 @@ def prepare_run(cfg: Config, run_dir: Path, resume_dir: Optional[Path]) -> tuple
     if resume_dir is not None and (resume_dir / SPM_FILE).is_file():
         tokenizer = Tokenizer.load(resume_dir / SPM_FILE)
     else:
-        tokenizer = train_tokenizer(itertools.chain(*splits["train"]), cfg.data.vocab_size,
+        tokenizer = train_tokenizer(itertools.chain(*splits["train"]), cfg.data.sp_vocab_size(),
                                     cfg.data.sp_model_type, cfg.data.sp_sample_size, cfg.train.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(run_dir / SPM_FILE)
