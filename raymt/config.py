@@ -149,6 +149,8 @@ class TrainConfig:
 
     max_steps: int = 900
     epochs: Optional[int] = None
+    # Wall-clock budget for the training loop (checked every log_every steps).
+    max_minutes: Optional[float] = None
     eval_every: int = 300
     log_every: int = 50
     num_workers: int = 2
@@ -173,8 +175,9 @@ class TrainConfig:
                   "num_to_keep", "valid_beam", "test_beam")
         if self.epochs is not None:
             _positive(self, "train", "epochs")
-        if self.cpus_per_worker is not None:
-            _positive(self, "train", "cpus_per_worker")
+        for name in ("cpus_per_worker", "max_minutes"):
+            if getattr(self, name) is not None:
+                _positive(self, "train", name)
         _check(self.max_failures >= -1, f"train.max_failures={self.max_failures} must be >= -1")
         _check(self.length_penalty >= 0, f"train.length_penalty={self.length_penalty} must be >= 0")
 

@@ -30,7 +30,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field, e.g. --set optim.lr=5e-4 (repeatable)")
     flag_fields = {"num_workers": "train.num_workers", "max_steps": "train.max_steps",
-                   "epochs": "train.epochs", "src_lang": "data.src_lang",
+                   "epochs": "train.epochs", "max_minutes": "train.max_minutes", "src_lang": "data.src_lang",
                    "tgt_lang": "data.tgt_lang", "train": "data.train", "valid": "data.valid",
                    "test": "data.test", "storage_path": "train.storage_path", "name": "train.name"}
     for flag, field in flag_fields.items():

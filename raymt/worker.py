@@ -23,7 +23,7 @@ from raymt.config import Config
 from raymt.decoding import DecodeOptions, decode
 from raymt.model import Transformer
 from raymt.optim import inverse_sqrt, loss_sum, make_optimizer, row_nll
-from raymt.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 
 def unwrap(model: torch.nn.Module) -> Transformer:
@@ -108,7 +108,7 @@ def evaluate(model: torch.nn.Module, loader: Iterable[dict], tokenizer: Tokenize
     rows = []
     for batch in loader:
         nll = row_nll(net(batch["src"], batch["tgt_in"]), batch["tgt_out"])
-        num_tokens = (batch["tgt_out"] != 0).sum(1)
+        num_tokens = (batch["tgt_out"] != PAD_ID).sum(1)
         hyps = [tokenizer.decode(h) for h in decode(net, batch["src"], opts)]
         rows += zip(batch["index"].tolist(), nll.tolist(), num_tokens.tolist(), hyps)
     parts: list = [None] * _world_size()
@@ -223,6 +223,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     step, epoch = state["step"], state["epoch"]
     progress, evaluated = Progress(cfg, step), step
+    deadline = (time.monotonic() + 60 * cfg.train.max_minutes) if cfg.train.max_minutes else None
+
+    def out_of_time() -> bool:
+        # Any worker past the deadline stops all of them at the same step.
+        late = deadline is not None and time.monotonic() > deadline
+        return _all_reduce([float(late)], device)[0] > 0
 
     def evaluate_and_report() -> None:
         metrics = progress.log(step, epoch, scheduler.get_last_lr()[0], device, is_rank0)
@@ -233,7 +239,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
                   f"BLEU {metrics['valid_bleu']:.2f} | chrF {metrics['valid_chrf']:.2f}", flush=True)
         _report(metrics, model, optimizer, scheduler, cfg, tokenizer, step, epoch)
 
-    while step < cfg.train.max_steps and (cfg.train.epochs is None or epoch < cfg.train.epochs):
+    stop = False
+    while not stop and step < cfg.train.max_steps and (cfg.train.epochs is None or epoch < cfg.train.epochs):
         for group, num_tokens in lockstep(epoch_batches(shard, cfg, epoch), cfg.optim.update_freq, device):
             progress.update(train_step(model, optimizer, group, num_tokens, cfg, autocast), num_tokens)
             scheduler.step()
@@ -243,8 +250,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 evaluated = step
             elif step % cfg.train.log_every == 0:
                 progress.log(step, epoch, scheduler.get_last_lr()[0], device, is_rank0)
-            if step >= cfg.train.max_steps:
+            stop = step >= cfg.train.max_steps or (step % cfg.train.log_every == 0 and out_of_time())
+            if stop:
                 break
-        epoch += 1
-    if evaluated != step:  # the epoch limit ended the run between evaluations
+        if not stop:
+            epoch += 1
+    if evaluated != step:  # the epoch or time limit ended the run between evaluations
         evaluate_and_report()

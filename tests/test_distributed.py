@@ -116,3 +116,19 @@ def test_two_workers_match_one_process_on_the_union(ray_cluster, tmp_path):
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(results[0]["params"][name], value, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(results[1]["params"][name], results[0]["params"][name])
+
+
+def test_default_scaling_leaves_a_cpu_for_ray_data(ray_cluster):
+    """2 workers on 2 CPUs take half a CPU each, so Ray Data always has one to run on."""
+    from raymt.train import scaling
+
+    resources, threads = scaling(Config())
+    assert resources == {"CPU": 0.5} and threads == 1
+    cfg = Config()
+    cfg.train.num_workers = 3
+    cfg.train.cpus_per_worker = 1.0
+    with pytest.raises(ValueError, match="exceeds the cluster's 2 CPUs"):
+        scaling(cfg)
+    cfg.train.use_gpu = True
+    with pytest.raises(ValueError, match="needs 3 GPUs; the cluster has 0"):
+        scaling(cfg)
