@@ -1,9 +1,15 @@
-"""Checkpoint directories: weights-only torch files, config JSON and the SentencePiece model."""
+"""Checkpoint directories: weights-only torch files, config JSON and the SentencePiece model.
+
+An exported model directory (`python -m raymt.export`) has the same layout, with the
+weights in `model.safetensors` when the safetensors package is installed. Loading never
+runs code from a file: torch files are read with `weights_only=True`.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,6 +23,7 @@ MODEL_FILE = "model.pt"
 STATE_FILE = "train_state.pt"
 CONFIG_FILE = "config.json"
 SPM_FILE = "spm.model"
+SAFETENSORS_FILE = "model.safetensors"
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -32,13 +39,18 @@ def save_checkpoint(directory: str | Path, model: torch.nn.Module, config: Confi
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(directory / SPM_FILE)
-    (directory / CONFIG_FILE).write_text(json.dumps(
-        {"config": config.to_dict(), "vocab_size": model.vocab_size}, indent=2))
+    save_config(directory, config, model.vocab_size)
     if train_state is not None:
         _atomic_save(train_state, directory / STATE_FILE)
     # The weights go last: their presence marks a complete checkpoint.
     _atomic_save(model.state_dict(), directory / MODEL_FILE)
     return directory
+
+
+def save_config(directory: str | Path, config: Config, vocab_size: int) -> None:
+    """Write config.json: the run config and the model's vocabulary size."""
+    (Path(directory) / CONFIG_FILE).write_text(json.dumps(
+        {"config": config.to_dict(), "vocab_size": vocab_size}, indent=2))
 
 
 def _torch_load(path: Path) -> Any:
@@ -48,6 +60,10 @@ def _torch_load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle refused, truncated zip, ...
+        code = re.search(r"GLOBAL (\S+)", str(err))
+        if code:  # the pickle names a function or class to run: never allowed here
+            raise ValueError(f"refusing to load {path}: it would run {code.group(1)} while unpickling; "
+                             "raymt weights hold tensors only, so the file is corrupt or malicious") from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"cannot load {path}: corrupt, truncated or not weights-only ({first})") from None
 
@@ -64,20 +80,30 @@ def load_config(directory: str | Path) -> tuple[Config, int]:
         raise ValueError(f"{path} is not a raymt checkpoint config ({err})") from None
 
 
-def load_model(directory: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer, Config]:
-    """Rebuild the model (eval mode) and tokenizer from a checkpoint directory."""
+def check_checkpoint(directory: str | Path) -> tuple[Config, Tokenizer]:
+    """Config and tokenizer of a checkpoint whose weights file exists (the weights are not read)."""
     directory = Path(directory)
+    if not directory.is_dir():
+        raise ValueError(f"checkpoint directory {directory} does not exist")
     config, vocab_size = load_config(directory)
     tokenizer = Tokenizer.load(directory / SPM_FILE)
     if tokenizer.vocab_size != vocab_size:
         raise ValueError(f"{directory}: spm.model has {tokenizer.vocab_size} ids but the model "
                          f"was built for {vocab_size}; the files come from different runs")
-    model = Transformer(config.model, vocab_size)
-    state = _torch_load(directory / MODEL_FILE)
+    weights_file(directory)
+    return config, tokenizer
+
+
+def load_model(directory: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer, Config]:
+    """Rebuild the model (eval mode) and tokenizer from a checkpoint directory."""
+    directory = Path(directory)
+    config, tokenizer = check_checkpoint(directory)
+    model = Transformer(config.model, tokenizer.vocab_size)
+    state = load_weights(directory)
     try:
         model.load_state_dict(state)
     except RuntimeError as err:
-        raise ValueError(f"{directory / MODEL_FILE} does not match its config.json "
+        raise ValueError(f"{weights_file(directory)} does not match its config.json "
                          f"({str(err).splitlines()[0]})") from None
     return model.to(device).eval(), tokenizer, config
 
@@ -87,6 +113,29 @@ def load_train_state(directory: str | Path) -> dict:
     return _torch_load(Path(directory) / STATE_FILE)
 
 
+def weights_file(directory: str | Path) -> Path:
+    """The weights of a checkpoint or exported model: model.safetensors, else model.pt."""
+    directory = Path(directory)
+    for name in (SAFETENSORS_FILE, MODEL_FILE):
+        if (directory / name).is_file():
+            return directory / name
+    raise ValueError(f"{directory / MODEL_FILE} does not exist; is {directory} a raymt checkpoint directory?")
+
+
+def _safetensors_load(path: Path) -> dict:
+    """A safetensors file as a CPU state dict, with one-line errors."""
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise ValueError(f"{path} needs the safetensors package: pip install safetensors") from None
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as err:  # header or size mismatch, truncated file, ...
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"cannot load {path}: corrupt or truncated safetensors file ({first})") from None
+
+
 def load_weights(directory: str | Path) -> dict:
-    """The model state dict of a checkpoint directory (weights only)."""
-    return _torch_load(Path(directory) / MODEL_FILE)
+    """The model state dict of a checkpoint or exported directory (weights only: no code runs)."""
+    path = weights_file(directory)
+    return _safetensors_load(path) if path.name == SAFETENSORS_FILE else _torch_load(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tomllib
 import types
 import typing
@@ -160,7 +161,8 @@ class TrainConfig:
     # bf16 autocast; only takes effect on GPU.
     bf16: bool = True
     seed: int = 1
-    storage_path: str = "runs"
+    # Run directories and checkpoints: a local path, or s3://, gs://, ... shared by all nodes.
+    storage_path: str = field(default_factory=lambda: os.environ.get("RAYMT_STORAGE_PATH", "runs"))
     name: Optional[str] = None
     num_to_keep: int = 2
     max_failures: int = 0

@@ -1,4 +1,11 @@
-"""Greedy and beam-search decoding with an incremental K/V cache (plain PyTorch)."""
+"""Greedy, sampled and batched beam-search decoding with an incremental K/V cache (plain PyTorch).
+
+Sentences that are done leave the batch: greedy drops a row as soon as it emits EOS, beam
+search drops a sentence's K rows once it holds K finished hypotheses. Tokens, scores,
+memory, src_mask, length limits and the K/V cache are pruned together, so later steps
+only pay for what is still being decoded. A hypothesis is (score, ids): its summed
+log-probability divided by the GNMT length penalty, and its ids without BOS/EOS.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,9 @@ import torch
 from raymt.model import Cache, Transformer, reorder_cache
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
+Hypothesis = tuple[float, list[int]]
+NEG_INF = -float("inf")
+
 
 @dataclass
 class DecodeOptions:
@@ -20,6 +30,27 @@ class DecodeOptions:
     max_len_a: float = 1.2
     max_len_b: int = 10
     use_cache: bool = True
+    # Sampling (beam 1 only) draws each token from softmax(log_probs / temperature) over
+    # the top_k most likely tokens (0: all). Draws depend on the seed and on the batch.
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None
+
+    def check(self) -> None:
+        """Raise a one-line ValueError for options that cannot be decoded with."""
+        if self.beam < 1:
+            raise ValueError(f"beam={self.beam} must be >= 1 (1 = greedy)")
+        if self.length_penalty < 0:
+            raise ValueError(f"length_penalty={self.length_penalty} must be >= 0")
+        if self.max_len_a < 0:
+            raise ValueError(f"max_len_a={self.max_len_a} must be >= 0")
+        if self.sample and self.beam != 1:
+            raise ValueError(f"sampling draws one hypothesis per sentence: use beam 1, not {self.beam}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature={self.temperature} must be > 0")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = the whole vocabulary)")
 
 
 def _max_lengths(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> torch.Tensor:
@@ -37,45 +68,16 @@ def _next_log_probs(model: Transformer, tokens: torch.Tensor, memory: torch.Tens
     else:
         logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1]
     log_probs = torch.log_softmax(logits.float(), dim=-1)
-    log_probs[:, PAD_ID] = -float("inf")
-    log_probs[:, BOS_ID] = -float("inf")
+    log_probs[:, PAD_ID] = NEG_INF
+    log_probs[:, BOS_ID] = NEG_INF
     return log_probs
 
 
 def _force_eos(log_probs: torch.Tensor, at_limit: torch.Tensor) -> torch.Tensor:
     """Rows at their length limit may only emit EOS."""
-    forced = torch.full_like(log_probs, -float("inf"))
+    forced = torch.full_like(log_probs, NEG_INF)
     forced[:, EOS_ID] = log_probs[:, EOS_ID]
     return torch.where(at_limit[:, None], forced, log_probs)
-
-
-@torch.no_grad()
-def greedy(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[list[int]]:
-    """Greedy decoding of (B, S) source ids; returns token ids without BOS/EOS."""
-    memory, src_mask = model.encode(src)
-    limits = _max_lengths(model, src, opts)
-    tokens = torch.full((src.size(0), 1), BOS_ID, dtype=torch.long, device=src.device)
-    cache = model.new_cache() if opts.use_cache else None
-    finished = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
-    for step in range(int(limits.max())):
-        log_probs = _force_eos(_next_log_probs(model, tokens, memory, src_mask, cache),
-                               step + 1 >= limits)
-        next_token = log_probs.argmax(-1).masked_fill(finished, PAD_ID)
-        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
-        finished |= next_token == EOS_ID
-        if finished.all():
-            break
-    return [_strip(row) for row in tokens[:, 1:].tolist()]
-
-
-def _strip(ids: Sequence[int]) -> list[int]:
-    """Ids up to (not including) the first EOS or PAD."""
-    out = []
-    for i in ids:
-        if i in (EOS_ID, PAD_ID):
-            break
-        out.append(i)
-    return out
 
 
 def gnmt_penalty(length: int, alpha: float) -> float:
@@ -83,43 +85,172 @@ def gnmt_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def _generator(opts: DecodeOptions, device: torch.device) -> Optional[torch.Generator]:
+    """A seeded generator for sampling, or None (torch's global one)."""
+    if not opts.sample or opts.seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(opts.seed)
+
+
+def _choose(log_probs: torch.Tensor, opts: DecodeOptions,
+            generator: Optional[torch.Generator]) -> torch.Tensor:
+    """(N, V) log-probabilities -> (N,) next tokens: the argmax, or a draw when sampling."""
+    if not opts.sample:
+        return log_probs.argmax(-1)
+    logits = log_probs / opts.temperature
+    if opts.top_k:
+        kth = logits.topk(min(opts.top_k, logits.size(-1)), dim=-1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, NEG_INF)
+    return torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(1)
+
+
 @torch.no_grad()
-def beam_search(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[list[int]]:
-    """Batched beam search of (B, S) source ids; returns the best hypothesis per sentence."""
-    b, k = src.size(0), opts.beam
-    memory, src_mask = model.encode(src)
-    memory, src_mask = memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0)
-    limits = _max_lengths(model, src, opts).repeat_interleave(k)  # (B*K,)
-    tokens = torch.full((b * k, 1), BOS_ID, dtype=torch.long, device=src.device)
-    scores = torch.zeros(b, k, device=src.device)
-    scores[:, 1:] = -float("inf")  # all beams start identical: expand only the first
+def greedy_scored(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[Hypothesis]:
+    """Greedy (or sampled) decoding of (B, S) source ids: one (score, ids) per sentence."""
+    opts.check()
+    b = src.size(0)
+    memory, src_mask = model.encode(src)  # (A, S, D), (A, 1, 1, S); A = rows still active
+    limits = _max_lengths(model, src, opts)  # (A,)
+    tokens = torch.full((b, 1), BOS_ID, dtype=torch.long, device=src.device)  # (A, T)
+    sums = torch.zeros(b, device=src.device)  # (A,) summed log-probabilities
+    active = list(range(b))  # sentence of each row
     cache = model.new_cache() if opts.use_cache else None
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
-    done = torch.zeros(b, dtype=torch.bool)
-    offsets = (torch.arange(b, device=src.device) * k)[:, None]
+    generator = _generator(opts, src.device)
+    out: list[Optional[Hypothesis]] = [None] * b
     for step in range(int(limits.max())):
         log_probs = _force_eos(_next_log_probs(model, tokens, memory, src_mask, cache),
                                step + 1 >= limits)
-        vocab = log_probs.size(-1)
-        cand = (scores.view(-1, 1) + log_probs).view(b, k * vocab)
-        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (B, 2K): at most K of them are EOS
+        next_token = _choose(log_probs, opts, generator)  # (A,)
+        sums = sums + log_probs.gather(1, next_token[:, None]).squeeze(1)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        ended = next_token == EOS_ID
+        if not bool(ended.any()):
+            continue
+        penalty = gnmt_penalty(step + 1, opts.length_penalty)
+        for row in ended.nonzero().squeeze(1).tolist():
+            out[active[row]] = (sums[row].item() / penalty, tokens[row, 1:-1].tolist())
+        keep = (~ended).nonzero().squeeze(1)
+        if keep.numel() == 0:
+            break
+        tokens, sums, memory, src_mask, limits = (
+            t.index_select(0, keep) for t in (tokens, sums, memory, src_mask, limits))
+        if cache is not None:
+            reorder_cache(cache, keep)
+        active = [active[i] for i in keep.tolist()]
+    assert all(h is not None for h in out), "every row emits EOS by its length limit"
+    return out  # type: ignore[return-value]
+
+
+def greedy(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[list[int]]:
+    """Greedy decoding of (B, S) source ids; returns token ids without BOS/EOS."""
+    return [ids for _, ids in greedy_scored(model, src, opts)]
+
+
+@dataclass
+class _Beams:
+    """Search state of the A active sentences, K rows each: row r belongs to sentence r // K."""
+
+    tokens: torch.Tensor  # (A*K, T) prefixes, BOS first
+    scores: torch.Tensor  # (A, K) summed log-probabilities of the prefixes
+    memory: torch.Tensor  # (A*K, S, D)
+    src_mask: torch.Tensor  # (A*K, 1, 1, S)
+    limits: torch.Tensor  # (A*K,) output length limits, EOS included
+    active: list[int]  # sentence id of each active sentence
+    cache: Optional[Cache]
+
+
+def _init_beams(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> _Beams:
+    """Encode once, repeat memory K times, start every beam from BOS."""
+    b, k = src.size(0), opts.beam
+    memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
+    scores = torch.zeros(b, k, device=src.device)
+    scores[:, 1:] = NEG_INF  # all beams start identical: expand only the first
+    return _Beams(tokens=torch.full((b * k, 1), BOS_ID, dtype=torch.long, device=src.device),
+                  scores=scores, memory=memory.repeat_interleave(k, 0),
+                  src_mask=src_mask.repeat_interleave(k, 0),
+                  limits=_max_lengths(model, src, opts).repeat_interleave(k),
+                  active=list(range(b)), cache=model.new_cache() if opts.use_cache else None)
+
+
+def _finish(state: _Beams, finished: list[list[Hypothesis]], top_scores: torch.Tensor,
+            origin: torch.Tensor, is_eos: torch.Tensor, penalty: float) -> None:
+    """Finish the EOS candidates that rank within the top K of their sentence (as fairseq does)."""
+    k = state.scores.size(1)
+    finishing = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (A, K)
+    for i, j in finishing.nonzero().tolist():
+        hyp = state.tokens[i * k + int(origin[i, j]), 1:].tolist()
+        finished[state.active[i]].append((top_scores[i, j].item() / penalty, hyp))
+
+
+def _advance(state: _Beams, scores: torch.Tensor, parents: torch.Tensor,
+             new_tokens: torch.Tensor, keep: list[int]) -> None:
+    """Extend the chosen (A, K) parents by new_tokens; drop the sentences not in `keep`."""
+    a, k = scores.shape
+    if len(keep) < a:
+        idx = torch.tensor(keep, device=scores.device)
+        scores, parents, new_tokens = scores[idx], parents[idx], new_tokens[idx]
+        beam_rows = (idx[:, None] * k + torch.arange(k, device=idx.device)).view(-1)
+        state.memory, state.src_mask, state.limits = (
+            t.index_select(0, beam_rows) for t in (state.memory, state.src_mask, state.limits))
+        if state.cache is not None:  # cross K/V are equal across a sentence's K rows
+            reorder_cache(state.cache, beam_rows, parts=("cross",))
+        state.active = [state.active[i] for i in keep]
+    rows = parents.reshape(-1)  # (A'*K,) parent row of each new prefix
+    state.tokens = torch.cat([state.tokens.index_select(0, rows), new_tokens.reshape(-1, 1)], dim=1)
+    if state.cache is not None:
+        reorder_cache(state.cache, rows, parts=("self",))
+    state.scores = scores
+
+
+def _beam(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[list[Hypothesis]]:
+    """Batched beam search; returns every finished hypothesis of every sentence, unsorted."""
+    k = opts.beam
+    state = _init_beams(model, src, opts)
+    finished: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
+    for step in range(int(state.limits.max())):
+        log_probs = _force_eos(_next_log_probs(model, state.tokens, state.memory, state.src_mask,
+                                               state.cache), step + 1 >= state.limits)  # (A*K, V)
+        a, vocab = state.scores.size(0), log_probs.size(-1)
+        cand = (state.scores.view(-1, 1) + log_probs).view(a, k * vocab)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (A, 2K): at most K of them are EOS
         origin, token = top_idx // vocab, top_idx % vocab
         is_eos = token == EOS_ID
-        # Finish EOS candidates that rank within the top K (as fairseq does).
-        finishing = is_eos[:, :k] & torch.isfinite(top_scores[:, :k]) & ~done[:, None].to(src.device)
-        for i, j in finishing.nonzero().tolist():
-            hyp = tokens[i * k + origin[i, j], 1:].tolist()
-            finished[i].append((top_scores[i, j].item() / gnmt_penalty(step + 1, opts.length_penalty), hyp))
-        done |= torch.tensor([len(f) >= k for f in finished])
-        if done.all():
-            break
+        _finish(state, finished, top_scores, origin, is_eos, gnmt_penalty(step + 1, opts.length_penalty))
         # Continue with the best K candidates that did not end.
-        scores, pick = top_scores.masked_fill(is_eos, -float("inf")).topk(k, dim=1)
-        rows = (offsets + origin.gather(1, pick)).view(-1)
-        tokens = torch.cat([tokens.index_select(0, rows), token.gather(1, pick).view(-1, 1)], dim=1)
-        if cache is not None:
-            reorder_cache(cache, rows)
-    return [max(f)[1] if f else [] for f in finished]
+        scores, pick = top_scores.masked_fill(is_eos, NEG_INF).topk(k, dim=1)  # (A, K)
+        parents = torch.arange(a, device=src.device)[:, None] * k + origin.gather(1, pick)
+        # A sentence is done with K finished hypotheses or when no live prefix is left.
+        live = torch.isfinite(scores[:, 0]).tolist()
+        keep = [i for i, s in enumerate(state.active) if live[i] and len(finished[s]) < k]
+        if not keep:
+            break
+        _advance(state, scores, parents, token.gather(1, pick), keep)
+    return finished
+
+
+@torch.no_grad()
+def beam_search_nbest(model: Transformer, src: torch.Tensor, opts: DecodeOptions,
+                      n_best: int = 1) -> list[list[Hypothesis]]:
+    """Batched beam search of (B, S) source ids: the n_best (score, ids) per sentence, best first."""
+    opts.check()
+    if not 1 <= n_best <= opts.beam:
+        raise ValueError(f"n_best={n_best} must be between 1 and the beam size {opts.beam}")
+    return [sorted(f, reverse=True)[:n_best] or [(NEG_INF, [])] for f in _beam(model, src, opts)]
+
+
+def beam_search(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[list[int]]:
+    """Batched beam search of (B, S) source ids; returns the best hypothesis per sentence."""
+    return [hyps[0][1] for hyps in beam_search_nbest(model, src, opts)]
+
+
+def decode_nbest(model: Transformer, src: torch.Tensor, opts: DecodeOptions,
+                 n_best: int = 1) -> list[list[Hypothesis]]:
+    """The n_best (score, ids) per sentence, best first; greedy or sampling when opts.beam == 1."""
+    if opts.beam == 1:
+        if n_best != 1:
+            raise ValueError(f"n_best={n_best} needs a beam of at least {n_best}; greedy gives 1")
+        return [[hyp] for hyp in greedy_scored(model, src, opts)]
+    return beam_search_nbest(model, src, opts, n_best)
 
 
 def decode(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[list[int]]:
@@ -136,17 +267,40 @@ def pad_batch(rows: Sequence[Sequence[int]], device: torch.device | str = "cpu")
     return out.to(device)
 
 
+def encode_sources(tokenizer: Tokenizer, sentences: Sequence[str], max_positions: int) -> list[list[int]]:
+    """Source ids ending in EOS, truncated to fit the model's positions."""
+    max_src = max_positions - 1
+    return [tokenizer.encode(s)[:max_src - 1] + [EOS_ID] for s in sentences]
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices sorted by length (stable) and cut into batches: the batches translate() decodes."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def decode_ids(model: Transformer, tokenizer: Tokenizer, sources: Sequence[Sequence[int]],
+               opts: DecodeOptions, n_best: int = 1, device: str = "cpu") -> list[list[tuple[float, str]]]:
+    """Decode one batch of encoded sources: the n_best (score, text) per sentence."""
+    nbest = decode_nbest(model, pad_batch(sources, device), opts, n_best)
+    return [[(score, tokenizer.decode(ids)) for score, ids in hyps] for hyps in nbest]
+
+
+def translate_nbest(model: Transformer, tokenizer: Tokenizer, sentences: Sequence[str],
+                    opts: DecodeOptions, n_best: int = 1, batch_size: int = 64,
+                    device: str = "cpu") -> list[list[tuple[float, str]]]:
+    """Translate raw sentences in length-sorted batches: n_best (score, text) each, input order."""
+    model.eval()
+    encoded = encode_sources(tokenizer, sentences, model.cfg.max_positions)
+    out: list[list[tuple[float, str]]] = [[] for _ in encoded]
+    for idx in length_batches([len(e) for e in encoded], batch_size):
+        hyps = decode_ids(model, tokenizer, [encoded[i] for i in idx], opts, n_best, device)
+        for i, h in zip(idx, hyps):
+            out[i] = h
+    return out
+
+
 def translate(model: Transformer, tokenizer: Tokenizer, sentences: Sequence[str],
               opts: DecodeOptions, batch_size: int = 64, device: str = "cpu") -> list[str]:
     """Translate raw sentences in length-sorted batches; output follows input order."""
-    model.eval()
-    max_src = model.cfg.max_positions - 1
-    encoded = [tokenizer.encode(s)[:max_src - 1] + [EOS_ID] for s in sentences]
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    out: list[str] = [""] * len(encoded)
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        hyps = decode(model, pad_batch([encoded[i] for i in idx], device), opts)
-        for i, hyp in zip(idx, hyps):
-            out[i] = tokenizer.decode(hyp)
-    return out
+    return [hyps[0][1] for hyps in translate_nbest(model, tokenizer, sentences, opts, 1, batch_size, device)]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import time
+from pathlib import Path
+
 import sacrebleu
 
 
@@ -11,3 +15,42 @@ def score(hyps: list[str], refs: list[str]) -> dict:
     b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
     return {"bleu": b.score, "chrf": c.score, "bleu_signature": str(bleu.get_signature()),
             "chrf_signature": str(chrf.get_signature())}
+
+
+CSV_COLUMNS = ("step", "epoch", "time_s", "train_loss", "lr", "tokens_per_s",
+               "valid_loss", "valid_bleu", "valid_chrf")
+
+
+class MetricsLog:
+    """Rank 0's live metrics: `metrics.csv` and a TensorBoard event file in one directory."""
+
+    def __init__(self, directory: str | Path):
+        from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when used
+
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / "metrics.csv"
+        new = not path.exists()  # a resumed run appends
+        self.csv = path.open("a", newline="")
+        self.rows = csv.DictWriter(self.csv, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        if new:
+            self.rows.writeheader()
+        self.tensorboard = SummaryWriter(str(self.directory / "tensorboard"))
+        self.t0 = time.time()
+
+    def write(self, step: int, metrics: dict) -> None:
+        """Append one row and the matching scalars (train/..., valid/...)."""
+        self.rows.writerow({"step": step, "time_s": round(time.time() - self.t0, 2), **metrics})
+        self.csv.flush()
+        for key, value in metrics.items():
+            split, _, name = key.partition("_")
+            if split in ("train", "valid"):
+                self.tensorboard.add_scalar(f"{split}/{name}", value, step)
+            elif key in ("lr", "tokens_per_s"):
+                self.tensorboard.add_scalar(f"train/{key}", value, step)
+        self.tensorboard.flush()
+
+    def close(self) -> None:
+        """Flush and close both files."""
+        self.csv.close()
+        self.tensorboard.close()

@@ -201,9 +201,10 @@ class Transformer(nn.Module):
         return {"length": 0, "layers": [{"self": {}, "cross": {}} for _ in self.decoder]}
 
 
-def reorder_cache(cache: Cache, index: torch.Tensor) -> None:
-    """Select rows `index` of every cached K/V in place (beam reordering, pruning)."""
+def reorder_cache(cache: Cache, index: torch.Tensor, parts: tuple[str, ...] = ("self", "cross")) -> None:
+    """Select rows `index` of the cached K/V of `parts` in place (beam reordering, pruning)."""
     for layer in cache["layers"]:
-        for part in layer.values():
+        for name in parts:
+            part = layer[name]
             for key in part:
                 part[key] = part[key].index_select(0, index)

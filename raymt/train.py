@@ -22,9 +22,9 @@ from raymt.tokenizer import Tokenizer, train_tokenizer
 RUN_CONFIG = "raymt_config.json"
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Command-line flags; each one addresses a field of `Config`."""
-    p = argparse.ArgumentParser(prog="python -m raymt.train", description=__doc__)
+def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The flags shared by train and tune; each one addresses a field of `Config`."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--preset", help="model preset: tiny, mini, small, base, big (default mini)")
     p.add_argument("--config", help="JSON or TOML file with sections model/data/optim/train")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -36,8 +36,14 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     for flag, field in flag_fields.items():
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"sets {field}")
     p.add_argument("--gpu", action="store_true", help="one GPU per worker (sets train.use_gpu)")
-    p.add_argument("--resume", help="a run directory to continue, or a checkpoint to start from")
     p.set_defaults(flag_fields=flag_fields)
+    return p
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Command-line flags of `python -m raymt.train`."""
+    p = flag_parser("python -m raymt.train", __doc__)
+    p.add_argument("--resume", help="a run directory to continue, or a checkpoint to start from")
     return p.parse_args(argv)
 
 
@@ -84,8 +90,11 @@ def prepare_run(cfg: Config, run_dir: Path, resume_dir: Optional[Path]) -> tuple
     return splits, tokenizer
 
 
-def init_ray() -> None:
-    """Attach to the cluster under `ray job submit` (RAY_ADDRESS), else start a local one."""
+def init_ray(include_dashboard: bool = False) -> None:
+    """Attach to the cluster under `ray job submit` (RAY_ADDRESS), else start a local one.
+
+    Tune over Train V2 needs the dashboard (its placement-group cleaner reads actor state).
+    """
     import ray
     from ray.data import DataContext
 
@@ -94,8 +103,16 @@ def init_ray() -> None:
         if os.environ.get("RAY_ADDRESS"):
             ray.init()
         else:
-            ray.init(include_dashboard=False, log_to_driver=True)
+            ray.init(include_dashboard=include_dashboard, log_to_driver=True)
     DataContext.get_current().enable_progress_bars = False
+
+
+MIN_CPUS_PER_WORKER = 0.25
+
+
+def cpu_budget(num_cpus: float) -> float:
+    """CPUs that training workers may take: one (half of a lone CPU) is left to Ray Data."""
+    return num_cpus - (1.0 if num_cpus >= 2 else num_cpus / 2)
 
 
 def scaling(cfg: Config) -> tuple[dict, int]:
@@ -108,17 +125,21 @@ def scaling(cfg: Config) -> tuple[dict, int]:
     if cfg.train.use_gpu and n > num_gpus:
         raise ValueError(f"train.num_workers={n} with --gpu needs {n} GPUs; the cluster has "
                          f"{num_gpus:g}: lower --num-workers")
+    budget = cpu_budget(num_cpus)
     cpus = cfg.train.cpus_per_worker
-    if cpus is None:  # leave one CPU to Ray Data so the data pipeline never starves
-        cpus = 1.0 if cfg.train.use_gpu else max(0.25, (num_cpus - 1) / n)
-    if cpus * n > num_cpus:
-        raise ValueError(f"train.num_workers={n} x train.cpus_per_worker={cpus:g} CPUs exceeds "
-                         f"the cluster's {num_cpus:g} CPUs: lower --num-workers or cpus_per_worker")
+    if cpus is None:  # Ray Data keeps its CPU, so the data pipeline never starves
+        cpus = 1.0 if cfg.train.use_gpu else max(MIN_CPUS_PER_WORKER, budget / n)
+    if not cfg.train.use_gpu and cpus * n > budget:
+        raise ValueError(f"train.num_workers={n} x {cpus:g} CPUs needs {cpus * n:g} CPUs but the "
+                         f"cluster's {num_cpus:g} CPUs leave {budget:g} after Ray Data's share: "
+                         "lower --num-workers or train.cpus_per_worker")
     resources = {"CPU": cpus} | ({"GPU": 1} if cfg.train.use_gpu else {})
     return resources, max(1, int(cpus))
 
 
-def fit(cfg: Config, splits: dict, tokenizer: Tokenizer, init_checkpoint: Optional[Path]):
+def fit(cfg: Config, splits: dict, tokenizer: Tokenizer, init_checkpoint: Optional[Path],
+        log_dir: Optional[Path] = None, callbacks: Optional[list] = None,
+        init_full_state: bool = False):
     """Run the TorchTrainer; returns Ray's Result."""
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -133,7 +154,9 @@ def fit(cfg: Config, splits: dict, tokenizer: Tokenizer, init_checkpoint: Option
         train_loop_config={
             "config": cfg.to_dict(), "spm_model": tokenizer.model_proto,
             "num_threads": num_threads, "valid": {"rows": valid_rows, "refs": splits["valid"][1]},
-            "init_checkpoint": str(init_checkpoint) if init_checkpoint else None},
+            "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
+            "init_full_state": init_full_state,
+            "log_dir": str(log_dir) if log_dir else None},
         scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
                                      resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if cfg.train.use_gpu else "gloo"),
@@ -142,22 +165,23 @@ def fit(cfg: Config, splits: dict, tokenizer: Tokenizer, init_checkpoint: Option
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.num_to_keep,
                                                checkpoint_score_attribute="valid_bleu",
                                                checkpoint_score_order="max"),
-            failure_config=FailureConfig(max_failures=cfg.train.max_failures)),
+            failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+            callbacks=callbacks),
         datasets={"train": train_ds},
         # Only the training set is split; validation rows are all scored, none dropped.
         dataset_config=DataConfig(datasets_to_split=["train"]))
     return trainer.fit()
 
 
-def best_checkpoint_path(result) -> Path:
-    """The kept checkpoint with the highest validation BLEU."""
+def best_checkpoint(result):
+    """The kept Ray checkpoint with the highest validation BLEU."""
     scored = [(m.get("valid_bleu", -1.0), c) for c, m in result.best_checkpoints]
     if not scored:
         raise RuntimeError("training finished without a checkpoint")
-    return Path(max(scored, key=lambda x: x[0])[1].path)
+    return max(scored, key=lambda x: x[0])[1]
 
 
-def test_scores(checkpoint: Path, pairs: data.Pairs, cfg: Config) -> dict:
+def test_scores(checkpoint: str | Path, pairs: data.Pairs, cfg: Config) -> dict:
     """Beam-search the test set on the driver with the best checkpoint and score it."""
     model, tokenizer, _ = load_model(checkpoint)
     opts = DecodeOptions(beam=cfg.train.test_beam, length_penalty=cfg.train.length_penalty,
@@ -165,31 +189,70 @@ def test_scores(checkpoint: Path, pairs: data.Pairs, cfg: Config) -> dict:
     return score(translate(model, tokenizer, pairs[0], opts), pairs[1])
 
 
+def finalize(cfg: Config) -> Config:
+    """Give the run a name and an absolute storage path (URIs such as s3:// stay as they are)."""
+    name = cfg.train.name or (f"raymt-{cfg.data.src_lang}-{cfg.data.tgt_lang}-"
+                              f"{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    storage = cfg.train.storage_path
+    if "://" not in storage:
+        storage = str(Path(storage).expanduser().resolve())
+    return apply_overrides(cfg, {"train.name": name, "train.storage_path": storage})
+
+
+def local_run_dir(cfg: Config) -> Path:
+    """Where the driver keeps run files: the run directory, or ./runs/NAME for remote storage."""
+    storage = cfg.train.storage_path
+    root = Path("runs").resolve() if "://" in storage else Path(storage)
+    return root / cfg.train.name
+
+
+def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optional[Path] = None,
+        callbacks: Optional[list] = None, score_test: bool = True,
+        init_full_state: bool = False) -> dict:
+    """Train with Ray Train, score the best checkpoint on the test set, return the summary.
+
+    `init_checkpoint` starts a new run from a checkpoint's weights, or with `init_full_state`
+    also from its optimizer, scheduler and step (a Tune trial continuing another's work).
+    """
+    t0 = time.time()
+    cfg = finalize(cfg)
+    run_dir = local_run_dir(cfg)
+    splits, tokenizer = prepare_run(cfg, run_dir, resume_dir)
+    init_ray()
+    result = fit(cfg, splits, tokenizer, init_checkpoint, run_dir / "logs", callbacks, init_full_state)
+    best = best_checkpoint(result)
+    summary = {"run_dir": str(run_dir), "best_checkpoint": best.path,
+               "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
+               "start_step": _first_step(run_dir / "logs" / "metrics.csv"),
+               "metrics_csv": str(run_dir / "logs" / "metrics.csv"),
+               "valid": {k: v for k, v in result.metrics.items() if k.startswith("valid_")}}
+    if score_test and "test" in splits:
+        with best.as_directory() as directory:  # downloads from remote storage if needed
+            summary["test"] = test_scores(directory, splits["test"], cfg)
+    summary["wall_time_s"] = round(time.time() - t0, 1)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _first_step(metrics_csv: Path) -> Optional[int]:
+    """The first step logged by this run (above log_every when it continued another run)."""
+    if not metrics_csv.is_file():
+        return None
+    with metrics_csv.open() as f:
+        next(f, None)
+        first = next(f, None)
+    return int(first.split(",")[0]) if first else None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
-    t0 = time.time()
     args = parse_args(argv)
     try:
         cfg, resume_dir, init_checkpoint = resolve_resume(args)
-        name = cfg.train.name or (f"raymt-{cfg.data.src_lang}-{cfg.data.tgt_lang}-"
-                                  f"{datetime.datetime.now():%Y%m%d-%H%M%S}")
-        cfg = apply_overrides(cfg, {"train.name": name,
-                                    "train.storage_path": str(Path(cfg.train.storage_path).expanduser().resolve())})
-        run_dir = Path(cfg.train.storage_path) / name
-        splits, tokenizer = prepare_run(cfg, run_dir, resume_dir)
-        init_ray()
-        result = fit(cfg, splits, tokenizer, init_checkpoint)
+        summary = run(cfg, resume_dir, init_checkpoint)
     except ValueError as err:
         print(f"raymt.train: error: {err}", file=sys.stderr)
         return 2
-    best = best_checkpoint_path(result)
-    summary = {"run_dir": str(run_dir), "best_checkpoint": str(best),
-               "valid": {k: v for k, v in result.metrics.items() if k.startswith("valid_")}}
-    test = splits.get("test")
-    if test is not None:
-        summary["test"] = test_scores(best, test, cfg)
-    summary["wall_time_s"] = round(time.time() - t0, 1)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary)
     return 0
 
@@ -201,6 +264,7 @@ def print_summary(summary: dict) -> None:
         t = summary["test"]
         print(f"test BLEU {t['bleu']:.2f}  ({t['bleu_signature']})")
         print(f"test chrF {t['chrf']:.2f}  ({t['chrf_signature']})")
+    print(f"metrics: {summary['metrics_csv']} (TensorBoard: tensorboard --logdir {summary['run_dir']}/logs)")
     print(f"best checkpoint: {summary['best_checkpoint']}")
     print(f"wall time: {summary['wall_time_s'] / 60:.1f} min")
     print(f"translate: python -m raymt.translate --checkpoint {summary['best_checkpoint']} \"...\"")

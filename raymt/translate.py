@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from raymt.checkpoint import load_model
-from raymt.decoding import DecodeOptions, translate
+from raymt.decoding import DecodeOptions, translate_nbest
 from raymt.metrics import score
 
 
@@ -25,6 +25,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
     p.add_argument("--max-len-b", type=int, default=d.max_len_b)
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    p.add_argument("--n-best", type=int, default=1,
+                   help="print the N best as 'i ||| hypothesis ||| score' lines (N <= beam)")
+    p.add_argument("--sample", action="store_true", help="sample instead of searching (implies --beam 1)")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature")
+    p.add_argument("--top-k", type=int, default=d.top_k, help="sample among the K most likely tokens (0 = all)")
+    p.add_argument("--seed", type=int, help="seed for --sample (repeatable output)")
     p.add_argument("--ref", help="reference file (one line per input): also print BLEU and chrF")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return p.parse_args(argv)
@@ -36,6 +42,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if args.beam < 1:
             raise ValueError(f"--beam {args.beam} must be >= 1")
+        opts = DecodeOptions(beam=1 if args.sample else args.beam, length_penalty=args.length_penalty,
+                             max_len_a=args.max_len_a, max_len_b=args.max_len_b, sample=args.sample,
+                             temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+        opts.check()
+        if not 1 <= args.n_best <= opts.beam:
+            raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
         model, tokenizer, _ = load_model(args.checkpoint, args.device)
         sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
         refs = None
@@ -49,11 +61,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as err:
         print(f"raymt.translate: error: {err}", file=sys.stderr)
         return 2
-    opts = DecodeOptions(beam=args.beam, length_penalty=args.length_penalty,
-                         max_len_a=args.max_len_a, max_len_b=args.max_len_b)
-    hyps = translate(model, tokenizer, sentences, opts, args.batch_size, args.device)
-    for hyp in hyps:
-        print(hyp)
+    nbest = translate_nbest(model, tokenizer, sentences, opts, args.n_best, args.batch_size, args.device)
+    hyps = [h[0][1] for h in nbest]
+    for i, hyp_list in enumerate(nbest):
+        if args.n_best == 1:
+            print(hyp_list[0][1])
+        else:  # Moses-style n-best list
+            for hyp_score, hyp in hyp_list:
+                print(f"{i} ||| {hyp} ||| {hyp_score:.4f}")
     if refs is not None:
         s = score(hyps, refs)
         print(f"BLEU {s['bleu']:.2f} ({s['bleu_signature']})", file=sys.stderr)

@@ -6,7 +6,6 @@ import contextlib
 import itertools
 import tempfile
 import time
-from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 import numpy as np
@@ -18,9 +17,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from raymt.batching import Batch, collate, window_batches
-from raymt.checkpoint import MODEL_FILE, load_train_state, load_weights, save_checkpoint
+from raymt.checkpoint import load_train_state, load_weights, save_checkpoint
 from raymt.config import Config
 from raymt.decoding import DecodeOptions, decode
+from raymt.metrics import MetricsLog
 from raymt.model import Transformer
 from raymt.optim import inverse_sqrt, loss_sum, make_optimizer, row_nll
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -137,8 +137,12 @@ def epoch_batches(shard, cfg: Config, epoch: int) -> Iterator[Batch]:
         yield from window_batches(window, cfg.data.max_tokens, rng)
 
 
-def _restore(model: Transformer, optimizer, scheduler, init_checkpoint: Optional[str]) -> dict:
-    """Load the latest Ray Train checkpoint (after a failure or on resume), if any."""
+def _restore(model: Transformer, optimizer, scheduler, cfg: Config, loop_config: dict) -> dict:
+    """Load the latest Ray Train checkpoint (after a failure or on resume), or an initial one.
+
+    An initial checkpoint gives weights only, or with `init_full_state` also optimizer,
+    scheduler and step, continuing at this run's peak learning rate (a PBT exploit).
+    """
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
@@ -147,9 +151,19 @@ def _restore(model: Transformer, optimizer, scheduler, init_checkpoint: Optional
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         return state
-    if init_checkpoint is not None:  # start a new run from another run's weights
-        model.load_state_dict(load_weights(init_checkpoint))
-    return {"step": 0, "epoch": 0}
+    init = loop_config.get("init_checkpoint")
+    if init is None:
+        return {"step": 0, "epoch": 0}
+    model.load_state_dict(load_weights(init))
+    if not loop_config.get("init_full_state"):
+        return {"step": 0, "epoch": 0}
+    state = load_train_state(init)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scheduler.base_lrs = [cfg.optim.lr] * len(scheduler.base_lrs)
+    for group, lr in zip(optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
+    return state
 
 
 class Progress:
@@ -196,64 +210,94 @@ def _report(metrics: dict, model, optimizer, scheduler, cfg: Config, tokenizer: 
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
-def train_loop_per_worker(loop_config: dict) -> None:
-    """Build tokenizer, model and data inside the worker from config; train; report."""
-    cfg = Config.from_dict(loop_config["config"])
-    tokenizer = Tokenizer(loop_config["spm_model"])
-    torch.set_num_threads(loop_config["num_threads"])
-    torch.manual_seed(cfg.train.seed)
-    device = ray.train.torch.get_device()
-    is_rank0 = ray.train.get_context().get_world_rank() == 0
-    on_gpu = device.type == "cuda"
+class WorkerLoop:
+    """One worker's model, data and state; `run` is the training loop."""
 
-    model = Transformer(cfg.model, tokenizer.vocab_size)
-    optimizer = make_optimizer(model, cfg.optim, fused=on_gpu)
-    scheduler = inverse_sqrt(optimizer, cfg.optim.warmup_steps)
-    state = _restore(model, optimizer, scheduler, loop_config.get("init_checkpoint"))
-    model = ray.train.torch.prepare_model(model)  # DDP over gloo (CPU) or nccl (GPU)
-    autocast = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16))
-                if on_gpu and cfg.train.bf16 else contextlib.nullcontext)
+    def __init__(self, loop_config: dict):
+        cfg = self.cfg = Config.from_dict(loop_config["config"])
+        self.tokenizer = Tokenizer(loop_config["spm_model"])
+        torch.set_num_threads(loop_config["num_threads"])
+        torch.manual_seed(cfg.train.seed)
+        self.device = ray.train.torch.get_device()
+        self.is_rank0 = ray.train.get_context().get_world_rank() == 0
+        on_gpu = self.device.type == "cuda"
 
-    valid = loop_config["valid"]
-    valid_loader = ray.train.torch.prepare_data_loader(DataLoader(
-        valid["rows"], batch_size=cfg.data.eval_batch_size, collate_fn=collate_eval))
-    opts = DecodeOptions(beam=cfg.train.valid_beam, length_penalty=cfg.train.length_penalty,
-                         max_len_a=cfg.train.max_len_a, max_len_b=cfg.train.max_len_b)
-    shard = ray.train.get_dataset_shard("train")
+        model = Transformer(cfg.model, self.tokenizer.vocab_size)
+        self.optimizer = make_optimizer(model, cfg.optim, fused=on_gpu)
+        self.scheduler = inverse_sqrt(self.optimizer, cfg.optim.warmup_steps)
+        state = _restore(model, self.optimizer, self.scheduler, cfg, loop_config)
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.model = ray.train.torch.prepare_model(model)  # DDP over gloo (CPU) or nccl (GPU)
+        self.autocast = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+                         if on_gpu and cfg.train.bf16 else contextlib.nullcontext)
 
-    step, epoch = state["step"], state["epoch"]
-    progress, evaluated = Progress(cfg, step), step
-    deadline = (time.monotonic() + 60 * cfg.train.max_minutes) if cfg.train.max_minutes else None
+        self.valid = loop_config["valid"]
+        self.valid_loader = ray.train.torch.prepare_data_loader(DataLoader(
+            self.valid["rows"], batch_size=cfg.data.eval_batch_size, collate_fn=collate_eval))
+        self.opts = DecodeOptions(beam=cfg.train.valid_beam, length_penalty=cfg.train.length_penalty,
+                                  max_len_a=cfg.train.max_len_a, max_len_b=cfg.train.max_len_b)
+        self.progress = Progress(cfg, self.step)
+        log_dir = loop_config.get("log_dir")
+        self.metrics_log = MetricsLog(log_dir) if self.is_rank0 and log_dir else None
+        self.deadline = (time.monotonic() + 60 * cfg.train.max_minutes) if cfg.train.max_minutes else None
 
-    def out_of_time() -> bool:
-        # Any worker past the deadline stops all of them at the same step.
-        late = deadline is not None and time.monotonic() > deadline
-        return _all_reduce([float(late)], device)[0] > 0
+    def run(self) -> None:
+        """Train until max_steps, the epoch limit or the time budget; evaluate and report."""
+        cfg, shard = self.cfg, ray.train.get_dataset_shard("train")
+        evaluated, stop = self.step, False
+        while not stop and self.step < cfg.train.max_steps and (
+                cfg.train.epochs is None or self.epoch < cfg.train.epochs):
+            batches = epoch_batches(shard, cfg, self.epoch)
+            for group, num_tokens in lockstep(batches, cfg.optim.update_freq, self.device):
+                loss = train_step(self.model, self.optimizer, group, num_tokens, cfg, self.autocast)
+                self.progress.update(loss, num_tokens)
+                self.scheduler.step()
+                self.step += 1
+                if self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps:
+                    self.evaluate_and_report()
+                    evaluated = self.step
+                elif self.step % cfg.train.log_every == 0:
+                    self.log_train()
+                stop = self.step >= cfg.train.max_steps or (
+                    self.step % cfg.train.log_every == 0 and self.out_of_time())
+                if stop:
+                    break
+            if not stop:
+                self.epoch += 1
+        if evaluated != self.step:  # the epoch or time limit ended the run between evaluations
+            self.evaluate_and_report()
+        if self.metrics_log:
+            self.metrics_log.close()
 
-    def evaluate_and_report() -> None:
-        metrics = progress.log(step, epoch, scheduler.get_last_lr()[0], device, is_rank0)
-        metrics.update(evaluate(model, valid_loader, tokenizer, valid["refs"], opts),
-                       step=step, epoch=epoch)
-        if is_rank0:
-            print(f"step {step} | valid loss {metrics['valid_loss']:.3f} | "
+    def log_train(self) -> dict:
+        """Progress line and training metrics of the last interval."""
+        metrics = self.progress.log(self.step, self.epoch, self.scheduler.get_last_lr()[0],
+                                    self.device, self.is_rank0)
+        metrics["epoch"] = self.epoch
+        if self.metrics_log:
+            self.metrics_log.write(self.step, metrics)
+        return metrics
+
+    def evaluate_and_report(self) -> None:
+        """Validate on the whole dev set, report to Ray Train with a checkpoint from rank 0."""
+        metrics = self.progress.log(self.step, self.epoch, self.scheduler.get_last_lr()[0],
+                                    self.device, self.is_rank0)
+        metrics.update(evaluate(self.model, self.valid_loader, self.tokenizer, self.valid["refs"],
+                                self.opts), step=self.step, epoch=self.epoch)
+        if self.is_rank0:
+            print(f"step {self.step} | valid loss {metrics['valid_loss']:.3f} | "
                   f"BLEU {metrics['valid_bleu']:.2f} | chrF {metrics['valid_chrf']:.2f}", flush=True)
-        _report(metrics, model, optimizer, scheduler, cfg, tokenizer, step, epoch)
+        if self.metrics_log:
+            self.metrics_log.write(self.step, metrics)
+        _report(metrics, self.model, self.optimizer, self.scheduler, self.cfg, self.tokenizer,
+                self.step, self.epoch)
 
-    stop = False
-    while not stop and step < cfg.train.max_steps and (cfg.train.epochs is None or epoch < cfg.train.epochs):
-        for group, num_tokens in lockstep(epoch_batches(shard, cfg, epoch), cfg.optim.update_freq, device):
-            progress.update(train_step(model, optimizer, group, num_tokens, cfg, autocast), num_tokens)
-            scheduler.step()
-            step += 1
-            if step % cfg.train.eval_every == 0 or step >= cfg.train.max_steps:
-                evaluate_and_report()
-                evaluated = step
-            elif step % cfg.train.log_every == 0:
-                progress.log(step, epoch, scheduler.get_last_lr()[0], device, is_rank0)
-            stop = step >= cfg.train.max_steps or (step % cfg.train.log_every == 0 and out_of_time())
-            if stop:
-                break
-        if not stop:
-            epoch += 1
-    if evaluated != step:  # the epoch or time limit ended the run between evaluations
-        evaluate_and_report()
+    def out_of_time(self) -> bool:
+        """True on every worker once any worker is past the time budget."""
+        late = self.deadline is not None and time.monotonic() > self.deadline
+        return _all_reduce([float(late)], self.device)[0] > 0
+
+
+def train_loop_per_worker(loop_config: dict) -> None:
+    """Ray Train entry point: build everything inside the worker from config, then train."""
+    WorkerLoop(loop_config).run()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import raymt
 
-PLAIN = ["model", "decoding", "tokenizer", "batching", "checkpoint", "config", "optim", "corpus", "metrics"]
+PLAIN = ["model", "decoding", "tokenizer", "batching", "checkpoint", "config", "optim", "corpus", "metrics",
+         "export", "average"]
 
 
 def imported_names(path: Path) -> set[str]:

@@ -127,8 +127,13 @@ def test_default_scaling_leaves_a_cpu_for_ray_data(ray_cluster):
     cfg = Config()
     cfg.train.num_workers = 3
     cfg.train.cpus_per_worker = 1.0
-    with pytest.raises(ValueError, match="exceeds the cluster's 2 CPUs"):
+    with pytest.raises(ValueError, match="needs 3 CPUs but the cluster's 2 CPUs leave 1"):
         scaling(cfg)
+    cfg.train.cpus_per_worker = None
+    cfg.train.num_workers = 8  # 8 x the 0.25-CPU minimum does not fit either
+    with pytest.raises(ValueError, match="needs 2 CPUs"):
+        scaling(cfg)
+    cfg.train.num_workers = 3
     cfg.train.use_gpu = True
     with pytest.raises(ValueError, match="needs 3 GPUs; the cluster has 0"):
         scaling(cfg)

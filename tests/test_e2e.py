@@ -26,6 +26,7 @@ def test_train_resume_and_translate(tmp_path):
     summary = json.loads((tmp_path / "e2e" / "summary.json").read_text())
     assert 0 <= summary["test"]["bleu"] <= 100 and "nrefs:1" in summary["test"]["bleu_signature"]
     assert "step 40/40" in out.stdout + out.stderr
+    check_live_metrics(tmp_path / "e2e" / "logs")
 
     # --resume RUN continues from the latest checkpoint (step 40) to the new max_steps.
     out = run(["raymt.train", "--resume", str(tmp_path / "e2e"), "--max-steps", "50"], timeout=400)
@@ -44,6 +45,23 @@ def test_train_resume_and_translate(tmp_path):
     out = run(["raymt.translate", "--checkpoint", ckpt, "--ref", str(ref)],
               input="Germany and March 3, 2021\n", timeout=120)
     assert out.returncode == 0 and "BLEU" in out.stderr and "nrefs:1" in out.stderr
+
+
+def check_live_metrics(log_dir):
+    """metrics.csv and the TensorBoard event file hold loss, BLEU, lr and tokens/s."""
+    import csv
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = list(csv.DictReader((log_dir / "metrics.csv").open()))
+    assert [int(r["step"]) for r in rows] == [10, 20, 30, 40]
+    assert rows[1]["valid_bleu"] != "" and rows[0]["valid_bleu"] == ""
+    events = EventAccumulator(str(log_dir / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/tokens_per_s", "valid/bleu", "valid/loss"} <= tags
+    assert [e.step for e in events.Scalars("valid/bleu")] == [20, 40]
+    assert [e.step for e in events.Scalars("train/loss")] == [10, 20, 30, 40]
 
 
 def test_translate_bad_checkpoint_is_one_line(tmp_path):

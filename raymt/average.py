@@ -1,0 +1,190 @@
+"""`python -m raymt.average`: average the weights of several checkpoints of one model.
+
+Which checkpoints: `--last N` of a run directory (by the step in each train_state.pt),
+`--best N` of a run directory (by a metric Ray Train recorded for each kept checkpoint in
+`<run>/checkpoint_manager_snapshot.json`, default valid_bleu), or `--checkpoints DIR ...`.
+A run keeps `train.num_to_keep` checkpoints (2 by default): raise it to average more.
+The result is a checkpoint directory (model.pt, config.json, spm.model, average.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from raymt.checkpoint import (MODEL_FILE, SPM_FILE, check_checkpoint, load_config,
+                              load_train_state, load_weights, save_checkpoint, weights_file)
+from raymt.config import Config
+from raymt.model import Transformer
+from raymt.tokenizer import Tokenizer
+
+# Written by Ray Train (2.60: train/v2 CheckpointManager) next to the checkpoint_* directories.
+RAY_SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
+AVERAGE_FILE = "average.json"
+# Training-only fields that may differ between checkpoints of one model.
+DROPOUTS = ("dropout", "attention_dropout")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Command-line flags."""
+    p = argparse.ArgumentParser(prog="python -m raymt.average", description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", nargs="?", help="a raymt.train run directory (with --last or --best)")
+    pick = p.add_mutually_exclusive_group(required=True)
+    pick.add_argument("--last", type=int, metavar="N", help="the N checkpoints with the highest steps")
+    pick.add_argument("--best", type=int, metavar="N", help="the N checkpoints with the best --metric")
+    pick.add_argument("--checkpoints", nargs="+", metavar="DIR", help="these checkpoint directories")
+    p.add_argument("--metric", default="valid_bleu", help="reported metric that ranks --best (default valid_bleu)")
+    p.add_argument("--mode", choices=("max", "min"),
+                   help="higher or lower is better (default: min for *loss*, else max)")
+    p.add_argument("--output", required=True, help="new checkpoint directory to write")
+    return p.parse_args(argv)
+
+
+def run_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoint_* directories (weights present) of a run directory."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"run directory {run_dir} does not exist")
+    found = sorted(d for d in run_dir.glob("checkpoint_*") if d.is_dir() and (d / MODEL_FILE).is_file())
+    if not found:
+        raise ValueError(f"{run_dir} has no checkpoint_* directories; is it a raymt.train run directory?")
+    return found
+
+
+def _take(candidates: list[Path], n: int, what: str) -> list[Path]:
+    """The first n candidates, or a one-line error saying how many there are."""
+    if n < 1:
+        raise ValueError(f"{what} {n}: N must be >= 1")
+    if n > len(candidates):
+        raise ValueError(f"{what} {n}: only {len(candidates)} checkpoint(s) available; a run keeps "
+                         "train.num_to_keep of them (--set train.num_to_keep=N when training)")
+    return candidates[:n]
+
+
+def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
+    """The n checkpoints of a run with the highest training steps, newest first."""
+    steps = {d: int(load_train_state(d).get("step", -1)) for d in run_checkpoints(run_dir)}
+    return _take(sorted(steps, key=lambda d: (steps[d], d.name), reverse=True), n, "--last")
+
+
+def checkpoint_metrics(run_dir: str | Path) -> dict[str, dict]:
+    """Metrics Ray Train recorded with each kept checkpoint, by checkpoint directory name."""
+    path = Path(run_dir) / RAY_SNAPSHOT_FILE
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: no per-checkpoint metrics; use --last or --checkpoints")
+    try:
+        snapshot = json.loads(path.read_text())
+        return {r["checkpoint_dir_name"]: dict(r["metrics"]) for r in snapshot["checkpoint_results"]}
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"cannot read per-checkpoint metrics from {path} ({type(err).__name__}: {err}); "
+                         "use --last or --checkpoints") from None
+
+
+def best_checkpoints(run_dir: str | Path, n: int, metric: str = "valid_bleu",
+                     mode: Optional[str] = None) -> list[Path]:
+    """The n checkpoints of a run with the best recorded `metric`, best first."""
+    mode = mode or ("min" if "loss" in metric else "max")
+    found = run_checkpoints(run_dir)
+    metrics = checkpoint_metrics(run_dir)
+    scored = []
+    for d in found:
+        value = metrics.get(d.name, {}).get(metric)
+        if isinstance(value, (int, float)):
+            scored.append((value, d))
+    if not scored and metrics:
+        known = sorted({k for m in metrics.values() for k in m})
+        raise ValueError(f"no checkpoint of {run_dir} has the metric {metric!r}; recorded: {', '.join(known)}")
+    scored.sort(key=lambda x: (x[0] if mode == "min" else -x[0], x[1].name))
+    return _take([d for _, d in scored], n, "--best")
+
+
+def check_same_model(directories: Sequence[Path]) -> tuple[Config, Tokenizer]:
+    """Config and tokenizer shared by all checkpoints; one-line error if any differs."""
+    config, tokenizer = check_checkpoint(directories[0])
+    for d in directories[1:]:
+        other, vocab_size = load_config(d)
+        diff = [f"model.{k}={getattr(other.model, k)!r} vs {v!r}" for k, v in config.model.__dict__.items()
+                if k not in DROPOUTS and getattr(other.model, k) != v]
+        if diff:
+            raise ValueError(f"{d} is a different model than {directories[0]} ({', '.join(diff)}): "
+                             "only checkpoints of one model can be averaged")
+        if vocab_size != tokenizer.vocab_size or (d / SPM_FILE).read_bytes() != tokenizer.model_proto:
+            raise ValueError(f"{d / SPM_FILE} differs from {directories[0] / SPM_FILE}: only checkpoints "
+                             "with the same vocabulary can be averaged")
+        weights_file(d)
+    return config, tokenizer
+
+
+def average_state_dicts(states: Sequence[dict]) -> dict:
+    """Element-wise mean of floating-point tensors (accumulated in float64); others from the first."""
+    keys = list(states[0])
+    out = {}
+    for key in keys:
+        first = states[0][key]
+        if not first.is_floating_point():
+            out[key] = first.clone()
+            continue
+        total = torch.zeros_like(first, dtype=torch.float64)
+        for state in states:
+            total += state[key].double()
+        out[key] = (total / len(states)).to(first.dtype)
+    return out
+
+
+def average_checkpoints(directories: Sequence[str | Path], output: str | Path) -> Path:
+    """Write a checkpoint whose weights are the mean of the given checkpoints' weights."""
+    directories = [Path(d) for d in directories]
+    output = Path(output)
+    if output.resolve() in {d.resolve() for d in directories}:
+        raise ValueError(f"--output {output} is one of the checkpoints being averaged")
+    if output.is_dir() and any(output.iterdir()):
+        raise ValueError(f"--output {output} exists and is not empty; choose a new directory")
+    config, tokenizer = check_same_model(directories)
+    states = [load_weights(d) for d in directories]
+    for d, state in zip(directories[1:], states[1:]):
+        if state.keys() != states[0].keys() or any(state[k].shape != states[0][k].shape for k in state):
+            raise ValueError(f"{weights_file(d)} holds other tensors than {weights_file(directories[0])}")
+    model = Transformer(config.model, tokenizer.vocab_size)
+    model.load_state_dict(average_state_dicts(states))
+    save_checkpoint(output, model, config, tokenizer)
+    sources = [str(d.resolve()) for d in directories]
+    (output / AVERAGE_FILE).write_text(json.dumps({"checkpoints": sources}, indent=2))
+    return output
+
+
+def select(args: argparse.Namespace) -> list[Path]:
+    """The checkpoint directories the flags ask for."""
+    if args.checkpoints:
+        if args.run_dir:
+            raise ValueError("give either a run directory (with --last/--best) or --checkpoints, not both")
+        return [Path(d) for d in args.checkpoints]
+    if not args.run_dir:
+        raise ValueError(f"--{'last' if args.last is not None else 'best'} needs a run directory: "
+                         "python -m raymt.average RUN_DIR ...")
+    if args.last is not None:
+        return last_checkpoints(args.run_dir, args.last)
+    return best_checkpoints(args.run_dir, args.best, args.metric, args.mode)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    args = parse_args(argv)
+    try:
+        chosen = select(args)
+        output = average_checkpoints(chosen, args.output)
+    except ValueError as err:
+        print(f"raymt.average: error: {err}", file=sys.stderr)
+        return 2
+    for d in chosen:
+        print(f"averaged {d}")
+    print(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

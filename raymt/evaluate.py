@@ -1,0 +1,262 @@
+"""`python -m raymt.evaluate`: decode test sets across a Ray cluster and score them with sacreBLEU.
+
+The driver encodes every test set and cuts it into the length-sorted batches that
+`raymt.translate` decodes. Each batch is one row of a Ray Data dataset; `map_batches`
+hands the rows to a pool of actors (a callable class that loads the checkpoint once per
+actor). A batch decodes the same way whichever actor gets it, so hypotheses do not depend
+on the number of actors and equal `raymt.translate`'s. Rows carry their sentence index
+and are sorted back into input order on the driver.
+
+Scores: sacreBLEU BLEU, chrF and TER on detokenized text (with signatures), plus
+case-insensitive BLEU with sacreBLEU's 13a tokenizer (`lowercase=True`), the closest
+sacreBLEU equivalent of the tokenized, lowercased multi-bleu numbers of many papers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import sacrebleu
+import torch
+
+from raymt.checkpoint import check_checkpoint, load_model
+from raymt.data import Pairs, read_parallel
+from raymt.decoding import DecodeOptions, decode_ids, encode_sources, length_batches
+from raymt.tokenizer import Tokenizer
+
+REPORT_FILE = "report.json"
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Command-line flags."""
+    d = DecodeOptions()
+    p = argparse.ArgumentParser(prog="python -m raymt.evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, help="checkpoint or exported model directory")
+    p.add_argument("--test", action="append", required=True, metavar="PREFIX",
+                   help="test set PREFIX.<src-lang> / PREFIX.<tgt-lang> (plain or .gz); repeatable")
+    p.add_argument("--src-lang", help="source language suffix (default: the checkpoint's data.src_lang)")
+    p.add_argument("--tgt-lang", help="target language suffix (default: the checkpoint's data.tgt_lang)")
+    p.add_argument("--output-dir", default="evaluation", help="hypotheses and report.json go here")
+    p.add_argument("--num-actors", type=int, default=2, help="decoding actors (model replicas)")
+    p.add_argument("--gpu", action="store_true", help="one GPU per actor")
+    p.add_argument("--cpus-per-actor", type=float, help="CPUs reserved per actor (default 0.5; 1 with --gpu)")
+    p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (ignored with RAY_ADDRESS)")
+    p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
+    p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
+    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (as raymt.translate)")
+    return p.parse_args(argv)
+
+
+def read_test_sets(prefixes: Sequence[str], src_lang: str, tgt_lang: str) -> dict[str, Pairs]:
+    """Test sets by name (the prefix's file name), each checked for equal line counts."""
+    sets: dict[str, Pairs] = {}
+    for prefix in prefixes:
+        name = Path(prefix).name
+        if name in sets:
+            raise ValueError(f"two test sets are named {name!r}; their outputs would overwrite each other")
+        sets[name] = read_parallel(prefix, src_lang, tgt_lang)
+    return sets
+
+
+def plan_batches(sources: Sequence[Sequence[str]], tokenizer: Tokenizer, max_positions: int,
+                 batch_size: int) -> list[dict]:
+    """Dataset rows, one per decoding batch: set id, sentence indices and flattened source ids."""
+    rows = []
+    for set_id, sentences in enumerate(sources):
+        encoded = encode_sources(tokenizer, sentences, max_positions)
+        for idx in length_batches([len(e) for e in encoded], batch_size):
+            rows.append({"set": set_id, "index": np.array(idx, dtype=np.int64),
+                         "lengths": np.array([len(encoded[i]) for i in idx], dtype=np.int64),
+                         "src_ids": np.concatenate([np.array(encoded[i], dtype=np.int64) for i in idx])})
+    return rows
+
+
+class BatchTranslator:
+    """Ray Data actor: loads the checkpoint once, then decodes whole planned batches."""
+
+    def __init__(self, checkpoint: str, opts: dict, device: str, num_threads: int):
+        torch.set_num_threads(num_threads)
+        self.model, self.tokenizer, _ = load_model(checkpoint, device)
+        self.opts, self.device = DecodeOptions(**opts), device
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Planned batches in, one output row per sentence (set, index, hyp, score) out."""
+        out: dict[str, list] = {"set": [], "index": [], "hyp": [], "score": []}
+        for set_id, index, lengths, flat in zip(batch["set"], batch["index"], batch["lengths"], batch["src_ids"]):
+            sources = [ids.tolist() for ids in np.split(np.asarray(flat), np.cumsum(lengths)[:-1])]
+            hyps = decode_ids(self.model, self.tokenizer, sources, self.opts, 1, self.device)
+            for i, [(score, text)] in zip(index, hyps):
+                out["set"].append(int(set_id))
+                out["index"].append(int(i))
+                out["hyp"].append(text)
+                out["score"].append(score)
+        return {"set": np.array(out["set"], dtype=np.int64), "index": np.array(out["index"], dtype=np.int64),
+                "hyp": np.array(out["hyp"], dtype=object), "score": np.array(out["score"], dtype=np.float64)}
+
+
+def actor_cpus(use_gpu: bool, cpus_per_actor: Optional[float]) -> float:
+    """CPUs reserved per actor: half a CPU by default, so 2 actors fit beside Ray Data on 2 cores."""
+    if cpus_per_actor is not None:
+        return cpus_per_actor
+    return 1.0 if use_gpu else 0.5
+
+
+def translate_on_cluster(checkpoint: str, sources: Sequence[Sequence[str]], opts: DecodeOptions,
+                         num_actors: int = 2, batch_size: int = 64, use_gpu: bool = False,
+                         cpus_per_actor: Optional[float] = None) -> list[list[tuple[float, str]]]:
+    """Decode several lists of sentences on the running Ray cluster: (score, hyp) per sentence, input order."""
+    import ray.data
+
+    config, tokenizer = check_checkpoint(checkpoint)
+    rows = plan_batches(sources, tokenizer, config.model.max_positions, batch_size)
+    if not rows:
+        return [[] for _ in sources]
+    cpus = actor_cpus(use_gpu, cpus_per_actor)
+    # One planned batch per block and per call, so batches stay whole and spread over actors.
+    ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+        BatchTranslator, batch_size=1, batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=num_actors),  # `concurrency=N` is deprecated since Ray 2.51
+        num_cpus=cpus, num_gpus=1 if use_gpu else 0,
+        fn_constructor_kwargs={"checkpoint": str(Path(checkpoint).resolve()), "opts": dict(opts.__dict__),
+                               "device": "cuda" if use_gpu else "cpu", "num_threads": max(1, int(cpus))})
+    decoded = {(int(r["set"]), int(r["index"])): (float(r["score"]), str(r["hyp"])) for r in ds.take_all()}
+    assert len(decoded) == sum(len(s) for s in sources), "every sentence is decoded exactly once"
+    return [[decoded[(set_id, i)] for i in range(len(s))] for set_id, s in enumerate(sources)]
+
+
+def corpus_scores(hyps: list[str], refs: list[str]) -> dict:
+    """BLEU, chrF, TER and lowercased 13a-tokenized BLEU, each with its sacreBLEU signature."""
+    metrics = {"bleu": sacrebleu.metrics.BLEU(), "chrf": sacrebleu.metrics.CHRF(),
+               "ter": sacrebleu.metrics.TER(),
+               "bleu_lc": sacrebleu.metrics.BLEU(tokenize="13a", lowercase=True)}
+    out: dict = {"signatures": {}}
+    for name, metric in metrics.items():
+        out[name] = round(metric.corpus_score(hyps, [refs]).score, 4)
+        out["signatures"][name] = str(metric.get_signature())
+    return out
+
+
+def print_table(report: dict) -> None:
+    """Scores per test set, then the signatures."""
+    print(f"{'test set':<24} {'sents':>6} {'BLEU':>6} {'chrF':>6} {'TER':>6} {'BLEU-lc':>8}")
+    for name, r in report["test_sets"].items():
+        print(f"{name:<24} {r['num_sentences']:>6} {r['bleu']:>6.2f} {r['chrf']:>6.2f} "
+              f"{r['ter']:>6.2f} {r['bleu_lc']:>8.2f}")
+    signatures = next(iter(report["test_sets"].values()))["signatures"]
+    for name, signature in signatures.items():
+        print(f"  {name}: {signature}")
+    print(f"{report['num_sentences']} sentences in {report['wall_time_s']:.1f} s "
+          f"({report['sentences_per_s']:.1f}/s, {report['num_actors']} actors); "
+          f"report: {report['report']}")
+
+
+def init_ray(num_cpus: Optional[int]) -> bool:
+    """Attach to RAY_ADDRESS's cluster, or start a local one; True when this call started Ray."""
+    import ray
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = False
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init()  # inside a job, num_cpus may not be passed
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False)
+    return True
+
+
+def check_resources(num_actors: int, use_gpu: bool, cpus_per_actor: Optional[float]) -> None:
+    """Fail with one line, instead of waiting forever, when the actors cannot all be placed."""
+    import ray
+
+    total = ray.cluster_resources()
+    cpus = actor_cpus(use_gpu, cpus_per_actor)
+    if use_gpu and total.get("GPU", 0) < num_actors:
+        raise ValueError(f"--gpu with --num-actors {num_actors} needs {num_actors} GPUs; the cluster has "
+                         f"{total.get('GPU', 0):g}: lower --num-actors or drop --gpu")
+    if cpus * num_actors > total.get("CPU", 0):
+        raise ValueError(f"--num-actors {num_actors} x {cpus:g} CPUs exceeds the cluster's "
+                         f"{total.get('CPU', 0):g} CPUs: lower --num-actors or --cpus-per-actor")
+
+
+def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOptions]:
+    """Everything that can be wrong with the command line, checked before Ray starts."""
+    if args.num_actors < 1:
+        raise ValueError(f"--num-actors {args.num_actors} must be >= 1")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
+    if args.cpus_per_actor is not None and args.cpus_per_actor <= 0:
+        raise ValueError(f"--cpus-per-actor {args.cpus_per_actor} must be > 0")
+    opts = DecodeOptions(beam=args.beam, length_penalty=args.length_penalty,
+                         max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+    opts.check()
+    config, _ = check_checkpoint(args.checkpoint)
+    args.src_lang = args.src_lang or config.data.src_lang
+    args.tgt_lang = args.tgt_lang or config.data.tgt_lang
+    sets = read_test_sets(args.test, args.src_lang, args.tgt_lang)
+    try:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot create --output-dir {args.output_dir}: {err.strerror}") from None
+    return sets, opts
+
+
+def write_report(args: argparse.Namespace, sets: dict[str, Pairs], results: list, opts: DecodeOptions,
+                 wall_time_s: float) -> dict:
+    """Hypothesis and score files per test set, and report.json with every number."""
+    out_dir = Path(args.output_dir)
+    num_sentences = sum(len(pairs[0]) for pairs in sets.values())
+    report = {"checkpoint": str(Path(args.checkpoint).resolve()), "src_lang": args.src_lang,
+              "tgt_lang": args.tgt_lang, "decode": {**opts.__dict__, "batch_size": args.batch_size},
+              "num_actors": args.num_actors, "device": "gpu" if args.gpu else "cpu",
+              "num_sentences": num_sentences, "wall_time_s": round(wall_time_s, 2),
+              "sentences_per_s": round(num_sentences / max(wall_time_s, 1e-9), 2),
+              "report": str(out_dir / REPORT_FILE), "test_sets": {}}
+    for (name, (_, refs)), scored in zip(sets.items(), results):
+        hyps = [hyp for _, hyp in scored]
+        hyp_path = out_dir / f"{name}.{args.tgt_lang}.hyp"
+        hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        (out_dir / f"{name}.{args.tgt_lang}.scores").write_text("".join(f"{s:.6f}\n" for s, _ in scored))
+        report["test_sets"][name] = {"num_sentences": len(hyps), "hypotheses": str(hyp_path),
+                                     **corpus_scores(hyps, refs)}
+    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    args = parse_args(argv)
+    try:
+        sets, opts = check_args(args)
+    except ValueError as err:
+        print(f"raymt.evaluate: error: {err}", file=sys.stderr)
+        return 2
+    started = init_ray(args.num_cpus)
+    try:
+        check_resources(args.num_actors, args.gpu, args.cpus_per_actor)
+        t0 = time.time()
+        results = translate_on_cluster(args.checkpoint, [pairs[0] for pairs in sets.values()], opts,
+                                       args.num_actors, args.batch_size, args.gpu, args.cpus_per_actor)
+        print_table(write_report(args, sets, results, opts, time.time() - t0))
+    except ValueError as err:
+        print(f"raymt.evaluate: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

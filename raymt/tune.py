@@ -1,0 +1,350 @@
+"""`python -m raymt.tune`: hyperparameter sweeps where every trial is a multi-worker Ray Train run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import threading
+import typing
+from pathlib import Path
+from typing import Any, Optional
+
+from raymt.config import Config, apply_overrides
+from raymt.train import MIN_CPUS_PER_WORKER, build_config, cpu_budget, finalize, flag_parser
+
+SCHEDULERS = ("asha", "pbt", "fifo")
+SEARCHERS = ("random", "optuna")
+METRICS = {"valid_bleu": "max", "valid_chrf": "max", "valid_loss": "min"}
+# The sweep's defaults: short trials of the default model on the built-in corpus.
+DEFAULT_TRIAL = {"train.max_steps": 300, "train.eval_every": 100, "train.log_every": 50,
+                 "train.test_beam": 1}
+DEFAULT_LRS = "optim.lr=5e-4,1e-3,2e-3,4e-3,1e-2"
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Training flags plus the sweep's own."""
+    p = flag_parser("python -m raymt.tune", __doc__)
+    p.add_argument("--search", action="append", default=[], metavar="FIELD=DIST:ARGS",
+                   help="sample a field: loguniform:1e-4:3e-3, uniform:0:0.3, randint:1:4, "
+                        "choice:a,b,c (repeatable)")
+    p.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...",
+                   help="try every value of a field (repeatable); default: " + DEFAULT_LRS)
+    p.add_argument("--num-samples", type=int, default=1,
+                   help="samples of --search spaces (each repeats the whole grid)")
+    p.add_argument("--max-concurrent", type=int, help="trials at once (default: what fits)")
+    p.add_argument("--scheduler", default="asha", help=f"one of {', '.join(SCHEDULERS)}")
+    p.add_argument("--searcher", default="random", help=f"one of {', '.join(SEARCHERS)}")
+    p.add_argument("--metric", default="valid_bleu", help=f"one of {', '.join(METRICS)}")
+    p.add_argument("--sweep-name", help="sweep directory name under --storage-path")
+    p.add_argument("--resume-sweep", help="sweep directory to continue (Tuner.restore)")
+    return p.parse_args(argv)
+
+
+def _field_type(key: str) -> Any:
+    """The annotated type of a dotted config field (raises for unknown fields)."""
+    section, _, name = key.partition(".")
+    hints = typing.get_type_hints(Config)
+    if section not in hints or name not in typing.get_type_hints(hints[section]):
+        apply_overrides(Config(), {key: None})  # raises the standard unknown-field error
+    return typing.get_type_hints(hints[section])[name]
+
+
+def _typed(key: str, raw: str) -> Any:
+    """`raw` converted to the field's type (and validated) through the normal overrides."""
+    cfg = apply_overrides(Config(), {key: raw})
+    section, _, name = key.partition(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def parse_space(search: list[str], grid: list[str]) -> dict[str, Any]:
+    """`--search`/`--grid` strings -> a Tune param space keyed by dotted config fields."""
+    from ray import tune
+
+    space: dict[str, Any] = {}
+    for item in grid:
+        key, sep, values = item.partition("=")
+        if not sep or not values:
+            raise ValueError(f"--grid {item!r} must look like section.field=v1,v2,...")
+        space[key] = tune.grid_search([_typed(key, v) for v in values.split(",")])
+    for item in search:
+        key, sep, spec = item.partition("=")
+        kind, _, args = spec.partition(":")
+        if not sep or not args:
+            raise ValueError(f"--search {item!r} must look like section.field=DIST:ARGS, "
+                             "e.g. optim.lr=loguniform:1e-4:3e-3")
+        space[key] = _distribution(key, kind, args)
+    return space
+
+
+def _distribution(key: str, kind: str, args: str):
+    """One Tune sampler from its name and colon-separated arguments."""
+    from ray import tune
+
+    if kind == "choice":
+        return tune.choice([_typed(key, v) for v in args.split(",")])
+    bounds = args.split(":")
+    try:
+        low, high = (float(b) for b in bounds)
+    except ValueError:
+        raise ValueError(f"--search {key}={kind}:{args}: expected two numbers LOW:HIGH") from None
+    if not low < high:
+        raise ValueError(f"--search {key}={kind}:{args}: LOW must be below HIGH")
+    _typed(key, str(low if _field_type(key) is not int else int(low)))  # validates the field
+    if kind == "loguniform":
+        if low <= 0:
+            raise ValueError(f"--search {key}=loguniform:{args}: bounds must be > 0")
+        return tune.loguniform(low, high)
+    if kind == "uniform":
+        return tune.uniform(low, high)
+    if kind == "randint":
+        return tune.randint(int(low), int(high) + 1)
+    raise ValueError(f"--search {key}: unknown distribution {kind!r}; use loguniform, uniform, "
+                     "randint or choice")
+
+
+class _Forward:
+    """Train V2 callback (runs in the Train controller): each report goes to a queue."""
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def after_report(self, run_context, metrics: list[dict], checkpoint) -> None:
+        """Forward rank 0's metrics and the checkpoint path to the trial driver."""
+        self.queue.put((metrics[0], checkpoint.path if checkpoint else None))
+
+
+def forward_callback(queue):
+    """A `ray.train.UserCallback` instance that forwards reports to `queue`."""
+    from ray.train.v2.api.callback import UserCallback
+
+    return type("ForwardReports", (_Forward, UserCallback), {})(queue)
+
+
+def run_trial(trial_config: dict) -> None:
+    """One Tune trial: a raymt training run whose reports and checkpoints go to Tune.
+
+    A trial (re)started with a Tune checkpoint (PBT exploit, sweep resume) continues from
+    it, optimizer and step included, with this trial's hyperparameters.
+    """
+    import tempfile
+    import uuid
+
+    from ray import tune
+    from ray.util.queue import Queue
+
+    from raymt.train import run
+
+    overrides = {k: v for k, v in trial_config.items() if k != "base"}
+    cfg = apply_overrides(Config.from_dict(trial_config["base"]), {
+        **overrides, "train.name": f"{tune.get_context().get_trial_id()}-{uuid.uuid4().hex[:6]}"})
+    queue = Queue(actor_options={"num_cpus": 0})
+    checkpoint = tune.get_checkpoint()
+    outcome: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        # A private copy: Tune may delete the donor trial's checkpoint while this one trains.
+        init_dir = Path(checkpoint.to_directory(tmp)) if checkpoint else None
+
+        def train() -> None:
+            try:
+                run(cfg, init_checkpoint=init_dir, callbacks=[forward_callback(queue)],
+                    score_test=False, init_full_state=True)
+            except BaseException as err:  # re-raised in the trial's own thread below
+                outcome["error"] = err
+            finally:
+                queue.put(None)
+
+        thread = threading.Thread(target=train, daemon=True)
+        thread.start()
+        while (item := queue.get()) is not None:
+            metrics, path = item
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(path) if path else None)
+        thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+
+
+def trial_resources(cfg: Config) -> tuple[float, int]:
+    """(CPUs per worker, trials that fit at once), or a one-line error if none fits."""
+    import ray
+
+    total = ray.cluster_resources()
+    num_cpus, num_gpus = total.get("CPU", 0), total.get("GPU", 0)
+    n = cfg.train.num_workers
+    if cfg.train.use_gpu:
+        if n > num_gpus:
+            raise ValueError(f"--num-workers {n} with --gpu needs {n} GPUs per trial; the cluster "
+                             f"has {num_gpus:g}")
+        return cfg.train.cpus_per_worker or 1.0, int(num_gpus // n)
+    budget = cpu_budget(num_cpus)
+    cpus = cfg.train.cpus_per_worker or (1.0 if budget >= n else max(MIN_CPUS_PER_WORKER, budget / n))
+    if n * cpus > budget:
+        raise ValueError(f"--num-workers {n} needs {n * cpus:g} CPUs per trial; the cluster's "
+                         f"{num_cpus:g} CPUs leave {budget:g} after Ray Data's share: "
+                         "lower --num-workers")
+    return cpus, max(1, math.floor(budget / (n * cpus)))
+
+
+def make_scheduler(name: str, cfg: Config, space: dict, num_trials: int):
+    """ASHA, Population Based Training or plain FIFO, all measured in training steps."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
+
+    if name == "asha":
+        return ASHAScheduler(time_attr="step", max_t=cfg.train.max_steps,
+                             grace_period=cfg.train.eval_every, reduction_factor=2)
+    if name == "pbt":
+        mutations = {k: (v["grid_search"] if isinstance(v, dict) and "grid_search" in v else v)
+                     for k, v in space.items()}
+        # The usual bottom/top quarter leaves nobody to exploit in a small population.
+        return PopulationBasedTraining(time_attr="step", perturbation_interval=cfg.train.eval_every,
+                                       hyperparam_mutations=mutations, synch=False,
+                                       quantile_fraction=0.25 if num_trials >= 8 else 0.5)
+    return tune.schedulers.FIFOScheduler()
+
+
+def _grid_size(space: dict) -> int:
+    """Configurations one sample of the space expands to."""
+    return math.prod(len(v["grid_search"]) for v in space.values()
+                     if isinstance(v, dict) and "grid_search" in v)
+
+
+def make_searcher(name: str, space: dict, metric: str):
+    """None (random/grid variants) or Optuna's TPE when it is installed."""
+    if name == "random":
+        return None
+    if any(isinstance(v, dict) and "grid_search" in v for v in space.values()):
+        raise ValueError("--searcher optuna cannot take --grid fields: use --search")
+    try:
+        from ray.tune.search.optuna import OptunaSearch
+        import optuna  # noqa: F401
+    except ImportError:
+        raise ValueError("--searcher optuna needs the optuna package: pip install optuna") from None
+    return OptunaSearch(metric=metric, mode=METRICS[metric])
+
+
+def run_sweep(cfg: Config, space: dict, scheduler: str = "asha", searcher: str = "random",
+              metric: str = "valid_bleu", num_samples: int = 1, max_concurrent: Optional[int] = None,
+              sweep_name: Optional[str] = None, resume_dir: Optional[str] = None) -> dict:
+    """Run (or resume) a sweep; returns the sorted results table, the best trial and the dir."""
+    import datetime
+
+    from ray import tune
+
+    from raymt.train import init_ray
+
+    init_ray(include_dashboard=True)
+    cpus, fits = trial_resources(cfg)  # raises before any trial starts if none fits
+    cfg = finalize(apply_overrides(cfg, {"train.cpus_per_worker": cpus}))
+    trainable = tune.with_resources(run_trial, {"cpu": 0, "memory": 64 * 2**20})
+    if resume_dir is not None:
+        path = Path(resume_dir).expanduser().resolve()
+        if not tune.Tuner.can_restore(str(path)):
+            raise ValueError(f"--resume-sweep {resume_dir}: no sweep to resume there")
+        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+        sweep_dir = path
+    else:
+        sweep_name = sweep_name or f"sweep-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+        sweep_dir = Path(cfg.train.storage_path) / sweep_name
+        cfg = apply_overrides(cfg, {"train.storage_path": str(sweep_dir / "trials")})
+        tuner = tune.Tuner(
+            trainable, param_space={"base": cfg.to_dict(), **space},
+            tune_config=tune.TuneConfig(
+                metric=metric, mode=METRICS[metric], num_samples=num_samples,
+                scheduler=make_scheduler(scheduler, cfg, space, num_samples * _grid_size(space)),
+                search_alg=make_searcher(searcher, space, metric),
+                max_concurrent_trials=max_concurrent or fits),
+            run_config=tune.RunConfig(
+                name=sweep_name, storage_path=str(sweep_dir.parent),
+                progress_reporter=tune.CLIReporter(
+                    parameter_columns=list(space), max_report_frequency=30,
+                    metric_columns=["step", "train_loss", "valid_loss", "valid_bleu"]),
+                checkpoint_config=tune.CheckpointConfig(
+                    # PBT clones checkpoints between trials: keep enough of them around.
+                    num_to_keep=4 if scheduler == "pbt" else 2, checkpoint_score_attribute=metric,
+                    checkpoint_score_order=METRICS[metric])))
+    return summarize(tuner.fit(), metric, sweep_dir)
+
+
+def summarize(results, metric: str, sweep_dir: Path) -> dict:
+    """One row per trial (its best metric, last step, status, checkpoint), best first."""
+    mode = METRICS[metric]
+    rows = []
+    for result in results:
+        history = result.metrics_dataframe
+        config = {k: v for k, v in result.config.items() if k != "base"}
+        max_steps = result.config["base"]["train"]["max_steps"]
+        if history is None or metric not in history or history[metric].isna().all():
+            rows.append({"trial": result.path.split("/")[-1], **config, "status": "error"})
+            continue
+        best = history[metric].max() if mode == "max" else history[metric].min()
+        step = int(history["step"].max())
+        checkpoint = result.get_best_checkpoint(metric, mode)
+        status = "error" if result.error else ("stopped early" if step < max_steps else "completed")
+        rows.append({"trial": str(result.metrics.get("trial_id")), **config, "step": step,
+                     metric: round(float(best), 2), "status": status,
+                     "checkpoint": checkpoint.path if checkpoint else None})
+    sign = -1 if mode == "max" else 1
+    rows.sort(key=lambda r: (metric not in r, sign * r.get(metric, 0)))
+    summary = {"sweep_dir": str(sweep_dir), "metric": metric, "table": rows,
+               "best": rows[0] if rows and metric in rows[0] else None}
+    (sweep_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str))
+    _write_csv(rows, sweep_dir / "results.csv")
+    return summary
+
+
+def _write_csv(rows: list[dict], path: Path) -> None:
+    """The results table as CSV (columns: union of the rows' keys)."""
+    import csv
+
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def print_table(summary: dict) -> None:
+    """The final table, best trial first, and how to use the best checkpoint."""
+    rows = summary["table"]
+    columns = [c for c in dict.fromkeys(k for row in rows for k in row) if c != "checkpoint"]
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    print("\n" + "  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
+    best = summary["best"]
+    print(f"\nresults: {summary['sweep_dir']}/results.csv")
+    if best:
+        config = {k: v for k, v in best.items() if "." in k}
+        print(f"best trial {best['trial']}: {summary['metric']} {best[summary['metric']]} with {config}")
+        print(f"best checkpoint: {best['checkpoint']}")
+        print(f"translate: python -m raymt.translate --checkpoint {best['checkpoint']} \"...\"")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    args = parse_args(argv)
+    try:
+        for flag, value, allowed in (("--scheduler", args.scheduler, SCHEDULERS),
+                                     ("--searcher", args.searcher, SEARCHERS),
+                                     ("--metric", args.metric, tuple(METRICS))):
+            if value not in allowed:
+                raise ValueError(f"{flag} {value!r} must be one of {', '.join(allowed)}")
+        if args.num_samples < 1 or (args.max_concurrent is not None and args.max_concurrent < 1):
+            raise ValueError("--num-samples and --max-concurrent must be >= 1")
+        cfg = build_config(args, apply_overrides(Config(), DEFAULT_TRIAL))
+        grid = args.grid or ([] if args.search else [DEFAULT_LRS])
+        space = parse_space(args.search, grid)
+        summary = run_sweep(cfg, space, args.scheduler, args.searcher, args.metric,
+                            args.num_samples, args.max_concurrent, args.sweep_name,
+                            args.resume_sweep)
+    except ValueError as err:
+        print(f"raymt.tune: error: {err}", file=sys.stderr)
+        return 2
+    print_table(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

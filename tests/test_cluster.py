@@ -1,0 +1,118 @@
+"""cluster.yaml against Ray's own schema and security rules; a two-node `ray job submit` run."""
+
+import ipaddress
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RAY_PORTS = (6379, 8265, 10001, 8076)  # GCS, dashboard/job API, Ray client, object manager
+
+
+def load_cluster_yaml() -> dict:
+    return yaml.safe_load((ROOT / "cluster.yaml").read_text())
+
+
+def test_cluster_yaml_matches_ray_schema():
+    import jsonschema
+    import ray
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    config = load_cluster_yaml()
+    jsonschema.validate(config, schema)
+    validate_config(prepare_config(config))  # what `ray up` runs, after filling defaults
+    gpu = [t for t in config["available_node_types"].values() if t.get("max_workers", 0) > 0]
+    assert gpu and all(t.get("min_workers", 0) < t["max_workers"] for t in gpu)  # autoscaling
+
+
+def test_cluster_yaml_exposes_nothing_but_ssh():
+    config = load_cluster_yaml()
+    for rule in config["provider"]["security_group"]["IpPermissions"]:
+        ports = range(rule["FromPort"], rule["ToPort"] + 1)
+        assert not any(p in ports for p in RAY_PORTS), f"rule opens a Ray port: {rule}"
+        for cidr in rule.get("IpRanges", []) + rule.get("Ipv6Ranges", []):
+            net = ipaddress.ip_network(cidr.get("CidrIp") or cidr.get("CidrIpv6"))
+            assert net.prefixlen > 0, f"rule open to the whole internet: {rule}"
+    head = " ".join(config["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head and "0.0.0.0" not in head
+    assert any("s3://" in c for c in config["setup_commands"])  # checkpoints in object storage
+    assert any("torch" in c for c in config["setup_commands"])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_cli(*args, env, timeout=120, check=True):
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    return subprocess.run([ray_bin, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, check=check)
+
+
+def wait_for_nodes(address: str, count: int, env: dict, timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        out = ray_cli("status", f"--address={address}", env=env, check=False)
+        if out.returncode == 0 and out.stdout.count("node_") >= count:
+            return
+        time.sleep(2)
+    raise TimeoutError(f"{count} Ray nodes did not come up:\n{out.stdout}\n{out.stderr}")
+
+
+@pytest.mark.timeout(600)
+def test_two_node_ray_job_submit(tmp_path):
+    """A head and a second node on one machine; `ray job submit` a 2-worker training run."""
+    env = dict(os.environ)
+    # Token authentication (Ray's default since 2.59), with a token for this test only.
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
+               PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+               RAY_TRAIN_ENABLE_PRINT_PATCH="0")
+    port, dashboard = free_port(), free_port()
+    address = f"127.0.0.1:{port}"
+    temp_dir = Path(f"/tmp/rmt{secrets.token_hex(3)}")  # short: unix socket paths
+    started = []
+    try:
+        started.append(subprocess.Popen(
+            [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+             f"--port={port}", f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1",
+             "--num-cpus=1", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
+             "--include-dashboard=true"],
+            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_for_nodes(address, 1, env)
+        started.append(subprocess.Popen(
+            [str(Path(sys.executable).parent / "ray"), "start", "--block", f"--address={address}",
+             "--num-cpus=1", "--node-ip-address=127.0.0.1"],
+            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_for_nodes(address, 2, env)
+
+        storage = tmp_path / "runs"
+        out = ray_cli(
+            "job", "submit", f"--address=http://127.0.0.1:{dashboard}", f"--working-dir={ROOT}",
+            "--", "python", "-m", "raymt.train", "--preset", "tiny", "--num-workers", "2",
+            "--max-steps", "20", "--storage-path", str(storage), "--name", "job",
+            "--set", "train.eval_every=20", "--set", "data.vocab_size=256",
+            "--set", "data.builtin_train_size=800", "--set", "data.builtin_eval_size=40",
+            "--set", "train.test_beam=1", env=env, timeout=480, check=False)
+        assert out.returncode == 0 and "succeeded" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
+        assert "world_rank=1" in out.stdout
+        summary = json.loads((storage / "job" / "summary.json").read_text())
+        assert (Path(summary["best_checkpoint"]) / "model.pt").is_file()
+    finally:
+        for proc in started[::-1]:  # stop only what this test started
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,31 @@
+"""The quick-start notebook runs top to bottom (small settings) and its plots render."""
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_quickstart_notebook_executes(tmp_path, monkeypatch):
+    import matplotlib.image
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("RAYMT_NOTEBOOK_QUICK", "1")
+    monkeypatch.setenv("RAYMT_NOTEBOOK_PLOTS", str(tmp_path / "plots"))
+    monkeypatch.setenv("RAYMT_STORAGE_PATH", str(tmp_path / "runs"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
+    NotebookClient(nb, timeout=540, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()  # raises on error
+
+    for name in ("training.png", "sweep.png"):
+        path = tmp_path / "plots" / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        image = matplotlib.image.imread(path)
+        assert image.shape[0] > 100 and image.shape[1] > 100 and image.std() > 0  # not blank
+    outputs = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "->" in outputs  # translations printed

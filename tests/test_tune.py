@@ -1,0 +1,99 @@
+"""`python -m raymt.tune`: search-space errors, a 3-trial sweep, resume, PBT exploit."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raymt.tune import parse_space
+
+pytestmark = pytest.mark.timeout(600)
+
+TINY_TRIAL = ["--preset", "tiny", "--num-workers", "1", "--max-steps", "20",
+              "--set", "train.eval_every=10", "--set", "train.log_every=10",
+              "--set", "data.vocab_size=256", "--set", "data.builtin_train_size=600",
+              "--set", "data.builtin_eval_size=30", "--set", "data.max_tokens=512"]
+
+
+@pytest.mark.parametrize("search, grid, message", [
+    (["optim.lr=loguniform:1e-4"], [], "expected two numbers LOW:HIGH"),
+    (["optim.lr=loguniform:3e-3:1e-4"], [], "LOW must be below HIGH"),
+    (["optim.lr=gauss:1:2"], [], "unknown distribution 'gauss'"),
+    (["optim.lr"], [], "must look like section.field=DIST:ARGS"),
+    (["optim.lrate=uniform:0:1"], [], "unknown config field 'optim.lrate'"),
+    ([], ["model.dropout=0.1,2.0"], r"model.dropout=2.0 must be in \[0, 1\)"),
+    ([], ["train.max_steps=ten"], "'ten' is not a valid int"),
+])
+def test_bad_search_spaces_are_one_clear_error(search, grid, message):
+    with pytest.raises(ValueError, match=message):
+        parse_space(search, grid)
+
+
+def tune_cli(*args, timeout=400, **kw):
+    return subprocess.run([sys.executable, "-m", "raymt.tune", *args], capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+def test_impossible_resources_fail_before_any_trial(tmp_path):
+    out = tune_cli("--num-workers", "8", "--storage-path", str(tmp_path), timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("raymt.tune: error: --num-workers 8 needs")
+    assert not any(tmp_path.iterdir())
+
+
+def trial_runs(sweep: Path) -> dict[str, list[dict]]:
+    """Train runs per Tune trial id, from each run's summary.json."""
+    runs: dict[str, list[dict]] = {}
+    for summary in sorted((sweep / "trials").glob("*/summary.json")):
+        trial_id = summary.parent.name.rsplit("-", 1)[0]
+        runs.setdefault(trial_id, []).append(json.loads(summary.read_text()))
+    return runs
+
+
+def test_three_trial_sweep_then_interrupt_and_resume(tmp_path):
+    sweep = tmp_path / "s"
+    args = [*TINY_TRIAL, "--grid", "optim.lr=1e-3,3e-3,1e-2", "--scheduler", "fifo",
+            "--storage-path", str(tmp_path), "--sweep-name", "s"]
+    proc = subprocess.Popen([sys.executable, "-m", "raymt.tune", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not ((sweep / "trials").exists() and trial_runs(sweep)):
+        assert time.time() < deadline and proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(1)
+    proc.send_signal(signal.SIGINT)  # Tune saves its state and stops
+    proc.wait(timeout=120)
+    finished = {t: len(r) for t, r in trial_runs(sweep).items()}
+    assert 1 <= len(finished) < 3
+
+    out = tune_cli("--resume-sweep", str(sweep), *TINY_TRIAL)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    runs = trial_runs(sweep)
+    assert len(runs) == 3
+    for trial, count in finished.items():
+        assert len(runs[trial]) == count  # finished trials were not rerun
+    result = json.loads((sweep / "results.json").read_text())
+    assert [r["status"] for r in result["table"]] == ["completed"] * 3
+    bleus = [r["valid_bleu"] for r in result["table"]]
+    assert bleus == sorted(bleus, reverse=True)
+    assert (Path(result["best"]["checkpoint"]) / "model.pt").is_file()
+    assert "best checkpoint:" in out.stdout
+
+
+def test_pbt_trial_continues_from_another_trials_checkpoint(tmp_path):
+    out = tune_cli(*TINY_TRIAL, "--max-steps", "40", "--grid", "optim.lr=1e-4,1e-2",
+                   "--scheduler", "pbt", "--max-concurrent", "2", "--set", "train.cpus_per_worker=0.5",
+                   "--storage-path", str(tmp_path), "--sweep-name", "pbt")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    runs = trial_runs(tmp_path / "pbt")
+    continued = [r for rs in runs.values() for r in rs if r.get("init_checkpoint")]
+    assert continued, "no trial was restarted from a checkpoint"
+    for run in continued:
+        donor = Path(run["init_checkpoint"])
+        own = Path(run["run_dir"]).name.rsplit("-", 1)[0]
+        assert own not in str(donor)  # it came from another trial
+        # It kept the donor's step (and optimizer and weights): a fresh run logs step 10 first.
+        assert run["start_step"] > 10
