@@ -3,7 +3,7 @@
 Which checkpoints: `--last N` of a run directory (by the step in each train_state.pt),
 `--best N` of a run directory (by a metric Ray Train recorded for each kept checkpoint in
 `<run>/checkpoint_manager_snapshot.json`, default valid_bleu), or `--checkpoints DIR ...`.
-A run keeps `train.num_to_keep` checkpoints (2 by default): raise it to average more.
+A run keeps `train.num_to_keep` checkpoints (5 by default): raise it to average more.
 The result is a checkpoint directory (model.pt, config.json, spm.model, average.json).
 """
 

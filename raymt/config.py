@@ -164,7 +164,10 @@ class TrainConfig:
     # Run directories and checkpoints: a local path, or s3://, gs://, ... shared by all nodes.
     storage_path: str = field(default_factory=lambda: os.environ.get("RAYMT_STORAGE_PATH", "runs"))
     name: Optional[str] = None
-    num_to_keep: int = 2
+    # Checkpoints kept: the best by validation BLEU plus the latest (enough to average).
+    num_to_keep: int = 5
+    # Updates with a non-finite loss or gradient are skipped; more than this many in a row stop the run.
+    max_nonfinite_steps: int = 10
     max_failures: int = 0
     valid_beam: int = 1
     test_beam: int = 5
@@ -180,6 +183,8 @@ class TrainConfig:
         for name in ("cpus_per_worker", "max_minutes"):
             if getattr(self, name) is not None:
                 _positive(self, "train", name)
+        _check(self.max_nonfinite_steps >= 0,
+               f"train.max_nonfinite_steps={self.max_nonfinite_steps} must be >= 0")
         _check(self.max_failures >= -1, f"train.max_failures={self.max_failures} must be >= -1")
         _check(self.length_penalty >= 0, f"train.length_penalty={self.length_penalty} must be >= 0")
 

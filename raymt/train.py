@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from raymt import data
-from raymt.checkpoint import MODEL_FILE, SPM_FILE, load_config, load_model
+from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
 from raymt.config import Config, apply_overrides, flatten, load_file, parse_set_args, preset
 from raymt.decoding import DecodeOptions, translate
 from raymt.metrics import score
@@ -66,7 +66,7 @@ def resolve_resume(args: argparse.Namespace) -> tuple[Config, Optional[Path], Op
     if not args.resume:
         return build_config(args), None, None
     path = Path(args.resume).expanduser().resolve()
-    if (path / MODEL_FILE).is_file():  # a checkpoint: new run from its weights
+    if (path / MODEL_FILE).is_file() or (path / SAFETENSORS_FILE).is_file():  # new run from weights
         return build_config(args, load_config(path)[0]), None, path
     if not (path / RUN_CONFIG).is_file():
         raise ValueError(f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) "

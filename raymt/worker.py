@@ -65,17 +65,19 @@ def _dummy_batch(device: torch.device) -> Batch:
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: list[Batch],
-               global_tokens: int, cfg: Config, autocast=contextlib.nullcontext) -> float:
+               global_tokens: int, cfg: Config, autocast=contextlib.nullcontext) -> tuple[float, bool]:
     """One update on the mean loss over every target token of the global batch.
 
     DDP averages gradients over workers, so each worker scales its summed loss by
     world_size / global_tokens: the result is the gradient of sum(loss) / global_tokens.
-    Returns this worker's summed loss.
+    Returns (this worker's summed loss, whether the update was applied): an update whose
+    gradient norm is not finite is skipped. After DDP's all-reduce every worker holds the
+    same gradients, so all workers skip together.
     """
     model.train()
     scale = _world_size() / global_tokens
     micro = group or [_dummy_batch(next(model.parameters()).device)]
-    total = 0.0
+    total = torch.zeros((), device=micro[0].src.device)
     for i, batch in enumerate(micro):
         last = i == len(micro) - 1
         sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
@@ -84,12 +86,14 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: 
                 logits = model(batch.src, batch.tgt_in)
             loss = loss_sum(logits, batch.tgt_out, cfg.optim.label_smoothing)
             (loss * (scale if group else 0.0)).backward()
-        total += loss.item() if group else 0.0
-    if cfg.optim.clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_norm)
-    optimizer.step()
+        if group:
+            total += loss.detach()
+    max_norm = cfg.optim.clip_norm if cfg.optim.clip_norm > 0 else float("inf")
+    finite = bool(torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+    if finite:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return total
+    return total.item(), finite
 
 
 def collate_eval(rows: list[dict]) -> dict[str, torch.Tensor]:
@@ -173,6 +177,7 @@ class Progress:
         self.cfg, self.start_step = cfg, start_step
         self.t0 = self.t_last = time.perf_counter()
         self.loss = self.tokens = 0.0
+        self.last: Optional[dict] = None
 
     def update(self, loss: float, tokens: int) -> None:
         """Accumulate one step's summed loss (this worker) and global token count."""
@@ -181,6 +186,8 @@ class Progress:
 
     def log(self, step: int, epoch: int, lr: float, device: torch.device, is_rank0: bool) -> dict:
         """All-reduce the interval's loss, print a line on rank 0 and reset."""
+        if self.tokens == 0 and self.last is not None:  # nothing new since the last line
+            return dict(self.last)  # (tokens are global counts: every rank takes this branch)
         loss_total, = _all_reduce([self.loss], device)
         now = time.perf_counter()
         tokens_per_s = self.tokens / max(now - self.t_last, 1e-9)
@@ -194,7 +201,8 @@ class Progress:
                   f"{tokens_per_s / 1000:.1f}k tok/s | eta {eta / 60:.1f} min", flush=True)
         self.loss = self.tokens = 0.0
         self.t_last = now
-        return metrics
+        self.last = metrics
+        return dict(metrics)
 
 
 def _report(metrics: dict, model, optimizer, scheduler, cfg: Config, tokenizer: Tokenizer,
@@ -240,6 +248,7 @@ class WorkerLoop:
         log_dir = loop_config.get("log_dir")
         self.metrics_log = MetricsLog(log_dir) if self.is_rank0 and log_dir else None
         self.deadline = (time.monotonic() + 60 * cfg.train.max_minutes) if cfg.train.max_minutes else None
+        self.num_skipped = self.bad_in_a_row = 0
 
     def run(self) -> None:
         """Train until max_steps, the epoch limit or the time budget; evaluate and report."""
@@ -249,7 +258,12 @@ class WorkerLoop:
                 cfg.train.epochs is None or self.epoch < cfg.train.epochs):
             batches = epoch_batches(shard, cfg, self.epoch)
             for group, num_tokens in lockstep(batches, cfg.optim.update_freq, self.device):
-                loss = train_step(self.model, self.optimizer, group, num_tokens, cfg, self.autocast)
+                loss, applied = train_step(self.model, self.optimizer, group, num_tokens, cfg,
+                                           self.autocast)
+                if not applied:
+                    self.skip_nonfinite()
+                    continue
+                self.bad_in_a_row = 0
                 self.progress.update(loss, num_tokens)
                 self.scheduler.step()
                 self.step += 1
@@ -269,11 +283,24 @@ class WorkerLoop:
         if self.metrics_log:
             self.metrics_log.close()
 
+    def skip_nonfinite(self) -> None:
+        """Count a skipped update; too many in a row end the run, its checkpoints intact."""
+        self.num_skipped += 1
+        self.bad_in_a_row += 1
+        if self.is_rank0:
+            print(f"step {self.step + 1}: non-finite loss or gradient, update skipped "
+                  f"({self.bad_in_a_row} in a row, {self.num_skipped} in all)", flush=True)
+        if self.bad_in_a_row > self.cfg.train.max_nonfinite_steps:
+            raise RuntimeError(
+                f"{self.bad_in_a_row} updates in a row had a non-finite loss or gradient (after "
+                f"step {self.step}); the last checkpoint is intact: lower optim.lr or raise "
+                "optim.warmup_steps, then continue with --resume")
+
     def log_train(self) -> dict:
         """Progress line and training metrics of the last interval."""
         metrics = self.progress.log(self.step, self.epoch, self.scheduler.get_last_lr()[0],
                                     self.device, self.is_rank0)
-        metrics["epoch"] = self.epoch
+        metrics.update(epoch=self.epoch, skipped_steps=self.num_skipped)
         if self.metrics_log:
             self.metrics_log.write(self.step, metrics)
         return metrics
@@ -283,7 +310,8 @@ class WorkerLoop:
         metrics = self.progress.log(self.step, self.epoch, self.scheduler.get_last_lr()[0],
                                     self.device, self.is_rank0)
         metrics.update(evaluate(self.model, self.valid_loader, self.tokenizer, self.valid["refs"],
-                                self.opts), step=self.step, epoch=self.epoch)
+                                self.opts), step=self.step, epoch=self.epoch,
+                       skipped_steps=self.num_skipped)
         if self.is_rank0:
             print(f"step {self.step} | valid loss {metrics['valid_loss']:.3f} | "
                   f"BLEU {metrics['valid_bleu']:.2f} | chrF {metrics['valid_chrf']:.2f}", flush=True)

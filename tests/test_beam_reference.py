@@ -21,18 +21,10 @@ from raymt.decoding import DecodeOptions, beam_search_nbest, decode_nbest, greed
 from raymt.model import Transformer
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from test_model import mixed_batch
+from tiny_checkpoint import one_thread  # noqa: F401  (autouse: one torch thread)
 
 LENGTHS = [7, 2, 5, 9, 3]  # a batch of mixed lengths
 VOCAB = 64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads; a busy 2-core machine loses a lot to them."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @functools.lru_cache(maxsize=None)

@@ -41,7 +41,7 @@ def run_steps(model, groups, cfg, device="cpu"):
     flat = [b for g in groups for b in g]
     steps = 0
     for group, num_tokens in lockstep(flat, cfg.optim.update_freq, torch.device(device)):
-        train_step(model, opt, group, num_tokens, cfg)
+        assert train_step(model, opt, group, num_tokens, cfg)[1]
         steps += 1
     return steps
 
