@@ -154,6 +154,8 @@ def _restore(model: Transformer, optimizer, scheduler, cfg: Config, loop_config:
             state = load_train_state(d)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if ray.train.get_context().get_world_rank() == 0:
+            print(f"resuming at step {state['step']} from {checkpoint.path}", flush=True)
         return state
     init = loop_config.get("init_checkpoint")
     if init is None:
