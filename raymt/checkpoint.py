@@ -53,6 +53,12 @@ def save_config(directory: str | Path, config: Config, vocab_size: int) -> None:
         {"config": config.to_dict(), "vocab_size": vocab_size}, indent=2))
 
 
+def _first_line(err: Exception) -> str:
+    """The first line of an exception's message (its type name when the message is empty)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def _torch_load(path: Path) -> Any:
     """Weights-only load with a one-line error for missing or corrupt files."""
     if not path.is_file():
@@ -64,8 +70,7 @@ def _torch_load(path: Path) -> Any:
         if code:  # the pickle names a function or class to run: never allowed here
             raise ValueError(f"refusing to load {path}: it would run {code.group(1)} while unpickling; "
                              "raymt weights hold tensors only, so the file is corrupt or malicious") from None
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"cannot load {path}: corrupt, truncated or not weights-only ({first})") from None
+        raise ValueError(f"cannot load {path}: corrupt, truncated or not weights-only ({_first_line(err)})") from None
 
 
 def load_config(directory: str | Path) -> tuple[Config, int]:
@@ -131,8 +136,7 @@ def _safetensors_load(path: Path) -> dict:
     try:
         return load_file(str(path), device="cpu")
     except Exception as err:  # header or size mismatch, truncated file, ...
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"cannot load {path}: corrupt or truncated safetensors file ({first})") from None
+        raise ValueError(f"cannot load {path}: corrupt or truncated safetensors file ({_first_line(err)})") from None
 
 
 def load_weights(directory: str | Path) -> dict:
