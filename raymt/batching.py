@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -67,10 +67,38 @@ def token_budget_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens:
     return batches
 
 
-def window_batches(window: dict, max_tokens: int, rng: np.random.Generator) -> Iterator[Batch]:
-    """Token-budget `Batch`es from a window dict with `src_ids` and `tgt_ids` columns."""
-    src, tgt = window["src_ids"], window["tgt_ids"]
-    src_lens = np.fromiter((len(s) for s in src), dtype=np.int64, count=len(src))
-    tgt_lens = np.fromiter((len(t) + 1 for t in tgt), dtype=np.int64, count=len(tgt))
-    for idx in token_budget_batches(src_lens, tgt_lens, max_tokens, rng):
-        yield collate([src[i] for i in idx], [tgt[i] for i in idx])
+def _pad_flat(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray, prefix: Optional[int] = None,
+              suffix: Optional[int] = None) -> torch.Tensor:
+    """Rows `idx` of a flat ragged array (Arrow list layout) -> a right-padded (B, T) long tensor."""
+    starts, lens = offsets[idx], offsets[idx + 1] - offsets[idx]
+    first = int(prefix is not None)
+    longest = int(lens.max()) if len(idx) else 0
+    out = np.full((len(idx), longest + first + int(suffix is not None)), PAD_ID, dtype=np.int64)
+    inside = np.arange(longest)[None, :] < lens[:, None]  # (B, L)
+    positions = starts[:, None] + np.arange(longest)[None, :]
+    out[:, first:first + longest][inside] = values[positions[inside]]
+    if prefix is not None:
+        out[:, 0] = prefix
+    if suffix is not None:
+        out[np.arange(len(idx)), first + lens] = suffix
+    return torch.from_numpy(out)
+
+
+def collate_flat(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray],
+                 idx: np.ndarray) -> Batch:
+    """Like `collate`, from (values, offsets) of raw source and target ids: EOS/BOS are added here."""
+    return Batch(src=_pad_flat(*src, idx, suffix=EOS_ID), tgt_in=_pad_flat(*tgt, idx, prefix=BOS_ID),
+                 tgt_out=_pad_flat(*tgt, idx, suffix=EOS_ID))
+
+
+def chunk_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, window_rows: int, max_tokens: int,
+                  rng: np.random.Generator, shuffle: bool = True) -> list[np.ndarray]:
+    """Token-budget batches (row indices) of one chunk: rows permuted, cut into length-sorted
+    windows, batches of every window shuffled together. Lengths include EOS/BOS."""
+    order = rng.permutation(len(src_lens)) if shuffle else np.arange(len(src_lens))
+    batches: list[np.ndarray] = []
+    for start in range(0, len(order), window_rows):
+        rows = order[start:start + window_rows]
+        batches += [rows[b] for b in token_budget_batches(src_lens[rows], tgt_lens[rows], max_tokens, rng)]
+    rng.shuffle(batches)
+    return batches

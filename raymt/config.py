@@ -72,6 +72,9 @@ class DataConfig:
     train: Optional[str] = None
     valid: Optional[str] = None
     test: Optional[str] = None
+    # A corpus made by `python -m raymt.data prepare` (local path or URI): its shards, tokenizer,
+    # validation and test sets. Replaces `train`; `valid`/`test` prefixes still override its sets.
+    corpus: Optional[str] = None
     builtin_train_size: int = 24000
     builtin_eval_size: int = 500
     # Joint SentencePiece vocabulary; None: 8000 for corpus files, 1000 for the built-in corpus.
@@ -103,12 +106,15 @@ class DataConfig:
                f"{self.max_len + 2} so that every kept sentence fits in a batch")
         _check(self.shuffle_buffer_rows >= 0,
                f"data.shuffle_buffer_rows={self.shuffle_buffer_rows} must be >= 0")
-        if self.train is None:
+        _check(self.corpus is None or self.train is None,
+               "data.corpus and data.train are both set: train either on a prepared corpus "
+               "(--corpus) or on text files (--train)")
+        if self.corpus is None and self.train is None:  # a corpus brings its own languages
             for lang in (self.src_lang, self.tgt_lang):
                 _check(lang in BUILTIN_LANGS,
                        f"language {lang!r} is not in the built-in corpus ({', '.join(BUILTIN_LANGS)});"
                        f" pass --train/--valid files for other languages")
-        else:
+        elif self.train is not None:
             _check(self.valid is not None,
                    "--train is set but --valid is not: pass a validation file prefix")
 
@@ -169,6 +175,8 @@ class TrainConfig:
     # Updates with a non-finite loss or gradient are skipped; more than this many in a row stop the run.
     max_nonfinite_steps: int = 10
     max_failures: int = 0
+    # Log a digest of every training pair per step to logs/trace-rank<r>.tsv (tests, debugging).
+    trace_data: bool = False
     valid_beam: int = 1
     test_beam: int = 5
     length_penalty: float = 0.6
@@ -341,3 +349,48 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+@dataclass
+class PrepareConfig:
+    """`python -m raymt.data prepare`: cleaning, tokenizer and sharding of a raw parallel corpus."""
+
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    # Joint SentencePiece vocabulary (one model for both languages).
+    vocab_size: int = 8000
+    sp_model_type: str = "unigram"
+    # Sentence pairs sampled to train SentencePiece: bounded, never the whole corpus.
+    sp_sample_size: int = 200_000
+    # Pairs with more tokens than this on either side are dropped.
+    max_len: int = 200
+    # Pairs longer than this in characters are dropped before tokenizing (cheap guard).
+    max_chars: int = 2000
+    # Pairs whose token-length ratio exceeds max_ratio are dropped (misalignments) ...
+    max_ratio: float = 3.0
+    # ... when the longer side has at least this many tokens (short pairs vary a lot).
+    ratio_min_len: int = 3
+    # Drop exact duplicate (src, tgt) pairs, keeping the first in input order.
+    dedup: bool = False
+    # Drop and count lines that are not valid UTF-8 instead of failing.
+    skip_invalid: bool = False
+    # At most this many pairs per Parquet shard.
+    shard_pairs: int = 100_000
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("src_lang", "tgt_lang"):
+            value = getattr(self, name)
+            _check(bool(value) and value.replace("-", "").replace("_", "").isalnum(),
+                   f"prepare.{name}={value!r} must be a language code such as en or pt_BR")
+        _check(self.src_lang != self.tgt_lang,
+               f"prepare.src_lang and prepare.tgt_lang are both {self.src_lang!r}: pick two languages")
+        _positive(self, "prepare", "vocab_size", "sp_sample_size", "max_len", "max_chars",
+                  "shard_pairs")
+        _check(self.vocab_size % 8 == 0,
+               f"prepare.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. "
+               f"{(self.vocab_size + 7) // 8 * 8})")
+        _check(self.sp_model_type in SP_MODEL_TYPES,
+               f"prepare.sp_model_type={self.sp_model_type!r} must be one of {', '.join(SP_MODEL_TYPES)}")
+        _check(self.max_ratio >= 1.0, f"prepare.max_ratio={self.max_ratio!r} must be >= 1")
+        _check(self.ratio_min_len >= 1, f"prepare.ratio_min_len={self.ratio_min_len} must be >= 1")

@@ -1,14 +1,19 @@
-"""Corpora on the driver and Ray Data datasets for the workers."""
+"""Parallel text files, in-memory evaluation rows, and `python -m raymt.data prepare`."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import gzip
+import os
+import shlex
+import sys
+import typing
 from pathlib import Path
-import numpy as np
-import pyarrow as pa
+from typing import Optional
 
 from raymt import corpus
-from raymt.config import DataConfig
+from raymt.config import DataConfig, PrepareConfig, _parse_value
 from raymt.tokenizer import EOS_ID, Tokenizer
 
 Pairs = tuple[list[str], list[str]]
@@ -26,7 +31,7 @@ def _open_lines(path: Path) -> list[str]:
         raise ValueError(f"cannot read {path}: {err}") from None
 
 
-def _resolve(prefix: str, lang: str) -> Path:
+def resolve(prefix: str, lang: str) -> Path:
     """PREFIX.lang or PREFIX.lang.gz, whichever exists."""
     for candidate in (Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")):
         if candidate.is_file():
@@ -37,7 +42,7 @@ def _resolve(prefix: str, lang: str) -> Path:
 
 def read_parallel(prefix: str, src_lang: str, tgt_lang: str) -> Pairs:
     """Read PREFIX.src and PREFIX.tgt, checking that line i of one translates line i of the other."""
-    src_path, tgt_path = _resolve(prefix, src_lang), _resolve(prefix, tgt_lang)
+    src_path, tgt_path = resolve(prefix, src_lang), resolve(prefix, tgt_lang)
     src, tgt = _open_lines(src_path), _open_lines(tgt_path)
     if len(src) != len(tgt):
         raise ValueError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
@@ -45,44 +50,6 @@ def read_parallel(prefix: str, src_lang: str, tgt_lang: str) -> Pairs:
     if not src:
         raise ValueError(f"{src_path} is empty")
     return src, tgt
-
-
-def load_splits(cfg: DataConfig, seed: int) -> dict[str, Pairs]:
-    """train/valid (and test when given) sentence pairs: the built-in corpus or files."""
-    if cfg.train is None:
-        return corpus.builtin_splits(cfg.src_lang, cfg.tgt_lang, cfg.builtin_train_size,
-                                     cfg.builtin_eval_size, seed)
-    splits = {"train": read_parallel(cfg.train, cfg.src_lang, cfg.tgt_lang),
-              "valid": read_parallel(cfg.valid, cfg.src_lang, cfg.tgt_lang)}
-    if cfg.test is not None:
-        splits["test"] = read_parallel(cfg.test, cfg.src_lang, cfg.tgt_lang)
-    return splits
-
-
-def tokenize_batch(batch: pa.Table, model_proto: bytes, max_len: int) -> dict[str, np.ndarray]:
-    """Ray Data `map_batches` function: text columns -> id lists, dropping over-long pairs."""
-    tokenizer = Tokenizer(model_proto)  # tens of ms: cheaper than an actor pool here
-    src = tokenizer.encode_batch(batch.column("src").to_pylist())
-    tgt = tokenizer.encode_batch(batch.column("tgt").to_pylist())
-    keep = [i for i in range(len(src)) if 0 < len(src[i]) < max_len and 0 < len(tgt[i]) < max_len]
-    return {"src_ids": np.array([np.array(src[i] + [EOS_ID], dtype=np.int32) for i in keep] or [],
-                                dtype=object),
-            "tgt_ids": np.array([np.array(tgt[i], dtype=np.int32) for i in keep] or [], dtype=object)}
-
-
-def train_dataset(pairs: Pairs, model_proto: bytes, max_len: int, num_blocks: int = 8,
-                  cache: bool = True):
-    """Ray Data dataset of tokenized training pairs, tokenized in parallel tasks."""
-    import ray.data
-
-    table = pa.table({"src": pairs[0], "tgt": pairs[1]})
-    step = max(1, -(-len(table) // num_blocks))
-    blocks = [table.slice(i, step) for i in range(0, len(table), step)]
-    ds = ray.data.from_arrow(blocks).map_batches(
-        tokenize_batch, batch_format="pyarrow", batch_size=None,
-        fn_kwargs={"model_proto": model_proto, "max_len": max_len})
-    # A small corpus is tokenized once instead of once per epoch.
-    return ds.materialize() if cache else ds
 
 
 def eval_rows(pairs: Pairs, tokenizer: Tokenizer, max_positions: int) -> list[dict]:
@@ -99,3 +66,132 @@ def eval_rows(pairs: Pairs, tokenizer: Tokenizer, max_positions: int) -> list[di
     rows.sort(key=lambda r: (len(r["src_ids"]), len(r["tgt_ids"])))
     return rows
 
+
+# ---------------------------------------------------------------- python -m raymt.data prepare
+
+# Flags whose names differ from their PrepareConfig field.
+FLAG_NAMES = {"src_lang": "src", "tgt_lang": "tgt"}
+
+
+def prepare_parser() -> argparse.ArgumentParser:
+    """Flags of `python -m raymt.data prepare`; every option names a PrepareConfig field."""
+    p = argparse.ArgumentParser(prog="python -m raymt.data", allow_abbrev=False,
+                                description="Corpus tools for raymt.")
+    sub = p.add_subparsers(dest="command", required=True)
+    q = sub.add_parser("prepare", allow_abbrev=False,
+                       help="raw parallel corpora -> SentencePiece model and Parquet shards",
+                       description="Clean, tokenize and shard parallel corpora with Ray Data.")
+    q.add_argument("--out", required=True, help="output directory (made whole, or not at all)")
+    q.add_argument("--src-file", action="append", default=[], help="training source file (repeatable)")
+    q.add_argument("--tgt-file", action="append", default=[], help="training target file, paired in order")
+    q.add_argument("--train", action="append", default=[], metavar="SPEC",
+                   help="PREFIX (PREFIX.<src>, PREFIX.<tgt>, optionally .gz/.xz/.zst), a .tsv or "
+                        ".jsonl file (optionally compressed), or .parquet/.arrow file(s) (repeatable)")
+    q.add_argument("--valid", metavar="SPEC", help="validation set, like --train")
+    q.add_argument("--test", action="append", default=[], metavar="SPEC", help="test set (repeatable)")
+    q.add_argument("--test-name", action="append", default=[], metavar="NAME",
+                   help="names of the test sets, in order (default: the basename of each SPEC)")
+    q.add_argument("--src-col", help="TSV column number, or JSONL key / Parquet column (default: --src)")
+    q.add_argument("--tgt-col", help="TSV column number, or JSONL key / Parquet column (default: --tgt)")
+    q.add_argument("--dataset", help="a named public corpus (downloaded and cached), or 'builtin'")
+    q.add_argument("--mirror", help="with --dataset: a mirror URL to download from")
+    q.add_argument("--cache-dir", help="with --dataset: download cache (default $RAYMT_CACHE or ~/.cache/raymt)")
+    for f in dataclasses.fields(PrepareConfig):
+        flag = "--" + FLAG_NAMES.get(f.name, f.name).replace("_", "-")
+        if f.type in (bool, "bool"):
+            q.add_argument(flag, dest=f.name, action="store_true", help=f"sets {f.name}")
+        else:
+            q.add_argument(flag, dest=f.name, help=f"{f.name} (default {f.default})")
+    q.add_argument("--overwrite", action="store_true", help="replace a corpus already in --out")
+    return p
+
+
+def prepare_config(args: argparse.Namespace) -> PrepareConfig:
+    """PrepareConfig from the flags, typed and validated field by field."""
+    hints = typing.get_type_hints(PrepareConfig)
+    values = {}
+    for f in dataclasses.fields(PrepareConfig):
+        raw = getattr(args, f.name)
+        if raw is None or raw is False:
+            continue
+        flag = "--" + FLAG_NAMES.get(f.name, f.name).replace("_", "-")
+        values[f.name] = raw if isinstance(raw, bool) else _parse_value(raw, hints[f.name], flag)
+    return PrepareConfig(**values)
+
+
+def prepare_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list, list, dict]:
+    """(train, valid, test) sources named by the flags; files are checked later, before Ray."""
+    from raymt.prepare import Source, source_from_spec, spec_name
+
+    def spec(s: str) -> Source:
+        return source_from_spec(s, cfg, args.src_col, args.tgt_col)
+
+    if len(args.src_file) != len(args.tgt_file):
+        raise ValueError(f"--src-file given {len(args.src_file)} time(s) but --tgt-file "
+                         f"{len(args.tgt_file)}: pass them in pairs")
+    if len(args.test_name) > len(args.test):
+        raise ValueError(f"{len(args.test_name)} --test-name for {len(args.test)} --test: one name per test set")
+    train = [Source("text", pair) for pair in zip(args.src_file, args.tgt_file)]
+    train += [spec(s) for s in args.train]
+    valid = [spec(args.valid)] if args.valid else []
+    tests: dict[str, list] = {}
+    for i, s in enumerate(args.test):
+        name = args.test_name[i] if i < len(args.test_name) else spec_name(s)
+        if name in tests:
+            raise ValueError(f"two test sets are named {name!r}: pass --test-name for each")
+        tests[name] = [spec(s)]
+    if args.dataset is None:
+        if args.mirror or args.cache_dir:
+            raise ValueError("--mirror and --cache-dir only apply with --dataset")
+        if not train:
+            raise ValueError("no training data: pass --train PREFIX|FILE, --src-file/--tgt-file, "
+                             "or --dataset NAME")
+        if not valid:
+            raise ValueError("--valid is missing: pass a validation prefix or file (all of it is scored)")
+        return train, valid, tests
+    if train:
+        raise ValueError("--dataset and --train/--src-file both name training data: pass one of them")
+    splits = dataset_sources(args.dataset, cfg, args.cache_dir, args.mirror)
+    train, dataset_valid = [splits.pop("train")], [splits.pop("valid")]
+    return train, valid or dataset_valid, {**{k: [v] for k, v in splits.items()}, **tests}
+
+
+def dataset_sources(name: str, cfg: PrepareConfig, cache_dir: Optional[str],
+                    mirror: Optional[str]) -> dict:
+    """Split name -> Source of a named corpus: 'builtin' (generated) or a download (raymt.download)."""
+    from raymt.prepare import Source
+
+    if name == "builtin":
+        splits = corpus.builtin_splits(cfg.src_lang, cfg.tgt_lang, DataConfig.builtin_train_size,
+                                       DataConfig.builtin_eval_size, cfg.seed)
+        return {split: Source("pairs", pairs=pairs) for split, pairs in splits.items()}
+    from raymt.download import fetch_dataset
+
+    cache = Path(cache_dir or os.environ.get("RAYMT_CACHE") or "~/.cache/raymt").expanduser()
+    files = fetch_dataset(name, cfg.src_lang, cfg.tgt_lang, cache, mirror)
+    missing = {"train", "valid"} - set(files)
+    if missing:
+        raise ValueError(f"dataset {name!r} has no {' or '.join(sorted(missing))} split: pass --valid")
+    return {split: Source("text", tuple(map(str, paths))) for split, paths in files.items()}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of `python -m raymt.data`; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = prepare_parser().parse_args(argv)
+    try:
+        from raymt.prepare import prepare_corpus
+
+        cfg = prepare_config(args)
+        train, valid, tests = prepare_sources(args, cfg)
+        prepare_corpus(cfg, args.out, train, valid, tests, overwrite=args.overwrite,
+                       command=shlex.join(["python", "-m", "raymt.data", *argv]))
+    except ValueError as err:
+        message = " ".join(str(err).split("\n"))  # one line, whatever the source
+        print(f"raymt.data: error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,7 +18,7 @@ def score(hyps: list[str], refs: list[str]) -> dict:
 
 
 CSV_COLUMNS = ("step", "epoch", "time_s", "train_loss", "lr", "tokens_per_s",
-               "valid_loss", "valid_bleu", "valid_chrf")
+               "valid_loss", "valid_bleu", "valid_chrf", "skipped_steps", "data_share", "peak_rss_mb")
 
 
 class MetricsLog:
@@ -46,7 +46,7 @@ class MetricsLog:
             split, _, name = key.partition("_")
             if split in ("train", "valid"):
                 self.tensorboard.add_scalar(f"{split}/{name}", value, step)
-            elif key in ("lr", "tokens_per_s"):
+            elif key in ("lr", "tokens_per_s", "data_share", "peak_rss_mb"):
                 self.tensorboard.add_scalar(f"train/{key}", value, step)
         self.tensorboard.flush()
 

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from raymt import data
+from raymt import corpus, data
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
 from raymt.config import Config, apply_overrides, flatten, load_file, parse_set_args, preset
 from raymt.decoding import DecodeOptions, translate
 from raymt.metrics import score
-from raymt.tokenizer import Tokenizer, train_tokenizer
+from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
 
@@ -31,8 +31,9 @@ def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
                    help="override any config field, e.g. --set optim.lr=5e-4 (repeatable)")
     flag_fields = {"num_workers": "train.num_workers", "max_steps": "train.max_steps",
                    "epochs": "train.epochs", "max_minutes": "train.max_minutes", "src_lang": "data.src_lang",
-                   "tgt_lang": "data.tgt_lang", "train": "data.train", "valid": "data.valid",
-                   "test": "data.test", "storage_path": "train.storage_path", "name": "train.name"}
+                   "tgt_lang": "data.tgt_lang", "corpus": "data.corpus", "train": "data.train",
+                   "valid": "data.valid", "test": "data.test", "storage_path": "train.storage_path",
+                   "name": "train.name"}
     for flag, field in flag_fields.items():
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"sets {field}")
     p.add_argument("--gpu", action="store_true", help="one GPU per worker (sets train.use_gpu)")
@@ -76,24 +77,96 @@ def resolve_resume(args: argparse.Namespace) -> tuple[Config, Optional[Path], Op
     return apply_overrides(cfg, {"train.storage_path": str(path.parent), "train.name": path.name}), path, None
 
 
-def prepare_run(cfg: Config, run_dir: Path, resume_dir: Optional[Path]) -> tuple[dict, Tokenizer]:
-    """Load the corpus, train (or reuse) the tokenizer, write run files: all before Ray starts."""
-    splits = data.load_splits(cfg.data, cfg.train.seed)
-    if resume_dir is not None and (resume_dir / SPM_FILE).is_file():
-        tokenizer = Tokenizer.load(resume_dir / SPM_FILE)
+CORPUS_DIR = "corpus"
+
+
+@dataclass
+class RunData:
+    """What a run trains and validates on, settled on the driver before Ray starts."""
+
+    corpus: str  # a prepared corpus: given (data.corpus) or made in the run directory
+    eval_sets: dict  # "valid" and, when known, "test": (sources, references) in memory
+    tokenizer: Optional[Tokenizer]  # known up front (corpus, resumed run, checkpoint) or None
+    sources: Optional[list] = None  # inputs still to prepare into `corpus`
+
+
+def plan_data(cfg: Config, run_dir: Path, resume_dir: Optional[Path],
+              init_checkpoint: Optional[Path]) -> tuple[Config, RunData]:
+    """Check every input and read the small sets; nothing here needs Ray."""
+    from raymt import prepare
+
+    known = _known_tokenizer(resume_dir, init_checkpoint)
+    if cfg.data.corpus is not None:
+        manifest = prepare.read_manifest(cfg.data.corpus)
+        cfg = apply_overrides(cfg, {"data.src_lang": manifest["src_lang"],
+                                    "data.tgt_lang": manifest["tgt_lang"]})
+        tokenizer = prepare.load_tokenizer(cfg.data.corpus, manifest)
+        if known is not None and known.model_proto != tokenizer.model_proto:
+            raise ValueError(f"{init_checkpoint or resume_dir} has a different SentencePiece model "
+                             f"than the corpus {cfg.data.corpus}: prepare the corpus with that "
+                             "model, or train from scratch")
+        tests = sorted(manifest["splits"].get("test", {}))
+        eval_sets = {"valid": (data.read_parallel(cfg.data.valid, cfg.data.src_lang, cfg.data.tgt_lang)
+                               if cfg.data.valid else prepare.eval_pairs(cfg.data.corpus, manifest, "valid"))}
+        if cfg.data.test:
+            eval_sets["test"] = data.read_parallel(cfg.data.test, cfg.data.src_lang, cfg.data.tgt_lang)
+        elif tests:
+            eval_sets["test"] = prepare.eval_pairs(cfg.data.corpus, manifest, tests[0])
+        return cfg, RunData(cfg.data.corpus, eval_sets, tokenizer)
+    corpus_dir = run_dir / CORPUS_DIR
+    if cfg.data.train is None:
+        splits = corpus.builtin_splits(cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.builtin_train_size,
+                                       cfg.data.builtin_eval_size, cfg.train.seed)
+        sources = [prepare.Source(kind="pairs", pairs=splits.pop("train"))]
     else:
-        tokenizer = train_tokenizer(itertools.chain(*splits["train"]), cfg.data.sp_vocab_size(),
-                                    cfg.data.sp_model_type, cfg.data.sp_sample_size, cfg.train.seed)
+        paths = tuple(str(data.resolve(cfg.data.train, lang)) for lang in (cfg.data.src_lang, cfg.data.tgt_lang))
+        sources = [prepare.Source(kind="text", paths=paths)]
+        splits = {"valid": data.read_parallel(cfg.data.valid, cfg.data.src_lang, cfg.data.tgt_lang)}
+        if cfg.data.test:
+            splits["test"] = data.read_parallel(cfg.data.test, cfg.data.src_lang, cfg.data.tgt_lang)
+    if (corpus_dir / "manifest.json").is_file() and resume_dir is not None:
+        sources = None  # prepared when the run started
+    return cfg, RunData(str(corpus_dir), splits, known, sources)
+
+
+def _known_tokenizer(resume_dir: Optional[Path], init_checkpoint: Optional[Path]) -> Optional[Tokenizer]:
+    """The SentencePiece model a resumed run or a starting checkpoint already has."""
+    for directory in (resume_dir, init_checkpoint):
+        if directory is not None and (directory / SPM_FILE).is_file():
+            return Tokenizer.load(directory / SPM_FILE)
+    return None
+
+
+def materialize(cfg: Config, run_data: RunData) -> tuple[list[tuple[str, int]], Tokenizer]:
+    """Prepare the corpus if the run makes its own (Ray Data), then list its training shards."""
+    from raymt import prepare
+    from raymt.config import PrepareConfig
+
+    if run_data.sources is not None:
+        options = PrepareConfig(src_lang=cfg.data.src_lang, tgt_lang=cfg.data.tgt_lang,
+                                vocab_size=cfg.data.sp_vocab_size(), sp_model_type=cfg.data.sp_model_type,
+                                sp_sample_size=cfg.data.sp_sample_size, max_len=cfg.data.max_len,
+                                seed=cfg.train.seed)
+        valid = [prepare.Source(kind="pairs", pairs=run_data.eval_sets["valid"])]
+        prepare.prepare_corpus(options, run_data.corpus, run_data.sources, valid,
+                               tokenizer=run_data.tokenizer)
+    manifest = prepare.read_manifest(run_data.corpus)
+    return prepare.train_files(run_data.corpus, manifest), prepare.load_tokenizer(run_data.corpus, manifest)
+
+
+def write_run_files(cfg: Config, run_dir: Path, tokenizer: Tokenizer) -> None:
+    """The run's config and SentencePiece model, for --resume and for people."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(run_dir / SPM_FILE)
     (run_dir / RUN_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
-    return splits, tokenizer
 
 
-def init_ray(include_dashboard: bool = False) -> None:
+def init_ray(include_dashboard: bool = True) -> None:
     """Attach to the cluster under `ray job submit` (RAY_ADDRESS), else start a local one.
 
-    Tune over Train V2 needs the dashboard (its placement-group cleaner reads actor state).
+    The local dashboard (on 127.0.0.1) serves the state API that Ray Train's placement-group
+    cleaner polls; without it the cleaner logs a failure every second, and Tune over Train
+    leaks placement groups.
     """
     import ray
     from ray.data import DataContext
@@ -102,8 +175,9 @@ def init_ray(include_dashboard: bool = False) -> None:
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init()
-        else:
-            ray.init(include_dashboard=include_dashboard, log_to_driver=True)
+        else:  # Ray Data's per-execution lines stay in its log files, not on the console
+            ray.init(include_dashboard=include_dashboard, log_to_driver=True,
+                     runtime_env={"env_vars": {"RAY_DATA_LOG_LEVEL": "WARNING"}})
     DataContext.get_current().enable_progress_bars = False
 
 
@@ -137,23 +211,27 @@ def scaling(cfg: Config) -> tuple[dict, int]:
     return resources, max(1, int(cpus))
 
 
-def fit(cfg: Config, splits: dict, tokenizer: Tokenizer, init_checkpoint: Optional[Path],
-        log_dir: Optional[Path] = None, callbacks: Optional[list] = None,
-        init_full_state: bool = False):
-    """Run the TorchTrainer; returns Ray's Result."""
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+def fit(cfg: Config, train_files: list[tuple[str, int]], valid: data.Pairs, tokenizer: Tokenizer,
+        init_checkpoint: Optional[Path], log_dir: Optional[Path] = None,
+        callbacks: Optional[list] = None, init_full_state: bool = False):
+    """Run the TorchTrainer; returns Ray's Result.
+
+    Workers read their own slices of `train_files` with Ray Data (raymt.stream), so no
+    dataset is split by Ray Train; validation rows travel in the config, every one scored.
+    """
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from raymt.worker import train_loop_per_worker
 
     resources, num_threads = scaling(cfg)
-    valid_rows = data.eval_rows(splits["valid"], tokenizer, cfg.model.max_positions)
-    train_ds = data.train_dataset(splits["train"], tokenizer.model_proto, cfg.data.max_len)
+    valid_rows = data.eval_rows(valid, tokenizer, cfg.model.max_positions)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
             "config": cfg.to_dict(), "spm_model": tokenizer.model_proto,
-            "num_threads": num_threads, "valid": {"rows": valid_rows, "refs": splits["valid"][1]},
+            "num_threads": num_threads, "train_files": train_files,
+            "valid": {"rows": valid_rows, "refs": valid[1]},
             "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
             "init_full_state": init_full_state,
             "log_dir": str(log_dir) if log_dir else None},
@@ -166,10 +244,7 @@ def fit(cfg: Config, splits: dict, tokenizer: Tokenizer, init_checkpoint: Option
                                                checkpoint_score_attribute="valid_bleu",
                                                checkpoint_score_order="max"),
             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
-            callbacks=callbacks),
-        datasets={"train": train_ds},
-        # Only the training set is split; validation rows are all scored, none dropped.
-        dataset_config=DataConfig(datasets_to_split=["train"]))
+            callbacks=callbacks))
     return trainer.fit()
 
 
@@ -217,18 +292,21 @@ def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optiona
     t0 = time.time()
     cfg = finalize(cfg)
     run_dir = local_run_dir(cfg)
-    splits, tokenizer = prepare_run(cfg, run_dir, resume_dir)
+    cfg, run_data = plan_data(cfg, run_dir, resume_dir, init_checkpoint)
     init_ray()
-    result = fit(cfg, splits, tokenizer, init_checkpoint, run_dir / "logs", callbacks, init_full_state)
+    train_files, tokenizer = materialize(cfg, run_data)
+    write_run_files(cfg, run_dir, tokenizer)
+    result = fit(cfg, train_files, run_data.eval_sets["valid"], tokenizer, init_checkpoint,
+                 run_dir / "logs", callbacks, init_full_state)
     best = best_checkpoint(result)
     summary = {"run_dir": str(run_dir), "best_checkpoint": best.path,
                "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
                "start_step": _first_step(run_dir / "logs" / "metrics.csv"),
                "metrics_csv": str(run_dir / "logs" / "metrics.csv"),
                "valid": {k: v for k, v in result.metrics.items() if k.startswith("valid_")}}
-    if score_test and "test" in splits:
+    if score_test and "test" in run_data.eval_sets:
         with best.as_directory() as directory:  # downloads from remote storage if needed
-            summary["test"] = test_scores(directory, splits["test"], cfg)
+            summary["test"] = test_scores(directory, run_data.eval_sets["test"], cfg)
     summary["wall_time_s"] = round(time.time() - t0, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

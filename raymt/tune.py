@@ -165,6 +165,63 @@ def run_trial(trial_config: dict) -> None:
         raise outcome["error"]
 
 
+class _Janitor:
+    """Tune callback: remove training placement groups that no live actor has used for a while.
+
+    When Tune stops a trial (ASHA, PBT exploit) while its Train run still waits for its
+    workers' placement group, Ray Train has not yet registered that group for cleanup
+    (it does so once the workers started). The group is placed later, holds CPUs no one
+    uses, and the next trial waits for them forever. Only groups that reserve CPUs or GPUs
+    are considered (Tune's own trial groups reserve memory only).
+    """
+
+    def __init__(self, grace_s: float = 30.0, every_s: float = 5.0):
+        self.grace_s, self.every_s = grace_s, every_s
+        self.last_check, self.idle_since = 0.0, {}
+
+    def on_step_begin(self, iteration: int, trials: list, **info) -> None:
+        """Called by Tune on every loop; checks every `every_s` seconds."""
+        import time
+
+        now = time.monotonic()
+        if now - self.last_check < self.every_s:
+            return
+        self.last_check = now
+        try:
+            self.sweep(now)
+        except Exception as err:  # the state API may be busy: try again on the next check
+            print(f"placement-group check skipped: {str(err).splitlines()[0] if str(err) else err!r}")
+
+    def sweep(self, now: float) -> None:
+        """Remove the groups idle for longer than the grace period."""
+        import ray
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+        from ray.util.state import list_actors, list_placement_groups
+
+        groups = list_placement_groups(filters=[("state", "=", "CREATED")], detail=True, limit=10_000)
+        used = {a.placement_group_id for a in list_actors(filters=[("state", "!=", "DEAD")], detail=True,
+                                                              limit=10_000)}
+        for group in groups:
+            reserves = any(b.get("unit_resources", {}).get(r, 0) > 0
+                           for b in group.bundles or [] for r in ("CPU", "GPU"))
+            if group.is_detached or not reserves or group.placement_group_id in used:
+                self.idle_since.pop(group.placement_group_id, None)
+                continue
+            since = self.idle_since.setdefault(group.placement_group_id, now)
+            if now - since > self.grace_s:
+                print(f"removing placement group {group.placement_group_id}: left behind by a "
+                      f"stopped trial, unused for {now - since:.0f} s")
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group.placement_group_id)))
+                self.idle_since.pop(group.placement_group_id)
+
+
+def janitor():
+    """A `ray.tune.Callback` instance of `_Janitor`."""
+    from ray import tune
+
+    return type("PlacementGroupJanitor", (_Janitor, tune.Callback), {})()
+
+
 def trial_resources(cfg: Config) -> tuple[float, int]:
     """(CPUs per worker, trials that fit at once), or a one-line error if none fits."""
     import ray
@@ -247,7 +304,8 @@ def run_sweep(cfg: Config, space: dict, scheduler: str = "asha", searcher: str =
     else:
         sweep_name = sweep_name or f"sweep-{datetime.datetime.now():%Y%m%d-%H%M%S}"
         sweep_dir = Path(cfg.train.storage_path) / sweep_name
-        cfg = apply_overrides(cfg, {"train.storage_path": str(sweep_dir / "trials")})
+        cfg = apply_overrides(shared_corpus(cfg, sweep_dir),
+                              {"train.storage_path": str(sweep_dir / "trials")})
         tuner = tune.Tuner(
             trainable, param_space={"base": cfg.to_dict(), **space},
             tune_config=tune.TuneConfig(
@@ -257,6 +315,7 @@ def run_sweep(cfg: Config, space: dict, scheduler: str = "asha", searcher: str =
                 max_concurrent_trials=max_concurrent or fits),
             run_config=tune.RunConfig(
                 name=sweep_name, storage_path=str(sweep_dir.parent),
+                callbacks=[janitor()],
                 progress_reporter=tune.CLIReporter(
                     parameter_columns=list(space), max_report_frequency=30,
                     metric_columns=["step", "train_loss", "valid_loss", "valid_bleu"]),
@@ -265,6 +324,17 @@ def run_sweep(cfg: Config, space: dict, scheduler: str = "asha", searcher: str =
                     num_to_keep=4 if scheduler == "pbt" else 2, checkpoint_score_attribute=metric,
                     checkpoint_score_order=METRICS[metric])))
     return summarize(tuner.fit(), metric, sweep_dir)
+
+
+def shared_corpus(cfg: Config, sweep_dir: Path) -> Config:
+    """Prepare the training corpus once for every trial (unless it is already prepared)."""
+    from raymt.train import materialize, plan_data
+
+    if cfg.data.corpus is not None:
+        return cfg
+    cfg, run_data = plan_data(cfg, sweep_dir, None, None)
+    materialize(cfg, run_data)
+    return apply_overrides(cfg, {"data.corpus": run_data.corpus, "data.train": None})
 
 
 def summarize(results, metric: str, sweep_dir: Path) -> dict:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import resource
 import tempfile
 import time
+from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-import numpy as np
 import ray.train
 import ray.train.torch
 import sacrebleu
@@ -16,13 +17,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from raymt.batching import Batch, collate, window_batches
+from raymt.batching import Batch, collate
 from raymt.checkpoint import load_train_state, load_weights, save_checkpoint
 from raymt.config import Config
 from raymt.decoding import DecodeOptions, decode
 from raymt.metrics import MetricsLog
 from raymt.model import Transformer
 from raymt.optim import inverse_sqrt, loss_sum, make_optimizer, row_nll
+from raymt.stream import Position, TrainStream, restore_position
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 
@@ -130,17 +132,6 @@ def evaluate(model: torch.nn.Module, loader: Iterable[dict], tokenizer: Tokenize
             "valid_chrf": sacrebleu.corpus_chrf(hyps, [refs]).score}
 
 
-def epoch_batches(shard, cfg: Config, epoch: int) -> Iterator[Batch]:
-    """This worker's token-budget batches for one epoch, deterministic given seed and epoch."""
-    rng = np.random.default_rng([cfg.train.seed, epoch, ray.train.get_context().get_world_rank()])
-    windows = shard.iter_batches(
-        batch_size=cfg.data.window_rows, batch_format="numpy",
-        local_shuffle_buffer_size=cfg.data.shuffle_buffer_rows or None,
-        local_shuffle_seed=cfg.train.seed * 100_003 + epoch)
-    for window in windows:
-        yield from window_batches(window, cfg.data.max_tokens, rng)
-
-
 def _restore(model: Transformer, optimizer, scheduler, cfg: Config, loop_config: dict) -> dict:
     """Load the latest Ray Train checkpoint (after a failure or on resume), or an initial one.
 
@@ -208,15 +199,26 @@ class Progress:
 
 
 def _report(metrics: dict, model, optimizer, scheduler, cfg: Config, tokenizer: Tokenizer,
-            step: int, epoch: int) -> None:
-    """Every rank reports (a barrier); only rank 0 writes and attaches the checkpoint."""
+            step: int, epoch: int, position: dict) -> None:
+    """Every rank reports (a barrier); only rank 0 writes and attaches the checkpoint.
+
+    The checkpoint holds every rank's data position and RNG state, so that a restart
+    continues each worker's stream and dropout exactly where they were.
+    """
+    mine = (position, torch.get_rng_state())
+    parts: list = [None] * _world_size()
+    if dist.is_initialized():
+        dist.all_gather_object(parts, mine)
+    else:
+        parts = [mine]
     if ray.train.get_context().get_world_rank() != 0:
         ray.train.report(metrics)
         return
     with tempfile.TemporaryDirectory() as tmp:
         save_checkpoint(tmp, unwrap(model), cfg, tokenizer, {
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "step": step, "epoch": epoch})
+            "step": step, "epoch": epoch, "data_positions": [p for p, _ in parts],
+            "rng_states": [r for _, r in parts]})
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
@@ -227,9 +229,11 @@ class WorkerLoop:
         cfg = self.cfg = Config.from_dict(loop_config["config"])
         self.tokenizer = Tokenizer(loop_config["spm_model"])
         torch.set_num_threads(loop_config["num_threads"])
-        torch.manual_seed(cfg.train.seed)
+        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
         self.device = ray.train.torch.get_device()
-        self.is_rank0 = ray.train.get_context().get_world_rank() == 0
+        self.rank = ray.train.get_context().get_world_rank()
+        self.world_size = ray.train.get_context().get_world_size()
+        self.is_rank0 = self.rank == 0
         on_gpu = self.device.type == "cuda"
 
         model = Transformer(cfg.model, self.tokenizer.vocab_size)
@@ -238,6 +242,21 @@ class WorkerLoop:
         state = _restore(model, self.optimizer, self.scheduler, cfg, loop_config)
         self.step, self.epoch = state["step"], state["epoch"]
         self.model = ray.train.torch.prepare_model(model)  # DDP over gloo (CPU) or nccl (GPU)
+        self.train_files = loop_config["train_files"]
+        self.position = restore_position(state.get("data_positions"), self.rank, self.world_size,
+                                         self.epoch)
+        rng_states = state.get("rng_states")
+        if rng_states and len(rng_states) == self.world_size:  # dropout continues exactly
+            torch.set_rng_state(rng_states[self.rank])
+        else:  # each rank draws its own dropout masks
+            torch.manual_seed(cfg.train.seed * 1000 + self.rank + 1)
+        log_dir = loop_config.get("log_dir")
+        self.trace = None
+        if cfg.train.trace_data and log_dir:  # each (re)start of the worker group: an attempt
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            self.trace = open(Path(log_dir) / f"trace-rank{self.rank}.tsv", "a")
+            self.trace.write(f"#start\t{self.step}\n")
+        self.stream = self.open_stream(self.position)  # reading starts while the rest sets up
         self.autocast = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16))
                          if on_gpu and cfg.train.bf16 else contextlib.nullcontext)
 
@@ -247,43 +266,74 @@ class WorkerLoop:
         self.opts = DecodeOptions(beam=cfg.train.valid_beam, length_penalty=cfg.train.length_penalty,
                                   max_len_a=cfg.train.max_len_a, max_len_b=cfg.train.max_len_b)
         self.progress = Progress(cfg, self.step)
-        log_dir = loop_config.get("log_dir")
         self.metrics_log = MetricsLog(log_dir) if self.is_rank0 and log_dir else None
         self.deadline = (time.monotonic() + 60 * cfg.train.max_minutes) if cfg.train.max_minutes else None
         self.num_skipped = self.bad_in_a_row = 0
 
     def run(self) -> None:
         """Train until max_steps, the epoch limit or the time budget; evaluate and report."""
-        cfg, shard = self.cfg, ray.train.get_dataset_shard("train")
-        evaluated, stop = self.step, False
+        cfg, stop = self.cfg, False
+        self.evaluated = self.step
+        self.loop_t0, self.data_s, self.eval_s = time.perf_counter(), 0.0, 0.0
         while not stop and self.step < cfg.train.max_steps and (
                 cfg.train.epochs is None or self.epoch < cfg.train.epochs):
-            batches = epoch_batches(shard, cfg, self.epoch)
-            for group, num_tokens in lockstep(batches, cfg.optim.update_freq, self.device):
-                loss, applied = train_step(self.model, self.optimizer, group, num_tokens, cfg,
-                                           self.autocast)
-                if not applied:
-                    self.skip_nonfinite()
-                    continue
-                self.bad_in_a_row = 0
-                self.progress.update(loss, num_tokens)
-                self.scheduler.step()
-                self.step += 1
-                if self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps:
-                    self.evaluate_and_report()
-                    evaluated = self.step
-                elif self.step % cfg.train.log_every == 0:
-                    self.log_train()
-                stop = self.step >= cfg.train.max_steps or (
-                    self.step % cfg.train.log_every == 0 and self.out_of_time())
-                if stop:
-                    break
-            if not stop:
+            self.upcoming = self.open_stream(Position(self.epoch + 1), start=False)
+            stop = self.train_epoch()
+            self.data_s += self.stream.busy_s
+            self.stream.busy_s = 0.0
+            self.stream.close()
+            if stop:
+                self.upcoming.close()
+            else:
                 self.epoch += 1
-        if evaluated != self.step:  # the epoch or time limit ended the run between evaluations
+                self.position, self.stream = self.upcoming.position, self.upcoming.start()
+        if self.evaluated != self.step:  # the epoch or time limit ended the run between evaluations
             self.evaluate_and_report()
+        self.stream.close()
         if self.metrics_log:
             self.metrics_log.close()
+        if self.trace:
+            self.trace.close()
+
+    def open_stream(self, position: Position, start: bool = True) -> TrainStream:
+        """This worker's stream of the epoch `position` is in, reading ahead once started."""
+        stream = TrainStream(self.train_files, self.cfg.data, self.cfg.train.seed, self.rank,
+                             self.world_size, position, trace=self.trace is not None)
+        return stream.start() if start else stream
+
+    def train_epoch(self) -> bool:
+        """Train on the current stream until it ends; True when the run must stop (steps, time)."""
+        cfg = self.cfg
+        for group, num_tokens in lockstep(self.stream, cfg.optim.update_freq, self.device):
+            self.position = self.stream.position
+            if self.stream.read_all.is_set():  # the next epoch warms up while this one ends
+                self.upcoming.start()
+            loss, applied = train_step(self.model, self.optimizer, group, num_tokens, cfg, self.autocast)
+            self.write_trace()
+            if not applied:
+                self.skip_nonfinite()
+                continue
+            self.bad_in_a_row = 0
+            self.progress.update(loss, num_tokens)
+            self.scheduler.step()
+            self.step += 1
+            if self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps:
+                self.evaluate_and_report()
+                self.evaluated = self.step
+            elif self.step % cfg.train.log_every == 0:
+                self.log_train()
+            if self.step >= cfg.train.max_steps or (
+                    self.step % cfg.train.log_every == 0 and self.out_of_time()):
+                return True
+        self.position = self.stream.position
+        return False
+
+    def write_trace(self) -> None:
+        """With train.trace_data, log the digest of every pair this step trained on."""
+        if self.trace:
+            self.trace.writelines(f"{self.step + 1}\t{self.epoch}\t{h}\n" for h in self.stream.traced)
+            self.trace.flush()
+            self.stream.traced.clear()
 
     def skip_nonfinite(self) -> None:
         """Count a skipped update; too many in a row end the run, its checkpoints intact."""
@@ -302,25 +352,34 @@ class WorkerLoop:
         """Progress line and training metrics of the last interval."""
         metrics = self.progress.log(self.step, self.epoch, self.scheduler.get_last_lr()[0],
                                     self.device, self.is_rank0)
-        metrics.update(epoch=self.epoch, skipped_steps=self.num_skipped)
+        metrics.update(epoch=self.epoch, skipped_steps=self.num_skipped, **self.usage())
         if self.metrics_log:
             self.metrics_log.write(self.step, metrics)
         return metrics
+
+    def usage(self) -> dict:
+        """Share of the loop spent waiting for data, and this worker's peak resident memory."""
+        waited = self.data_s + self.stream.busy_s
+        training = time.perf_counter() - self.loop_t0 - self.eval_s  # validation excluded
+        return {"data_share": waited / max(training, 1e-9),
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
     def evaluate_and_report(self) -> None:
         """Validate on the whole dev set, report to Ray Train with a checkpoint from rank 0."""
         metrics = self.progress.log(self.step, self.epoch, self.scheduler.get_last_lr()[0],
                                     self.device, self.is_rank0)
+        t0 = time.perf_counter()
         metrics.update(evaluate(self.model, self.valid_loader, self.tokenizer, self.valid["refs"],
-                                self.opts), step=self.step, epoch=self.epoch,
-                       skipped_steps=self.num_skipped)
+                                self.opts))
+        self.eval_s += time.perf_counter() - t0
+        metrics.update(step=self.step, epoch=self.epoch, skipped_steps=self.num_skipped, **self.usage())
         if self.is_rank0:
             print(f"step {self.step} | valid loss {metrics['valid_loss']:.3f} | "
                   f"BLEU {metrics['valid_bleu']:.2f} | chrF {metrics['valid_chrf']:.2f}", flush=True)
         if self.metrics_log:
             self.metrics_log.write(self.step, metrics)
         _report(metrics, self.model, self.optimizer, self.scheduler, self.cfg, self.tokenizer,
-                self.step, self.epoch)
+                self.step, self.epoch, self.position.to_dict())
 
     def out_of_time(self) -> bool:
         """True on every worker once any worker is past the time budget."""

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from raymt.batching import collate, token_budget_batches, window_batches
+from raymt.batching import chunk_batches, collate, token_budget_batches
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from raymt.worker import lockstep
 
@@ -21,12 +21,20 @@ def test_budget_and_coverage():
     assert real / padded > 0.9  # length-sorted windows keep padding small
 
 
-def test_window_batches_and_collate():
-    window = {"src_ids": [np.array([5, 6, EOS_ID]), np.array([7, EOS_ID])],
-              "tgt_ids": [np.array([8]), np.array([9, 10, 11])]}
-    batches = list(window_batches(window, 100, np.random.default_rng(0)))
-    assert len(batches) == 1
-    b = batches[0]
+def test_chunk_batches_cover_rows_once_within_budget_and_repeat_with_the_seed():
+    rng = np.random.default_rng(0)
+    src_lens, tgt_lens = rng.integers(2, 40, 700), rng.integers(2, 40, 700)
+    cut = lambda seed: chunk_batches(src_lens, tgt_lens, 128, 256, np.random.default_rng(seed))
+    batches = cut(5)
+    assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(700))
+    longest = np.maximum(src_lens, tgt_lens)
+    assert all(len(b) * longest[b].max() <= 256 for b in batches)
+    assert [b.tolist() for b in cut(5)] == [b.tolist() for b in batches]
+    assert [b.tolist() for b in cut(6)] != [b.tolist() for b in batches]
+
+
+def test_collate_adds_bos_and_eos():
+    b = collate([[5, 6, EOS_ID], [7, EOS_ID]], [[8], [9, 10, 11]])
     assert b.num_tokens == 2 + 4
     assert (b.tgt_in[:, 0] == BOS_ID).all()
     rows = {tuple(r[r != PAD_ID].tolist()) for r in b.tgt_out}

@@ -1,4 +1,4 @@
-"""Faults: non-finite updates are skipped; a killed driver's run resumes from its checkpoint."""
+"""Faults: non-finite updates are skipped; killed drivers and workers resume exactly."""
 
 import json
 import math
@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,31 +44,15 @@ def test_nonfinite_update_is_skipped_then_training_goes_on():
     assert applied and math.isfinite(loss) and optimizer.state
 
 
-@pytest.mark.timeout(600)
-def test_killed_driver_then_resume_continues_from_latest_checkpoint(tmp_path):
-    """SIGKILL the driver (and the local Ray it started) mid-run; --resume RUN finishes it."""
-    run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(tiny_run(tmp_path, "killed", 400), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    wait_for_checkpoints(run_dir, 2, proc)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and every process of its local Ray
-    proc.wait()
-    steps = [torch.load(p, weights_only=True)["step"] for p in run_dir.glob("checkpoint_*/train_state.pt")]
-    assert steps and max(steps) < 400
-
-    out = subprocess.run([sys.executable, "-m", "raymt.train", "--resume", str(run_dir),
-                          "--max-steps", str(max(steps) + 40)], capture_output=True, text=True, timeout=400)
-    assert out.returncode == 0, out.stderr[-3000:]
-    logged = [int(m) for m in re.findall(r"step (\d+)/", out.stdout + out.stderr)]
-    assert logged and min(logged) > 20  # it did not start over (a fresh run logs step 20 first)
-    assert f"step {max(steps) + 40}/" in out.stdout + out.stderr
+STEPS = 80
 
 
 def tiny_run(storage, name: str, max_steps: int, *extra: str) -> list[str]:
-    """A `python -m raymt.train` command line for a tiny 2-worker run checkpointing every 20 steps."""
+    """A tiny 2-worker run with dropout, checkpointing every 20 steps, tracing its data."""
     return [sys.executable, "-m", "raymt.train", "--storage-path", str(storage), "--name", name,
             "--preset", "tiny", "--num-workers", "2", "--max-steps", str(max_steps),
             "--set", "train.eval_every=20", "--set", "train.log_every=20",
+            "--set", "model.dropout=0.1", "--set", "train.trace_data=true",
             "--set", "data.vocab_size=256", "--set", "data.builtin_train_size=800",
             "--set", "data.builtin_eval_size=30", "--set", "data.max_tokens=256", *extra]
 
@@ -77,15 +63,97 @@ def wait_for_checkpoints(run_dir, count: int, proc, timeout: float = 300) -> Non
     snapshot = run_dir / "checkpoint_manager_snapshot.json"
     while not snapshot.is_file() or len(json.loads(snapshot.read_text())["checkpoint_results"]) < count:
         assert time.time() < deadline and proc.poll() is None, "no checkpoint before the kill"
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
-@pytest.mark.timeout(600)
-def test_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
-    """SIGKILL one training worker mid-run: FailureConfig restarts the group and the run ends."""
+def final_weights(run_dir) -> dict:
+    """The weights of the run's checkpoint at its last step."""
+    for state in run_dir.glob("checkpoint_*/train_state.pt"):
+        if torch.load(state, weights_only=True)["step"] == STEPS:
+            return torch.load(state.parent / "model.pt", weights_only=True)
+    raise AssertionError(f"no checkpoint at step {STEPS} in {run_dir}")
+
+
+def trained_pairs(run_dir) -> dict:
+    """(rank, step) -> sorted pair digests, the last attempt at each step winning.
+
+    A killed attempt's steps after its checkpoint are undone by the restart (the model goes
+    back to the checkpoint), and are trained again: the later lines are the ones that count.
+    """
+    out = {}
+    for rank in (0, 1):
+        lines = (run_dir / "logs" / f"trace-rank{rank}.tsv").read_text().split("\n")
+        attempt, per_step = 0, {}
+        for line in filter(None, lines):
+            if line.startswith("#start"):  # the worker group (re)started
+                attempt += 1
+                continue
+            step, epoch, digest = line.split("\t")
+            per_step.setdefault(int(step), {}).setdefault(attempt, []).append((int(epoch), digest))
+        for step, attempts in per_step.items():
+            out[rank, step] = sorted(attempts[max(attempts)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run: its final weights and the pairs it trained on at each step."""
+    storage = tmp_path_factory.mktemp("reference")
+    out = subprocess.run(tiny_run(storage, "ref", STEPS), capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return final_weights(storage / "ref"), trained_pairs(storage / "ref")
+
+
+def assert_mid_epoch(checkpoint) -> None:
+    """The checkpoint a run resumed from was written in the middle of an epoch."""
+    state = torch.load(checkpoint / "train_state.pt", weights_only=True)
+    assert all(p["epoch"] == state["epoch"] and (p["chunk"], p["batches"]) != (0, 0)
+               for p in state["data_positions"]), state["data_positions"]
+
+
+def assert_same_as_reference(run_dir, reference) -> None:
+    """Identical final parameters, and exactly the same pairs at every step and in every epoch."""
+    weights, pairs = reference
+    got = final_weights(run_dir)
+    assert got.keys() == weights.keys()
+    for name, value in weights.items():
+        assert torch.equal(got[name], value), name
+    seen = trained_pairs(run_dir)
+    assert seen == pairs
+    per_epoch = lambda p: Counter((e, d) for rows in p.values() for e, d in rows)
+    assert per_epoch(seen) == per_epoch(pairs)
+
+
+@pytest.mark.timeout(900)
+def test_killed_driver_then_resume_continues_exactly(tmp_path, reference):
+    """SIGKILL the driver (and the local Ray it started) mid-epoch; --resume RUN finishes the run
+    with the parameters an uninterrupted run has."""
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(tiny_run(tmp_path, "killed", STEPS), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for_checkpoints(run_dir, 2, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and every process of its local Ray
+    proc.wait()
+    states = {torch.load(p, weights_only=True)["step"]: p.parent
+              for p in run_dir.glob("checkpoint_*/train_state.pt")}
+    assert states and max(states) < STEPS
+    assert_mid_epoch(states[max(states)])
+
+    out = subprocess.run([sys.executable, "-m", "raymt.train", "--resume", str(run_dir)],
+                         capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    logged = [int(m) for m in re.findall(r"step (\d+)/", out.stdout + out.stderr)]
+    assert logged and min(logged) > 20  # it did not start over (a fresh run logs step 20 first)
+    assert_same_as_reference(run_dir, reference)
+
+
+@pytest.mark.timeout(900)
+def test_killed_worker_restarts_at_the_exact_data_position(tmp_path, reference):
+    """SIGKILL one training worker mid-epoch: FailureConfig restarts the group from the last
+    checkpoint, and the run ends with the parameters of an uninterrupted run."""
     log = tmp_path / "train.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen(tiny_run(tmp_path, "worker", 200, "--set", "train.max_failures=1"),
+        proc = subprocess.Popen(tiny_run(tmp_path, "worker", STEPS, "--set", "train.max_failures=1"),
                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     wait_for_checkpoints(tmp_path / "worker", 1, proc)
     pids = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True).stdout.split()
@@ -94,8 +162,7 @@ def test_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
     proc.wait(timeout=400)
     out = log.read_text()
     assert proc.returncode == 0, out[-3000:]
-    logged = [int(m) for m in re.findall(r"step (\d+)/200", out)]
-    restart = next(i for i in range(1, len(logged)) if logged[i] <= logged[i - 1])
-    assert logged[restart] > 20  # the new worker group started from a checkpoint, not step 0
-    assert "resuming at step" in out
-    assert logged[-1] == 200
+    resumed = re.search(r"resuming at step \d+ from (\S+)", out)
+    assert resumed, out[-3000:]  # the new worker group started from a checkpoint
+    assert_mid_epoch(Path(resumed.group(1)))
+    assert_same_as_reference(tmp_path / "worker", reference)

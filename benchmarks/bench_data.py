@@ -1,0 +1,277 @@
+"""Streaming data at scale: a generated corpus of millions of pairs through 2 training workers.
+
+For each corpus size (0.5 M and 2 M pairs by default) this benchmark
+1. generates the corpus at run time (pairs of Multi30k sentence pairs joined at random, or
+   the built-in generator when Multi30k is absent) as gzipped text outside the repository;
+2. prepares it with `raymt.prepare` (Ray Data: cleaning, SentencePiece, tokenizing, shards);
+3. streams one whole epoch through 2 Ray actors shaped like training workers (0.5 CPU each),
+   each iterating its `TrainStream` (reads, chunks, token-budget batches, collation): the
+   tokens/s the pipeline delivers;
+4. trains on the same corpus with `raymt.train.run` (2 workers) for a fixed number of steps:
+   the tokens/s training consumes and the share of the loop spent waiting for data.
+A sampler thread records the peak resident memory of the driver, the training workers,
+the stream actors and Ray Data's tasks. Everything is measured in this one run; the table
+shows the ratios and whether memory grew with the corpus.
+
+    python benchmarks/bench_data.py [--sizes 500000,2000000] [--steps 150] [--json bench_data.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k" / "train"
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Command-line flags."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="500000,2000000", help="comma-separated corpus sizes (pairs)")
+    p.add_argument("--steps", type=int, default=150, help="training steps per size")
+    p.add_argument("--preset", default="mini", help="model preset for the training phase")
+    p.add_argument("--vocab-size", type=int, default=8000)
+    p.add_argument("--work-dir", help="where corpora go (default: a temporary directory, removed)")
+    p.add_argument("--json", default="bench_data.json", help="where to write the results")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------- corpus
+
+
+def base_pairs() -> tuple[list[str], list[str]]:
+    """Sentence pairs to combine: Multi30k en-de when present, else the built-in corpus."""
+    from raymt import corpus, data
+
+    if MULTI30K.with_suffix(".en.gz").is_file():
+        return data.read_parallel(str(MULTI30K), "en", "de")
+    return corpus.generate(20_000, "en", "de", seed=1)
+
+
+def make_corpus(num_pairs: int, directory: Path, seed: int = 1) -> tuple[Path, Path]:
+    """Write `num_pairs` pairs, each two random base pairs joined, as gzipped text files."""
+    src, tgt = base_pairs()
+    rng = random.Random(seed)
+    paths = directory / "gen.en.gz", directory / "gen.de.gz"
+    with gzip.open(paths[0], "wt", compresslevel=1) as fs, gzip.open(paths[1], "wt", compresslevel=1) as ft:
+        for start in range(0, num_pairs, 100_000):
+            rows = [(rng.randrange(len(src)), rng.randrange(len(src)))
+                    for _ in range(min(100_000, num_pairs - start))]
+            fs.write("".join(f"{src[a]} {src[b]}\n" for a, b in rows))
+            ft.write("".join(f"{tgt[a]} {tgt[b]}\n" for a, b in rows))
+    return paths
+
+
+# ---------------------------------------------------------------- memory
+
+
+class PeakMemory:
+    """Samples the private memory (USS) of this process and of Ray's worker processes.
+
+    USS, not RSS: a process that reads blocks from Ray's shared-memory object store maps
+    those pages, and RSS would count every shared page it ever touched.
+    """
+
+    ROLES = {"RayTrainWorker": "train_worker", "StreamBench": "stream_actor", "ray::": "ray_task"}
+
+    def __init__(self, every_s: float = 0.5):
+        import psutil
+
+        self.psutil, self.me, self.every_s = psutil, psutil.Process(), every_s
+        self.peaks: dict[str, float] = {}  # role -> MB
+        self.by_title: dict[str, float] = {}  # process title (e.g. ray::IDLE) -> MB
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def title(self, proc) -> Optional[str]:
+        """The process title of a Ray worker (ray::...), "driver", or None for others."""
+        if proc.pid == self.me.pid:
+            return "driver"
+        try:
+            title = " ".join(proc.cmdline())
+        except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
+            return None
+        return title.split(" ")[0][:48] if title.startswith("ray::") else None
+
+    def loop(self) -> None:
+        while not self.stop_event.wait(self.every_s):
+            for proc in self.psutil.process_iter():
+                title = self.title(proc)
+                if title is None:
+                    continue
+                try:
+                    uss = proc.memory_full_info().uss / 2**20
+                except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
+                    continue
+                role = "driver" if title == "driver" else next(
+                    (r for key, r in self.ROLES.items() if key in title), "ray_task")
+                self.peaks[role] = max(self.peaks.get(role, 0.0), uss)
+                self.by_title[title] = max(self.by_title.get(title, 0.0), uss)
+
+    def __enter__(self) -> "PeakMemory":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        self.thread.join()
+
+
+# ---------------------------------------------------------------- phases
+
+
+def prepare(src: Path, tgt: Path, out: Path, vocab_size: int) -> dict:
+    """Prepare the generated corpus; returns its manifest and the seconds it took."""
+    from raymt import prepare as prep
+    from raymt.config import PrepareConfig
+
+    valid = prep.Source(kind="pairs", pairs=base_pairs_sample())
+    t0 = time.perf_counter()
+    manifest = prep.prepare_corpus(PrepareConfig(vocab_size=vocab_size), str(out),
+                                   [prep.Source(kind="text", paths=(str(src), str(tgt)))], [valid])
+    return {"manifest": manifest, "seconds": time.perf_counter() - t0}
+
+
+def base_pairs_sample(n: int = 200) -> tuple[list[str], list[str]]:
+    """A small validation set (the training phase validates once, at its end)."""
+    src, tgt = base_pairs()
+    return src[:n], tgt[:n]
+
+
+def stream_epoch(corpus_dir: str, world_size: int = 2) -> dict:
+    """One epoch through `world_size` stream actors: tokens delivered per second, per worker."""
+    import ray
+
+    from raymt import prepare as prep
+    from raymt.config import DataConfig
+    from raymt.stream import Position, TrainStream
+
+    files = prep.train_files(corpus_dir, prep.read_manifest(corpus_dir))
+
+    @ray.remote(num_cpus=0.5)
+    class StreamBench:
+        def run(self, rank: int) -> dict:
+            stream = TrainStream(files, DataConfig(), seed=1, rank=rank, world_size=world_size,
+                                 position=Position(0))
+            t0, num_batches, num_tokens, num_src = time.perf_counter(), 0, 0, 0
+            for batch in stream:
+                num_batches += 1
+                num_tokens += batch.num_tokens
+                num_src += int((batch.src != 0).sum())
+            seconds = time.perf_counter() - t0
+            return {"batches": num_batches, "tgt_tokens": num_tokens, "src_tokens": num_src,
+                    "seconds": seconds, "tgt_tokens_per_s": num_tokens / seconds}
+
+    actors = [StreamBench.remote() for _ in range(world_size)]
+    per_rank = ray.get([a.run.remote(rank) for rank, a in enumerate(actors)])
+    for a in actors:
+        ray.kill(a)
+    return {"per_rank": per_rank,
+            "min_tgt_tokens_per_s_per_worker": min(r["tgt_tokens_per_s"] for r in per_rank)}
+
+
+def train(corpus_dir: str, steps: int, preset_name: str, storage: Path) -> dict:
+    """A short 2-worker training run on the prepared corpus; its speed and data-wait share."""
+    import csv
+
+    from raymt.config import Config, apply_overrides, preset
+    from raymt.train import run
+
+    cfg = apply_overrides(Config(model=preset(preset_name)), {
+        "data.corpus": corpus_dir, "train.max_steps": steps, "train.eval_every": steps,
+        "train.log_every": 25, "train.storage_path": str(storage), "train.name": "train"})
+    summary = run(cfg, score_test=False)
+    with open(summary["metrics_csv"]) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("tokens_per_s")]
+    speeds = [float(r["tokens_per_s"]) for r in rows[1:]] or [float(rows[0]["tokens_per_s"])]
+    last = rows[-1]
+    return {"tgt_tokens_per_s": sum(speeds) / len(speeds), "steps": steps,
+            "data_share": float(last["data_share"]), "wall_s": summary["wall_time_s"]}
+
+
+# ---------------------------------------------------------------- main
+
+
+def bench_size(num_pairs: int, args: argparse.Namespace, work: Path) -> dict:
+    """All phases for one corpus size."""
+    directory = work / f"pairs-{num_pairs}"
+    directory.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    src, tgt = make_corpus(num_pairs, directory)
+    generated_s = time.perf_counter() - t0
+    result: dict = {"pairs": num_pairs, "generate_s": generated_s}
+    with PeakMemory() as mem:
+        prepared = prepare(src, tgt, directory / "corpus", args.vocab_size)
+    split = prepared["manifest"]["splits"]["train"]
+    result["prepare"] = {"seconds": prepared["seconds"], "kept_pairs": split["num_pairs"],
+                         "shards": len(split["files"]), "peak_uss_mb": mem.peaks,
+                         "peak_uss_mb_by_process": mem.by_title}
+    src.unlink(), tgt.unlink()  # only the shards are read from here on
+    with PeakMemory() as mem:
+        result["stream"] = stream_epoch(str(directory / "corpus"))
+    result["stream"].update(peak_uss_mb=mem.peaks, peak_uss_mb_by_process=mem.by_title)
+    with PeakMemory() as mem:
+        result["train"] = train(str(directory / "corpus"), args.steps, args.preset, directory / "runs")
+    result["train"].update(peak_uss_mb=mem.peaks, peak_uss_mb_by_process=mem.by_title)
+    # Training reports global tokens/s (both workers); the pipeline's rate is per worker.
+    result["ratio"] = (result["stream"]["min_tgt_tokens_per_s_per_worker"]
+                       / (result["train"]["tgt_tokens_per_s"] / 2))
+    return result
+
+
+def print_table(results: list[dict]) -> None:
+    """One row per corpus size, then the memory comparison between the smallest and largest."""
+    print("\n| pairs | prepare s | pipeline tok/s/worker | training tok/s/worker | ratio | data wait "
+          "| peak USS MB: driver / train worker / stream actor / Ray Data task |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        peaks = {**r["stream"]["peak_uss_mb"], **{k: v for k, v in r["train"]["peak_uss_mb"].items()
+                                                  if k != "stream_actor"}}
+        driver = max(r[p]["peak_uss_mb"].get("driver", 0) for p in ("prepare", "stream", "train"))
+        task = max(r[p]["peak_uss_mb"].get("ray_task", 0) for p in ("prepare", "stream", "train"))
+        print(f"| {r['pairs']:,} | {r['prepare']['seconds']:.0f} | "
+              f"{r['stream']['min_tgt_tokens_per_s_per_worker'] / 1e3:.0f}k | "
+              f"{r['train']['tgt_tokens_per_s'] / 2e3:.1f}k | {r['ratio']:.0f}x | "
+              f"{100 * r['train']['data_share']:.1f}% | {driver:.0f} / "
+              f"{peaks.get('train_worker', 0):.0f} / {peaks.get('stream_actor', 0):.0f} / {task:.0f} |")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run every size, print the table, write the JSON."""
+    import ray
+    import torch
+
+    from raymt.train import init_ray
+
+    args = parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    init_ray()
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="raymt-bench-data-"))
+    try:
+        results = [bench_size(n, args, work) for n in sizes]
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    print_table(results)
+    info = {"machine": platform.platform(), "cpus": ray.cluster_resources().get("CPU"),
+            "torch": torch.__version__, "ray": ray.__version__, "command": " ".join(sys.argv)}
+    Path(args.json).write_text(json.dumps({"info": info, "results": results}, indent=2))
+    print(f"\nfull figures: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1094 @@
+"""Raw parallel corpora -> a training-ready corpus directory, with Ray Data end to end.
+
+Layout of a prepared corpus (paths in the manifest are relative to it):
+
+    manifest.json            options, inputs, fingerprint, counts per cleaning rule, shards
+    spm.model                the joint SentencePiece model
+    train/part-00000.parquet src_ids, tgt_ids: list<int32>, raw SentencePiece ids (no BOS/EOS)
+    valid.parquet            src, tgt: stripped text; nothing dropped, every row is scored
+    test/<name>.parquet      same as valid, one file per test set
+
+Training pairs go through two Ray Data passes and never sit in memory as a whole: the
+first reads and cleans every input and keeps a bottom-k hash sample for SentencePiece;
+the second reads again, tokenizes in parallel tasks, drops by length, ratio and (optional)
+duplicates, and writes the shards. Everything is written to a sibling temporary directory
+that is renamed into place at the end, so an output directory is never left half-written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import glob
+import gzip
+import hashlib
+import heapq
+import itertools
+import json
+import logging
+import lzma
+import os
+import re
+import secrets
+import shutil
+import time
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+import raymt
+from raymt.config import PrepareConfig
+from raymt.tokenizer import Tokenizer, train_tokenizer
+
+FORMAT = "raymt-corpus/1"
+MANIFEST_FILE = "manifest.json"
+SPM_FILE = "spm.model"
+VALID_FILE = "valid.parquet"
+TRAIN_DIR = "train"
+TEST_DIR = "test"
+KINDS = ("text", "tsv", "jsonl", "parquet", "pairs")
+# Cleaning rules in the order they apply; each pair is counted by the first rule that drops it.
+DROP_RULES = ("invalid_utf8", "empty", "too_long_chars", "too_long", "ratio", "duplicate")
+COMPRESSED = (".gz", ".xz", ".zst", ".zstd", ".bz2")
+ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
+# Pairs per Ray Data block: big enough to amortize a task, small enough to spread a corpus
+# over many tasks and to keep each task's memory flat.
+BLOCK_ROWS = 20_000
+# Counts that both passes make (the second re-reads the inputs: they must not have changed).
+READ_COUNTS = ("input", "invalid_utf8", "empty", "too_long_chars")
+TEST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class InputError(ValueError):
+    """A user mistake found while reading inputs, possibly inside a Ray task."""
+
+
+@dataclass
+class Source:
+    """One input of a split: line-aligned text files, a TSV/JSONL/Parquet file, or pairs in memory."""
+
+    kind: str  # "text", "tsv", "jsonl", "parquet" or "pairs"
+    # text: (src_path, tgt_path); tsv/jsonl: (path,); parquet: one or more .parquet/.arrow files.
+    # Local paths or URIs (s3://, gs://, hdfs://, file://).
+    paths: tuple[str, ...] = ()
+    # tsv: 0-based column numbers (default "0"/"1"); jsonl/parquet: keys (default the language codes).
+    src_col: Optional[str] = None
+    tgt_col: Optional[str] = None
+    pairs: Optional[tuple[list[str], list[str]]] = None  # kind "pairs": the built-in corpus
+
+
+# ---------------------------------------------------------------- files and URIs
+
+
+def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and path of a local path or URI."""
+    if uri.startswith(("http://", "https://")):
+        raise InputError(f"{uri}: http(s) inputs are not read directly; download the file first, "
+                         "or use --dataset NAME for a known public corpus")
+    if "://" in uri:
+        try:
+            return pafs.FileSystem.from_uri(uri)
+        except (pa.ArrowException, OSError, ValueError) as err:
+            raise InputError(f"{uri}: cannot open this URI ({_first_line(err)}); use a local path or "
+                             "an s3://, gs://, hdfs:// or file:// URI") from None
+    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an exception message (library messages can span many lines)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+@contextlib.contextmanager
+def _open_binary(uri: str) -> Iterator[Any]:
+    """A readable binary stream of `uri`, decompressed by its extension."""
+    fs, path = _filesystem(uri)
+    with fs.open_input_stream(path, compression=None) as raw:
+        name = uri.lower()
+        if name.endswith(".gz"):
+            stream = gzip.GzipFile(fileobj=raw, mode="rb")  # also reads multi-member files
+        elif name.endswith(".xz"):
+            stream = lzma.LZMAFile(raw)
+        elif name.endswith((".zst", ".zstd")):
+            stream = pa.CompressedInputStream(raw, "zstd")
+        elif name.endswith(".bz2"):
+            stream = pa.CompressedInputStream(raw, "bz2")
+        else:
+            stream = raw
+        yield stream
+
+
+def _lines(uri: str) -> Iterator[bytes]:
+    """The lines of a (compressed) file as bytes, split on b"\\n" only."""
+    try:
+        with _open_binary(uri) as stream:
+            rest = b""
+            while chunk := stream.read(1 << 20):
+                parts = (rest + chunk).split(b"\n")
+                rest = parts.pop()
+                yield from parts
+            if rest:
+                yield rest
+    except (OSError, EOFError, lzma.LZMAError, pa.ArrowException) as err:
+        raise InputError(f"cannot read {uri}: {_first_line(err)}; check that the file is complete "
+                         "and that its extension matches its compression") from None
+
+
+def _decode(raw: bytes, uri: str, line: int, on_invalid: str) -> Optional[str]:
+    """A line as text; None for invalid UTF-8 when skipping, U+FFFD for it when replacing."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if on_invalid == "skip":
+            return None
+        if on_invalid != "replace":
+            raise InputError(f"{uri}:{line}: not valid UTF-8 (byte {err.start} of the line): "
+                             "re-encode the file as UTF-8, or pass --skip-invalid to drop and "
+                             "count such pairs") from None
+        text = raw.decode("utf-8", "replace")
+    return text.lstrip("\ufeff") if line == 1 else text  # a byte-order mark is not text
+
+
+# ---------------------------------------------------------------- reading pairs
+
+
+def _text_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
+    """(src, tgt, line) from two line-aligned files read in lockstep."""
+    src_uri, tgt_uri = spec["paths"]
+    end = object()
+    n = 0
+    for s, t in itertools.zip_longest(_lines(src_uri), _lines(tgt_uri), fillvalue=end):
+        n += 1
+        if s is end or t is end:
+            short, long = (src_uri, tgt_uri) if s is end else (tgt_uri, src_uri)
+            raise InputError(f"{short} ends after {n - 1} lines but {long} has more: line i of one "
+                             "must translate line i of the other; align the two files")
+        yield _decode(s, src_uri, n, on_invalid), _decode(t, tgt_uri, n, on_invalid), n
+    if n == 0:
+        raise InputError(f"{src_uri} and {tgt_uri} have no lines: pass files with sentence pairs")
+
+
+def _tsv_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
+    """(src, tgt, line) from the tab-separated columns of each line."""
+    (uri,) = spec["paths"]
+    cols = int(spec["src_col"]), int(spec["tgt_col"])
+    need = max(cols)
+    for n, raw in enumerate(_lines(uri), 1):
+        line = _decode(raw, uri, n, on_invalid)
+        if line is None:
+            yield None, None, n
+            continue
+        fields = line.rstrip("\r").split("\t", need + 1)
+        if len(fields) <= need:
+            if not line.strip():
+                yield "", "", n  # a blank line is an empty pair, dropped and counted as such
+                continue
+            raise InputError(f"{uri}:{n}: {len(fields)} tab-separated column(s) but column {need} "
+                             "is needed: fix the line, or pass --src-col/--tgt-col (0-based)")
+        yield fields[cols[0]], fields[cols[1]], n
+
+
+def _jsonl_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
+    """(src, tgt, line) from one JSON object per line."""
+    (uri,) = spec["paths"]
+    keys = spec["src_col"], spec["tgt_col"]
+    for n, raw in enumerate(_lines(uri), 1):
+        line = _decode(raw, uri, n, on_invalid)
+        if line is None or not line.strip():
+            yield (None, None, n) if line is None else ("", "", n)
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{uri}:{n}: not valid JSON ({err.msg} at column {err.colno}): "
+                             "write one JSON object per line") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{uri}:{n}: a JSON {type(obj).__name__}, not an object: write one "
+                             f'{{"{keys[0]}": ..., "{keys[1]}": ...}} object per line')
+        yield (*(_json_text(obj, key, uri, n) for key in keys), n)
+
+
+def _json_text(obj: dict, key: str, uri: str, line: int) -> str:
+    """The string under `key` of a JSONL object (null counts as empty)."""
+    if key not in obj:
+        raise InputError(f"{uri}:{line}: no key {key!r} (keys: {', '.join(map(repr, obj)) or 'none'}): "
+                         "pass --src-col/--tgt-col to name the keys")
+    value = obj[key]
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"{uri}:{line}: {key!r} is a JSON {type(value).__name__}, not a string")
+    return value or ""
+
+
+def _record_batches(uri: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """Record batches of the named columns of a Parquet or Arrow IPC file."""
+    fs, path = _filesystem(uri)
+    with fs.open_input_file(path) as f:
+        if not uri.lower().endswith(ARROW_SUFFIXES):
+            yield from pq.ParquetFile(f).iter_batches(batch_size=BLOCK_ROWS, columns=columns)
+            return
+        try:
+            reader = pa.ipc.open_file(f)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        except pa.ArrowInvalid:  # the streaming IPC format has no footer
+            f.seek(0)
+            batches = pa.ipc.open_stream(f)
+        for batch in batches:
+            yield batch.select(columns)
+
+
+def _table_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
+    """(src, tgt, row) from string columns of Parquet/Arrow files; rows count on across files."""
+    n = 0
+    for uri in spec["paths"]:
+        for batch in _record_batches(uri, [spec["src_col"], spec["tgt_col"]]):
+            # By name: Parquet returns the columns in file order, not in the order asked for.
+            src, tgt = (batch.column(spec[c]).to_pylist() for c in ("src_col", "tgt_col"))
+            for s, t in zip(src, tgt):
+                n += 1
+                yield s or "", t or "", n
+
+
+def _pairs_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
+    """(src, tgt, index) from in-memory lists."""
+    for n, (s, t) in enumerate(zip(*spec["pairs"]), 1):
+        yield s, t, n
+
+
+ROW_READERS = {"text": _text_rows, "tsv": _tsv_rows, "jsonl": _jsonl_rows, "parquet": _table_rows,
+               "pairs": _pairs_rows}
+
+
+def _pair_chunks(spec: dict, on_invalid: str, counts: Counter) -> Iterator[tuple[list, list, list]]:
+    """Stripped (src, tgt, line) lists of at most BLOCK_ROWS pairs; counts input and invalid pairs."""
+    src: list[str] = []
+    tgt: list[str] = []
+    lines: list[int] = []
+    for s, t, n in ROW_READERS[spec["kind"]](spec, on_invalid):
+        counts["input"] += 1
+        if s is None or t is None:
+            counts["invalid_utf8"] += 1
+            continue
+        src.append(s.strip())
+        tgt.append(t.strip())
+        lines.append(n)
+        if len(src) == BLOCK_ROWS:
+            yield src, tgt, lines
+            src, tgt, lines = [], [], []
+    if src:
+        yield src, tgt, lines
+
+
+def _clean(src: list[str], tgt: list[str], max_chars: int, counts: Counter) -> list[int]:
+    """Indices of the pairs that pass the text rules (empty, too_long_chars), counting the others."""
+    keep = []
+    for i, (s, t) in enumerate(zip(src, tgt)):
+        if not s or not t:
+            counts["empty"] += 1
+        elif len(s) > max_chars or len(t) > max_chars:
+            counts["too_long_chars"] += 1
+        else:
+            keep.append(i)
+    return keep
+
+
+def _pair_hash(src: str, tgt: str, key: bytes) -> int:
+    """A keyed 64-bit hash of a pair (the length prefix keeps ("ab", "c") apart from ("a", "bc"))."""
+    s = src.encode()
+    data = b"%d:" % len(s) + s + tgt.encode()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8, key=key).digest(), "little")
+
+
+def _hash_key(seed: int) -> bytes:
+    """The blake2b key of a seed: another seed draws another SentencePiece sample."""
+    return b"raymt-%d" % seed
+
+
+# ---------------------------------------------------------------- checks on the driver
+
+
+def _resolved_columns(source: Source, cfg: PrepareConfig) -> tuple[Optional[str], Optional[str]]:
+    """The source's column names/numbers with defaults filled in."""
+    if source.kind == "tsv":
+        return source.src_col or "0", source.tgt_col or "1"
+    if source.kind in ("jsonl", "parquet"):
+        return source.src_col or cfg.src_lang, source.tgt_col or cfg.tgt_lang
+    return None, None
+
+
+def _file_info(uri: str) -> dict:
+    """Size and mtime of an input file; one-line errors when it is missing or empty."""
+    fs, path = _filesystem(uri)
+    try:
+        info = fs.get_file_info(path)
+    except (OSError, pa.ArrowException) as err:
+        raise InputError(f"cannot access {uri}: {_first_line(err)}") from None
+    if info.type == pafs.FileType.NotFound:
+        raise InputError(f"missing file {uri}: check the path (inputs are local paths or "
+                         "s3://, gs://, hdfs:// URIs)")
+    if info.type != pafs.FileType.File:
+        raise InputError(f"{uri} is not a file: pass a file (or a prefix for text pairs)")
+    if not info.size:
+        raise InputError(f"{uri} is empty: pass a file with sentence pairs")
+    return {"path": uri if "://" in uri else path, "size": info.size, "mtime_ns": info.mtime_ns}
+
+
+def _schema(uri: str) -> pa.Schema:
+    """The schema of a Parquet or Arrow IPC file, read without its data."""
+    fs, path = _filesystem(uri)
+    try:
+        with fs.open_input_file(path) as f:
+            if not uri.lower().endswith(ARROW_SUFFIXES):
+                return pq.read_schema(f)
+            try:
+                return pa.ipc.open_file(f).schema
+            except pa.ArrowInvalid:
+                f.seek(0)
+                return pa.ipc.open_stream(f).schema
+    except (OSError, pa.ArrowException) as err:
+        kind = "an Arrow IPC" if uri.lower().endswith(ARROW_SUFFIXES) else "a Parquet"
+        raise InputError(f"{uri} is not {kind} file ({_first_line(err)})") from None
+
+
+def _check_columns(uri: str, columns: tuple[str, str]) -> None:
+    """Parquet/Arrow files must have both named columns, as strings."""
+    schema = _schema(uri)
+    for col, flag in zip(columns, ("--src-col", "--tgt-col")):
+        if col not in schema.names:
+            raise InputError(f"{uri} has no column {col!r} (columns: {', '.join(schema.names)}): "
+                             f"pass {flag} to name it")
+        tp = schema.field(col).type
+        if not (pa.types.is_string(tp) or pa.types.is_large_string(tp)
+                or pa.types.is_string_view(tp)):
+            raise InputError(f"{uri}: column {col!r} has type {tp}, not string: pass {flag} to "
+                             "name a text column")
+
+
+def _check_source(source: Source, cfg: PrepareConfig, split: str) -> dict:
+    """Check one source on the driver (nothing read but metadata); its description for the manifest."""
+    if source.kind not in KINDS:
+        raise ValueError(f"{split}: unknown source kind {source.kind!r}; one of {', '.join(KINDS)}")
+    if source.kind == "pairs":
+        return _check_pairs(source, split)
+    expected = {"text": 2, "tsv": 1, "jsonl": 1}.get(source.kind)
+    if (expected and len(source.paths) != expected) or not source.paths:
+        raise ValueError(f"{split}: a {source.kind} source needs {expected or 'at least 1'} "
+                         f"path(s), got {len(source.paths)}")
+    cols = _resolved_columns(source, cfg)
+    if source.kind == "tsv" and not all(c.isdigit() for c in cols):
+        raise ValueError(f"TSV columns must be 0-based numbers, got --src-col {cols[0]!r} "
+                         f"--tgt-col {cols[1]!r}")
+    if cols[0] is not None and cols[0] == cols[1]:
+        raise ValueError(f"--src-col and --tgt-col are both {cols[0]!r}: name two columns")
+    files = [_file_info(uri) for uri in source.paths]
+    if source.kind == "parquet":
+        for uri in source.paths:
+            _check_columns(uri, cols)
+    return {"split": split, "kind": source.kind, "files": files,
+            **({"src_col": cols[0], "tgt_col": cols[1]} if cols[0] is not None else {})}
+
+
+def _check_pairs(source: Source, split: str) -> dict:
+    """In-memory pairs: aligned and non-empty; described by a digest of their content."""
+    if source.pairs is None:
+        raise ValueError(f"{split}: a pairs source needs pairs=(src_list, tgt_list)")
+    src, tgt = source.pairs
+    if len(src) != len(tgt):
+        raise ValueError(f"{split}: in-memory pairs have {len(src)} source but {len(tgt)} target "
+                         "sentences: the lists must be aligned")
+    if not src:
+        raise ValueError(f"{split}: in-memory pairs are empty")
+    digest = hashlib.sha256(json.dumps([list(src), list(tgt)]).encode()).hexdigest()
+    return {"split": split, "kind": "pairs", "num_pairs": len(src), "sha256": digest}
+
+
+def _task_spec(source: Source, cfg: PrepareConfig) -> dict:
+    """What a reader needs of a source, as a plain dict that crosses to Ray tasks."""
+    src_col, tgt_col = _resolved_columns(source, cfg)
+    return {"kind": source.kind, "paths": tuple(source.paths), "src_col": src_col, "tgt_col": tgt_col,
+            "pairs": source.pairs}
+
+
+def check_sources(cfg: PrepareConfig, train: list[Source], valid: list[Source],
+                  test: Optional[dict[str, list[Source]]] = None) -> list[dict]:
+    """Check every input on the driver before Ray starts; the inputs' descriptions."""
+    if not train:
+        raise ValueError("no training data: pass --train, --src-file/--tgt-file or --dataset")
+    if not valid:
+        raise ValueError("no validation set: pass --valid (a prefix or a file)")
+    inputs = [_check_source(s, cfg, "train") for s in train]
+    inputs += [_check_source(s, cfg, "valid") for s in valid]
+    for name, sources in (test or {}).items():
+        if not TEST_NAME.match(name):
+            raise ValueError(f"test set name {name!r} must be letters, digits, '_', '.' or '-'")
+        if not sources:
+            raise ValueError(f"test set {name!r} has no sources")
+        inputs += [_check_source(s, cfg, f"test:{name}") for s in sources]
+    return inputs
+
+
+def fingerprint(cfg: PrepareConfig, inputs: list[dict], tokenizer: Optional[Tokenizer]) -> str:
+    """sha256 of everything the corpus depends on: options, inputs (paths, sizes, mtimes), tokenizer."""
+    sp = hashlib.sha256(tokenizer.model_proto).hexdigest() if tokenizer is not None else None
+    blob = json.dumps({"format": FORMAT, "options": dataclasses.asdict(cfg), "inputs": inputs,
+                       "tokenizer": sp}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- Ray tasks
+
+
+class _Tally:
+    """Counts reported by Ray tasks, keyed by what they describe, so a retried task counts once."""
+
+    def __init__(self) -> None:
+        self.parts: dict[tuple, dict] = {}
+
+    def put(self, key: tuple, counts: dict) -> None:
+        """Set the counts of one part (a read input, a tokenized block, the dedup actor)."""
+        self.parts[key] = dict(counts)
+
+    def total(self) -> dict:
+        """The sum over all parts."""
+        out: Counter = Counter()
+        for counts in self.parts.values():
+            out.update(counts)
+        return dict(out)
+
+
+def _report(tally: Any, key: tuple, counts: dict) -> None:
+    """Send counts to the tally actor and wait, so they are in before the dataset finishes."""
+    import ray
+
+    ray.get(tally.put.remote(key, dict(counts)))
+
+
+def _on_invalid(options: dict) -> str:
+    """What readers do with invalid UTF-8 in training data."""
+    return "skip" if options["skip_invalid"] else "error"
+
+
+def _sample_inputs(batch: pa.Table, specs: list[dict], options: dict, k: int) -> pa.Table:
+    """Pass 1, one row per input: its counts and its k cleaned pairs with the smallest hashes."""
+    key = _hash_key(options["seed"])
+    rows: dict[str, list] = {"counts": [], "h": [], "src": [], "tgt": []}
+    for idx in batch.column("idx").to_pylist():
+        counts: Counter = Counter()
+        heap: list = []
+        members: set[int] = set()
+        for src, tgt, _ in _pair_chunks(specs[idx], _on_invalid(options), counts):
+            for i in _clean(src, tgt, options["max_chars"], counts):
+                _offer(heap, members, k, _pair_hash(src[i], tgt[i], key), (src[i], tgt[i]))
+        kept = sorted((-neg, pair) for neg, pair in heap)
+        rows["counts"].append(json.dumps(counts))
+        rows["h"].append([h for h, _ in kept])
+        rows["src"].append([pair[0] for _, pair in kept])
+        rows["tgt"].append([pair[1] for _, pair in kept])
+    return pa.table({"counts": pa.array(rows["counts"], pa.string()),
+                     "h": pa.array(rows["h"], pa.list_(pa.uint64())),
+                     "src": pa.array(rows["src"], pa.list_(pa.large_string())),
+                     "tgt": pa.array(rows["tgt"], pa.list_(pa.large_string()))})
+
+
+def _offer(heap: list, members: set, k: int, h: int, pair: tuple) -> None:
+    """Keep `pair` if its hash is among the k smallest distinct ones (a max-heap of -hash)."""
+    if h in members:  # a duplicate pair takes one place in the sample, not many
+        return
+    if len(heap) < k:
+        heapq.heappush(heap, (-h, pair))
+        members.add(h)
+    elif h < -heap[0][0]:
+        old, _ = heapq.heapreplace(heap, (-h, pair))
+        members.discard(-old)
+        members.add(h)
+
+
+def _read_inputs(batch: pa.Table, specs: list[dict], options: dict, tally: Any) -> Iterator[pa.Table]:
+    """Pass 2 reader (a generator): stripped pairs of each input with their provenance."""
+    for idx in batch.column("idx").to_pylist():
+        counts: Counter = Counter()
+        for src, tgt, lines in _pair_chunks(specs[idx], _on_invalid(options), counts):
+            yield pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string()),
+                            "source": pa.array([idx] * len(src), pa.int32()),
+                            "line": pa.array(lines, pa.int64())})
+        _report(tally, ("read", idx), counts)
+
+
+def _tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: Any) -> pa.Table:
+    """Pass 2: clean, tokenize, drop by length and ratio; hashes ride along for de-duplication."""
+    tokenizer = Tokenizer(model_proto)  # tens of ms per block of BLOCK_ROWS pairs
+    counts: Counter = Counter()
+    src, tgt = table.column("src").to_pylist(), table.column("tgt").to_pylist()
+    keep = _clean(src, tgt, options["max_chars"], counts)
+    src_ids = tokenizer.encode_batch([src[i] for i in keep])
+    tgt_ids = tokenizer.encode_batch([tgt[i] for i in keep])
+    out_src, out_tgt, hashes = [], [], []
+    key = _hash_key(options["seed"])
+    for i, s, t in zip(keep, src_ids, tgt_ids):
+        rule = _token_rule(len(s), len(t), options)
+        if rule:
+            counts[rule] += 1
+            continue
+        out_src.append(s)
+        out_tgt.append(t)
+        if options["dedup"]:
+            hashes.append(_pair_hash(src[i], tgt[i], key))
+    counts["src_tokens"] += sum(map(len, out_src))
+    counts["tgt_tokens"] += sum(map(len, out_tgt))
+    if len(table):
+        first = (table.column("source")[0].as_py(), table.column("line")[0].as_py())
+        _report(tally, ("tokenize", *first, len(table)), counts)
+    out = {"src_ids": pa.array(out_src, pa.list_(pa.int32())),
+           "tgt_ids": pa.array(out_tgt, pa.list_(pa.int32()))}
+    if options["dedup"]:
+        out["h"] = pa.array(hashes, pa.uint64())
+    return pa.table(out)
+
+
+def _token_rule(src_len: int, tgt_len: int, options: dict) -> Optional[str]:
+    """The token-level rule that drops a pair of these lengths, or None to keep it."""
+    if src_len > options["max_len"] or tgt_len > options["max_len"]:
+        return "too_long"
+    longer, shorter = max(src_len, tgt_len), max(1, min(src_len, tgt_len))
+    if longer >= options["ratio_min_len"] and longer > options["max_ratio"] * shorter:
+        return "ratio"
+    return None
+
+
+class _Dedup:
+    """Ray Data UDF on a single actor: blocks arrive in input order, so the first copy is kept."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.totals: Counter = Counter()
+
+    def __call__(self, table: pa.Table, tally: Any) -> pa.Table:
+        """Drop pairs whose hash was seen before; the running totals replace the last report."""
+        keep = []
+        for i, h in enumerate(table.column("h").to_pylist()):
+            if h in self.seen:
+                self.totals["duplicate"] += 1
+            else:
+                self.seen.add(h)
+                keep.append(i)
+        dropped = sorted(set(range(len(table))) - set(keep))
+        for col, name in (("src_ids", "src_tokens"), ("tgt_ids", "tgt_tokens")):
+            lengths = pc.list_value_length(table.column(col)).to_pylist()
+            self.totals[name] -= sum(lengths[i] for i in dropped)  # taken back from the tokenizer's
+        _report(tally, ("duplicate",), self.totals)
+        return table.take(pa.array(keep, pa.int64())).drop_columns(["h"])
+
+
+def _driver_node() -> dict[str, str]:
+    """A label selector for this machine, where local inputs are and the output is written."""
+    import ray
+
+    return {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
+
+
+def _inputs_dataset(specs: list[dict]):
+    """One row (and one block, so one read task) per input."""
+    import ray.data
+
+    return ray.data.from_items([{"idx": i} for i in range(len(specs))], override_num_blocks=len(specs))
+
+
+# ---------------------------------------------------------------- the two passes
+
+
+def _sample(cfg: PrepareConfig, specs: list[dict]) -> tuple[list[str], Counter]:
+    """Pass 1: read and clean every input; the sampled sentences (src then tgt) and the counts."""
+    k = cfg.sp_sample_size
+    ds = _inputs_dataset(specs).map_batches(
+        _sample_inputs, batch_size=1, batch_format="pyarrow",
+        fn_kwargs={"specs": specs, "options": dataclasses.asdict(cfg), "k": k},
+        label_selector=_driver_node())
+    heap: list = []
+    members: set[int] = set()
+    counts: Counter = Counter()
+    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        for row in batch.to_pylist():
+            counts.update(json.loads(row["counts"]))
+            for h, s, t in zip(row["h"], row["src"], row["tgt"]):
+                _offer(heap, members, k, h, (s, t))
+    pairs = [pair for _, pair in sorted((-neg, pair) for neg, pair in heap)]  # by hash: deterministic
+    return [s for s, _ in pairs] + [t for _, t in pairs], counts
+
+
+def _shard_names():
+    """A FilenameProvider whose names sort in dataset order: <write uuid>_<task index>-<file>."""
+    from ray.data.datasource import FilenameProvider
+
+    class ShardNames(FilenameProvider):
+        def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+            return f"{write_uuid}_{task_index:06d}.parquet"
+
+    return ShardNames()
+
+
+def _write_train(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, train_dir: Path,
+                 tally: Any) -> None:
+    """Pass 2: read, tokenize in parallel tasks, filter, de-duplicate and write Parquet shards."""
+    import ray.data
+
+    options = dataclasses.asdict(cfg)
+    # Read tasks run on this machine, where local inputs are; one task reads a whole input.
+    ds = _inputs_dataset(specs).map_batches(
+        _read_inputs, batch_size=1, batch_format="pyarrow",
+        fn_kwargs={"specs": specs, "options": options, "tally": tally}, label_selector=_driver_node())
+    # Blocks of BLOCK_ROWS pairs are tokenized by tasks anywhere in the cluster. A strict
+    # repartition is its own operator: Ray Data fuses neither the reads nor the tokenizing
+    # into it, so tokenizing is not stuck in the (sequential) task of one input.
+    ds = ds.repartition(target_num_rows_per_block=BLOCK_ROWS, strict=True)
+    ds = ds.map_batches(_tokenize_block, batch_size=None, batch_format="pyarrow",
+                        fn_kwargs={"model_proto": model_proto, "options": options, "tally": tally})
+    if cfg.dedup:
+        # One actor, one call at a time: with preserve_order it sees the blocks in input order.
+        # It reserves no CPU: set lookups are light, and a reserved share of a one-CPU machine
+        # would leave the tokenizing tasks none.
+        one_by_one = ray.data.ActorPoolStrategy(size=1, max_tasks_in_flight_per_actor=1,
+                                                max_concurrent_calls_per_actor=1)
+        with warnings.catch_warnings():
+            # max_restarts has no named parameter yet, and it matters: a restarted actor
+            # would have forgotten the pairs it saw, so fail instead.
+            warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+            ds = ds.map_batches(_Dedup, batch_size=None, batch_format="pyarrow", compute=one_by_one,
+                                num_cpus=0, fn_kwargs={"tally": tally}, max_restarts=0)
+    # The output directory is local: the shards are written on this machine too.
+    ds.write_parquet(str(train_dir), min_rows_per_file=cfg.shard_pairs,
+                     max_rows_per_file=cfg.shard_pairs, filename_provider=_shard_names(),
+                     ray_remote_args={"label_selector": _driver_node()})
+
+
+def _name_shards(train_dir: Path, shard_pairs: int) -> list[dict]:
+    """Rename the written files to part-00000.parquet ... in dataset order; their manifest entries."""
+    def order(path: Path) -> tuple[int, int]:
+        match = re.search(r"_(\d+)-(\d+)\.parquet$", path.name)
+        assert match, f"unexpected file {path} written by Ray Data"
+        return int(match.group(1)), int(match.group(2))
+
+    files = []
+    for i, path in enumerate(sorted(train_dir.glob("*.parquet"), key=order)):
+        dest = train_dir / f"part-{i:05d}.parquet"
+        path.rename(dest)
+        num_pairs = pq.ParquetFile(dest).metadata.num_rows
+        if num_pairs > shard_pairs:
+            raise RuntimeError(f"Ray Data wrote {num_pairs} rows to {dest}, over shard_pairs={shard_pairs}")
+        files.append({"path": f"{TRAIN_DIR}/{dest.name}", "num_pairs": num_pairs,
+                      "sha256": _sha256_file(dest)})
+    return files
+
+
+def _sha256_file(path: Path) -> str:
+    """sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _drop_summary(counts: dict) -> str:
+    """'empty 3, too_long 2' for the rules that dropped something."""
+    return ", ".join(f"{rule} {counts[rule]}" for rule in DROP_RULES if counts.get(rule)) or "none"
+
+
+def _all_dropped(total: int, counts: dict) -> ValueError:
+    """The error for a training set that the cleaning rules emptied."""
+    return ValueError(f"all {total} training pairs were dropped ({_drop_summary(counts)}): check the "
+                      "inputs, or relax --max-len/--max-chars/--max-ratio/--ratio-min-len")
+
+
+def _train_split(cfg: PrepareConfig, specs: list[dict], tokenizer: Optional[Tokenizer],
+                 tmp: Path) -> tuple[dict, Tokenizer]:
+    """Both passes over the training inputs; the manifest's train entry and the tokenizer."""
+    import ray
+
+    first = None
+    if tokenizer is None:
+        _progress(f"reading {len(specs)} training input(s) and sampling for SentencePiece")
+        sentences, first = _sample(cfg, specs)
+        if not sentences:
+            raise _all_dropped(first["input"], first)
+        _progress(f"training SentencePiece ({cfg.sp_model_type}, {cfg.vocab_size} pieces) on "
+                  f"{len(sentences) // 2} pairs")
+        tokenizer = train_tokenizer(sentences, cfg.vocab_size, cfg.sp_model_type,
+                                    sample_size=len(sentences), seed=cfg.seed)
+    tally = ray.remote(num_cpus=0)(_Tally).remote()
+    try:
+        _progress("tokenizing and writing training shards")
+        _write_train(cfg, specs, tokenizer.model_proto, tmp / TRAIN_DIR, tally)
+        counts = ray.get(tally.total.remote())
+    finally:
+        ray.kill(tally)
+    if first is not None and any(first.get(c, 0) != counts.get(c, 0) for c in READ_COUNTS):
+        raise ValueError("the training inputs changed while they were being prepared: run again")
+    dropped = {rule: counts.get(rule, 0) for rule in DROP_RULES}
+    kept = counts.get("input", 0) - sum(dropped.values())
+    if kept == 0:
+        raise _all_dropped(counts.get("input", 0), dropped)
+    files = _name_shards(tmp / TRAIN_DIR, cfg.shard_pairs)
+    assert kept == sum(f["num_pairs"] for f in files), (kept, files)
+    return {"files": files, "num_pairs": kept, "src_tokens": counts.get("src_tokens", 0),
+            "tgt_tokens": counts.get("tgt_tokens", 0), "input_pairs": counts.get("input", 0),
+            "dropped": dropped}, tokenizer
+
+
+def _eval_split(cfg: PrepareConfig, sources: list[Source], path: Path) -> int:
+    """Read a validation/test set on the driver and write it whole (stripped, nothing dropped)."""
+    # Invalid bytes become U+FFFD under --skip-invalid: a dropped line would misalign scoring.
+    on_invalid = "replace" if cfg.skip_invalid else "error"
+    src: list[str] = []
+    tgt: list[str] = []
+    for source in sources:
+        for s, t, _ in _pair_chunks(_task_spec(source, cfg), on_invalid, Counter()):
+            src += s
+            tgt += t
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string())}),
+                   path)
+    return len(src)
+
+
+def _progress(message: str) -> None:
+    """A progress line on stdout."""
+    print(f"prepare: {message}", flush=True)
+
+
+# ---------------------------------------------------------------- the corpus directory
+
+
+def _local_out(out: str) -> Path:
+    """The output directory: a local path (a rename makes it appear whole)."""
+    if "://" in str(out):
+        raise ValueError(f"--out {out}: the output must be a local directory; prepare locally, then "
+                         "copy the directory to remote storage")
+    return Path(out).expanduser().resolve()
+
+
+def _existing(out: Path, fp: str, overwrite: bool) -> Optional[dict]:
+    """The manifest when OUT already holds this very corpus; an error when it holds other content."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return None
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is a file: pick a directory")
+    try:
+        manifest = read_manifest(str(out))
+    except ValueError:
+        raise ValueError(f"--out {out} is not empty and holds no prepared corpus: pick a new or "
+                         "empty directory (--overwrite only replaces a prepared corpus)") from None
+    if manifest.get("fingerprint") == fp and _complete(out, manifest):
+        return manifest
+    if not overwrite and manifest.get("fingerprint") == fp:
+        raise ValueError(f"--out {out} holds this corpus but misses some of its files: pass "
+                         "--overwrite to prepare it again")
+    if not overwrite:
+        raise ValueError(f"--out {out} already holds a corpus prepared from other inputs or options: "
+                         "pass --overwrite to replace it, or pick another --out")
+    return None
+
+
+def _complete(out: Path, manifest: dict) -> bool:
+    """Whether every file the manifest names is there."""
+    splits = manifest.get("splits", {})
+    paths = [f["path"] for f in splits.get("train", {}).get("files", [])]
+    paths += [splits.get("valid", {}).get("path", VALID_FILE), SPM_FILE]
+    paths += [t["path"] for t in splits.get("test", {}).values()]
+    return all((out / p).is_file() for p in paths)
+
+
+def _install(tmp: Path, out: Path) -> None:
+    """Move the finished corpus into place; a replaced one is removed only afterwards."""
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    old = out.with_name(f"{out.name}.old-{secrets.token_hex(4)}")
+    os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old)
+
+
+def _only_warnings(record: logging.LogRecord) -> bool:
+    """Log filter: Ray Data's warnings reach the terminal, its info and error chatter does not."""
+    # Progress bars are off on purpose (below): no need to say so.
+    return record.levelno == logging.WARNING and not record.getMessage().startswith("Progress bars")
+
+
+@contextlib.contextmanager
+def _ray_data_settings() -> Iterator[None]:
+    """Ordered execution (shard order, first duplicate kept) and a quiet terminal.
+
+    Errors still raise (ours as one line) and Ray Data's log file keeps everything; on the
+    terminal it would print each of our input errors again with a traceback.
+    """
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    saved = ctx.execution_options.preserve_order, ctx.enable_progress_bars
+    ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = False  # our progress lines and final table say enough
+    terminals = [h for h in logging.getLogger("ray.data").handlers
+                 if isinstance(h, logging.StreamHandler)]
+    for handler in terminals:
+        handler.addFilter(_only_warnings)
+    try:
+        yield
+    finally:
+        ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
+        for handler in terminals:
+            handler.removeFilter(_only_warnings)
+
+
+def _user_error(err: BaseException) -> Optional[ValueError]:
+    """The one-line InputError inside an exception that a Ray task raised, if there is one.
+
+    Ray Data re-raises a UDF's error as RayTaskError(UserCodeException) whose chain holds
+    only the remote traceback as text, so the message is found in that text.
+    """
+    stack, seen = [err], set()
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, InputError):
+            return ValueError(str(e))
+        match = re.search(rf"{re.escape(InputError.__module__)}\.InputError: (.+)", str(e))
+        if match:
+            return ValueError(match.group(1).strip())
+        stack += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    return None
+
+
+def _init_ray() -> None:
+    """Attach to the cluster when RAY_ADDRESS is set, else start a local one."""
+    import ray
+
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init()
+        else:
+            ray.init(include_dashboard=False, log_to_driver=True)
+
+
+def prepare_corpus(cfg: PrepareConfig, out: str, train: list[Source], valid: list[Source],
+                   test: Optional[dict[str, list[Source]]] = None, tokenizer: Optional[Tokenizer] = None,
+                   overwrite: bool = False, command: Optional[str] = None) -> dict:
+    """Prepare a corpus directory; returns the manifest dict. Starts Ray (ray.init) if needed."""
+    t0 = time.time()
+    out_path = _local_out(out)
+    inputs = check_sources(cfg, train, valid, test)
+    fp = fingerprint(cfg, inputs, tokenizer)
+    manifest = _existing(out_path, fp, overwrite)
+    if manifest is not None:
+        print(f"prepare: {out_path} already prepared (same inputs and options)", flush=True)
+        return manifest
+    _init_ray()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f"{out_path.name}.tmp-{secrets.token_hex(4)}")
+    tmp.mkdir()
+    try:
+        manifest = _build(cfg, tmp, train, valid, test or {}, tokenizer)
+        manifest.update(options=dataclasses.asdict(cfg), inputs=inputs, fingerprint=fp,
+                        command=command, created=datetime.datetime.now(datetime.timezone.utc)
+                        .isoformat(timespec="seconds"), raymt_version=raymt.__version__)
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        _install(tmp, out_path)
+    except Exception as err:
+        user = _user_error(err)
+        if user is not None:
+            raise user from None
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_summary(manifest, out_path, time.time() - t0)
+    return manifest
+
+
+def _build(cfg: PrepareConfig, tmp: Path, train: list[Source], valid: list[Source],
+           test: dict[str, list[Source]], tokenizer: Optional[Tokenizer]) -> dict:
+    """Write every file of the corpus into `tmp`; the manifest without its bookkeeping fields."""
+    # The small sets first: their errors come before the long passes.
+    splits: dict[str, Any] = {"valid": {"path": VALID_FILE,
+                                        "num_pairs": _eval_split(cfg, valid, tmp / VALID_FILE)}}
+    tests = {}
+    for name, sources in test.items():
+        path = f"{TEST_DIR}/{name}.parquet"
+        tests[name] = {"path": path, "num_pairs": _eval_split(cfg, sources, tmp / path)}
+    specs = [_task_spec(s, cfg) for s in train]
+    with _ray_data_settings():
+        splits["train"], tokenizer = _train_split(cfg, specs, tokenizer, tmp)
+    splits["test"] = tests
+    (tmp / SPM_FILE).write_bytes(tokenizer.model_proto)
+    return {"format": FORMAT, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
+            "vocab_size": tokenizer.sp.get_piece_size(), "sp_model_type": cfg.sp_model_type,
+            "sp_model_sha256": hashlib.sha256(tokenizer.model_proto).hexdigest(),
+            "splits": {"train": splits["train"], "valid": splits["valid"], "test": tests}}
+
+
+def print_summary(manifest: dict, out: Path, seconds: float) -> None:
+    """The per-rule table printed at the end of a preparation."""
+    train = manifest["splits"]["train"]
+    rows = [("input pairs", train["input_pairs"])]
+    rows += [(f"  dropped: {rule}", train["dropped"][rule]) for rule in DROP_RULES]
+    rows += [("kept pairs", train["num_pairs"]), ("src tokens", train["src_tokens"]),
+             ("tgt tokens", train["tgt_tokens"]), ("shards", len(train["files"])),
+             ("valid pairs", manifest["splits"]["valid"]["num_pairs"])]
+    rows += [(f"test pairs: {name}", t["num_pairs"]) for name, t in manifest["splits"]["test"].items()]
+    width = max(len(name) for name, _ in rows)
+    print(f"\n=== raymt corpus {out} ===")
+    for name, value in rows:
+        print(f"{name:<{width}}  {value:>12,}")
+    print(f"{'seconds':<{width}}  {seconds:>12.1f}")
+
+
+# ---------------------------------------------------------------- reading a prepared corpus
+
+
+def _join(corpus: str, rel: str) -> str:
+    """A file of the corpus: an absolute local path, or a URI."""
+    if "://" in corpus:
+        return corpus.rstrip("/") + "/" + rel
+    return str(Path(corpus).expanduser().resolve() / rel)
+
+
+def _read_bytes(uri: str) -> bytes:
+    """The content of a local file or URI."""
+    fs, path = _filesystem(uri)
+    with fs.open_input_stream(path, compression=None) as f:
+        return f.read()
+
+
+def read_manifest(corpus: str) -> dict:
+    """The manifest of a prepared corpus; a one-line ValueError if it is not one."""
+    uri = _join(corpus, MANIFEST_FILE)
+    try:
+        manifest = json.loads(_read_bytes(uri))
+    except (OSError, pa.ArrowException):
+        raise ValueError(f"{corpus} is not a prepared corpus (no {MANIFEST_FILE}): make one with "
+                         f"python -m raymt.data prepare --out {corpus} ...") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{uri} is not valid JSON ({err}): prepare the corpus again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise ValueError(f"{uri} has format {found!r}, not {FORMAT!r}: prepare the corpus again "
+                         "with this version of raymt")
+    return manifest
+
+
+def train_files(corpus: str, manifest: dict) -> list[tuple[str, int]]:
+    """(absolute path or URI, number of pairs) of each training shard, in manifest order."""
+    return [(_join(corpus, f["path"]), f["num_pairs"]) for f in manifest["splits"]["train"]["files"]]
+
+
+def eval_pairs(corpus: str, manifest: dict, split: str) -> tuple[list[str], list[str]]:
+    """The (sources, references) of "valid" or of a test set, every row."""
+    splits = manifest["splits"]
+    entry = splits["valid"] if split == "valid" else splits.get("test", {}).get(split)
+    if entry is None:
+        known = ", ".join(["valid", *splits.get("test", {})])
+        raise ValueError(f"corpus {corpus} has no set {split!r}; it has: {known}")
+    fs, path = _filesystem(_join(corpus, entry["path"]))
+    with fs.open_input_file(path) as f:
+        table = pq.read_table(f, columns=["src", "tgt"])
+    return table.column("src").to_pylist(), table.column("tgt").to_pylist()
+
+
+def load_tokenizer(corpus: str, manifest: dict) -> Tokenizer:
+    """The corpus's SentencePiece model, checked against the manifest's sha256."""
+    uri = _join(corpus, SPM_FILE)
+    try:
+        proto = _read_bytes(uri)
+    except (OSError, pa.ArrowException):
+        raise ValueError(f"{uri} is missing: prepare the corpus again") from None
+    if hashlib.sha256(proto).hexdigest() != manifest["sp_model_sha256"]:
+        raise ValueError(f"{uri} does not match the sha256 in {MANIFEST_FILE}: prepare the corpus again")
+    return Tokenizer(proto)
+
+
+# ---------------------------------------------------------------- command-line specs
+
+
+def _strip_suffixes(name: str) -> str:
+    """`news.tsv.gz` -> `news`: the name without compression and format extensions."""
+    lower = name.lower()
+    for suffix in COMPRESSED:
+        if lower.endswith(suffix):
+            name, lower = name[:-len(suffix)], lower[:-len(suffix)]
+            break
+    for suffix in (".tsv", ".jsonl", ".ndjson", ".parquet", *ARROW_SUFFIXES):
+        if lower.endswith(suffix):
+            return name[:-len(suffix)]
+    return name
+
+
+def spec_name(spec: str) -> str:
+    """The default name of a test set: the basename of its prefix or file, without extensions."""
+    return _strip_suffixes(spec.rstrip("/").rsplit("/", 1)[-1])
+
+
+def _exists(uri: str) -> bool:
+    """Whether a local path or URI names an existing file."""
+    fs, path = _filesystem(uri)
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def _text_pair(prefix: str, cfg: PrepareConfig) -> Source:
+    """PREFIX.<src> and PREFIX.<tgt>, each plain or compressed."""
+    paths = []
+    for lang in (cfg.src_lang, cfg.tgt_lang):
+        candidates = [f"{prefix}.{lang}{ext}" for ext in ("", *COMPRESSED)]
+        found = next((c for c in candidates if _exists(c)), None)
+        if found is None:
+            raise ValueError(f"missing file {prefix}.{lang} (also tried {', '.join(COMPRESSED)}): "
+                             "a prefix names PREFIX.<src lang> and PREFIX.<tgt lang>; or pass a "
+                             ".tsv/.jsonl/.parquet file")
+        paths.append(found)
+    return Source("text", tuple(paths))
+
+
+def _table_files(spec: str) -> Optional[tuple[str, ...]]:
+    """Parquet/Arrow files named by a spec: a file, a local glob pattern or a local directory."""
+    if spec.lower().endswith((".parquet", *ARROW_SUFFIXES)):
+        if "://" in spec or not any(c in spec for c in "*?["):
+            return (spec,)
+        matches = sorted(glob.glob(os.path.expanduser(spec)))
+        if not matches:
+            raise ValueError(f"no file matches {spec}: check the pattern")
+        return tuple(matches)
+    if "://" not in spec and os.path.isdir(spec):
+        found = sorted(str(p) for p in Path(spec).iterdir()
+                       if p.name.lower().endswith((".parquet", *ARROW_SUFFIXES)))
+        if not found:
+            raise ValueError(f"{spec} is a directory without .parquet or .arrow files: pass a "
+                             "prefix or a file")
+        return tuple(found)
+    return None
+
+
+def source_from_spec(spec: str, cfg: PrepareConfig, src_col: Optional[str] = None,
+                     tgt_col: Optional[str] = None) -> Source:
+    """A Source from a command-line SPEC: a .tsv/.jsonl(.gz) file, .parquet/.arrow file(s), or a prefix."""
+    lower = spec.lower()
+    for suffix in COMPRESSED:
+        if lower.endswith(suffix):
+            lower = lower[:-len(suffix)]
+            break
+    if lower.endswith(".tsv"):
+        return Source("tsv", (spec,), src_col, tgt_col)
+    if lower.endswith((".jsonl", ".ndjson")):
+        return Source("jsonl", (spec,), src_col, tgt_col)
+    files = _table_files(spec)
+    if files is not None:
+        return Source("parquet", files, src_col, tgt_col)
+    return _text_pair(spec, cfg)

@@ -1,0 +1,250 @@
+"""Training pairs streamed from prepared Parquet shards by Ray Data, one stream per worker.
+
+Ray Train's `streaming_split` hands blocks to whichever worker asks first, so which worker
+sees which pair, and where an interrupted epoch stood, cannot be reproduced (ray#37633).
+Here each worker reads its own slice of the epoch with Ray Data instead:
+
+- the epoch's file order is a permutation drawn from (seed, epoch); the concatenated rows
+  are cut into `world_size` contiguous slices of equal size (to the row), one per rank;
+- a worker's slice is read in order (`preserve_order`) and cut into chunks of
+  `chunk_rows` rows; each chunk is shuffled and cut into token-budget batches from
+  length-sorted windows with a generator seeded by (seed, epoch, rank, chunk);
+- the position (epoch, chunk, batches consumed in the chunk) is all a checkpoint needs:
+  a resumed worker skips whole files, re-cuts one chunk and drops the batches it had used.
+
+So a pair is seen exactly once per epoch, batch composition depends only on the seed and
+the epoch, and a resumed run neither repeats nor skips pairs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from raymt.batching import Batch, chunk_batches, collate_flat
+from raymt.config import DataConfig
+
+COLUMNS = ["src_ids", "tgt_ids"]
+Files = list[tuple[str, int]]  # (path or URI of a shard, pairs in it)
+
+
+@dataclass
+class Position:
+    """Where a worker stands in an epoch: chunks done, and batches used of the next chunk."""
+
+    epoch: int = 0
+    chunk: int = 0
+    batches: int = 0
+
+    def to_dict(self) -> dict:
+        """Plain ints, as stored in a checkpoint."""
+        return asdict(self)
+
+
+def epoch_slice(files: Files, seed: int, epoch: int, rank: int,
+                world_size: int) -> list[tuple[str, int, int]]:
+    """This worker's rows of the epoch as (path, first row, end row) per file, in read order."""
+    order = np.random.default_rng([seed, epoch, 7919]).permutation(len(files))
+    total = sum(n for _, n in files)
+    lo, hi = total * rank // world_size, total * (rank + 1) // world_size
+    out, offset = [], 0
+    for i in order:
+        path, num_rows = files[i]
+        start, end = max(lo - offset, 0), min(hi - offset, num_rows)
+        if start < end:
+            out.append((path, start, end))
+        offset += num_rows
+    return out
+
+
+def skip_rows(plan: list[tuple[str, int, int]], num_rows: int) -> list[tuple[str, int, int]]:
+    """The plan without its first `num_rows` rows (whole files dropped, one trimmed)."""
+    out = []
+    for path, start, end in plan:
+        if num_rows >= end - start:
+            num_rows -= end - start
+            continue
+        out.append((path, start + num_rows, end))
+        num_rows = 0
+    return out
+
+
+def read_plan(plan: list[tuple[str, int, int]], prefetch_batches: int = 2) -> Iterator[pa.Table]:
+    """Stream the planned rows in order through Ray Data (parallel, prefetching reads)."""
+    import ray.data
+
+    if not plan:
+        return
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True  # the row order is part of the epoch's plan
+    context.enable_progress_bars = False
+    ds = ray.data.read_parquet([path for path, _, _ in plan], columns=COLUMNS)
+    # Rows arrive file by file; only the first and last file of a slice are partial.
+    skip = plan[0][1]
+    remaining = sum(end - start for _, start, end in plan)
+    for table in ds.iter_batches(batch_size=None, batch_format="pyarrow",
+                                 prefetch_batches=prefetch_batches):
+        if skip >= len(table):
+            skip -= len(table)
+            continue
+        table = table.slice(skip, remaining)
+        skip, remaining = 0, remaining - len(table)
+        if len(table):
+            yield table
+        if remaining == 0:
+            return
+
+
+def chunks(tables: Iterator[pa.Table], chunk_rows: int) -> Iterator[pa.Table]:
+    """Regroup a stream of tables into tables of exactly `chunk_rows` rows (the last may be short)."""
+    pending: list[pa.Table] = []
+    num_pending = 0
+    for table in tables:
+        pending.append(table)
+        num_pending += len(table)
+        while num_pending >= chunk_rows:
+            merged = pa.concat_tables(pending)
+            yield merged.slice(0, chunk_rows)
+            rest = merged.slice(chunk_rows)
+            pending, num_pending = ([rest] if len(rest) else []), len(rest)
+    if num_pending:
+        yield pa.concat_tables(pending)
+
+
+def flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of a list<int32> column; row i is values[offsets[i]:offsets[i + 1]]."""
+    array = column.combine_chunks()
+    return array.values.to_numpy(zero_copy_only=False), array.offsets.to_numpy()
+
+
+def pair_hashes(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray],
+                idx: np.ndarray) -> list[str]:
+    """A stable 64-bit hex digest of each pair's ids (for tracing what was trained on)."""
+    out = []
+    for i in idx:
+        h = hashlib.blake2b(digest_size=8)
+        h.update(src[0][src[1][i]:src[1][i + 1]].astype(np.int32).tobytes())
+        h.update(b"|")
+        h.update(tgt[0][tgt[1][i]:tgt[1][i + 1]].astype(np.int32).tobytes())
+        out.append(h.hexdigest())
+    return out
+
+
+class TrainStream:
+    """One epoch of a worker's token-budget batches; `position` follows what was consumed.
+
+    A background thread reads, cuts and collates up to `prefetch` batches ahead, so
+    training rarely waits; `start()` begins that early (the next epoch's stream starts once
+    this one has read everything). `busy_s` is the time the consumer waited.
+    """
+
+    def __init__(self, files: Files, cfg: DataConfig, seed: int, rank: int, world_size: int,
+                 position: Position, trace: bool = False, prefetch: int = 16):
+        self.cfg, self.seed, self.rank = cfg, seed, rank
+        self.position = position
+        self.chunk_rows = cfg.shuffle_buffer_rows or cfg.window_rows
+        plan = epoch_slice(files, seed, position.epoch, rank, world_size)
+        self.plan = skip_rows(plan, position.chunk * self.chunk_rows)
+        self.trace = trace
+        self.traced: list[str] = []  # digests of the pairs handed out (trace only; caller clears)
+        self.num_dropped = 0  # pairs over data.max_len tokens
+        self.busy_s = 0.0
+        self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self.stopping = threading.Event()
+        self.read_all = threading.Event()  # the reader has queued its last batch
+        self.thread: Optional[threading.Thread] = None
+
+    def start(self) -> "TrainStream":
+        """Start reading ahead (idempotent)."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._produce, daemon=True, name="raymt-stream")
+            self.thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the reader thread (batches not consumed are dropped)."""
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+
+    def __iter__(self) -> Iterator[Batch]:
+        self.start()
+        while True:
+            t0 = time.perf_counter()
+            item = self.queue.get()
+            self.busy_s += time.perf_counter() - t0
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            batch, self.position, hashes = item
+            self.traced += hashes
+            yield batch
+
+    def _produce(self) -> None:
+        """Reader thread: every batch of the epoch from `position` on, then _END (or the error)."""
+        try:
+            for item in self._batches():
+                if not self._put(item):
+                    return
+            self.read_all.set()
+            self._put(_END)
+        except BaseException as err:  # handed to the consumer, raised in the training loop
+            self.read_all.set()
+            self._put(err)
+
+    def _put(self, item) -> bool:
+        """Queue an item unless the stream is being closed."""
+        while not self.stopping.is_set():
+            try:
+                self.queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _batches(self) -> Iterator[tuple[Batch, Position, list[str]]]:
+        """(batch, position after it, pair digests) for the rest of the epoch."""
+        epoch, chunk_index, skip = self.position.epoch, self.position.chunk, self.position.batches
+        for table in chunks(read_plan(self.plan), self.chunk_rows):
+            src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
+            batches = self.cut(src, tgt, epoch, chunk_index)
+            for b, idx in enumerate(batches[skip:], start=skip):
+                hashes = pair_hashes(src, tgt, idx) if self.trace else []
+                yield collate_flat(src, tgt, idx), Position(epoch, chunk_index, b + 1), hashes
+            chunk_index, skip = chunk_index + 1, 0
+
+    def cut(self, src, tgt, epoch: int, chunk_index: int) -> list[np.ndarray]:
+        """The chunk's batches; pairs longer than data.max_len are dropped (and counted)."""
+        src_lens, tgt_lens = np.diff(src[1]), np.diff(tgt[1])
+        keep = np.flatnonzero((src_lens > 0) & (tgt_lens > 0) & (src_lens <= self.cfg.max_len)
+                              & (tgt_lens <= self.cfg.max_len))
+        self.num_dropped += len(src_lens) - len(keep)
+        rng = np.random.default_rng([self.seed, epoch, self.rank, chunk_index])
+        batches = chunk_batches(src_lens[keep] + 1, tgt_lens[keep] + 1, self.cfg.window_rows,
+                                self.cfg.max_tokens, rng, shuffle=self.cfg.shuffle_buffer_rows > 0)
+        return [keep[b] for b in batches]
+
+
+_END = object()  # the reader thread's end-of-epoch marker
+
+
+def restore_position(saved: Optional[list], rank: int, world_size: int, epoch: int) -> Position:
+    """This rank's saved position, or the start of `epoch` when none fits this world size."""
+    if not saved:
+        return Position(epoch)
+    if len(saved) != world_size:
+        if rank == 0:
+            print(f"the checkpoint was written by {len(saved)} workers, this run has {world_size}: "
+                  f"epoch {epoch + 1} starts over (exact resume needs the same number of workers)",
+                  flush=True)
+        return Position(epoch)
+    position = Position(**saved[rank])
+    return position if position.epoch == epoch else Position(epoch)

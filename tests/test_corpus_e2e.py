@@ -1,0 +1,42 @@
+"""A named corpus fetched over HTTP (127.0.0.1), prepared with Ray Data, then trained on."""
+
+import dataclasses
+
+import pytest
+
+from raymt import data, download, prepare
+from raymt.config import Config, apply_overrides, tiny
+from test_download import MULTI30K, serve
+
+pytestmark = [pytest.mark.timeout(600),
+              pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(),
+                                 reason="needs ../shared/data/multi30k")]
+
+
+def test_prepare_multi30k_over_http_then_train(ray_cluster, tmp_path, monkeypatch, capsys):
+    # The local copy holds test_2016_flickr only; upstream also has the 2017 sets.
+    spec = download.DATASETS["multi30k"]
+    monkeypatch.setitem(download.DATASETS, "multi30k", dataclasses.replace(
+        spec, test_sets={"test_2016_flickr": spec.test_sets["test_2016_flickr"]}))
+    out = tmp_path / "corpus"
+    with serve(MULTI30K) as server:
+        status = data.main(["prepare", "--dataset", "multi30k", "--src", "en", "--tgt", "de",
+                            "--mirror", server.url, "--cache-dir", str(tmp_path / "cache"),
+                            "--out", str(out), "--vocab-size", "1000", "--shard-pairs", "8000"])
+    assert status == 0, capsys.readouterr().err
+    manifest = prepare.read_manifest(str(out))
+    files = prepare.train_files(str(out), manifest)
+    assert len(files) >= 4 and max(n for _, n in files) <= 8000
+    assert sum(n for _, n in files) == manifest["splits"]["train"]["num_pairs"]
+    assert manifest["splits"]["train"]["input_pairs"] == 29000
+    assert manifest["splits"]["test"]["test_2016_flickr"]["num_pairs"] == 1000
+
+    from raymt.train import run
+
+    cfg = apply_overrides(Config(model=tiny()), {
+        "data.corpus": str(out), "train.max_steps": 20, "train.eval_every": 20,
+        "train.log_every": 10, "train.test_beam": 1, "train.storage_path": str(tmp_path / "runs"),
+        "train.name": "m30k"})
+    summary = run(cfg)
+    assert summary["valid"]["valid_bleu"] >= 0 and 0 <= summary["test"]["chrf"] <= 100
+    assert summary["start_step"] == 10

@@ -1,0 +1,335 @@
+"""`python -m raymt.data prepare`: raw corpora -> SentencePiece + Parquet shards, exact counts, safe output."""
+
+import gzip
+import json
+import lzma
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raymt import prepare
+from raymt.config import PrepareConfig
+from raymt.data import main
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+         "sigma tau upsilon phi chi psi omega").split()
+SMALL = ["--vocab-size", "80", "--sp-model-type", "bpe"]  # tiny vocabulary: seconds per corpus
+
+
+def sentence(i: int, n: int = 4) -> str:
+    """A distinct short sentence made of known words."""
+    return " ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(n)) + f" n{i}"
+
+
+def mirrored(count: int, start: int = 0) -> list[tuple[str, str]]:
+    """Pairs whose target is the source's words reversed: same token counts, ratio 1."""
+    return [(sentence(i), " ".join(reversed(sentence(i).split()))) for i in range(start, start + count)]
+
+
+def write_lines(path: Path, lines: list, compress: str = "") -> Path:
+    """Write lines (str or raw bytes) to path, gzip/xz/zstd-compressed as asked."""
+    data = b"".join((x if isinstance(x, bytes) else x.encode()) + b"\n" for x in lines)
+    opener = {"gz": gzip.open, "xz": lzma.open,
+              "zst": lambda p, mode: pa.CompressedOutputStream(str(p), "zstd")}.get(compress, open)
+    with opener(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def write_prefix(prefix: Path, pairs: list[tuple], compress: str = "") -> str:
+    """PREFIX.en and PREFIX.de (optionally compressed); returns PREFIX."""
+    ext = f".{compress}" if compress else ""
+    write_lines(Path(f"{prefix}.en{ext}"), [s for s, _ in pairs], compress)
+    write_lines(Path(f"{prefix}.de{ext}"), [t for _, t in pairs], compress)
+    return str(prefix)
+
+
+def decoded_train(out: Path) -> Counter:
+    """The training shards decoded back to text, as a multiset of pairs."""
+    manifest = prepare.read_manifest(str(out))
+    tokenizer = prepare.load_tokenizer(str(out), manifest)
+    pairs: Counter = Counter()
+    for path, num_pairs in prepare.train_files(str(out), manifest):
+        table = pq.read_table(path)
+        assert table.num_rows == num_pairs and table.schema.field("src_ids").type == pa.list_(pa.int32())
+        for s, t in zip(table.column("src_ids").to_pylist(), table.column("tgt_ids").to_pylist()):
+            pairs[tokenizer.decode(s), tokenizer.decode(t)] += 1
+    return pairs
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run the CLI in this process (the session's Ray cluster); (status, stdout, stderr)."""
+    status = main(["prepare", *argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def error_line(err: str) -> str:
+    """The one error line the CLI printed (Ray's own log lines may surround it)."""
+    lines = [line for line in err.splitlines() if line.startswith("raymt.data: error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_text_gz_corpus_end_to_end(ray_cluster, tmp_path, capsys):
+    train = mirrored(40) + [("  padded  ", "  gepolstert ")]
+    prefix = write_prefix(tmp_path / "train", train, "gz")
+    valid = write_prefix(tmp_path / "val", mirrored(5, 100) + [("", "leer")])
+    test = write_prefix(tmp_path / "newstest", mirrored(3, 200))
+    out = tmp_path / "corpus"
+    status, stdout, _ = run_cli(capsys, "--out", str(out), "--train", prefix, "--valid", valid,
+                                "--test", test, "--shard-pairs", "7", *SMALL)
+    assert status == 0
+    assert "kept pairs" in stdout and "dropped: ratio" in stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format"] == "raymt-corpus/1" and manifest["command"].startswith("python -m raymt.data")
+    train_split = manifest["splits"]["train"]
+    assert train_split["input_pairs"] == 41 and train_split["num_pairs"] == 41
+    assert set(train_split["dropped"].values()) == {0}
+    assert [f["path"] for f in train_split["files"]] == [f"train/part-{i:05d}.parquet" for i in range(6)]
+    assert all(f["num_pairs"] <= 7 for f in train_split["files"])
+    assert decoded_train(out) == Counter((s.strip(), t.strip()) for s, t in train)
+    tokenizer = prepare.load_tokenizer(str(out), manifest)
+    for side, name in ((0, "src_tokens"), (1, "tgt_tokens")):
+        assert train_split[name] == sum(len(tokenizer.encode(p[side].strip())) for p in train)
+    # Validation and test sets keep every row (the empty one too), stripped.
+    src, tgt = prepare.eval_pairs(str(out), manifest, "valid")
+    assert (src[-1], tgt[-1], len(src)) == ("", "leer", 6)
+    assert prepare.eval_pairs(str(out), manifest, "newstest")[0] == [s for s, _ in mirrored(3, 200)]
+    assert not list(tmp_path.glob("corpus.tmp-*"))
+
+
+def write_table_input(tmp_path: Path, kind: str, pairs: list[tuple]) -> list[str]:
+    """The pairs as a TSV (.xz, extra column), JSONL (.zst) or Parquet file; the CLI flags for it."""
+    if kind == "tsv":
+        path = write_lines(tmp_path / "train.tsv.xz", [f"{i}\t{s}\t{t}" for i, (s, t) in enumerate(pairs)], "xz")
+        return ["--train", str(path), "--src-col", "1", "--tgt-col", "2"]
+    if kind == "jsonl":
+        lines = [json.dumps({"id": i, "en": s, "de": t}) for i, (s, t) in enumerate(pairs)]
+        return ["--train", str(write_lines(tmp_path / "train.jsonl.zst", lines, "zst"))]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"german": [t for _, t in pairs], "score": [1.0] * len(pairs),
+                             "english": [s for s, _ in pairs]}), path)
+    return ["--train", str(path), "--src-col", "english", "--tgt-col", "german"]
+
+
+@pytest.mark.parametrize("kind", ["tsv", "jsonl", "parquet"])
+def test_table_inputs(ray_cluster, tmp_path, capsys, kind):
+    pairs = mirrored(30) + [("", "nur ziel")]
+    flags = write_table_input(tmp_path, kind, pairs)
+    valid = write_prefix(tmp_path / "val", mirrored(4, 100))
+    out = tmp_path / "corpus"
+    status, _, err = run_cli(capsys, "--out", str(out), *flags, "--valid", valid, "--shard-pairs", "16", *SMALL)
+    assert status == 0, err
+    train = json.loads((out / "manifest.json").read_text())["splits"]["train"]
+    assert (train["input_pairs"], train["num_pairs"], train["dropped"]["empty"]) == (31, 30, 1)
+    assert [f["num_pairs"] for f in train["files"]] == [16, 14]
+    assert decoded_train(out) == Counter(mirrored(30))
+
+
+def test_cleaning_counts_are_exact(ray_cluster, tmp_path, capsys):
+    normal = mirrored(20)  # with --vocab-size 200 every word is one token: lengths are known
+    long_pair = (" ".join(WORDS * 2), " ".join(reversed(WORDS * 2)))  # 48 tokens or more each side
+    src = [s for s, _ in normal] + ["", "solo", "x" * 500, long_pair[0], "beta",
+                                    normal[0][0], normal[1][0], long_pair[0], normal[2][0]]
+    tgt = [t for _, t in normal] + ["leer", "   ", "kurz", long_pair[1], " ".join(WORDS[:12]),
+                                    normal[0][1], normal[1][1], long_pair[1], normal[2][1] + " anders"]
+    src.append(b"caf\xe9 latin-1")  # invalid UTF-8, dropped and counted with --skip-invalid
+    tgt.append("kaffee")
+    write_lines(tmp_path / "train.en", src)
+    write_lines(tmp_path / "train.de", tgt)
+    valid = write_prefix(tmp_path / "val", mirrored(3, 100))
+    out = tmp_path / "corpus"
+    status, stdout, err = run_cli(capsys, "--out", str(out), "--train", str(tmp_path / "train"),
+                                  "--valid", valid, "--max-len", "30", "--max-chars", "400",
+                                  "--dedup", "--skip-invalid", "--vocab-size", "200")
+    assert status == 0, err
+    train = json.loads((out / "manifest.json").read_text())["splits"]["train"]
+    # The second copy of the over-long pair counts as too_long: rules apply in order.
+    assert train["dropped"] == {"invalid_utf8": 1, "empty": 2, "too_long_chars": 1, "too_long": 2,
+                                "ratio": 1, "duplicate": 2}
+    assert (train["input_pairs"], train["num_pairs"]) == (30, 21)
+    expected = Counter(normal + [(normal[2][0], normal[2][1] + " anders")])
+    assert decoded_train(out) == expected
+    assert "dropped: duplicate" in stdout
+
+
+def small_corpus(tmp_path: Path, name: str, count: int = 24) -> tuple[str, str]:
+    """A train and a valid prefix."""
+    return (write_prefix(tmp_path / f"{name}-train", mirrored(count)),
+            write_prefix(tmp_path / f"{name}-val", mirrored(3, 100)))
+
+
+def test_rerun_is_a_no_op_and_overwrite_is_explicit(ray_cluster, tmp_path, capsys):
+    train, valid = small_corpus(tmp_path, "a")
+    out = tmp_path / "corpus"
+    argv = ["--out", str(out), "--train", train, "--valid", valid, *SMALL]
+    assert run_cli(capsys, *argv)[0] == 0
+    before = (out / "manifest.json").read_text()
+    status, stdout, _ = run_cli(capsys, *argv)
+    assert status == 0 and "already prepared" in stdout and "kept pairs" not in stdout
+    other, _ = small_corpus(tmp_path, "b", count=30)
+    changed = ["--out", str(out), "--train", other, "--valid", valid, *SMALL]
+    status, _, err = run_cli(capsys, *changed)
+    assert status == 2 and "--overwrite" in error_line(err) and str(out) in error_line(err)
+    assert (out / "manifest.json").read_text() == before
+    assert run_cli(capsys, *changed, "--overwrite")[0] == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["num_pairs"] == 30 and manifest["fingerprint"] != json.loads(before)["fingerprint"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("corpus")) == ["corpus"]
+    # A directory with other content is never replaced, --overwrite or not.
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    status, _, err = run_cli(capsys, "--out", str(tmp_path / "notes"), "--train", train, "--valid", valid,
+                             "--overwrite", *SMALL)
+    assert status == 2 and "holds no prepared corpus" in error_line(err)
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+
+
+def bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
+    """Flags for one broken input and a fragment its error must contain."""
+    train, valid = small_corpus(tmp_path, "ok", count=12)
+    if case == "line_counts":
+        write_lines(tmp_path / "t.en", ["a b", "c d", "e f"])
+        write_lines(tmp_path / "t.de", ["a b", "c d"])
+        return ["--train", str(tmp_path / "t"), "--valid", valid], f"{tmp_path}/t.de ends after 2 lines but {tmp_path}/t.en"
+    if case == "missing":
+        return ["--train", train, "--valid", str(tmp_path / "nope")], f"missing file {tmp_path}/nope.en"
+    if case == "empty":
+        (tmp_path / "e.en").write_text("")
+        write_lines(tmp_path / "e.de", ["x"])
+        return ["--src-file", str(tmp_path / "e.en"), "--tgt-file", str(tmp_path / "e.de"),
+                "--valid", valid], f"{tmp_path}/e.en is empty"
+    if case == "utf8":
+        write_lines(tmp_path / "u.en", ["fine", b"bad \xff byte", "fine"])
+        write_lines(tmp_path / "u.de", ["gut", "schlecht", "gut"])
+        return ["--train", str(tmp_path / "u"), "--valid", valid], f"{tmp_path}/u.en:2: not valid UTF-8"
+    if case == "utf8_valid":
+        write_lines(tmp_path / "v.en", ["fine", b"bad \xff byte"])
+        write_lines(tmp_path / "v.de", ["gut", "schlecht"])
+        return ["--train", train, "--valid", str(tmp_path / "v")], f"{tmp_path}/v.en:2: not valid UTF-8"
+    if case in ("column", "column_type"):
+        pq.write_table(pa.table({"en": ["a"], "de": [1]}), tmp_path / "t.parquet")
+        col = "german" if case == "column" else "de"
+        message = "has no column 'german'" if case == "column" else "column 'de' has type int64, not string"
+        return ["--train", str(tmp_path / "t.parquet"), "--tgt-col", col, "--valid", valid], message
+    if case == "json":
+        write_lines(tmp_path / "j.jsonl", ['{"en": "a", "de": "b"}', '{"en": "a", de}'])
+        return ["--train", str(tmp_path / "j.jsonl"), "--valid", valid], f"{tmp_path}/j.jsonl:2: not valid JSON"
+    if case == "tsv":
+        write_lines(tmp_path / "t.tsv", ["a\tb", "only one column"])
+        return ["--train", str(tmp_path / "t.tsv"), "--valid", valid], f"{tmp_path}/t.tsv:2: 1 tab-separated column"
+    if case == "all_dropped":
+        return ["--train", train, "--valid", valid, "--max-chars", "3"], "all 12 training pairs were dropped (too_long_chars 12)"
+    if case == "no_valid":
+        return ["--train", train], "--valid is missing"
+    assert case == "option"
+    return ["--train", train, "--valid", valid, "--vocab-size", "100"], "prepare.vocab_size=100 must be a multiple of 8"
+
+
+@pytest.mark.parametrize("case", ["line_counts", "missing", "empty", "utf8", "utf8_valid", "column",
+                                  "column_type", "json", "tsv", "all_dropped", "no_valid", "option"])
+def test_bad_inputs_fail_in_one_line(ray_cluster, tmp_path, capsys, case):
+    flags, message = bad_input(tmp_path, case)
+    out = tmp_path / "corpus"
+    status, _, err = run_cli(capsys, "--out", str(out), *SMALL, *flags)
+    assert status == 2
+    assert message in error_line(err)
+    assert not out.exists() and not list(tmp_path.glob("corpus.tmp-*"))
+
+
+def test_pairs_source_with_a_given_tokenizer(ray_cluster, tmp_path):
+    """The path raymt.train takes for the built-in corpus: in-memory pairs, tokenizer known."""
+    from raymt.tokenizer import train_tokenizer
+
+    pairs = mirrored(50)
+    tokenizer = train_tokenizer([s for p in pairs for s in p], 80, "bpe")
+    src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
+    cfg = PrepareConfig(vocab_size=80, shard_pairs=20)
+    manifest = prepare.prepare_corpus(cfg, str(tmp_path / "c"), [prepare.Source("pairs", pairs=(src, tgt))],
+                                      [prepare.Source("pairs", pairs=(src[:5], tgt[:5]))],
+                                      tokenizer=tokenizer)
+    assert prepare.load_tokenizer(str(tmp_path / "c"), manifest).model_proto == tokenizer.model_proto
+    assert [n for _, n in prepare.train_files(str(tmp_path / "c"), manifest)] == [20, 20, 10]
+    assert decoded_train(tmp_path / "c") == Counter(pairs)
+
+
+def test_specs_and_manifest_errors(tmp_path):
+    cfg = PrepareConfig()
+    write_lines(tmp_path / "x.en.zst", ["a"])  # not really zstd: only the name is resolved here
+    write_lines(tmp_path / "x.de.xz", ["b"], "xz")
+    assert prepare.source_from_spec(str(tmp_path / "x"), cfg).paths == (f"{tmp_path}/x.en.zst", f"{tmp_path}/x.de.xz")
+    assert prepare.source_from_spec("a/news.tsv.gz", cfg).kind == "tsv"
+    assert prepare.source_from_spec("s3://bucket/data.jsonl.zst", cfg).kind == "jsonl"
+    assert prepare.spec_name("data/newstest2014.tsv.gz") == "newstest2014"
+    (tmp_path / "pq").mkdir()
+    for name in ("b.parquet", "a.parquet", "notes.txt"):
+        (tmp_path / "pq" / name).write_text("")
+    assert prepare.source_from_spec(str(tmp_path / "pq"), cfg).paths == (f"{tmp_path}/pq/a.parquet", f"{tmp_path}/pq/b.parquet")
+    with pytest.raises(ValueError, match="http"):
+        https = prepare.Source("tsv", ("https://example.com/x.tsv",))
+        prepare.check_sources(cfg, [https], [https])
+    with pytest.raises(ValueError, match=r"no manifest\.json"):
+        prepare.read_manifest(str(tmp_path))
+    with pytest.raises(ValueError, match="must be >= 1"):
+        PrepareConfig(max_ratio=0.5)
+    with pytest.raises(ValueError, match="both 'de'"):
+        PrepareConfig(src_lang="de")
+
+
+def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
+    """--dataset: train -> train, valid -> valid, every other split -> a test set of that name."""
+    import sys
+    import types
+
+    from raymt.data import prepare_config, prepare_parser, prepare_sources
+
+    calls = []
+
+    def fetch_dataset(name, src_lang, tgt_lang, cache_dir, mirror=None):
+        calls.append((name, src_lang, tgt_lang, cache_dir, mirror))
+        return {split: (f"{cache_dir}/{split}.{src_lang}", f"{cache_dir}/{split}.{tgt_lang}")
+                for split in ("train", "valid", "test_2016_flickr")}
+
+    monkeypatch.setitem(sys.modules, "raymt.download", types.SimpleNamespace(fetch_dataset=fetch_dataset))
+    monkeypatch.setenv("RAYMT_CACHE", str(tmp_path / "cache"))
+    extra = write_prefix(tmp_path / "extra", mirrored(2))
+
+    def sources(*argv):
+        args = prepare_parser().parse_args(["prepare", "--out", str(tmp_path / "o"), *argv])
+        return prepare_sources(args, prepare_config(args))
+
+    train, valid, tests = sources("--dataset", "multi30k", "--src", "de", "--tgt", "en", "--test", extra,
+                                  "--mirror", "http://mirror.example")
+    assert calls == [("multi30k", "de", "en", tmp_path / "cache", "http://mirror.example")]
+    assert train[0].paths == (f"{tmp_path}/cache/train.de", f"{tmp_path}/cache/train.en")
+    assert valid[0].paths[0].endswith("valid.de") and sorted(tests) == ["extra", "test_2016_flickr"]
+    train, valid, tests = sources("--dataset", "builtin", "--test-name", "x", "--test", extra)
+    assert train[0].kind == "pairs" and len(train[0].pairs[0]) == 24000 and sorted(tests) == ["test", "x"]
+    for argv, message in [(["--dataset", "multi30k", "--train", extra], "pass one of them"),
+                          (["--train", extra, "--valid", extra, "--mirror", "m"], "only apply with --dataset"),
+                          (["--train", extra, "--valid", extra, "--test", extra, "--test", extra],
+                           "two test sets are named 'extra'")]:
+        with pytest.raises(ValueError, match=message):
+            sources(*argv)
+
+
+@pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason="needs ../shared/data/multi30k")
+def test_multi30k_cli(ray_cluster, tmp_path, capsys):
+    out = tmp_path / "multi30k"
+    status, stdout, err = run_cli(capsys, "--out", str(out), "--train", str(MULTI30K / "train"),
+                                  "--valid", str(MULTI30K / "val"), "--test", str(MULTI30K / "test_2016_flickr"),
+                                  "--vocab-size", "2000", "--shard-pairs", "10000")
+    assert status == 0, err
+    manifest = prepare.read_manifest(str(out))
+    train = manifest["splits"]["train"]
+    assert train["input_pairs"] == 29000 and train["num_pairs"] > 28900
+    sizes = [n for _, n in prepare.train_files(str(out), manifest)]
+    assert sum(sizes) == train["num_pairs"] and max(sizes) == 10000 and len(sizes) <= 4
+    assert manifest["splits"]["valid"]["num_pairs"] == 1014
+    assert manifest["splits"]["test"]["test_2016_flickr"]["num_pairs"] == 1000
+    assert 1000 < manifest["vocab_size"] <= 2000
