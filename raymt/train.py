@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +155,35 @@ def materialize(cfg: Config, run_data: RunData) -> tuple[list[tuple[str, int]], 
     return prepare.train_files(run_data.corpus, manifest), prepare.load_tokenizer(run_data.corpus, manifest)
 
 
+SHAPE_FIELDS = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers",
+                "pre_norm", "activation")
+
+
+def check_shape(cfg: Config, checkpoint: Path) -> None:
+    """A one-line error when the starting checkpoint's model differs in shape from the config's."""
+    saved, _ = load_config(checkpoint)
+    diff = [f"model.{f} {getattr(saved.model, f)} there, {getattr(cfg.model, f)} here"
+            for f in SHAPE_FIELDS if getattr(saved.model, f) != getattr(cfg.model, f)]
+    if diff:
+        raise ValueError(f"{checkpoint} holds a model of another shape ({'; '.join(diff)}): drop "
+                         "--preset / --set model.* to start from it, or train from scratch")
+
+
+def check_writable(directory: Path) -> None:
+    """A one-line error, before Ray starts and without leaving anything behind, if the run
+    directory cannot be written."""
+    existing = directory
+    while not existing.exists():
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file, not a directory")
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as err:
+        raise ValueError(f"cannot write the run directory {directory} ({err.strerror or err}): "
+                         "pass a writable --storage-path") from None
+
+
 def write_run_files(cfg: Config, run_dir: Path, tokenizer: Tokenizer) -> None:
     """The run's config and SentencePiece model, for --resume and for people."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -293,7 +323,11 @@ def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optiona
     cfg = finalize(cfg)
     run_dir = local_run_dir(cfg)
     cfg, run_data = plan_data(cfg, run_dir, resume_dir, init_checkpoint)
+    if init_checkpoint is not None:
+        check_shape(cfg, init_checkpoint)
+    check_writable(run_dir)
     init_ray()
+    scaling(cfg)  # more workers or GPUs than the cluster has: one line, before any data work
     train_files, tokenizer = materialize(cfg, run_data)
     write_run_files(cfg, run_dir, tokenizer)
     result = fit(cfg, train_files, run_data.eval_sets["valid"], tokenizer, init_checkpoint,

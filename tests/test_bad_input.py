@@ -1,0 +1,79 @@
+"""Bad input for training and translation: one line naming the problem and the fix, exit
+code 2, nothing written. (Corpus rows of the README's table are in test_prepare.py.)"""
+
+import pytest
+
+from raymt import prepare, train, translate
+from raymt.config import PrepareConfig
+from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401
+
+pytestmark = pytest.mark.timeout(300)
+
+TINY = ["--preset", "tiny", "--max-steps", "2", "--set", "data.builtin_train_size=200",
+        "--set", "data.builtin_eval_size=10", "--set", "data.vocab_size=256"]
+
+
+def error_line(capsys, prog: str) -> str:
+    """The single `prog: error: ...` line on stderr."""
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"{prog}: error: ")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return make_checkpoint(tmp_path / "ckpt")
+
+
+def test_checkpoint_of_another_model_shape(checkpoint, tmp_path, capsys):
+    argv = ["--resume", str(checkpoint), "--preset", "small", "--storage-path", str(tmp_path / "runs")]
+    assert train.main(argv) == 2
+    line = error_line(capsys, "raymt.train")
+    assert "holds a model of another shape" in line and "model.d_model 32 there, 256 here" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_checkpoint_of_another_vocabulary(ray_cluster, checkpoint, tmp_path, capsys):
+    other = tokenizer(128)
+    corpus = tmp_path / "corpus"
+    pairs = (["a b c", "d e f"] * 20, ["g h i", "j k l"] * 20)
+    prepare.prepare_corpus(PrepareConfig(vocab_size=128), str(corpus),
+                           [prepare.Source(kind="pairs", pairs=pairs)],
+                           [prepare.Source(kind="pairs", pairs=pairs)], tokenizer=other)
+    argv = ["--resume", str(checkpoint), "--corpus", str(corpus), "--storage-path", str(tmp_path / "runs")]
+    assert train.main(argv) == 2
+    assert "has a different SentencePiece model than the corpus" in error_line(capsys, "raymt.train")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing_spm", "missing_weights"])
+def test_damaged_checkpoint(checkpoint, capsys, damage):
+    if damage == "truncated":
+        data = (checkpoint / "model.pt").read_bytes()
+        (checkpoint / "model.pt").write_bytes(data[: len(data) // 2])
+        expected = "corrupt, truncated or not weights-only"
+    elif damage == "missing_spm":
+        (checkpoint / "spm.model").unlink()
+        expected = "spm.model does not exist"
+    else:
+        (checkpoint / "model.pt").unlink()
+        expected = "model.pt does not exist"
+    assert translate.main(["--checkpoint", str(checkpoint), "Belize"]) == 2
+    assert expected in error_line(capsys, "raymt.translate")
+
+
+def test_unwritable_storage_path(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    assert train.main([*TINY, "--storage-path", str(tmp_path / "a_file" / "runs")]) == 2
+    line = error_line(capsys, "raymt.train")
+    assert "cannot write the run directory" in line and "pass a writable --storage-path" in line
+    assert (tmp_path / "a_file").read_text() == "x"
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--num-workers", "8"], "train.num_workers=8 x 0.25 CPUs needs 2 CPUs"),
+    (["--gpu"], "with --gpu needs 2 GPUs; the cluster has 0")])
+def test_more_workers_or_gpus_than_the_cluster_has(ray_cluster, tmp_path, capsys, flags, expected):
+    assert train.main([*TINY, *flags, "--storage-path", str(tmp_path / "runs")]) == 2
+    assert expected in error_line(capsys, "raymt.train")
+    assert not (tmp_path / "runs").exists()
