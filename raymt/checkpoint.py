@@ -27,9 +27,13 @@ SAFETENSORS_FILE = "model.safetensors"
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary name, then rename, so no half-written file is ever read."""
+    """torch.save (bytes: plain write) to a temporary name, then rename, so no half-written
+    file is ever read and a file being replaced stays whole until the new one is."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
+    if isinstance(obj, bytes):
+        tmp.write_bytes(obj)
+    else:
+        torch.save(obj, tmp)
     os.replace(tmp, path)
 
 
@@ -38,7 +42,7 @@ def save_checkpoint(directory: str | Path, model: torch.nn.Module, config: Confi
     """Write model weights, optional optimizer/scheduler/step state, config and tokenizer."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(directory / SPM_FILE)
+    _atomic_save(tokenizer.model_proto, directory / SPM_FILE)
     save_config(directory, config, model.vocab_size)
     if train_state is not None:
         _atomic_save(train_state, directory / STATE_FILE)
@@ -49,8 +53,8 @@ def save_checkpoint(directory: str | Path, model: torch.nn.Module, config: Confi
 
 def save_config(directory: str | Path, config: Config, vocab_size: int) -> None:
     """Write config.json: the run config and the model's vocabulary size."""
-    (Path(directory) / CONFIG_FILE).write_text(json.dumps(
-        {"config": config.to_dict(), "vocab_size": vocab_size}, indent=2))
+    _atomic_save(json.dumps({"config": config.to_dict(), "vocab_size": vocab_size}, indent=2).encode(),
+                 Path(directory) / CONFIG_FILE)
 
 
 def _first_line(err: Exception) -> str:

@@ -555,6 +555,8 @@ def _tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: A
 
 def _token_rule(src_len: int, tgt_len: int, options: dict) -> Optional[str]:
     """The token-level rule that drops a pair of these lengths, or None to keep it."""
+    if src_len == 0 or tgt_len == 0:  # e.g. only control characters: no token survives
+        return "empty"
     if src_len > options["max_len"] or tgt_len > options["max_len"]:
         return "too_long"
     longer, shorter = max(src_len, tgt_len), max(1, min(src_len, tgt_len))

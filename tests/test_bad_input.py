@@ -77,3 +77,39 @@ def test_more_workers_or_gpus_than_the_cluster_has(ray_cluster, tmp_path, capsys
     assert train.main([*TINY, *flags, "--storage-path", str(tmp_path / "runs")]) == 2
     assert expected in error_line(capsys, "raymt.train")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
+    """Disk full halfway through torch.save: the old checkpoint still loads, the half-written
+    one has no weights file, so nothing (average --last, translate) picks it up."""
+    import io
+
+    import torch
+
+    from raymt.average import run_checkpoints
+    from raymt.checkpoint import load_config, load_model, load_weights, save_checkpoint
+
+    good = make_checkpoint(tmp_path / "checkpoint_1")
+    before = load_weights(good)
+    model, tok, _ = load_model(good)
+    real_save = torch.save
+
+    def disk_full(obj, path, *args, **kwargs):
+        buffer = io.BytesIO()
+        real_save(obj, buffer)
+        with open(path, "wb") as f:
+            f.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    config = load_config(good)[0]
+    for target in (tmp_path / "checkpoint_2", good):  # a new checkpoint, and over the old one
+        with pytest.raises(OSError):
+            save_checkpoint(target, model, config, tok, {"step": 9, "epoch": 0})
+    monkeypatch.setattr(torch, "save", real_save)
+
+    assert all(torch.equal(v, before[k]) for k, v in load_weights(good).items())
+    assert torch.load(good / "train_state.pt", weights_only=True)["step"] == 0
+    assert run_checkpoints(tmp_path) == [good]
+    with pytest.raises(ValueError, match="model.pt does not exist"):
+        load_model(tmp_path / "checkpoint_2")
