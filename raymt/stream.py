@@ -154,7 +154,6 @@ class TrainStream:
         self.plan = skip_rows(plan, position.chunk * self.chunk_rows)
         self.trace = trace
         self.traced: list[str] = []  # digests of the pairs handed out (trace only; caller clears)
-        self.num_dropped = 0  # pairs over data.max_len tokens
         self.busy_s = 0.0
         self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self.stopping = threading.Event()
@@ -222,11 +221,10 @@ class TrainStream:
             chunk_index, skip = chunk_index + 1, 0
 
     def cut(self, src, tgt, epoch: int, chunk_index: int) -> list[np.ndarray]:
-        """The chunk's batches; pairs longer than data.max_len are dropped (and counted)."""
+        """The chunk's batches; pairs longer than data.max_len are dropped."""
         src_lens, tgt_lens = np.diff(src[1]), np.diff(tgt[1])
         keep = np.flatnonzero((src_lens > 0) & (tgt_lens > 0) & (src_lens <= self.cfg.max_len)
                               & (tgt_lens <= self.cfg.max_len))
-        self.num_dropped += len(src_lens) - len(keep)
         rng = np.random.default_rng([self.seed, epoch, self.rank, chunk_index])
         batches = chunk_batches(src_lens[keep] + 1, tgt_lens[keep] + 1, self.cfg.window_rows,
                                 self.cfg.max_tokens, rng, shuffle=self.cfg.shuffle_buffer_rows > 0)
