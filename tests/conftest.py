@@ -1,6 +1,7 @@
 """Shared fixtures: tiny models and a local 2-CPU Ray cluster."""
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -22,6 +23,21 @@ def ray_cluster():
     DataContext.get_current().enable_progress_bars = False
     yield
     ray.shutdown()
+
+
+# Ray forwards its actors' log lines to the driver's stderr whenever they come, e.g.
+# "\x1b[36m(PlacementGroupCleaner pid=7)\x1b[0m Failed to query ..." from a detached
+# helper of an earlier run; those are not the output under test.
+_RAY_FORWARDED = re.compile(r"^(\x1b\[[0-9;]*m)?\(([^)]*pid=\d+[^)]*|raylet[^)]*)\)")
+
+
+@pytest.fixture
+def err_lines(capsys):
+    """Return a function giving captured stderr lines, less lines forwarded from Ray actors."""
+    def lines() -> list[str]:
+        err = capsys.readouterr().err.strip().splitlines()
+        return [line for line in err if not _RAY_FORWARDED.match(line)]
+    return lines
 
 
 @pytest.fixture

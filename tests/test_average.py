@@ -65,7 +65,7 @@ def test_cli_best_writes_a_checkpoint(run_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("case", ["too_many", "other_model", "other_vocab", "metric", "overwrite"])
-def test_refusals_are_one_line(run_dir, tmp_path, case, capsys):
+def test_refusals_are_one_line(run_dir, tmp_path, case, err_lines):
     first = str(run_dir / RUN[0][0])
     args = {"too_many": [str(run_dir), "--last", "4"],
             "metric": [str(run_dir), "--best", "2", "--metric", "valid_ter"],
@@ -76,7 +76,7 @@ def test_refusals_are_one_line(run_dir, tmp_path, case, capsys):
         args = ["--checkpoints", first, str(make_checkpoint(tmp_path / "vocab", vocab_size=248))]
     out = str(tmp_path / "out") if case != "overwrite" else first
     assert average.main([*args, "--output", out]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = err_lines()
     assert len(err) == 1 and err[0].startswith("raymt.average: error: ")
     expected = {"too_many": "only 3 checkpoint(s)", "other_model": "model.d_model=16 vs 32",
                 "other_vocab": "same vocabulary", "metric": "'valid_ter'", "overwrite": "is one of"}[case]

@@ -145,7 +145,7 @@ def _one_line_error(excinfo) -> str:
 # ----------------------------------------------------------------------------- multi30k
 
 @needs_multi30k
-def test_multi30k_through_mirror(tmp_path, m30k, capsys):
+def test_multi30k_through_mirror(tmp_path, m30k, err_lines):
     splits = fetch_dataset("multi30k", "en", "de", tmp_path, mirror=m30k.url)
     assert set(splits) == {"train", "valid", "test_2016_flickr"}
     lines = {"train": 29000, "valid": 1014, "test_2016_flickr": 1000}
@@ -155,7 +155,7 @@ def test_multi30k_through_mirror(tmp_path, m30k, capsys):
             assert _sha256(path) == SHA256[Path(path).name]
             assert _gz_lines(path) == lines[key]
     assert not list(tmp_path.rglob("*.part")) and not (tmp_path / "checksums.json").exists()
-    assert len(capsys.readouterr().err.strip().splitlines()) == 6  # one line per file
+    assert len(err_lines()) == 6  # one line per file
     # the reverse direction is the same files, swapped, and needs no download
     count = len(m30k.requests)
     reverse = fetch_dataset("multi30k", "de", "en", tmp_path, mirror=m30k.url)

@@ -72,7 +72,7 @@ def test_cli_translate_gives_the_same_hypotheses(files):
 
 
 @pytest.mark.parametrize("case", ["no_checkpoint", "no_file", "line_counts", "duplicate_name", "beam"])
-def test_bad_input_is_one_line_before_ray(files, case, tmp_path, monkeypatch, capsys):
+def test_bad_input_is_one_line_before_ray(files, case, tmp_path, monkeypatch, err_lines):
     def no_ray(*_):
         raise AssertionError("Ray must not start on bad input")
 
@@ -92,7 +92,7 @@ def test_bad_input_is_one_line_before_ray(files, case, tmp_path, monkeypatch, ca
         extra = ["--beam", "0"]
     args = ["--checkpoint", checkpoint, "--output-dir", str(tmp_path / "o"), *extra]
     assert evaluate.main(args + [a for t in tests for a in ("--test", t)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = err_lines()
     assert len(err) == 1 and err[0].startswith("raymt.evaluate: error: ")
     expected = {"no_checkpoint": "does not exist", "no_file": "missing file", "line_counts": "has 5 lines",
                 "duplicate_name": "two test sets", "beam": "beam=0"}[case]
@@ -101,10 +101,10 @@ def test_bad_input_is_one_line_before_ray(files, case, tmp_path, monkeypatch, ca
 
 @pytest.mark.parametrize("flags, message", [(["--num-actors", "5"], "exceeds the cluster's 2 CPUs"),
                                             (["--gpu"], "needs 2 GPUs; the cluster has 0")])
-def test_actors_that_cannot_be_placed_are_one_line(ray_cluster, files, tmp_path, capsys, flags, message):
+def test_actors_that_cannot_be_placed_are_one_line(ray_cluster, files, tmp_path, flags, message, err_lines):
     args = ["--checkpoint", str(files["checkpoint"]), "--test", str(files["a"]), "--output-dir", str(tmp_path)]
     assert evaluate.main(args + flags) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = err_lines()
     assert len(err) == 1 and message in err[0]
 
 

@@ -69,13 +69,13 @@ def test_half_precision_export_loads(checkpoint, tmp_path):
     assert (out / "model.pt").stat().st_size < 0.6 * (checkpoint / "model.pt").stat().st_size
 
 
-def test_malicious_pickle_is_refused(checkpoint, tmp_path, capsys):
+def test_malicious_pickle_is_refused(checkpoint, tmp_path, err_lines):
     out = export.export_model(checkpoint, tmp_path / "model", "torch")
     marker = plant_malicious_pickle(out / "model.pt", tmp_path)
     with pytest.raises(ValueError, match=r"refusing to load .*model\.pt: it would run posix\.system"):
         load_model(out)
     assert translate.main(["--checkpoint", str(out), "Belize"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = err_lines()
     assert len(err) == 1 and "corrupt or malicious" in err[0]
     assert not marker.exists()
 
@@ -88,12 +88,12 @@ def test_safetensors_export(checkpoint, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("case", ["missing", "not_empty"])
-def test_export_errors_are_one_line(checkpoint, tmp_path, case, capsys):
+def test_export_errors_are_one_line(checkpoint, tmp_path, case, err_lines):
     source = str(tmp_path / "nothing") if case == "missing" else str(checkpoint)
     (tmp_path / "out").mkdir()
     if case == "not_empty":
         (tmp_path / "out" / "file").write_text("x")
     assert export.main(["--checkpoint", source, "--output", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = err_lines()
     assert len(err) == 1 and err[0].startswith("raymt.export: error: ")
     assert ("does not exist" if case == "missing" else "not empty") in err[0]
