@@ -9,9 +9,11 @@ For each corpus size (0.5 M and 2 M pairs by default) this benchmark
    tokens/s the pipeline delivers;
 4. trains on the same corpus with `raymt.train.run` (2 workers) for a fixed number of steps:
    the tokens/s training consumes and the share of the loop spent waiting for data.
-A sampler thread records the peak resident memory of the driver, the training workers,
-the stream actors and Ray Data's tasks. Everything is measured in this one run; the table
-shows the ratios and whether memory grew with the corpus.
+A sampler thread records the peak private memory of the driver, the training workers,
+the stream actors and Ray Data's tasks, with the object store's shared pages apart (see
+`private_mb`). Each size runs in a fresh driver process and Ray cluster, one after the
+other in this one command; the table shows the ratios and whether memory grew with the
+corpus.
 
     python benchmarks/bench_data.py [--sizes 500000,2000000] [--steps 150] [--json bench_data.json]
 """
@@ -21,9 +23,11 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import platform
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -78,11 +82,36 @@ def make_corpus(num_pairs: int, directory: Path, seed: int = 1) -> tuple[Path, P
 # ---------------------------------------------------------------- memory
 
 
-class PeakMemory:
-    """Samples the private memory (USS) of this process and of Ray's worker processes.
+def private_mb(pid: int) -> tuple[float, float]:
+    """(heap, object store) MB of a process's private pages, from /proc/PID/smaps.
 
-    USS, not RSS: a process that reads blocks from Ray's shared-memory object store maps
-    those pages, and RSS would count every shared page it ever touched.
+    Private pages are those no other process maps (USS). Ray's object store is a
+    shared-memory file (/dev/shm/plasma*) that every worker maps: a page a task wrote and
+    nobody has read yet counts as that task's private memory, and stays in its page table
+    after the object is freed, until the store reuses it. Those pages are reported apart
+    from the process's own memory, which is what must not grow with the corpus.
+    """
+    heap = store = 0
+    in_store = False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                in_store = "/dev/shm/plasma" in line
+            elif line.startswith(("Private_Clean:", "Private_Dirty:")):
+                kb = int(line.split()[1])
+                if in_store:
+                    store += kb
+                else:
+                    heap += kb
+    return heap / 1024, store / 1024
+
+
+class PeakMemory:
+    """Samples the private memory of this process and of Ray's worker processes.
+
+    Private (USS), not RSS: RSS would count every shared page a process touched. The
+    object store's pages are kept apart (see `private_mb`): `peaks` holds each role's own
+    memory, `store_peaks` the object-store pages its processes held privately.
     """
 
     ROLES = {"RayTrainWorker": "train_worker", "StreamBench": "stream_actor", "ray::": "ray_task"}
@@ -92,6 +121,7 @@ class PeakMemory:
 
         self.psutil, self.me, self.every_s = psutil, psutil.Process(), every_s
         self.peaks: dict[str, float] = {}  # role -> MB
+        self.store_peaks: dict[str, float] = {}  # role -> MB of object-store pages
         self.by_title: dict[str, float] = {}  # process title (e.g. ray::IDLE) -> MB
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
@@ -113,13 +143,19 @@ class PeakMemory:
                 if title is None:
                     continue
                 try:
-                    uss = proc.memory_full_info().uss / 2**20
-                except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
+                    heap, store = private_mb(proc.pid)
+                except (FileNotFoundError, ProcessLookupError, PermissionError):
                     continue
                 role = "driver" if title == "driver" else next(
                     (r for key, r in self.ROLES.items() if key in title), "ray_task")
-                self.peaks[role] = max(self.peaks.get(role, 0.0), uss)
-                self.by_title[title] = max(self.by_title.get(title, 0.0), uss)
+                self.peaks[role] = max(self.peaks.get(role, 0.0), heap)
+                self.store_peaks[role] = max(self.store_peaks.get(role, 0.0), store)
+                self.by_title[title] = max(self.by_title.get(title, 0.0), heap)
+
+    def summary(self) -> dict:
+        """The peaks as JSON fields."""
+        return {"peak_private_mb": self.peaks, "peak_store_pages_mb": self.store_peaks,
+                "peak_private_mb_by_process": self.by_title}
 
     def __enter__(self) -> "PeakMemory":
         self.thread.start()
@@ -217,15 +253,14 @@ def bench_size(num_pairs: int, args: argparse.Namespace, work: Path) -> dict:
         prepared = prepare(src, tgt, directory / "corpus", args.vocab_size)
     split = prepared["manifest"]["splits"]["train"]
     result["prepare"] = {"seconds": prepared["seconds"], "kept_pairs": split["num_pairs"],
-                         "shards": len(split["files"]), "peak_uss_mb": mem.peaks,
-                         "peak_uss_mb_by_process": mem.by_title}
+                         "shards": len(split["files"]), **mem.summary()}
     src.unlink(), tgt.unlink()  # only the shards are read from here on
     with PeakMemory() as mem:
         result["stream"] = stream_epoch(str(directory / "corpus"))
-    result["stream"].update(peak_uss_mb=mem.peaks, peak_uss_mb_by_process=mem.by_title)
+    result["stream"].update(mem.summary())
     with PeakMemory() as mem:
         result["train"] = train(str(directory / "corpus"), args.steps, args.preset, directory / "runs")
-    result["train"].update(peak_uss_mb=mem.peaks, peak_uss_mb_by_process=mem.by_title)
+    result["train"].update(mem.summary())
     # Training reports global tokens/s (both workers); the pipeline's rate is per worker.
     result["ratio"] = (result["stream"]["min_tgt_tokens_per_s_per_worker"]
                        / (result["train"]["tgt_tokens_per_s"] / 2))
@@ -235,38 +270,60 @@ def bench_size(num_pairs: int, args: argparse.Namespace, work: Path) -> dict:
 def print_table(results: list[dict]) -> None:
     """One row per corpus size, then the memory comparison between the smallest and largest."""
     print("\n| pairs | prepare s | pipeline tok/s/worker | training tok/s/worker | ratio | data wait "
-          "| peak USS MB: driver / train worker / stream actor / Ray Data task |")
-    print("|---|---|---|---|---|---|---|")
+          "| peak private MB: driver / train worker / stream actor / Ray Data task | object-store pages MB |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        peaks = {**r["stream"]["peak_uss_mb"], **{k: v for k, v in r["train"]["peak_uss_mb"].items()
+        peaks = {**r["stream"]["peak_private_mb"], **{k: v for k, v in r["train"]["peak_private_mb"].items()
                                                   if k != "stream_actor"}}
-        driver = max(r[p]["peak_uss_mb"].get("driver", 0) for p in ("prepare", "stream", "train"))
-        task = max(r[p]["peak_uss_mb"].get("ray_task", 0) for p in ("prepare", "stream", "train"))
+        driver = max(r[p]["peak_private_mb"].get("driver", 0) for p in ("prepare", "stream", "train"))
+        task = max(r[p]["peak_private_mb"].get("ray_task", 0) for p in ("prepare", "stream", "train"))
+        store = max(max(r[p]["peak_store_pages_mb"].values(), default=0) for p in ("prepare", "stream", "train"))
         print(f"| {r['pairs']:,} | {r['prepare']['seconds']:.0f} | "
               f"{r['stream']['min_tgt_tokens_per_s_per_worker'] / 1e3:.0f}k | "
               f"{r['train']['tgt_tokens_per_s'] / 2e3:.1f}k | {r['ratio']:.0f}x | "
               f"{100 * r['train']['data_share']:.1f}% | {driver:.0f} / "
-              f"{peaks.get('train_worker', 0):.0f} / {peaks.get('stream_actor', 0):.0f} / {task:.0f} |")
+              f"{peaks.get('train_worker', 0):.0f} / {peaks.get('stream_actor', 0):.0f} / {task:.0f} | {store:.0f} |")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """Run every size, print the table, write the JSON."""
-    import ray
-    import torch
+def isolated(num_pairs: int, args: argparse.Namespace) -> dict:
+    """One size in a fresh driver process with its own Ray cluster.
 
+    Python and Arrow keep freed memory for reuse, and Ray reuses its worker processes: in
+    one process the second size would inherit the first one's high-water marks.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "one.json"
+        cmd = [sys.executable, __file__, "--sizes", str(num_pairs), "--steps", str(args.steps),
+               "--preset", args.preset, "--vocab-size", str(args.vocab_size), "--json", str(out)]
+        if args.work_dir:
+            cmd += ["--work-dir", args.work_dir]
+        subprocess.run(cmd, check=True)
+        return json.loads(out.read_text())["results"][0]
+
+
+def in_process(sizes: list[int], args: argparse.Namespace) -> list[dict]:
+    """Every size in this process (one size: the isolated run itself)."""
     from raymt.train import init_ray
 
-    args = parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")]
     init_ray()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="raymt-bench-data-"))
     try:
-        results = [bench_size(n, args, work) for n in sizes]
+        return [bench_size(n, args, work) for n in sizes]
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run every size (each in its own process), print the table, write the JSON."""
+    import ray
+    import torch
+
+    args = parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    results = in_process(sizes, args) if len(sizes) == 1 else [isolated(n, args) for n in sizes]
     print_table(results)
-    info = {"machine": platform.platform(), "cpus": ray.cluster_resources().get("CPU"),
+    info = {"machine": platform.platform(), "cpus": os.cpu_count(),
             "torch": torch.__version__, "ray": ray.__version__, "command": " ".join(sys.argv)}
     Path(args.json).write_text(json.dumps({"info": info, "results": results}, indent=2))
     print(f"\nfull figures: {args.json}")

@@ -828,16 +828,19 @@ def _only_warnings(record: logging.LogRecord) -> bool:
 
 @contextlib.contextmanager
 def _ray_data_settings() -> Iterator[None]:
-    """Ordered execution (shard order, first duplicate kept) and a quiet terminal.
+    """Ordered execution (shard order, first duplicate kept), small blocks, a quiet terminal.
 
     Errors still raise (ours as one line) and Ray Data's log file keeps everything; on the
     terminal it would print each of our input errors again with a traceback.
     """
     from ray.data import DataContext
 
+    from raymt.stream import MAX_BLOCK_BYTES
+
     ctx = DataContext.get_current()
-    saved = ctx.execution_options.preserve_order, ctx.enable_progress_bars
+    saved = ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.target_max_block_size
     ctx.execution_options.preserve_order = True
+    ctx.target_max_block_size = MAX_BLOCK_BYTES  # task memory independent of input sizes
     ctx.enable_progress_bars = False  # our progress lines and final table say enough
     terminals = [h for h in logging.getLogger("ray.data").handlers
                  if isinstance(h, logging.StreamHandler)]
@@ -846,7 +849,7 @@ def _ray_data_settings() -> Iterator[None]:
     try:
         yield
     finally:
-        ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
+        ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.target_max_block_size = saved
         for handler in terminals:
             handler.removeFilter(_only_warnings)
 

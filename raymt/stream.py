@@ -32,6 +32,10 @@ from raymt.batching import Batch, chunk_batches, collate_flat
 from raymt.config import DataConfig
 
 COLUMNS = ["src_ids", "tgt_ids"]
+# Ray Data gathers what a task yields into blocks of up to 128 MiB by default; a read task
+# whose slice holds many shards would then hold that much (and copies) at once. Small
+# blocks keep a task's memory independent of the corpus size (benchmarks/bench_data.py).
+MAX_BLOCK_BYTES = 16 << 20
 Files = list[tuple[str, int]]  # (path or URI of a shard, pairs in it)
 
 
@@ -84,6 +88,7 @@ def read_plan(plan: list[tuple[str, int, int]], prefetch_batches: int = 2) -> It
         return
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # the row order is part of the epoch's plan
+    context.target_max_block_size = MAX_BLOCK_BYTES
     context.enable_progress_bars = False
     ds = ray.data.read_parquet([path for path, _, _ in plan], columns=COLUMNS)
     # Rows arrive file by file; only the first and last file of a slice are partial.
