@@ -49,11 +49,13 @@ def token_budget_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens:
                          rng: np.random.Generator) -> list[np.ndarray]:
     """Cut one window of rows into batches whose padded size rows * longest <= max_tokens.
 
-    Rows are sorted by length so that padding stays small; the batch order is shuffled.
-    `tgt_lens` count the EOS/BOS-extended target.
+    Rows are sorted by their longer side, then source, then target length (ties at random):
+    a batch's rows then share both lengths as far as the window allows, which pads less
+    than sorting by the longer side alone (Multi30k, half an epoch in one window of 16k
+    rows, 2048-token batches: 0.957 vs 0.928 of the tokens are real; benchmarks/speed.py). The batch order is shuffled. `tgt_lens` count the EOS/BOS-extended target.
     """
     longest = np.maximum(src_lens, tgt_lens)
-    order = np.lexsort((rng.random(len(longest)), longest))  # ties broken at random
+    order = np.lexsort((rng.random(len(longest)), tgt_lens, src_lens, longest))  # last key first
     batches, start, batch_max = [], 0, 0
     for pos, i in enumerate(order):
         new_max = max(batch_max, int(longest[i]))

@@ -83,9 +83,10 @@ class DataConfig:
     sp_sample_size: int = 200_000
     # Per worker and micro-batch: rows * longest row (padding included) stays under this.
     max_tokens: int = 2048
-    # Rows per length-sorted window from which token-budget batches are cut.
-    window_rows: int = 4096
-    shuffle_buffer_rows: int = 8192
+    # Rows per length-sorted window from which token-budget batches are cut: the more rows,
+    # the more alike the lengths in a batch (less padding), the less random its composition.
+    window_rows: int = 16384
+    shuffle_buffer_rows: int = 16384
     max_len: int = 200
     eval_batch_size: int = 64
 

@@ -72,3 +72,24 @@ def test_too_long_input_is_a_clear_error(tiny_model):
     src = torch.full((1, tiny_model.cfg.max_positions + 1), 5)
     with pytest.raises(ValueError, match="max_positions"):
         tiny_model.encode(src)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_cpu_dropout_rate_scale_gradient_and_seed(p):
+    from raymt.model import Dropout
+
+    drop = Dropout(p).train()
+    x = torch.ones(1000, 1000, requires_grad=True)
+    torch.manual_seed(3)
+    out = drop(x)
+    kept = out != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.002  # 1e6 draws: sd 0.0005
+    assert torch.allclose(out[kept], torch.tensor(1 / (1 - p)), rtol=1e-4)
+    assert abs(out.mean().item() - 1.0) < 0.005  # expectation preserved
+    out.sum().backward()
+    assert torch.equal(x.grad, out.detach())  # d out / d x = mask * scale
+    torch.manual_seed(3)
+    assert torch.equal(drop(x), out)  # the torch seed fixes the masks (exact resume)
+    # Rows are not copies of each other (the 16-bit lanes are independent).
+    assert not torch.equal(kept[0], kept[1])
+    assert torch.equal(drop.eval()(x), x)
