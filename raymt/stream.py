@@ -146,8 +146,9 @@ class TrainStream:
     """One epoch of a worker's token-budget batches; `position` follows what was consumed.
 
     A background thread reads, cuts and collates up to `prefetch` batches ahead, so
-    training rarely waits; `start()` begins that early (the next epoch's stream starts once
-    this one has read everything). `busy_s` is the time the consumer waited.
+    training rarely waits; `start()` begins that early (the training loop starts the next
+    epoch's stream after the current epoch's first step). `busy_s` is the time the consumer
+    waited; `read_all` is set once the last batch is queued.
     """
 
     def __init__(self, files: Files, cfg: DataConfig, seed: int, rank: int, world_size: int,

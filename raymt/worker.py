@@ -308,8 +308,10 @@ class WorkerLoop:
         cfg = self.cfg
         for group, num_tokens in lockstep(self.stream, cfg.optim.update_freq, self.device):
             self.position = self.stream.position
-            if self.stream.read_all.is_set():  # the next epoch warms up while this one ends
-                self.upcoming.start()
+            # The next epoch's stream starts after this epoch's first step: starting a Ray Data
+            # read takes seconds (5-14 s for the first batch here under load), and its reader
+            # then waits with one chunk queued, so an epoch never waits for the next.
+            self.upcoming.start()
             loss, applied = train_step(self.model, self.optimizer, group, num_tokens, cfg, self.autocast)
             self.write_trace()
             if not applied:

@@ -1,0 +1,606 @@
+"""Speed: raymt against a plain PyTorch loop, Hugging Face, CTranslate2 and the hardware.
+
+One command measures every ratio side by side in this one run (never against a number
+from another run) on Multi30k en-de with the `small` preset, and prints one table:
+
+    python benchmarks/speed.py [--gpu] [--json benchmarks/results/speed.json]
+
+| ratio | how |
+|---|---|
+| Ray overhead | raymt (Ray Train, 1 worker x all threads) tokens/s / a plain in-process loop |
+| scaling | raymt 2 workers x 1 thread / 1 worker x 1 thread, tokens/s |
+| padding | real / all (src + tgt) tokens of the training batches of one epoch |
+| hardware | training FLOP/s (formula in `train_flops`) / measured matmul FLOP/s |
+| peer: training | raymt model / HF MarianMTModel, same dims, weights and batches, plain loop |
+| peer: decoding | raymt beam-5 sentences/s / HF `generate` on the same weights |
+| inference limit | raymt beam-5 sentences/s / CTranslate2 (float32) on the same weights |
+| data | tokens/s the Ray Data stream delivers / tokens/s training consumes, per worker |
+
+Timed phases alternate the systems they compare (A B A B ...) so that both see the
+same machine; each rate is the median of its repeats. Models are post-norm so that the
+very same weights load into HF Marian (which has no pre-norm variant); the checkpoint
+decoded is the one the scaling run trains (or --checkpoint). The Ray cluster is
+started with one logical CPU more than the machine has, so that Ray Data keeps its CPU
+while a lone worker takes every core (its reader is a thread that mostly waits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from raymt.batching import Batch  # noqa: E402
+from raymt.config import Config, ModelConfig, apply_overrides, preset  # noqa: E402
+from raymt.tokenizer import PAD_ID  # noqa: E402
+
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+
+TARGETS = {"ray_overhead": (0.97, True), "scaling": (1.85, True), "padding": (0.97, True),
+           "hardware": (0.5, False), "peer_training": (1.5, True), "peer_decoding": (2.0, True),
+           "inference_limit": (0.5, False), "data": (10.0, True)}
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Command-line flags."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpu", action="store_true", help="train and decode on the GPU (bf16 autocast)")
+    p.add_argument("--preset", default="small")
+    p.add_argument("--ray-steps", type=int, default=200, help="steps of each raymt run")
+    p.add_argument("--update-freq", type=int, default=1,
+                   help="micro-batches per update in the scaling runs (no_sync on all but the last)")
+    p.add_argument("--repeats", type=int, default=2, help="alternated repeats of each in-process comparison")
+    p.add_argument("--limit", type=int, default=300, help="test_2016_flickr sentences decoded")
+    p.add_argument("--checkpoint", help="decode this checkpoint (default: the scaling run's)")
+    p.add_argument("--data", default=str(MULTI30K), help="Multi30k directory (train/val/test_2016_flickr)")
+    p.add_argument("--skip", default="", help="comma-separated benchmarks to skip, e.g. peer_training")
+    p.add_argument("--work-dir", help="keep corpus and runs here (default: a temporary directory)")
+    p.add_argument("--json", default="benchmarks/results/speed.json", help="where to write every figure")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------- setup
+
+
+def prepare_multi30k(data: Path, out: Path, vocab_size: int = 8000) -> Path:
+    """Multi30k train (and 100 validation pairs) as a prepared corpus with an 8k joint vocabulary."""
+    from raymt import prepare as prep
+    from raymt.config import PrepareConfig
+    from raymt.data import read_parallel
+
+    if (out / "manifest.json").exists():
+        return out
+    if not (data / "train.en.gz").exists():
+        raise SystemExit(f"speed.py: Multi30k not found in {data}: pass --data DIR")
+    src, tgt = read_parallel(str(data / "val"), "en", "de")
+    prep.prepare_corpus(PrepareConfig(vocab_size=vocab_size), str(out),
+                        [prep.Source(kind="text", paths=(str(data / "train.en.gz"), str(data / "train.de.gz")))],
+                        [prep.Source(kind="pairs", pairs=(src[:100], tgt[:100]))])
+    return out
+
+
+def model_config(name: str) -> ModelConfig:
+    """The preset, post-norm (see the module docstring), without dropout's randomness in timing."""
+    cfg = preset(name)
+    cfg.pre_norm = False
+    return cfg
+
+
+def stream_batches(corpus: Path, rank: int, world_size: int, limit: Optional[int] = None) -> list[Batch]:
+    """The training batches worker `rank` of `world_size` gets in epoch 0 (at most `limit`)."""
+    from raymt import prepare as prep
+    from raymt.config import DataConfig
+    from raymt.stream import Position, TrainStream
+
+    files = prep.train_files(str(corpus), prep.read_manifest(str(corpus)))
+    stream = TrainStream(files, DataConfig(), seed=1, rank=rank, world_size=world_size, position=Position(0))
+    out = []
+    for batch in stream:
+        out.append(batch)
+        if limit and len(out) >= limit:
+            break
+    stream.close()
+    return out
+
+
+def vocab_size(corpus: Path) -> int:
+    """The corpus tokenizer's (padded) vocabulary size."""
+    from raymt.tokenizer import Tokenizer
+
+    return Tokenizer.load(corpus / "spm.model").vocab_size
+
+
+# ---------------------------------------------------------------- in-process training
+
+
+def train_flops(cfg: ModelConfig, vocab: int, batch: Batch) -> float:
+    """Training FLOPs of one step on the padded batch: 3 x forward (backward = 2 x forward).
+
+    Forward, per sequence with S source and T target positions (padding included: the
+    hardware computes it), D = d_model, F = d_ff, V = vocabulary, 2 FLOPs per multiply-add:
+    encoder layer 2S(4D^2 + 2DF) + 4S^2 D; decoder layer 2T(4D^2 + 2DF) + 2(T + S)2D^2
+    (cross-attention q/out on T, k/v on S) + 4T^2 D + 4TSD; output 2TDV. Embedding
+    lookups, norms, softmax and the optimizer are not counted.
+    """
+    b, s = batch.src.shape
+    t = batch.tgt_in.size(1)
+    d, f = cfg.d_model, cfg.d_ff
+    enc = 2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d
+    dec = 2 * t * (4 * d * d + 2 * d * f) + 2 * (t + s) * 2 * d * d + 4 * t * t * d + 4 * t * s * d
+    fwd = cfg.num_encoder_layers * enc + cfg.num_decoder_layers * dec + 2 * t * d * vocab
+    return 3.0 * b * fwd
+
+
+def matmul_flops(device: str, dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> float:
+    """Measured FLOP/s of square matrix multiplies in this process (the hardware's practical peak)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        count += 1
+        if count % 8 == 0:
+            _sync(device)
+    _sync(device)
+    return 2 * n ** 3 * count / (time.perf_counter() - t0)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class PlainLoop:
+    """A hand-written single-process training loop: model, AdamW, inverse-sqrt schedule, steps."""
+
+    def __init__(self, model: torch.nn.Module, cfg: Config, device: str, step_fn: Optional[Callable] = None):
+        from raymt.optim import inverse_sqrt, make_optimizer
+
+        self.model, self.cfg, self.device = model.to(device), cfg, device
+        self.optimizer = make_optimizer(self.model, cfg.optim, fused=device.startswith("cuda"))
+        self.scheduler = inverse_sqrt(self.optimizer, cfg.optim.warmup_steps)
+        self.step_fn = step_fn or self.raymt_step
+
+    def raymt_step(self, batch: Batch) -> int:
+        """raymt's own update (`raymt.worker.train_step`, no DDP): loss, backward, clip, AdamW."""
+        from raymt.worker import train_step
+
+        autocast = (lambda: torch.autocast("cuda", torch.bfloat16)) if self.device.startswith("cuda") else None
+        num_tokens = batch.num_tokens
+        if autocast:
+            train_step(self.model, self.optimizer, [batch], num_tokens, self.cfg, autocast)
+        else:
+            train_step(self.model, self.optimizer, [batch], num_tokens, self.cfg)
+        return num_tokens
+
+    def tokens_per_s(self, batches: list[Batch]) -> float:
+        """Target tokens per second over `batches` (already on the device)."""
+        _sync(self.device)
+        t0, num_tokens = time.perf_counter(), 0
+        for batch in batches:
+            num_tokens += self.step_fn(batch)
+            self.scheduler.step()
+        _sync(self.device)
+        return num_tokens / (time.perf_counter() - t0)
+
+
+def alternate(loops: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Run each measurement `repeats` times, alternating their order (A B, B A, ...)."""
+    out: dict[str, list[float]] = {name: [] for name in loops}
+    names = list(loops)
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            out[name].append(loops[name]())
+    return out
+
+
+# ---------------------------------------------------------------- raymt on Ray
+
+
+def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps: int, log_every: int,
+              storage: Path, name: str, gpu: bool, update_freq: int = 1) -> dict:
+    """Train with `python -m raymt.train`'s code path; tokens/s of the intervals after the first."""
+    from raymt.train import run
+
+    overrides = {"data.corpus": str(corpus), "train.max_steps": steps, "train.eval_every": steps,
+                 "train.log_every": log_every, "train.num_workers": workers, "train.use_gpu": gpu,
+                 "train.storage_path": str(storage), "train.name": name, "train.num_to_keep": 1,
+                 "train.valid_beam": 1, "optim.update_freq": update_freq}
+    if not gpu:
+        overrides["train.cpus_per_worker"] = cpus
+    cfg = apply_overrides(Config(model=model), overrides)
+    summary = run(cfg, score_test=False)
+    with open(summary["metrics_csv"]) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("tokens_per_s")]
+    speeds = [float(r["tokens_per_s"]) for r in rows[1:]]  # the first interval holds start-up
+    return {"tokens_per_s": statistics.mean(speeds), "interval_tokens_per_s": speeds,
+            "data_share": float(rows[-1]["data_share"]), "wall_s": summary["wall_time_s"],
+            "checkpoint": summary["best_checkpoint"], "workers": workers, "cpus_per_worker": cpus}
+
+
+# ---------------------------------------------------------------- benchmarks
+
+
+class Bench:
+    """What every benchmark shares: flags, device, corpus, model shape, the first batches."""
+
+    def __init__(self, args: argparse.Namespace, work: Path):
+        self.args, self.work = args, work
+        self.device = "cuda" if args.gpu else "cpu"
+        self.threads = torch.get_num_threads()
+        self.corpus = prepare_multi30k(Path(args.data), work / "corpus")
+        self.vocab = vocab_size(self.corpus)
+        self.model_cfg = model_config(args.preset)
+        self.cfg = Config(model=self.model_cfg)
+        self.log_every = max(1, args.ray_steps // 6)
+        # The batches a lone worker trains on first: the plain loop times the ones the Ray
+        # run's measured intervals hold (after its first log interval).
+        batches = stream_batches(self.corpus, 0, 1, limit=args.ray_steps)
+        self.warmup = [b.to(self.device) for b in batches[:10]]
+        self.timed = [b.to(self.device) for b in batches[self.log_every:]]
+        self.runs: dict[str, dict] = {}
+        self.plain_rates: list[float] = []
+
+    def new_model(self) -> torch.nn.Module:
+        """The model every comparison starts from (same seed, same weights)."""
+        from raymt.model import Transformer
+
+        torch.manual_seed(0)
+        return Transformer(self.model_cfg, self.vocab)
+
+    def plain(self, make_model: Optional[Callable[[], torch.nn.Module]] = None,
+              step_fn_of: Optional[Callable] = None, num_batches: Optional[int] = None) -> Callable[[], float]:
+        """A measurement: a fresh plain loop, warmed up, timed over `self.timed` (or its first batches)."""
+        def measure() -> float:
+            loop = PlainLoop((make_model or self.new_model)(), self.cfg, self.device)
+            if step_fn_of is not None:
+                loop.step_fn = step_fn_of(loop)
+            loop.tokens_per_s(self.warmup)
+            return loop.tokens_per_s(self.timed[:num_batches])
+        return measure
+
+    def decoding(self) -> "Decoding":
+        """The decoding setup (built once)."""
+        if not hasattr(self, "_decoding"):
+            self._decoding = Decoding(self)
+        return self._decoding
+
+    def ray(self, name: str, workers: int, cpus: float, update_freq: int = 1) -> dict:
+        """A raymt run on Ray (cached by name)."""
+        if name not in self.runs:
+            self.runs[name] = raymt_run(self.corpus, self.model_cfg, workers, cpus, self.args.ray_steps,
+                                        self.log_every, self.work / "runs", name, self.args.gpu, update_freq)
+        return self.runs[name]
+
+
+def bench_ray_overhead(b: Bench) -> dict:
+    """raymt on Ray with one worker taking every thread vs the plain loop, plain run before and after."""
+    before = b.plain()()
+    run = b.ray("one-worker-all-threads", 1, float(b.threads))
+    after = b.plain()()
+    plain = (before + after) / 2
+    b.plain_rates = [before, after]
+    return {"ratio": run["tokens_per_s"] / plain, "raymt_tokens_per_s": run["tokens_per_s"],
+            "plain_tokens_per_s": [before, after], "threads": b.threads, "run": run}
+
+
+def bench_scaling(b: Bench) -> dict:
+    """2 workers x 1 thread vs 1 worker x 1 thread."""
+    if b.args.gpu and torch.cuda.device_count() < 2:
+        return {"skipped": "needs 2 GPUs"}
+    freq = b.args.update_freq
+    one = b.ray("one-worker-one-thread", 1, 1.0, freq)
+    two = b.ray("two-workers", 2, 1.0, freq)
+    return {"ratio": two["tokens_per_s"] / one["tokens_per_s"], "update_freq": freq,
+            "one_worker": one, "two_workers": two}
+
+
+def bench_padding(b: Bench) -> dict:
+    """Real tokens / all tokens (source and target) over rank 0's batches of a 2-worker epoch."""
+    real = total = 0
+    batches = stream_batches(b.corpus, 0, 2)
+    for batch in batches:
+        real += int((batch.src != PAD_ID).sum() + (batch.tgt_out != PAD_ID).sum())
+        total += batch.src.numel() + batch.tgt_out.numel()
+    return {"ratio": real / total, "batches": len(batches), "real_tokens": real, "all_tokens": total}
+
+
+def bench_hardware(b: Bench) -> dict:
+    """Training FLOP/s of the plain loop / matmul FLOP/s, measured one after the other."""
+    dtype = torch.bfloat16 if b.args.gpu else torch.float32
+    peak = matmul_flops(b.device, dtype)
+    # The plain loop's rate right after the matmul rate (or the overhead benchmark's, if run).
+    tokens_per_s = b.plain()() if not b.plain_rates else statistics.mean(b.plain_rates)
+    flops = sum(train_flops(b.model_cfg, b.vocab, x) for x in b.timed)
+    achieved = tokens_per_s * flops / sum(x.num_tokens for x in b.timed)
+    return {"ratio": achieved / peak, "achieved_flops": achieved, "matmul_flops": peak,
+            "matmul_dtype": str(dtype), "tokens_per_s": tokens_per_s}
+
+
+def stream_rate(corpus: Path, rank: int, world_size: int, epochs: int) -> dict:
+    """Target tokens/s one worker's stream delivers over `epochs` epochs, each next epoch's
+    stream started after the current epoch's first batch (as the training loop does)."""
+    from raymt import prepare as prep
+    from raymt.config import DataConfig
+    from raymt.stream import Position, TrainStream
+
+    files = prep.train_files(str(corpus), prep.read_manifest(str(corpus)))
+    streams = [TrainStream(files, DataConfig(), 1, rank, world_size, Position(e)) for e in range(epochs)]
+    t0 = time.perf_counter()
+    first = None
+    num_tokens = 0
+    for epoch, stream in enumerate(streams):
+        for batch in stream.start():
+            first = first or time.perf_counter()
+            num_tokens += batch.num_tokens
+            if epoch + 1 < epochs:
+                streams[epoch + 1].start()
+        stream.close()
+    end = time.perf_counter()
+    return {"tokens": num_tokens, "seconds": end - t0, "first_batch_s": first - t0,
+            "tokens_per_s": num_tokens / (end - first)}
+
+
+def bench_data(b: Bench) -> dict:
+    """Tokens/s the stream delivers per worker (after its first batch) / tokens/s a 2-worker run trains on."""
+    import ray
+
+    remote = ray.remote(num_cpus=0.5)(stream_rate)
+    delivered = ray.get([remote.remote(b.corpus, rank, 2, 3) for rank in range(2)])
+    if b.args.gpu:
+        run = b.ray("one-worker-all-threads", 1, float(b.threads))
+        consumed = run["tokens_per_s"]
+    else:
+        run = b.ray("two-workers", 2, 1.0)
+        consumed = run["tokens_per_s"] / 2
+    rate = min(d["tokens_per_s"] for d in delivered)
+    return {"ratio": rate / consumed, "delivered_per_worker": delivered, "consumed_per_worker": consumed,
+            "data_share": run["data_share"]}
+
+
+PEER_BATCHES = 60  # timed batches per peer-training measurement
+
+
+def bench_peer_training(b: Bench) -> dict:
+    """raymt's model vs HF MarianMTModel with the same weights, batches, loss and optimizer."""
+    try:
+        from benchmarks import peers
+    except ImportError:
+        return {"skipped": "pip install transformers"}
+
+    def hf_step(loop: PlainLoop) -> Callable[[Batch], int]:
+        autocast = (lambda: torch.autocast("cuda", torch.bfloat16)) if b.args.gpu else contextlib.nullcontext
+        return lambda batch: peers.marian_train_step(loop.model, loop.optimizer, batch, b.cfg.optim.label_smoothing,
+                                                     b.cfg.optim.clip_norm, autocast)
+
+    num = PEER_BATCHES
+    measures = {"raymt": b.plain(num_batches=num),
+                "hf_marian": b.plain(lambda: peers.to_marian(b.new_model().train(), dropout=True), hf_step, num)}
+    rates = alternate(measures, b.args.repeats)
+    mid = {k: statistics.median(v) for k, v in rates.items()}
+    return {"ratio": mid["raymt"] / mid["hf_marian"], "tokens_per_s": rates}
+
+
+# ---------------------------------------------------------------- decoding
+
+BEAM = 5
+
+
+def decode_options():
+    """Beam 5 with no length penalty: CTranslate2's penalty (len^a) is not raymt's (GNMT), and
+    HF's is another still; at 0 all three search for the same best hypothesis."""
+    from raymt.decoding import DecodeOptions
+
+    return DecodeOptions(beam=BEAM, length_penalty=0.0)
+
+
+class Decoding:
+    """The checkpoint every decoder loads, and the test sentences as source ids."""
+
+    def __init__(self, b: Bench):
+        from raymt.checkpoint import load_model
+        from raymt.data import read_parallel
+        from raymt.decoding import encode_sources, length_batches
+
+        checkpoint = b.args.checkpoint or b.ray("two-workers", 2, 1.0)["checkpoint"]
+        self.checkpoint = Path(checkpoint)
+        self.model, self.tokenizer, _ = load_model(checkpoint, b.device)
+        self.model.eval()
+        src, _ = read_parallel(str(Path(b.args.data) / "test_2016_flickr"), "en", "de")
+        self.sources = encode_sources(self.tokenizer, src[:b.args.limit], self.model.cfg.max_positions)
+        self.batches = length_batches([len(s) for s in self.sources], 64)  # translate()'s batches
+        self.device = b.device
+
+    def limit(self, idx: list[int]) -> int:
+        """raymt's longest output limit in a batch (EOS included)."""
+        opts = decode_options()
+        return max(int(opts.max_len_a * len(self.sources[i]) + opts.max_len_b) for i in idx)
+
+    def raymt(self) -> list[list[int]]:
+        """raymt's beam search (K/V cache), batch by batch."""
+        from raymt.decoding import decode, pad_batch
+
+        out: list[list[int]] = [[] for _ in self.sources]
+        with torch.inference_mode():
+            for idx in self.batches:
+                for i, ids in zip(idx, decode(self.model, pad_batch([self.sources[i] for i in idx], self.device),
+                                              decode_options())):
+                    out[i] = ids
+        return out
+
+    def timed(self, fn: Callable[[], list[list[int]]]) -> Callable[[], float]:
+        """A measurement of sentences/s that keeps the last outputs in `measure.outputs`.
+
+        The first call is a warm-up (thread pools, weight packing, allocator), not timed."""
+        warmed = []
+
+        def measure() -> float:
+            if not warmed:
+                fn()
+                warmed.append(True)
+            _sync(self.device)
+            t0 = time.perf_counter()
+            measure.outputs = fn()
+            _sync(self.device)
+            return len(self.sources) / (time.perf_counter() - t0)
+        return measure
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of sentences with identical outputs."""
+    return sum(x == y for x, y in zip(a, b)) / len(a)
+
+
+def bench_peer_decoding(b: Bench) -> dict:
+    """raymt beam 5 / HF `generate` beam 5 on the same weights, batches and length limits."""
+    try:
+        from benchmarks import peers
+    except ImportError:
+        return {"skipped": "pip install transformers"}
+    dec = b.decoding()
+    marian = peers.to_marian(dec.model).eval()
+    opts = decode_options()
+    measures = {"raymt": dec.timed(dec.raymt),
+                "hf_generate": dec.timed(lambda: peers.marian_translate(
+                    marian, dec.sources, BEAM, opts.max_len_a, opts.max_len_b, 64, 0.0))}
+    rates = alternate(measures, b.args.repeats)
+    mid = {k: statistics.median(v) for k, v in rates.items()}
+    lengths = [len(o) for o in measures["raymt"].outputs]
+    return {"ratio": mid["raymt"] / mid["hf_generate"], "sentences_per_s": rates,
+            "mean_output_tokens": statistics.mean(lengths),
+            "same_output": agreement(measures["raymt"].outputs, measures["hf_generate"].outputs),
+            "sentences": len(dec.sources)}
+
+
+def ct2_translator(b: Bench, dec: Decoding):
+    """raymt's checkpoint exported with `--format ctranslate2`, loaded for float32 inference."""
+    import ctranslate2
+
+    from raymt.export import export_model
+
+    out = b.work / "ct2"
+    if not out.exists():
+        export_model(dec.checkpoint, out, "ctranslate2")
+    return ctranslate2.Translator(str(out), device=b.device, compute_type="float32",
+                                  intra_threads=0 if b.args.gpu else b.threads, inter_threads=1)
+
+
+def ct2_decode(translator, vocab: list[str], dec: Decoding) -> list[list[int]]:
+    """CTranslate2 beam 5 over the same batches, the same length limits and no length penalty."""
+    index = {piece: i for i, piece in enumerate(vocab)}
+    out: list[list[int]] = [[] for _ in dec.sources]
+    for idx in dec.batches:
+        results = translator.translate_batch(
+            [[vocab[t] for t in dec.sources[i][:-1]] for i in idx],  # CTranslate2 adds the EOS
+            beam_size=BEAM, length_penalty=0.0, min_decoding_length=0,
+            max_decoding_length=dec.limit(idx) - 1, max_batch_size=len(idx))
+        for i, result in zip(idx, results):
+            out[i] = [index[p] for p in result.hypotheses[0]]
+    return out
+
+
+def bench_inference_limit(b: Bench) -> dict:
+    """raymt beam 5 / CTranslate2 beam 5 (float32) on the same weights, alternated."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return {"skipped": "pip install ctranslate2"}
+    from raymt.export import ct2_vocabulary
+
+    dec = b.decoding()
+    translator, vocab = ct2_translator(b, dec), ct2_vocabulary(dec.tokenizer)
+    measures = {"raymt": dec.timed(dec.raymt), "ctranslate2": dec.timed(lambda: ct2_decode(translator, vocab, dec))}
+    rates = alternate(measures, b.args.repeats)
+    mid = {k: statistics.median(v) for k, v in rates.items()}
+    return {"ratio": mid["raymt"] / mid["ctranslate2"], "sentences_per_s": rates,
+            "same_output": agreement(measures["raymt"].outputs, measures["ctranslate2"].outputs),
+            "sentences": len(dec.sources)}
+
+
+# ---------------------------------------------------------------- main
+
+BENCHMARKS: dict[str, Callable[[Bench], dict]] = {
+    "ray_overhead": bench_ray_overhead, "scaling": bench_scaling, "padding": bench_padding,
+    "hardware": bench_hardware, "peer_training": bench_peer_training,
+    "peer_decoding": bench_peer_decoding, "inference_limit": bench_inference_limit, "data": bench_data}
+
+
+def print_table(results: dict[str, dict]) -> None:
+    """One row per benchmark: ratio, target, met."""
+    print("\n| benchmark | ratio | target | met |")
+    print("|---|---|---|---|")
+    for name, result in results.items():
+        target, required = TARGETS[name]
+        if "ratio" not in result:
+            print(f"| {name} | - | {'>=' if required else 'goal >='} {target:g} | {result.get('skipped', '')} |")
+            continue
+        met = "yes" if result["ratio"] >= target else ("no" if required else "report")
+        print(f"| {name} | {result['ratio']:.3f} | {'>=' if required else 'goal >='} {target:g} | {met} |")
+
+
+def start_ray(gpu: bool) -> None:
+    """A local cluster with one logical CPU more than the machine (Ray Data's), dashboard on."""
+    import ray
+
+    from raymt.train import init_ray
+
+    if not os.environ.get("RAY_ADDRESS"):
+        ray.init(num_cpus=(os.cpu_count() or 1) + 1, include_dashboard=True, log_to_driver=True,
+                 runtime_env={"env_vars": {"RAY_DATA_LOG_LEVEL": "WARNING"}})
+    init_ray()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run every benchmark, print the table, write the JSON."""
+    import ray
+
+    args = parse_args(argv)
+    skip = {s for s in args.skip.split(",") if s}
+    unknown = skip - set(BENCHMARKS)
+    if unknown:
+        raise SystemExit(f"speed.py: unknown benchmark(s) in --skip: {', '.join(sorted(unknown))}")
+    start_ray(args.gpu)
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="raymt-speed-"))
+    results: dict[str, dict] = {}
+    try:
+        bench = Bench(args, work)
+        for name, fn in BENCHMARKS.items():
+            if name in skip:
+                continue
+            t0 = time.perf_counter()
+            results[name] = fn(bench)
+            results[name]["seconds"] = round(time.perf_counter() - t0, 1)
+            print(f"{name}: {results[name].get('ratio', results[name].get('skipped'))}", flush=True)
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    print_table(results)
+    info = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name() if args.gpu else None, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "ray": ray.__version__, "command": " ".join(sys.argv)}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"info": info, "results": results}, indent=2, default=str))
+    print(f"\nfull figures: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
