@@ -25,7 +25,7 @@ class Batch:
         return int((self.tgt_out != PAD_ID).sum())
 
     def to(self, device: torch.device | str) -> "Batch":
-        """Copy to a device (non-blocking from pinned memory on GPU)."""
+        """Copy to a device (non-blocking: overlaps with compute when the source is pinned)."""
         return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)))
 
 
