@@ -83,7 +83,7 @@ def test_three_trial_sweep_then_interrupt_and_resume(tmp_path):
     assert "best checkpoint:" in out.stdout
 
 
-@pytest.mark.slow  # flaky: a restarted trial sometimes waits on placement groups of stopped ones
+@pytest.mark.slow  # flaky: in 2 of 7 sweeps here asynchronous PBT exploited nothing (issue 4)
 def test_pbt_trial_continues_from_another_trials_checkpoint(tmp_path):
     out = tune_cli(*TINY_TRIAL, "--max-steps", "40", "--grid", "optim.lr=1e-4,1e-2",
                    "--scheduler", "pbt", "--max-concurrent", "2", "--set", "train.cpus_per_worker=0.5",
