@@ -413,6 +413,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"raymt.tune: error: {err}", file=sys.stderr)
         return 2
     print_table(summary)
+    return exit_status(summary["table"])
+
+
+def exit_status(table: list[dict]) -> int:
+    """0 when no trial failed; else 1, with one line saying how many did."""
+    failed = sum(row["status"] == "error" for row in table)
+    if failed:
+        print(f"raymt.tune: error: {failed} of {len(table)} trials failed; their error files are "
+              "listed in Tune's table above", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -98,3 +98,13 @@ def test_pbt_trial_continues_from_another_trials_checkpoint(tmp_path):
         assert own not in str(donor)  # it came from another trial
         # It kept the donor's step (and optimizer and weights): a fresh run logs step 10 first.
         assert run["start_step"] > 10
+
+
+def test_a_sweep_with_failed_trials_exits_1(capsys):
+    from raymt.tune import exit_status
+
+    assert exit_status([{"status": "completed"}, {"status": "stopped early"}]) == 0
+    assert capsys.readouterr().err == ""
+    assert exit_status([{"status": "completed"}, {"status": "error"}, {"status": "error"}]) == 1
+    assert capsys.readouterr().err.strip() == ("raymt.tune: error: 2 of 3 trials failed; their error "
+                                               "files are listed in Tune's table above")
