@@ -168,6 +168,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def autocast_for(device: str) -> Callable:
+    """bf16 autocast on GPU (as raymt trains there), no autocast on CPU."""
+    return (lambda: torch.autocast("cuda", torch.bfloat16)) if device.startswith("cuda") else contextlib.nullcontext
+
+
 class PlainLoop:
     """A hand-written single-process training loop: model, AdamW, inverse-sqrt schedule, steps."""
 
@@ -183,12 +188,8 @@ class PlainLoop:
         """raymt's own update (`raymt.worker.train_step`, no DDP): loss, backward, clip, AdamW."""
         from raymt.worker import train_step
 
-        autocast = (lambda: torch.autocast("cuda", torch.bfloat16)) if self.device.startswith("cuda") else None
         num_tokens = batch.num_tokens
-        if autocast:
-            train_step(self.model, self.optimizer, [batch], num_tokens, self.cfg, autocast)
-        else:
-            train_step(self.model, self.optimizer, [batch], num_tokens, self.cfg)
+        train_step(self.model, self.optimizer, [batch], num_tokens, self.cfg, autocast_for(self.device))
         return num_tokens
 
     def tokens_per_s(self, batches: list[Batch]) -> float:
@@ -387,9 +388,8 @@ def bench_peer_training(b: Bench) -> dict:
         return {"skipped": "pip install transformers"}
 
     def hf_step(loop: PlainLoop) -> Callable[[Batch], int]:
-        autocast = (lambda: torch.autocast("cuda", torch.bfloat16)) if b.args.gpu else contextlib.nullcontext
         return lambda batch: peers.marian_train_step(loop.model, loop.optimizer, batch, b.cfg.optim.label_smoothing,
-                                                     b.cfg.optim.clip_norm, autocast)
+                                                     b.cfg.optim.clip_norm, autocast_for(b.device))
 
     num = PEER_BATCHES
     measures = {"raymt": b.plain(num_batches=num),
@@ -430,9 +430,10 @@ class Decoding:
         self.device = b.device
 
     def limit(self, idx: list[int]) -> int:
-        """raymt's longest output limit in a batch (EOS included)."""
-        opts = decode_options()
-        return max(int(opts.max_len_a * len(self.sources[i]) + opts.max_len_b) for i in idx)
+        """raymt's longest output limit in a batch (EOS included): its own rule, not a copy."""
+        from raymt.decoding import _max_lengths, pad_batch
+
+        return int(_max_lengths(self.model, pad_batch([self.sources[i] for i in idx]), decode_options()).max())
 
     def raymt(self) -> list[list[int]]:
         """raymt's beam search (K/V cache), batch by batch."""
