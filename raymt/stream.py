@@ -148,7 +148,7 @@ class TrainStream:
     A background thread reads, cuts and collates up to `prefetch` batches ahead, so
     training rarely waits; `start()` begins that early (the training loop starts the next
     epoch's stream after the current epoch's first step). `busy_s` is the time the consumer
-    waited; `read_all` is set once the last batch is queued.
+    waited.
     """
 
     def __init__(self, files: Files, cfg: DataConfig, seed: int, rank: int, world_size: int,
@@ -163,7 +163,6 @@ class TrainStream:
         self.busy_s = 0.0
         self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self.stopping = threading.Event()
-        self.read_all = threading.Event()  # the reader has queued its last batch
         self.thread: Optional[threading.Thread] = None
 
     def start(self) -> "TrainStream":
@@ -199,10 +198,8 @@ class TrainStream:
             for item in self._batches():
                 if not self._put(item):
                     return
-            self.read_all.set()
             self._put(_END)
         except BaseException as err:  # handed to the consumer, raised in the training loop
-            self.read_all.set()
             self._put(err)
 
     def _put(self, item) -> bool:
