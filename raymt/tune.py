@@ -256,7 +256,7 @@ def make_scheduler(name: str, cfg: Config, space: dict, num_trials: int):
                      for k, v in space.items()}
         # The usual bottom/top quarter leaves nobody to exploit in a small population.
         return PopulationBasedTraining(time_attr="step", perturbation_interval=cfg.train.eval_every,
-                                       hyperparam_mutations=mutations, synch=False,
+                                       hyperparam_mutations=mutations, synch=True,
                                        quantile_fraction=0.25 if num_trials >= 8 else 0.5)
     return tune.schedulers.FIFOScheduler()
 

@@ -184,7 +184,8 @@ class Progress:
         loss_total, = _all_reduce([self.loss], device)
         now = time.perf_counter()
         tokens_per_s = self.tokens / max(now - self.t_last, 1e-9)
-        metrics = {"train_loss": loss_total / max(self.tokens, 1), "lr": lr,
+        # No step since this attempt started (e.g. a PBT trial continuing at max_steps): nan.
+        metrics = {"train_loss": loss_total / self.tokens if self.tokens else float("nan"), "lr": lr,
                    "tokens_per_s": tokens_per_s}
         if is_rank0:
             done = step - self.start_step
@@ -270,7 +271,7 @@ class WorkerLoop:
         self.progress = Progress(cfg, self.step)
         self.metrics_log = MetricsLog(log_dir) if self.is_rank0 and log_dir else None
         self.deadline = (time.monotonic() + 60 * cfg.train.max_minutes) if cfg.train.max_minutes else None
-        self.num_skipped = self.bad_in_a_row = 0
+        self.num_skipped = self.bad_in_a_row = self.num_reports = 0
 
     def run(self) -> None:
         """Train until max_steps, the epoch limit or the time budget; evaluate and report."""
@@ -289,7 +290,10 @@ class WorkerLoop:
             else:
                 self.epoch += 1
                 self.position, self.stream = self.upcoming.position, self.upcoming.start()
-        if self.evaluated != self.step:  # the epoch or time limit ended the run between evaluations
+        # The epoch or time limit ended the run between evaluations, or the run started at its
+        # limit (a Tune trial continuing from a finished trial's checkpoint): every attempt
+        # ends with a checkpoint of its final state.
+        if self.evaluated != self.step or self.num_reports == 0:
             self.evaluate_and_report()
         self.stream.close()
         if self.metrics_log:
@@ -384,6 +388,7 @@ class WorkerLoop:
             self.metrics_log.write(self.step, metrics)
         _report(metrics, self.model, self.optimizer, self.scheduler, self.cfg, self.tokenizer,
                 self.step, self.epoch, self.position.to_dict())
+        self.num_reports += 1
 
     def out_of_time(self) -> bool:
         """True on every worker once any worker is past the time budget."""

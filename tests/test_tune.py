@@ -83,7 +83,7 @@ def test_three_trial_sweep_then_interrupt_and_resume(tmp_path):
     assert "best checkpoint:" in out.stdout
 
 
-@pytest.mark.slow  # flaky: in 2 of 7 sweeps here asynchronous PBT exploited nothing (issue 4)
+@pytest.mark.slow  # ~2.5 min: every exploit restarts Train runs
 def test_pbt_trial_continues_from_another_trials_checkpoint(tmp_path):
     out = tune_cli(*TINY_TRIAL, "--max-steps", "40", "--grid", "optim.lr=1e-4,1e-2",
                    "--scheduler", "pbt", "--max-concurrent", "2", "--set", "train.cpus_per_worker=0.5",
@@ -108,3 +108,34 @@ def test_a_sweep_with_failed_trials_exits_1(capsys):
     assert exit_status([{"status": "completed"}, {"status": "error"}, {"status": "error"}]) == 1
     assert capsys.readouterr().err.strip() == ("raymt.tune: error: 2 of 3 trials failed; their error "
                                                "files are listed in Tune's table above")
+
+
+def test_a_trial_continuing_at_its_last_step_ends_with_a_checkpoint(ray_cluster, tmp_path):
+    """PBT may hand a trial a donor checkpoint at max_steps: it reports it instead of failing."""
+    import torch
+
+    from raymt.checkpoint import load_train_state, save_checkpoint
+    from raymt.config import Config, DataConfig, TrainConfig, tiny
+    from raymt.model import Transformer
+    from raymt.optim import inverse_sqrt, make_optimizer
+    from raymt.train import run
+    from tiny_checkpoint import tokenizer
+
+    cfg = Config(model=tiny(), data=DataConfig(vocab_size=256, builtin_train_size=200,
+                                              builtin_eval_size=8),
+                 train=TrainConfig(num_workers=1, max_steps=20, eval_every=10, cpus_per_worker=0.5,
+                                   storage_path=str(tmp_path), name="continued"))
+    model = Transformer(cfg.model, tokenizer(256).vocab_size)
+    optimizer = make_optimizer(model, cfg.optim)
+    scheduler = inverse_sqrt(optimizer, cfg.optim.warmup_steps)
+    for _ in range(20):  # no gradients: the optimizer leaves the weights alone
+        optimizer.step()
+        scheduler.step()
+    donor = save_checkpoint(tmp_path / "donor", model, cfg, tokenizer(256), {
+        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "step": 20, "epoch": 0})
+    summary = run(cfg, init_checkpoint=donor, score_test=False, init_full_state=True)
+    assert load_train_state(summary["best_checkpoint"])["step"] == 20
+    assert set(summary["valid"]) >= {"valid_loss", "valid_bleu"}
+    torch.testing.assert_close(torch.load(Path(summary["best_checkpoint"]) / "model.pt",
+                                          weights_only=True), model.state_dict())
