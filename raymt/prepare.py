@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 
 import raymt
 from raymt.config import PrepareConfig
+from raymt.stream import Shard, token_index
 from raymt.tokenizer import Tokenizer, train_tokenizer
 
 FORMAT = "raymt-corpus/1"
@@ -685,8 +686,16 @@ def _name_shards(train_dir: Path, shard_pairs: int) -> list[dict]:
         if num_pairs > shard_pairs:
             raise RuntimeError(f"Ray Data wrote {num_pairs} rows to {dest}, over shard_pairs={shard_pairs}")
         files.append({"path": f"{TRAIN_DIR}/{dest.name}", "num_pairs": num_pairs,
-                      "sha256": _sha256_file(dest)})
+                      "sha256": _sha256_file(dest), "token_index": _shard_token_index(dest)})
     return files
+
+
+def _shard_token_index(path: Path) -> list[int]:
+    """The shard's cumulative src + tgt tokens every TOKEN_INDEX_ROWS rows (raymt.stream)."""
+    table = pq.read_table(path, columns=["src_ids", "tgt_ids"])
+    lengths = sum(pc.list_value_length(table.column(c)).to_numpy(zero_copy_only=False)
+                  for c in ("src_ids", "tgt_ids"))
+    return token_index(lengths)
 
 
 def _sha256_file(path: Path) -> str:
@@ -991,9 +1000,10 @@ def read_manifest(corpus: str) -> dict:
     return manifest
 
 
-def train_files(corpus: str, manifest: dict) -> list[tuple[str, int]]:
-    """(absolute path or URI, number of pairs) of each training shard, in manifest order."""
-    return [(_join(corpus, f["path"]), f["num_pairs"]) for f in manifest["splits"]["train"]["files"]]
+def train_files(corpus: str, manifest: dict) -> list[Shard]:
+    """A `raymt.stream.Shard` (path or URI, pairs, token index) per training shard, in order."""
+    return [Shard(_join(corpus, f["path"]), f["num_pairs"], tuple(f.get("token_index", ())))
+            for f in manifest["splits"]["train"]["files"]]
 
 
 def eval_pairs(corpus: str, manifest: dict, split: str) -> tuple[list[str], list[str]]:

@@ -5,7 +5,11 @@ sees which pair, and where an interrupted epoch stood, cannot be reproduced (ray
 Here each worker reads its own slice of the epoch with Ray Data instead:
 
 - the epoch's file order is a permutation drawn from (seed, epoch); the concatenated rows
-  are cut into `world_size` contiguous slices of equal size (to the row), one per rank;
+  are cut into `world_size` contiguous slices holding equal numbers of tokens (from each
+  shard's token index in the manifest; equal numbers of rows for shards without one), so
+  that every rank cuts about as many token-budget batches and none waits at the epoch's
+  end for another (a corpus concatenated from sources of different sentence lengths
+  would otherwise give one rank the long sentences and more batches);
 - a worker's slice is read in order (`preserve_order`) and cut into chunks of
   `chunk_rows` rows; each chunk is shuffled and cut into token-budget batches from
   length-sorted windows with a generator seeded by (seed, epoch, rank, chunk);
@@ -23,7 +27,7 @@ import queue
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Iterator, Optional
+from typing import Iterator, NamedTuple, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +40,28 @@ COLUMNS = ["src_ids", "tgt_ids"]
 # whose slice holds many shards would then hold that much (and copies) at once. Small
 # blocks keep a task's memory independent of the corpus size (benchmarks/bench_data.py).
 MAX_BLOCK_BYTES = 16 << 20
-Files = list[tuple[str, int]]  # (path or URI of a shard, pairs in it)
+# Rows per entry of a shard's token index (cumulative src + tgt tokens after every block).
+TOKEN_INDEX_ROWS = 1024
+
+
+class Shard(NamedTuple):
+    """A training shard: path or URI, pairs in it, and its token index (may be empty)."""
+
+    path: str
+    num_pairs: int
+    token_index: tuple = ()
+
+
+Files = list  # of Shard, or of (path, num_pairs) tuples
+
+
+def token_index(num_tokens: np.ndarray, block_rows: int = TOKEN_INDEX_ROWS) -> list[int]:
+    """Cumulative token counts after every `block_rows` rows and after the last row."""
+    cumulative = np.cumsum(num_tokens, dtype=np.int64)
+    if not len(cumulative):
+        return []
+    ends = list(range(block_rows, len(cumulative), block_rows)) + [len(cumulative)]
+    return [int(cumulative[e - 1]) for e in ends]
 
 
 @dataclass
@@ -55,17 +80,45 @@ class Position:
 def epoch_slice(files: Files, seed: int, epoch: int, rank: int,
                 world_size: int) -> list[tuple[str, int, int]]:
     """This worker's rows of the epoch as (path, first row, end row) per file, in read order."""
+    files = [Shard(*f) for f in files]
     order = np.random.default_rng([seed, epoch, 7919]).permutation(len(files))
-    total = sum(n for _, n in files)
-    lo, hi = total * rank // world_size, total * (rank + 1) // world_size
+    if all(f.token_index for f in files if f.num_pairs):
+        lo, hi = (_token_cut(files, order, k, world_size) for k in (rank, rank + 1))
+    else:
+        total = sum(f.num_pairs for f in files)
+        lo, hi = total * rank // world_size, total * (rank + 1) // world_size
     out, offset = [], 0
     for i in order:
-        path, num_rows = files[i]
+        path, num_rows, _ = files[i]
         start, end = max(lo - offset, 0), min(hi - offset, num_rows)
         if start < end:
             out.append((path, start, end))
         offset += num_rows
     return out
+
+
+def _token_cut(files: list[Shard], order: np.ndarray, k: int, world_size: int) -> int:
+    """The row (in epoch order) where the first k/world_size of the epoch's tokens end."""
+    total = sum(f.token_index[-1] for f in files if f.num_pairs)
+    target = total * k // world_size
+    rows = tokens = 0
+    for i in order:
+        shard = files[i]
+        if not shard.num_pairs:
+            continue
+        if tokens + shard.token_index[-1] < target or k == world_size:
+            rows, tokens = rows + shard.num_pairs, tokens + shard.token_index[-1]
+            continue
+        # Inside this shard: find the index block that crosses the target, then assume the
+        # block's tokens are spread evenly over its rows.
+        cumulative = np.asarray(shard.token_index, dtype=np.int64)
+        b = int(np.searchsorted(cumulative, target - tokens))
+        block_lo = b * TOKEN_INDEX_ROWS
+        block_hi = min(block_lo + TOKEN_INDEX_ROWS, shard.num_pairs)
+        before = int(cumulative[b - 1]) if b else 0
+        share = (target - tokens - before) / max(int(cumulative[b]) - before, 1)
+        return rows + block_lo + round(share * (block_hi - block_lo))
+    return rows
 
 
 def skip_rows(plan: list[tuple[str, int, int]], num_rows: int) -> list[tuple[str, int, int]]:

@@ -241,7 +241,7 @@ def scaling(cfg: Config) -> tuple[dict, int]:
     return resources, max(1, int(cpus))
 
 
-def fit(cfg: Config, train_files: list[tuple[str, int]], valid: data.Pairs, tokenizer: Tokenizer,
+def fit(cfg: Config, train_files: list, valid: data.Pairs, tokenizer: Tokenizer,
         init_checkpoint: Optional[Path], log_dir: Optional[Path] = None,
         callbacks: Optional[list] = None, init_full_state: bool = False):
     """Run the TorchTrainer; returns Ray's Result.

@@ -26,8 +26,8 @@ def test_prepare_multi30k_over_http_then_train(ray_cluster, tmp_path, monkeypatc
     assert status == 0, capsys.readouterr().err
     manifest = prepare.read_manifest(str(out))
     files = prepare.train_files(str(out), manifest)
-    assert len(files) >= 4 and max(n for _, n in files) <= 8000
-    assert sum(n for _, n in files) == manifest["splits"]["train"]["num_pairs"]
+    assert len(files) >= 4 and max(f.num_pairs for f in files) <= 8000
+    assert sum(f.num_pairs for f in files) == manifest["splits"]["train"]["num_pairs"]
     assert manifest["splits"]["train"]["input_pairs"] == 29000
     assert manifest["splits"]["test"]["test_2016_flickr"]["num_pairs"] == 1000
 

@@ -53,9 +53,14 @@ def decoded_train(out: Path) -> Counter:
     manifest = prepare.read_manifest(str(out))
     tokenizer = prepare.load_tokenizer(str(out), manifest)
     pairs: Counter = Counter()
-    for path, num_pairs in prepare.train_files(str(out), manifest):
+    for path, num_pairs, index in prepare.train_files(str(out), manifest):
         table = pq.read_table(path)
         assert table.num_rows == num_pairs and table.schema.field("src_ids").type == pa.list_(pa.int32())
+        lengths = [len(s) + len(t) for s, t in zip(table.column("src_ids").to_pylist(),
+                                                  table.column("tgt_ids").to_pylist())]
+        # What epoch slices balance on: tokens after every 1024 rows and after the last.
+        ends = [*range(1024, num_pairs, 1024), num_pairs]
+        assert list(index) == [sum(lengths[:e]) for e in ends]
         for s, t in zip(table.column("src_ids").to_pylist(), table.column("tgt_ids").to_pylist()):
             pairs[tokenizer.decode(s), tokenizer.decode(t)] += 1
     return pairs
@@ -254,7 +259,7 @@ def test_pairs_source_with_a_given_tokenizer(ray_cluster, tmp_path):
                                       [prepare.Source("pairs", pairs=(src[:5], tgt[:5]))],
                                       tokenizer=tokenizer)
     assert prepare.load_tokenizer(str(tmp_path / "c"), manifest).model_proto == tokenizer.model_proto
-    assert [n for _, n in prepare.train_files(str(tmp_path / "c"), manifest)] == [20, 20, 10]
+    assert [f.num_pairs for f in prepare.train_files(str(tmp_path / "c"), manifest)] == [20, 20, 10]
     assert decoded_train(tmp_path / "c") == Counter(pairs)
 
 
@@ -328,7 +333,7 @@ def test_multi30k_cli(ray_cluster, tmp_path, capsys):
     manifest = prepare.read_manifest(str(out))
     train = manifest["splits"]["train"]
     assert train["input_pairs"] == 29000 and train["num_pairs"] > 28900
-    sizes = [n for _, n in prepare.train_files(str(out), manifest)]
+    sizes = [f.num_pairs for f in prepare.train_files(str(out), manifest)]
     assert sum(sizes) == train["num_pairs"] and max(sizes) == 10000 and len(sizes) <= 4
     assert manifest["splits"]["valid"]["num_pairs"] == 1014
     assert manifest["splits"]["test"]["test_2016_flickr"]["num_pairs"] == 1000

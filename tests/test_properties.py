@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from raymt import prepare, worker
 from raymt.batching import chunk_batches, collate
-from raymt.stream import epoch_slice
+from raymt.stream import TOKEN_INDEX_ROWS, Shard, epoch_slice, token_index
 from raymt.tokenizer import EOS_ID
 from tiny_checkpoint import tokenizer
 
@@ -85,6 +85,27 @@ def test_epoch_slices_cover_each_pair_once_and_balance(sizes, world_size, epoch,
         seen.update((path, i) for path, start, end in plan for i in range(start, end))
     assert seen == Counter((path, i) for path, n in files for i in range(n))
     assert max(per_rank) - min(per_rank) <= 1
+
+
+@FAST
+@given(st.lists(st.lists(st.integers(2, 120), max_size=3000), min_size=1, max_size=6),
+       st.integers(1, 8), st.integers(0, 1000), st.integers(0, 10**6))
+def test_token_balanced_slices_cover_each_pair_once_and_balance_tokens(shards, world_size, epoch, seed):
+    # Shards of very different sentence lengths, as when sources are concatenated.
+    files = [Shard(f"part-{i}", len(lens), tuple(token_index(np.array(lens, dtype=np.int64))))
+             for i, lens in enumerate(shards)]
+    lengths = {f"part-{i}": lens for i, lens in enumerate(shards)}
+    seen, tokens = Counter(), []
+    for rank in range(world_size):
+        plan = epoch_slice(files, seed, epoch, rank, world_size)
+        tokens.append(sum(sum(lengths[path][start:end]) for path, start, end in plan))
+        seen.update((path, i) for path, start, end in plan for i in range(start, end))
+    assert seen == Counter((f.path, i) for f in files for i in range(f.num_pairs))
+    # Each cut lands in the right index block: off by at most a block's tokens per cut.
+    block = max((sum(lens[j:j + TOKEN_INDEX_ROWS]) for lens in shards
+                 for j in range(0, len(lens), TOKEN_INDEX_ROWS)), default=0)
+    total = sum(map(sum, shards))
+    assert all(abs(t - total / world_size) <= 2 * block + 1 for t in tokens)
 
 
 class ThreadWorld:

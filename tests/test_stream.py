@@ -10,7 +10,8 @@ import torch
 
 from raymt.batching import collate, collate_flat
 from raymt.config import DataConfig
-from raymt.stream import Position, TrainStream, epoch_slice, flat, restore_position, skip_rows
+from raymt.stream import (Position, Shard, TrainStream, epoch_slice, flat, restore_position,
+                          skip_rows, token_index)
 
 
 def write_shards(tmp_path, sizes, seed=0):
@@ -54,6 +55,17 @@ def test_epoch_slices_cover_every_row_once_and_balance():
     assert order(0) != order(1) and order(0) == order(0)
     plan = epoch_slice(files, 1, 0, 0, 1)
     assert sum(e - s for _, s, e in skip_rows(plan, 310)) == 506 - 310
+
+
+def test_slices_balance_tokens_across_sources_of_different_lengths():
+    # Two sources: 5000 short pairs (10 tokens) and 5000 long ones (40 tokens).
+    lengths = {"short": [10] * 5000, "long": [40] * 5000}
+    tokens = lambda files, rank: sum(sum(lengths[p][a:b]) for p, a, b in
+                                     epoch_slice(files, seed=1, epoch=0, rank=rank, world_size=2))
+    by_rows = [(p, 5000) for p in lengths]
+    assert sorted(tokens(by_rows, r) for r in (0, 1)) == [50_000, 200_000]
+    by_tokens = [Shard(p, 5000, tuple(token_index(np.array(v)))) for p, v in lengths.items()]
+    assert [tokens(by_tokens, r) for r in (0, 1)] == [125_000, 125_000]
 
 
 def test_collate_flat_matches_collate():
