@@ -166,13 +166,14 @@ def run_trial(trial_config: dict) -> None:
 
 
 class _Janitor:
-    """Tune callback: remove training placement groups that no live actor has used for a while.
+    """Tune callback: remove training placement groups whose CPUs/GPUs nobody has used for a while.
 
     When Tune stops a trial (ASHA, PBT exploit) while its Train run still waits for its
     workers' placement group, Ray Train has not yet registered that group for cleanup
-    (it does so once the workers started). The group is placed later, holds CPUs no one
-    uses, and the next trial waits for them forever. Only groups that reserve CPUs or GPUs
-    are considered (Tune's own trial groups reserve memory only).
+    (it does so once the workers started); and a synchronous PBT pause was seen to leave
+    groups behind too. Such a group holds CPUs no one uses, and the next trial (or its
+    Ray Data reads) waits for them forever. Only this job's groups that reserve CPUs or
+    GPUs are considered (Tune's own trial groups reserve memory only).
     """
 
     def __init__(self, grace_s: float = 30.0, every_s: float = 5.0):
@@ -189,30 +190,31 @@ class _Janitor:
         self.last_check = now
         try:
             self.sweep(now)
-        except Exception as err:  # the state API may be busy: try again on the next check
+        except Exception as err:  # the GCS may be busy: try again on the next check
             print(f"placement-group check skipped: {str(err).splitlines()[0] if str(err) else err!r}")
 
     def sweep(self, now: float) -> None:
-        """Remove the groups idle for longer than the grace period."""
+        """Remove this job's groups whose CPUs/GPUs have been unleased for the grace period."""
         import ray
-        from ray.util.placement_group import PlacementGroup, remove_placement_group
-        from ray.util.state import list_actors, list_placement_groups
+        from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
-        groups = list_placement_groups(filters=[("state", "=", "CREATED")], detail=True, limit=10_000)
-        used = {a.placement_group_id for a in list_actors(filters=[("state", "!=", "DEAD")], detail=True,
-                                                              limit=10_000)}
-        for group in groups:
-            reserves = any(b.get("unit_resources", {}).get(r, 0) > 0
-                           for b in group.bundles or [] for r in ("CPU", "GPU"))
-            if group.is_detached or not reserves or group.placement_group_id in used:
-                self.idle_since.pop(group.placement_group_id, None)
+        # Group ids end with the id of the job that created them: only this sweep's groups.
+        job = ray.get_runtime_context().get_job_id()
+        total, free = ray.cluster_resources(), ray.available_resources()
+        for group_id, info in placement_group_table().items():
+            keys = [k for k in (f"CPU_group_{group_id}", f"GPU_group_{group_id}") if k in total]
+            # Idle: it reserves CPUs or GPUs and no actor or task holds any of them (even if
+            # a zero-CPU actor of a stopped run still lives in it).
+            idle = bool(keys) and all(free.get(k, 0) >= total[k] for k in keys)
+            if info["state"] != "CREATED" or not group_id.endswith(job) or not idle:
+                self.idle_since.pop(group_id, None)
                 continue
-            since = self.idle_since.setdefault(group.placement_group_id, now)
+            since = self.idle_since.setdefault(group_id, now)
             if now - since > self.grace_s:
-                print(f"removing placement group {group.placement_group_id}: left behind by a "
-                      f"stopped trial, unused for {now - since:.0f} s")
-                remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group.placement_group_id)))
-                self.idle_since.pop(group.placement_group_id)
+                print(f"removing placement group {group_id}: left behind by a stopped trial, "
+                      f"unused for {now - since:.0f} s")
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group_id)))
+                self.idle_since.pop(group_id)
 
 
 def janitor():

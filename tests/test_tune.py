@@ -139,3 +139,32 @@ def test_a_trial_continuing_at_its_last_step_ends_with_a_checkpoint(ray_cluster,
     assert set(summary["valid"]) >= {"valid_loss", "valid_bleu"}
     torch.testing.assert_close(torch.load(Path(summary["best_checkpoint"]) / "model.pt",
                                           weights_only=True), model.state_dict())
+
+
+def test_janitor_removes_groups_whose_cpus_nobody_uses(ray_cluster):
+    """A left-behind group is removed even if a zero-CPU actor still lives in it; a used one stays."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from raymt.tune import janitor
+
+    @ray.remote
+    class Idle:
+        def ping(self):
+            return 1
+
+    left, busy = (placement_group([{"CPU": 0.5}]) for _ in range(2))
+    ray.get([left.ready(), busy.ready()])
+    in_group = lambda pg: PlacementGroupSchedulingStrategy(placement_group=pg)
+    lodger = Idle.options(num_cpus=0, scheduling_strategy=in_group(left)).remote()
+    worker = Idle.options(num_cpus=0.5, scheduling_strategy=in_group(busy)).remote()
+    ray.get([lodger.ping.remote(), worker.ping.remote()])
+    cleaner = janitor()
+    cleaner.grace_s = 0.0
+    cleaner.sweep(now=0.0)  # both seen; the unused one marked idle
+    cleaner.sweep(now=1.0)
+    state = lambda pg: placement_group_table(pg)["state"]
+    assert state(left) == "REMOVED" and state(busy) == "CREATED"
+    ray.kill(worker)
+    ray.util.remove_placement_group(busy)
