@@ -68,6 +68,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=300, help="test_2016_flickr sentences decoded")
     p.add_argument("--checkpoint", help="decode this checkpoint (default: the scaling run's)")
     p.add_argument("--data", default=str(MULTI30K), help="Multi30k directory (train/val/test_2016_flickr)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="torch.profiler over this many steps of every Ray run, per rank (slows those runs)")
     p.add_argument("--skip", default="", help="comma-separated benchmarks to skip, e.g. peer_training")
     p.add_argument("--work-dir", help="keep corpus and runs here (default: a temporary directory)")
     p.add_argument("--json", default="benchmarks/results/speed.json", help="where to write every figure")
@@ -217,14 +219,15 @@ def alternate(loops: dict[str, Callable[[], float]], repeats: int) -> dict[str, 
 
 
 def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps: int, log_every: int,
-              storage: Path, name: str, gpu: bool, update_freq: int = 1) -> dict:
+              storage: Path, name: str, gpu: bool, update_freq: int = 1, profile_steps: int = 0) -> dict:
     """Train with `python -m raymt.train`'s code path; tokens/s of the intervals after the first."""
     from raymt.train import run
 
     overrides = {"data.corpus": str(corpus), "train.max_steps": steps, "train.eval_every": steps,
                  "train.log_every": log_every, "train.num_workers": workers, "train.use_gpu": gpu,
                  "train.storage_path": str(storage), "train.name": name, "train.num_to_keep": 1,
-                 "train.valid_beam": 1, "optim.update_freq": update_freq}
+                 "train.valid_beam": 1, "optim.update_freq": update_freq,
+                 "train.profile_steps": profile_steps}
     if not gpu:
         overrides["train.cpus_per_worker"] = cpus
     cfg = apply_overrides(Config(model=model), overrides)
@@ -232,9 +235,12 @@ def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps
     with open(summary["metrics_csv"]) as f:
         rows = [r for r in csv.DictReader(f) if r.get("tokens_per_s")]
     speeds = [float(r["tokens_per_s"]) for r in rows[1:]]  # the first interval holds start-up
+    logs = Path(summary["metrics_csv"]).parent
+    profiles = {p.stem: p.read_text().split("\n\n")[0] for p in sorted(logs.glob("profile-rank*.txt"))}
     return {"tokens_per_s": statistics.mean(speeds), "interval_tokens_per_s": speeds,
             "data_share": float(rows[-1]["data_share"]), "wall_s": summary["wall_time_s"],
-            "checkpoint": summary["best_checkpoint"], "workers": workers, "cpus_per_worker": cpus}
+            "checkpoint": summary["best_checkpoint"], "workers": workers, "cpus_per_worker": cpus,
+            **({"profiles": profiles} if profiles else {})}
 
 
 # ---------------------------------------------------------------- benchmarks
@@ -288,7 +294,8 @@ class Bench:
         """A raymt run on Ray (cached by name)."""
         if name not in self.runs:
             self.runs[name] = raymt_run(self.corpus, self.model_cfg, workers, cpus, self.args.ray_steps,
-                                        self.log_every, self.work / "runs", name, self.args.gpu, update_freq)
+                                        self.log_every, self.work / "runs", name, self.args.gpu, update_freq,
+                                        self.args.profile_steps)
         return self.runs[name]
 
 
@@ -594,6 +601,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
     print_table(results)
+    for run_name, run in bench.runs.items():  # --profile-steps: each rank's step parts
+        for rank, text in run.get("profiles", {}).items():
+            print(f"\n{run_name} {rank}:\n{text}")
     info = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
             "gpu": torch.cuda.get_device_name() if args.gpu else None, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "ray": ray.__version__, "command": " ".join(sys.argv)}

@@ -15,6 +15,7 @@ import ray.train.torch
 import sacrebleu
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 from torch.utils.data import DataLoader
 
 from raymt.batching import Batch, collate
@@ -24,6 +25,7 @@ from raymt.decoding import DecodeOptions, decode
 from raymt.metrics import MetricsLog
 from raymt.model import Transformer
 from raymt.optim import inverse_sqrt, loss_sum, make_optimizer, row_nll
+from raymt.profiling import StepProfiler
 from raymt.stream import Position, TrainStream, restore_position
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -55,7 +57,9 @@ def lockstep(batches: Iterable[Batch], update_freq: int,
     it = iter(batches)
     while True:
         group = list(itertools.islice(it, update_freq))
-        num_groups, num_tokens = _all_reduce([len(group) > 0, sum(b.num_tokens for b in group)], device)
+        with record_function("raymt.lockstep"):  # waits here for the slowest worker's last step
+            num_groups, num_tokens = _all_reduce([len(group) > 0, sum(b.num_tokens for b in group)],
+                                                 device)
         if num_groups == 0:
             return
         yield [b.to(device) for b in group], int(num_tokens)
@@ -84,17 +88,21 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: 
         last = i == len(micro) - 1
         sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
         with sync:
-            with autocast():
-                logits = model(batch.src, batch.tgt_in)
-            loss = loss_sum(logits, batch.tgt_out, cfg.optim.label_smoothing)
-            (loss * (scale if group else 0.0)).backward()
+            with record_function("raymt.forward"):
+                with autocast():
+                    logits = model(batch.src, batch.tgt_in)
+                loss = loss_sum(logits, batch.tgt_out, cfg.optim.label_smoothing)
+            with record_function("raymt.backward"):  # with DDP: the all-reduce it does not hide
+                (loss * (scale if group else 0.0)).backward()
         if group:
             total += loss.detach()
     max_norm = cfg.optim.clip_norm if cfg.optim.clip_norm > 0 else float("inf")
-    finite = bool(torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
-    if finite:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    with record_function("raymt.clip"):
+        finite = bool(torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+    with record_function("raymt.optimizer"):
+        if finite:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     return total.item(), finite
 
 
@@ -272,6 +280,9 @@ class WorkerLoop:
         self.metrics_log = MetricsLog(log_dir) if self.is_rank0 and log_dir else None
         self.deadline = (time.monotonic() + 60 * cfg.train.max_minutes) if cfg.train.max_minutes else None
         self.num_skipped = self.bad_in_a_row = self.num_reports = 0
+        self.profiler = StepProfiler(cfg.train.profile_steps, start=cfg.train.log_every,
+                                     prefix=Path(log_dir) / f"profile-rank{self.rank}" if log_dir else None,
+                                     cuda=on_gpu)
 
     def run(self) -> None:
         """Train until max_steps, the epoch limit or the time budget; evaluate and report."""
@@ -295,6 +306,8 @@ class WorkerLoop:
         # ends with a checkpoint of its final state.
         if self.evaluated != self.step or self.num_reports == 0:
             self.evaluate_and_report()
+        if self.profiler.prof is not None and not self.profiler.done:  # the run ended inside the window
+            self.profiler.finish(self.step)
         self.stream.close()
         if self.metrics_log:
             self.metrics_log.close()
@@ -325,6 +338,7 @@ class WorkerLoop:
             self.progress.update(loss, num_tokens)
             self.scheduler.step()
             self.step += 1
+            self.profiler.after_step(self.step)
             if self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps:
                 self.evaluate_and_report()
                 self.evaluated = self.step
