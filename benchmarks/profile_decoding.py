@@ -30,7 +30,8 @@ from raymt.decoding import DecodeOptions, decode, encode_sources, length_batches
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr"
 # The search's parts, as cProfile names them (file:line(function) contains these).
-PARTS = ("_next_log_probs", "decode", "encode", "_force_eos", "_finish", "_advance", "reorder_cache")
+PARTS = ("decoding._next_log_probs", "model.decode", "model.encode", "decoding._force_eos",
+         "decoding._finish", "decoding._advance", "model.reorder_cache")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -43,6 +44,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--hf", action="store_true",
+                   help="also time and profile Hugging Face `generate` on the same weights (benchmarks/peers.py)")
     return p.parse_args(argv)
 
 
@@ -65,8 +68,9 @@ def part_times(model, sources, batches, opts) -> dict[str, float]:
     stats = pstats.Stats(profiler).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
     out = {"total": sum(tt for _, _, tt, _, _ in stats.values())}
     for (file, _, name), (_, _, _, ct, _) in stats.items():
-        if "raymt" in file and name in PARTS:
-            out[name] = out.get(name, 0.0) + ct
+        key = f"{Path(file).stem}.{name}"
+        if "raymt" in file and key in PARTS:
+            out[key] = out.get(key, 0.0) + ct
     return out
 
 
@@ -90,13 +94,37 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{' / '.join(f'{r:.1f}' for r in rates)} sent/s, {num_tokens} output tokens")
     parts = part_times(model, sources, batches, opts)
     total = parts.pop("total")
-    print(f"\ncProfile (cumulative, overlapping: decode is inside _next_log_probs), total {total:.2f} s")
+    print(f"\ncProfile, cumulative (model.decode is inside _next_log_probs), total {total:.2f} s")
     for name, seconds in sorted(parts.items(), key=lambda x: -x[1]):
-        print(f"  {name:18s} {seconds:7.2f} s  {100 * seconds / total:5.1f}%")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        run_all(model, sources, batches, opts)
-    print("\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+        print(f"  {name:26s} {seconds:7.2f} s  {100 * seconds / total:5.1f}%")
+    print("\n" + top_operators(lambda: run_all(model, sources, batches, opts)))
+    if args.hf:
+        profile_hf(model, sources, args)
     return 0
+
+
+def top_operators(fn) -> str:
+    """torch.profiler's top operators by self CPU time of one call of `fn`."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+
+
+def profile_hf(model, sources: list[list[int]], args: argparse.Namespace) -> None:
+    """The same for Hugging Face `generate` on a MarianMTModel twin with raymt's weights."""
+    from benchmarks import peers
+
+    marian = peers.to_marian(model).eval()
+    run = lambda: peers.marian_translate(marian, sources, args.beam, 1.2, 10, args.batch_size, 0.0)
+    with torch.inference_mode():
+        run()  # warm-up
+        rates = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            run()
+            rates.append(len(sources) / (time.perf_counter() - t0))
+        print(f"\nHF generate, beam {args.beam}: {' / '.join(f'{r:.1f}' for r in rates)} sent/s")
+        print(top_operators(run))
 
 
 if __name__ == "__main__":
