@@ -9,12 +9,14 @@ alternation (A B A B), so the ratio is measured side by side:
 
 `--compare torch-dropout` builds the model with nn.Dropout instead of raymt's CPU masks;
 `fused-adamw` uses AdamW(fused=True) on CPU; `compile` wraps the model in
-torch.compile(dynamic=True) (its compile time is reported apart, not in tokens/s).
+torch.compile(dynamic=True) (its compile time is reported apart, not in tokens/s);
+`cpu-bf16` runs forward under torch.autocast("cpu", bfloat16) (AVX512-BF16/AMX units).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import statistics
 import sys
@@ -36,7 +38,7 @@ from raymt.stream import flat  # noqa: E402
 from raymt.tokenizer import Tokenizer  # noqa: E402
 from raymt.worker import train_step  # noqa: E402
 
-CHANGES = ("torch-dropout", "fused-adamw", "compile")
+CHANGES = ("torch-dropout", "fused-adamw", "compile", "cpu-bf16")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -80,13 +82,21 @@ def build(cfg: Config, vocab: int, change: Optional[str]) -> tuple[torch.nn.Modu
     return model, optimizer
 
 
-def tokens_per_s(model, optimizer, batches: list[Batch], cfg: Config) -> float:
-    """Target tokens per second of raymt's update over `batches`."""
-    t0, num_tokens = time.perf_counter(), 0
+def autocast_of(change: Optional[str]):
+    """The autocast context train_step runs the forward pass under."""
+    if change == "cpu-bf16":
+        return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def tokens_per_s(model, optimizer, batches: list[Batch], cfg: Config,
+                 autocast=contextlib.nullcontext) -> tuple[float, float]:
+    """Target tokens per second of raymt's update over `batches`, and the mean loss per token."""
+    t0, num_tokens, loss = time.perf_counter(), 0, 0.0
     for batch in batches:
-        train_step(model, optimizer, [batch], batch.num_tokens, cfg)
+        loss += train_step(model, optimizer, [batch], batch.num_tokens, cfg, autocast)[0]
         num_tokens += batch.num_tokens
-    return num_tokens / (time.perf_counter() - t0)
+    return num_tokens / (time.perf_counter() - t0), loss / num_tokens
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -101,23 +111,27 @@ def main(argv: Optional[list[str]] = None) -> int:
     for change in [None, *args.compare]:
         model, optimizer = build(cfg, vocab, change)
         t0 = time.perf_counter()
-        tokens_per_s(model, optimizer, warmup, cfg)  # first calls: allocation, compilation
-        setups[change or "raymt"] = (model, optimizer, time.perf_counter() - t0)
+        tokens_per_s(model, optimizer, warmup, cfg, autocast_of(change))  # allocation, compilation
+        setups[change or "raymt"] = (model, optimizer, time.perf_counter() - t0, autocast_of(change))
     rates: dict[str, list[float]] = {name: [] for name in setups}
+    losses: dict[str, float] = {}
     for r in range(args.repeats):
         for name in (list(setups) if r % 2 == 0 else list(setups)[::-1]):
-            model, optimizer, _ = setups[name]
-            rates[name].append(tokens_per_s(model, optimizer, timed, cfg))
+            model, optimizer, _, autocast = setups[name]
+            rate, losses[name] = tokens_per_s(model, optimizer, timed, cfg, autocast)
+            rates[name].append(rate)
     base = statistics.median(rates["raymt"])
     print(f"preset {args.preset}, {args.threads} threads, {len(timed)} batches, torch {torch.__version__}")
-    print("| setup | tokens/s | vs raymt | warm-up s |\n|---|---|---|---|")
-    for name, (_, _, warm_s) in setups.items():
+    # Every setup trains its own copy of the same initial model on the same batches: the
+    # loss of the last pass shows whether a change alters what is learned.
+    print("| setup | tokens/s | vs raymt | warm-up s | loss/token, last pass |\n|---|---|---|---|---|")
+    for name, (_, _, warm_s, _) in setups.items():
         rate = statistics.median(rates[name])
-        print(f"| {name} | {rate:.0f} | {rate / base:.3f} | {warm_s:.1f} |")
+        print(f"| {name} | {rate:.0f} | {rate / base:.3f} | {warm_s:.1f} | {losses[name]:.4f} |")
     if args.profile:
         from torch.profiler import profile
 
-        model, optimizer, _ = setups["raymt"]
+        model, optimizer, _, _ = setups["raymt"]
         with profile() as prof:
             tokens_per_s(model, optimizer, timed[:5], cfg)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))

@@ -171,8 +171,15 @@ def _sync(device: str) -> None:
 
 
 def autocast_for(device: str) -> Callable:
-    """bf16 autocast on GPU (as raymt trains there), no autocast on CPU."""
-    return (lambda: torch.autocast("cuda", torch.bfloat16)) if device.startswith("cuda") else contextlib.nullcontext
+    """raymt's own choice: bf16 autocast on GPU and on CPUs with bf16 units, else none."""
+    from raymt.worker import autocast_for as raymt_autocast
+
+    return raymt_autocast(torch.device(device), True)
+
+
+def trains_in_bf16(device: str) -> bool:
+    """Whether raymt's default training autocasts to bf16 on this device."""
+    return autocast_for(device) is not contextlib.nullcontext
 
 
 class PlainLoop:
@@ -218,6 +225,67 @@ def alternate(loops: dict[str, Callable[[], float]], repeats: int) -> dict[str, 
 # ---------------------------------------------------------------- raymt on Ray
 
 
+def cpu_times() -> dict[int, tuple[str, float]]:
+    """{pid: (process group name, CPU seconds so far)} of every process on the machine."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        if cmd.startswith("ray::"):  # Ray's process titles: ray::RayTrainWorker.train_fn, ray::IDLE, ...
+            name = cmd.split()[0].split(".")[0]
+        else:
+            name = Path(cmd.split()[0]).name if cmd else f"[{comm}]"
+        out[int(d.name)] = (name, seconds)
+    return out
+
+
+class CpuSampler:
+    """Samples every process's CPU time in a thread; `shares` gives cores used per process group."""
+
+    def __init__(self, every_s: float = 2.0):
+        import threading
+
+        self.every_s, self.samples = every_s, []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append((time.perf_counter(), cpu_times()))
+            self.stop.wait(self.every_s)
+
+    def __enter__(self) -> "CpuSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def shares(self, start: float = 0.4, end: float = 0.9) -> dict[str, float]:
+        """Cores used per group between two fractions of the sampled time (the steady middle)."""
+        if len(self.samples) < 3:
+            return {}
+        t0, t1 = self.samples[0][0], self.samples[-1][0]
+        a = min(self.samples, key=lambda s: abs(s[0] - (t0 + start * (t1 - t0))))
+        b = min(self.samples, key=lambda s: abs(s[0] - (t0 + end * (t1 - t0))))
+        wall = max(b[0] - a[0], 1e-9)
+        used: dict[str, float] = {}
+        for pid, (name, seconds) in b[1].items():
+            before = a[1].get(pid, (name, 0.0))[1]
+            used[name] = used.get(name, 0.0) + (seconds - before) / wall
+        return {k: round(v, 3) for k, v in sorted(used.items(), key=lambda x: -x[1]) if v >= 0.005}
+
+
 def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps: int, log_every: int,
               storage: Path, name: str, gpu: bool, update_freq: int = 1, profile_steps: int = 0) -> dict:
     """Train with `python -m raymt.train`'s code path; tokens/s of the intervals after the first."""
@@ -231,7 +299,8 @@ def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps
     if not gpu:
         overrides["train.cpus_per_worker"] = cpus
     cfg = apply_overrides(Config(model=model), overrides)
-    summary = run(cfg, score_test=False)
+    with CpuSampler() as sampler:
+        summary = run(cfg, score_test=False)
     with open(summary["metrics_csv"]) as f:
         rows = [r for r in csv.DictReader(f) if r.get("tokens_per_s")]
     speeds = [float(r["tokens_per_s"]) for r in rows[1:]]  # the first interval holds start-up
@@ -240,7 +309,7 @@ def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps
     return {"tokens_per_s": statistics.mean(speeds), "interval_tokens_per_s": speeds,
             "data_share": float(rows[-1]["data_share"]), "wall_s": summary["wall_time_s"],
             "checkpoint": summary["best_checkpoint"], "workers": workers, "cpus_per_worker": cpus,
-            **({"profiles": profiles} if profiles else {})}
+            "cores_used": sampler.shares(), **({"profiles": profiles} if profiles else {})}
 
 
 # ---------------------------------------------------------------- benchmarks
@@ -311,14 +380,56 @@ def bench_ray_overhead(b: Bench) -> dict:
 
 
 def bench_scaling(b: Bench) -> dict:
-    """2 workers x 1 thread vs 1 worker x 1 thread."""
+    """2 workers x 1 thread vs 1 worker x 1 thread; and the machine's own ceiling for it."""
     if b.args.gpu and torch.cuda.device_count() < 2:
         return {"skipped": "needs 2 GPUs"}
     freq = b.args.update_freq
     one = b.ray("one-worker-one-thread", 1, 1.0, freq)
     two = b.ray("two-workers", 2, 1.0, freq)
+    ceiling = plain_ceiling(b) if not b.args.gpu else None
     return {"ratio": two["tokens_per_s"] / one["tokens_per_s"], "update_freq": freq,
-            "one_worker": one, "two_workers": two}
+            "one_worker": one, "two_workers": two, "plain_ceiling": ceiling}
+
+
+def plain_ceiling(b: Bench, num_batches: int = 20) -> dict:
+    """Two independent 1-thread plain loops at once (summed) / one alone: no DDP, no Ray.
+
+    What two workers could reach on this machine if communication and Ray cost nothing:
+    both processes share the cores' caches, memory bandwidth and the rest of the machine.
+    Measured alone, together, alone (A B A).
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    batches = [bt.to("cpu") for bt in b.timed[:num_batches]]
+
+    def together(n: int) -> list[float]:
+        barrier, results = ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=_plain_process, args=(b.model_cfg, b.vocab, b.cfg, batches,
+                                                         barrier, results)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        rates = [results.get() for _ in procs]
+        for p in procs:
+            p.join()
+        return rates
+
+    alone_before, both, alone_after = together(1), together(2), together(1)
+    alone = (alone_before[0] + alone_after[0]) / 2
+    return {"ratio": sum(both) / alone, "alone_tokens_per_s": alone_before + alone_after,
+            "together_tokens_per_s": both, "batches": num_batches}
+
+
+def _plain_process(model_cfg: ModelConfig, vocab: int, cfg: Config, batches: list, barrier, results) -> None:
+    """One single-thread plain loop in its own process; starts timing with its peers."""
+    from raymt.model import Transformer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    loop = PlainLoop(Transformer(model_cfg, vocab), cfg, "cpu")
+    loop.tokens_per_s(batches[:3])  # warm-up
+    barrier.wait()
+    results.put(loop.tokens_per_s(batches))
 
 
 def bench_padding(b: Bench) -> dict:
@@ -333,14 +444,20 @@ def bench_padding(b: Bench) -> dict:
 
 def bench_hardware(b: Bench) -> dict:
     """Training FLOP/s of the plain loop / matmul FLOP/s, measured one after the other."""
-    dtype = torch.bfloat16 if b.args.gpu else torch.float32
+    # Against the matmul rate of the precision raymt trains in (bf16 under autocast); on a
+    # CPU that trains in bf16 the fp32 rate, which the issue names, is measured too.
+    dtype = torch.bfloat16 if trains_in_bf16(b.device) else torch.float32
     peak = matmul_flops(b.device, dtype)
+    fp32_peak = matmul_flops(b.device, torch.float32) if dtype != torch.float32 and not b.args.gpu else None
     # The plain loop's rate right after the matmul rate (or the overhead benchmark's, if run).
     tokens_per_s = b.plain()() if not b.plain_rates else statistics.mean(b.plain_rates)
     flops = sum(train_flops(b.model_cfg, b.vocab, x) for x in b.timed)
     achieved = tokens_per_s * flops / sum(x.num_tokens for x in b.timed)
-    return {"ratio": achieved / peak, "achieved_flops": achieved, "matmul_flops": peak,
-            "matmul_dtype": str(dtype), "tokens_per_s": tokens_per_s}
+    out = {"ratio": achieved / peak, "achieved_flops": achieved, "matmul_flops": peak,
+           "matmul_dtype": str(dtype), "tokens_per_s": tokens_per_s}
+    if fp32_peak:
+        out.update(fp32_matmul_flops=fp32_peak, ratio_vs_fp32_matmul=achieved / fp32_peak)
+    return out
 
 
 def stream_rate(corpus: Path, rank: int, world_size: int, epochs: int) -> dict:
@@ -394,16 +511,25 @@ def bench_peer_training(b: Bench) -> dict:
     except ImportError:
         return {"skipped": "pip install transformers"}
 
-    def hf_step(loop: PlainLoop) -> Callable[[Batch], int]:
-        return lambda batch: peers.marian_train_step(loop.model, loop.optimizer, batch, b.cfg.optim.label_smoothing,
-                                                     b.cfg.optim.clip_norm, autocast_for(b.device))
+    def hf_step(autocast: Callable) -> Callable[[PlainLoop], Callable[[Batch], int]]:
+        return lambda loop: lambda batch: peers.marian_train_step(
+            loop.model, loop.optimizer, batch, b.cfg.optim.label_smoothing, b.cfg.optim.clip_norm, autocast)
 
     num = PEER_BATCHES
+    marian = lambda: peers.to_marian(b.new_model().train(), dropout=True)
+    # The ratio compares the same precision (HF under the autocast raymt uses); where raymt
+    # trains in bf16, HF's fp32 plain loop (no autocast, as most such loops run) is measured too.
     measures = {"raymt": b.plain(num_batches=num),
-                "hf_marian": b.plain(lambda: peers.to_marian(b.new_model().train(), dropout=True), hf_step, num)}
+                "hf_marian": b.plain(marian, hf_step(autocast_for(b.device)), num)}
+    if trains_in_bf16(b.device) and not b.args.gpu:
+        measures["hf_marian_fp32"] = b.plain(marian, hf_step(contextlib.nullcontext), num)
     rates = alternate(measures, b.args.repeats)
     mid = {k: statistics.median(v) for k, v in rates.items()}
-    return {"ratio": mid["raymt"] / mid["hf_marian"], "tokens_per_s": rates}
+    out = {"ratio": mid["raymt"] / mid["hf_marian"], "tokens_per_s": rates,
+           "bf16": trains_in_bf16(b.device)}
+    if "hf_marian_fp32" in mid:
+        out["ratio_vs_hf_fp32"] = mid["raymt"] / mid["hf_marian_fp32"]
+    return out
 
 
 # ---------------------------------------------------------------- decoding
@@ -562,6 +688,16 @@ def print_table(results: dict[str, dict]) -> None:
             continue
         met = "yes" if result["ratio"] >= target else ("no" if required else "report")
         print(f"| {name} | {result['ratio']:.3f} | {'>=' if required else 'goal >='} {target:g} | {met} |")
+    if "ratio_vs_hf_fp32" in results.get("peer_training", {}):
+        print(f"\npeer training, raymt (bf16 autocast) / HF fp32 plain loop: "
+              f"{results['peer_training']['ratio_vs_hf_fp32']:.3f}")
+    if "ratio_vs_fp32_matmul" in results.get("hardware", {}):
+        print(f"hardware, achieved / fp32 matmul FLOP/s: {results['hardware']['ratio_vs_fp32_matmul']:.3f}")
+    ceiling = results.get("scaling", {}).get("plain_ceiling")
+    if ceiling:
+        print(f"\nscaling ceiling of this machine: two 1-thread plain loops at once / one alone = "
+              f"{ceiling['ratio']:.3f} ({' + '.join(f'{r:.0f}' for r in ceiling['together_tokens_per_s'])} "
+              f"vs {' / '.join(f'{r:.0f}' for r in ceiling['alone_tokens_per_s'])} tok/s)")
 
 
 def start_ray(gpu: bool) -> None:
@@ -601,8 +737,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
     print_table(results)
-    for run_name, run in bench.runs.items():  # --profile-steps: each rank's step parts
-        for rank, text in run.get("profiles", {}).items():
+    for run_name, run in bench.runs.items():
+        used = ", ".join(f"{k} {v:.2f}" for k, v in run.get("cores_used", {}).items())
+        print(f"\n{run_name}: cores used in the middle of the run: {used}")
+        for rank, text in run.get("profiles", {}).items():  # --profile-steps: each rank's step parts
             print(f"\n{run_name} {rank}:\n{text}")
     info = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
             "gpu": torch.cuda.get_device_name() if args.gpu else None, "threads": torch.get_num_threads(),

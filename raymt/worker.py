@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import resource
 import tempfile
 import time
@@ -68,6 +69,24 @@ def lockstep(batches: Iterable[Batch], update_freq: int,
 def _dummy_batch(device: torch.device) -> Batch:
     """A one-token batch whose zero-weighted loss lets an idle worker join the all-reduce."""
     return collate([[EOS_ID]], [[BOS_ID]]).to(device)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True on CUDA, and on CPUs with bf16 units (AVX512-BF16 or AMX), where bf16 matmuls pay."""
+    if device.type == "cuda":
+        return True
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: stay in fp32
+        return False
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo) is not None
+
+
+def autocast_for(device: torch.device, bf16: bool):
+    """A factory of the forward pass's autocast context: bf16 where asked and native, else none."""
+    if bf16 and native_bf16(device):
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: list[Batch],
@@ -268,8 +287,10 @@ class WorkerLoop:
             self.trace = open(Path(log_dir) / f"trace-rank{self.rank}.tsv", "a")
             self.trace.write(f"#start\t{self.step}\n")
         self.stream = self.open_stream(self.position)  # reading starts while the rest sets up
-        self.autocast = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16))
-                         if on_gpu and cfg.train.bf16 else contextlib.nullcontext)
+        self.autocast = autocast_for(self.device, cfg.train.bf16)
+        if self.is_rank0:
+            bf16 = self.autocast is not contextlib.nullcontext
+            print(f"forward pass in {'bf16 autocast' if bf16 else 'fp32'} on {self.device}", flush=True)
 
         self.valid = loop_config["valid"]
         self.valid_loader = ray.train.torch.prepare_data_loader(DataLoader(
