@@ -68,6 +68,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=300, help="test_2016_flickr sentences decoded")
     p.add_argument("--checkpoint", help="decode this checkpoint (default: the scaling run's)")
     p.add_argument("--data", default=str(MULTI30K), help="Multi30k directory (train/val/test_2016_flickr)")
+    p.add_argument("--ddp-bucket-mb", type=float,
+                   help="also run the 2-worker scaling run with this DDP bucket size, right after the default one")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="torch.profiler over this many steps of every Ray run, per rank (slows those runs)")
     p.add_argument("--skip", default="", help="comma-separated benchmarks to skip, e.g. peer_training")
@@ -287,7 +289,8 @@ class CpuSampler:
 
 
 def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps: int, log_every: int,
-              storage: Path, name: str, gpu: bool, update_freq: int = 1, profile_steps: int = 0) -> dict:
+              storage: Path, name: str, gpu: bool, update_freq: int = 1, profile_steps: int = 0,
+              ddp_bucket_mb: Optional[float] = None) -> dict:
     """Train with `python -m raymt.train`'s code path; tokens/s of the intervals after the first."""
     from raymt.train import run
 
@@ -296,9 +299,12 @@ def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps
                  "train.storage_path": str(storage), "train.name": name, "train.num_to_keep": 1,
                  "train.valid_beam": 1, "optim.update_freq": update_freq,
                  "train.profile_steps": profile_steps}
+    if ddp_bucket_mb:
+        overrides["train.ddp_bucket_mb"] = ddp_bucket_mb
     if not gpu:
         overrides["train.cpus_per_worker"] = cpus
     cfg = apply_overrides(Config(model=model), overrides)
+    shutil.rmtree(storage / name, ignore_errors=True)  # a fresh run: never resume a kept one (--work-dir)
     with CpuSampler() as sampler:
         summary = run(cfg, score_test=False)
     with open(summary["metrics_csv"]) as f:
@@ -359,12 +365,13 @@ class Bench:
             self._decoding = Decoding(self)
         return self._decoding
 
-    def ray(self, name: str, workers: int, cpus: float, update_freq: int = 1) -> dict:
+    def ray(self, name: str, workers: int, cpus: float, update_freq: int = 1,
+            ddp_bucket_mb: Optional[float] = None) -> dict:
         """A raymt run on Ray (cached by name)."""
         if name not in self.runs:
             self.runs[name] = raymt_run(self.corpus, self.model_cfg, workers, cpus, self.args.ray_steps,
                                         self.log_every, self.work / "runs", name, self.args.gpu, update_freq,
-                                        self.args.profile_steps)
+                                        self.args.profile_steps, ddp_bucket_mb)
         return self.runs[name]
 
 
@@ -386,9 +393,14 @@ def bench_scaling(b: Bench) -> dict:
     freq = b.args.update_freq
     one = b.ray("one-worker-one-thread", 1, 1.0, freq)
     two = b.ray("two-workers", 2, 1.0, freq)
-    ceiling = plain_ceiling(b) if not b.args.gpu else None
-    return {"ratio": two["tokens_per_s"] / one["tokens_per_s"], "update_freq": freq,
-            "one_worker": one, "two_workers": two, "plain_ceiling": ceiling}
+    out = {"ratio": two["tokens_per_s"] / one["tokens_per_s"], "update_freq": freq,
+           "one_worker": one, "two_workers": two}
+    if b.args.ddp_bucket_mb:
+        other = b.ray(f"two-workers-bucket-{b.args.ddp_bucket_mb:g}mb", 2, 1.0, freq, b.args.ddp_bucket_mb)
+        out["other_bucket"] = {"ddp_bucket_mb": b.args.ddp_bucket_mb, "run": other,
+                               "ratio": other["tokens_per_s"] / one["tokens_per_s"]}
+    out["plain_ceiling"] = plain_ceiling(b) if not b.args.gpu else None
+    return out
 
 
 def plain_ceiling(b: Bench, num_batches: int = 20) -> dict:
@@ -693,6 +705,9 @@ def print_table(results: dict[str, dict]) -> None:
               f"{results['peer_training']['ratio_vs_hf_fp32']:.3f}")
     if "ratio_vs_fp32_matmul" in results.get("hardware", {}):
         print(f"hardware, achieved / fp32 matmul FLOP/s: {results['hardware']['ratio_vs_fp32_matmul']:.3f}")
+    other = results.get("scaling", {}).get("other_bucket")
+    if other:
+        print(f"scaling with {other['ddp_bucket_mb']:g} MB DDP buckets: {other['ratio']:.3f}")
     ceiling = results.get("scaling", {}).get("plain_ceiling")
     if ceiling:
         print(f"\nscaling ceiling of this machine: two 1-thread plain loops at once / one alone = "

@@ -179,6 +179,8 @@ class TrainConfig:
     max_failures: int = 0
     # Log a digest of every training pair per step to logs/trace-rank<r>.tsv (tests, debugging).
     trace_data: bool = False
+    # DDP gradient bucket size in MB (torch's default 25): all-reduce starts per full bucket.
+    ddp_bucket_mb: float = 25.0
     # torch.profiler over this many steps after the first log interval, on every rank:
     # logs/profile-rank<r>.txt (time per step part, top operators) and .json (Chrome trace).
     profile_steps: int = 0
@@ -199,6 +201,7 @@ class TrainConfig:
         _check(self.max_nonfinite_steps >= 0,
                f"train.max_nonfinite_steps={self.max_nonfinite_steps} must be >= 0")
         _check(self.max_failures >= -1, f"train.max_failures={self.max_failures} must be >= -1")
+        _check(self.ddp_bucket_mb > 0, f"train.ddp_bucket_mb={self.ddp_bucket_mb} must be > 0")
         _check(self.profile_steps >= 0, f"train.profile_steps={self.profile_steps} must be >= 0 (0 = off)")
         _check(self.length_penalty >= 0, f"train.length_penalty={self.length_penalty} must be >= 0")
 

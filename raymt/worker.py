@@ -271,7 +271,9 @@ class WorkerLoop:
         self.scheduler = inverse_sqrt(self.optimizer, cfg.optim.warmup_steps)
         state = _restore(model, self.optimizer, self.scheduler, cfg, loop_config)
         self.step, self.epoch = state["step"], state["epoch"]
-        self.model = ray.train.torch.prepare_model(model)  # DDP over gloo (CPU) or nccl (GPU)
+        # DDP over gloo (CPU) or nccl (GPU); smaller buckets start all-reducing earlier in backward.
+        self.model = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={
+            "bucket_cap_mb": cfg.train.ddp_bucket_mb, "gradient_as_bucket_view": True})
         self.train_files = loop_config["train_files"]
         self.position = restore_position(state.get("data_positions"), self.rank, self.world_size,
                                          self.epoch)
