@@ -41,6 +41,11 @@ class StepProfiler:
         elif self.prof is not None and step >= self.first + self.num_steps:
             self.finish(step)
 
+    def close(self, step: int) -> None:
+        """At the end of a run: write what a window still open at `step` has recorded."""
+        if self.prof is not None and not self.done:
+            self.finish(step)
+
     def finish(self, step: int) -> None:
         """Stop profiling and write the tables and the trace."""
         if self.cuda:

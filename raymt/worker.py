@@ -302,7 +302,7 @@ class WorkerLoop:
         self.progress = Progress(cfg, self.step)
         self.metrics_log = MetricsLog(log_dir) if self.is_rank0 and log_dir else None
         self.deadline = (time.monotonic() + 60 * cfg.train.max_minutes) if cfg.train.max_minutes else None
-        self.num_skipped = self.bad_in_a_row = self.num_reports = 0
+        self.num_skipped = self.bad_in_a_row = 0
         self.profiler = StepProfiler(cfg.train.profile_steps, start=cfg.train.log_every,
                                      prefix=Path(log_dir) / f"profile-rank{self.rank}" if log_dir else None,
                                      cuda=on_gpu)
@@ -310,7 +310,7 @@ class WorkerLoop:
     def run(self) -> None:
         """Train until max_steps, the epoch limit or the time budget; evaluate and report."""
         cfg, stop = self.cfg, False
-        self.evaluated = self.step
+        self.evaluated: Optional[int] = None  # the step of this attempt's last evaluation
         self.loop_t0, self.data_s, self.eval_s = time.perf_counter(), 0.0, 0.0
         while not stop and self.step < cfg.train.max_steps and (
                 cfg.train.epochs is None or self.epoch < cfg.train.epochs):
@@ -327,10 +327,9 @@ class WorkerLoop:
         # The epoch or time limit ended the run between evaluations, or the run started at its
         # limit (a Tune trial continuing from a finished trial's checkpoint): every attempt
         # ends with a checkpoint of its final state.
-        if self.evaluated != self.step or self.num_reports == 0:
+        if self.evaluated != self.step:
             self.evaluate_and_report()
-        if self.profiler.prof is not None and not self.profiler.done:  # the run ended inside the window
-            self.profiler.finish(self.step)
+        self.profiler.close(self.step)  # the run may end inside the profiled window
         self.stream.close()
         if self.metrics_log:
             self.metrics_log.close()
@@ -364,7 +363,6 @@ class WorkerLoop:
             self.profiler.after_step(self.step)
             if self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps:
                 self.evaluate_and_report()
-                self.evaluated = self.step
             elif self.step % cfg.train.log_every == 0:
                 self.log_train()
             if self.step >= cfg.train.max_steps or (
@@ -425,7 +423,7 @@ class WorkerLoop:
             self.metrics_log.write(self.step, metrics)
         _report(metrics, self.model, self.optimizer, self.scheduler, self.cfg, self.tokenizer,
                 self.step, self.epoch, self.position.to_dict())
-        self.num_reports += 1
+        self.evaluated = self.step
 
     def out_of_time(self) -> bool:
         """True on every worker once any worker is past the time budget."""
