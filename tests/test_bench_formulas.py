@@ -35,3 +35,10 @@ def test_train_flops_is_what_torch_counts(monkeypatch, layers):
     with FlopCounterMode(display=False) as counter:
         loss_sum(model(batch.src, batch.tgt_in), batch.tgt_out, 0.1).backward()
     assert counter.get_total_flops() == train_flops(cfg, 64, batch)
+
+
+def test_lockstep_factor_is_the_slowest_worker_over_the_mean_worker():
+    from benchmarks.step_balance import lockstep_factor
+
+    assert lockstep_factor([[1.0, 3.0], [3.0, 1.0]]) == pytest.approx(3.0 / 2.0)  # each step waits 1 of 3
+    assert lockstep_factor([[2.0, 4.0], [2.0, 4.0]]) == pytest.approx(1.0)  # equal steps: no wait
