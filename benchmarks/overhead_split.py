@@ -65,12 +65,7 @@ def measure(corpus: str, preset: str, live: bool, skip: int, count: int, threads
 
 def live_batches(corpus: Path, loop: "speed.PlainLoop", skip: int, count: int):
     """A started stream whose first ten batches warmed `loop` up and first `skip` are consumed; the next `count`."""
-    from raymt import prepare as prep
-    from raymt.config import DataConfig
-    from raymt.stream import Position, TrainStream
-
-    files = prep.train_files(str(corpus), prep.read_manifest(str(corpus)))
-    stream = TrainStream(files, DataConfig(), seed=1, rank=0, world_size=1, position=Position(0)).start()
+    stream = speed.train_stream(corpus, 0, 1).start()
     it = iter(stream)
     loop.tokens_per_s(list(itertools.islice(it, 10)))
     for _ in range(skip - 10):

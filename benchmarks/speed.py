@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -48,6 +48,9 @@ sys.path.insert(0, str(ROOT))
 from raymt.batching import Batch  # noqa: E402
 from raymt.config import Config, ModelConfig, apply_overrides, preset  # noqa: E402
 from raymt.tokenizer import PAD_ID  # noqa: E402
+
+if TYPE_CHECKING:
+    from raymt.stream import TrainStream
 
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -107,14 +110,19 @@ def model_config(name: str) -> ModelConfig:
     return cfg
 
 
-def stream_batches(corpus: Path, rank: int, world_size: int, limit: Optional[int] = None) -> list[Batch]:
-    """The training batches worker `rank` of `world_size` gets in epoch 0 (at most `limit`)."""
+def train_stream(corpus: Path, rank: int, world_size: int) -> "TrainStream":
+    """Worker `rank` of `world_size`'s training stream of epoch 0 (seed 1), not started."""
     from raymt import prepare as prep
     from raymt.config import DataConfig
     from raymt.stream import Position, TrainStream
 
     files = prep.train_files(str(corpus), prep.read_manifest(str(corpus)))
-    stream = TrainStream(files, DataConfig(), seed=1, rank=rank, world_size=world_size, position=Position(0))
+    return TrainStream(files, DataConfig(), seed=1, rank=rank, world_size=world_size, position=Position(0))
+
+
+def stream_batches(corpus: Path, rank: int, world_size: int, limit: Optional[int] = None) -> list[Batch]:
+    """The training batches worker `rank` of `world_size` gets in epoch 0 (at most `limit`)."""
+    stream = train_stream(corpus, rank, world_size)
     out = []
     for batch in stream:
         out.append(batch)
@@ -193,6 +201,7 @@ class PlainLoop:
         from raymt.optim import inverse_sqrt, make_optimizer
 
         self.model, self.cfg, self.device = model.to(device), cfg, device
+        self.autocast = autocast_for(device)  # once: it reads the CPU's flags
         self.optimizer = make_optimizer(self.model, cfg.optim, fused=device.startswith("cuda"))
         self.scheduler = inverse_sqrt(self.optimizer, cfg.optim.warmup_steps)
         self.step_fn = step_fn or self.raymt_step
@@ -202,7 +211,7 @@ class PlainLoop:
         from raymt.worker import train_step
 
         num_tokens = batch.num_tokens
-        train_step(self.model, self.optimizer, [batch], num_tokens, self.cfg, autocast_for(self.device))
+        train_step(self.model, self.optimizer, [batch], num_tokens, self.cfg, self.autocast)
         return num_tokens
 
     def tokens_per_s(self, batches: list[Batch]) -> float:
