@@ -350,7 +350,7 @@ class Bench:
         self.warmup = [b.to(self.device) for b in batches[:10]]
         self.timed = [b.to(self.device) for b in batches[self.log_every:]]
         self.runs: dict[str, dict] = {}
-        self.plain_rates: list[float] = []
+        self.plain_runs: list[dict] = []  # the Ray-overhead benchmark's plain-loop processes
 
     def new_model(self) -> torch.nn.Module:
         """The model every comparison starts from (same seed, same weights)."""
@@ -389,17 +389,64 @@ class Bench:
 def bench_ray_overhead(b: Bench) -> dict:
     """raymt on Ray with one worker taking every thread vs the plain loop, alternated, medians.
 
-    A single pair can mislead on a shared machine: in 7 alternated pairs here one raymt run
-    against the plain loop next to it ranged 0.93-1.14 (benchmarks/overhead_split.py)."""
+    Each plain-loop measurement runs in a fresh process, as each raymt run's worker does:
+    a process's speed here is a draw (benchmarks/NOTES.md, "Allocator"), and a plain loop
+    always timed in the driver would compare one draw against three. A single pair can
+    mislead on a shared machine: in 7 alternated pairs here one raymt run against the
+    plain loop next to it ranged 0.93-1.14 (benchmarks/overhead_split.py)."""
     names = ["one-worker-all-threads"] + [f"one-worker-all-threads-{r}" for r in range(2, b.args.overhead_repeats + 1)]
     runs = iter(names)
-    rates = alternate({"plain": b.plain(),
+    plain_runs: list[dict] = []
+
+    def plain() -> float:
+        plain_runs.append(plain_in_fresh_process(b, matmul=True))
+        return plain_runs[-1]["tokens_per_s"]
+
+    rates = alternate({"plain": plain,
                        "raymt": lambda: b.ray(next(runs), 1, float(b.threads))["tokens_per_s"]},
                       b.args.overhead_repeats)
-    plain, raymt = statistics.median(rates["plain"]), statistics.median(rates["raymt"])
-    b.plain_rates = rates["plain"]
-    return {"ratio": raymt / plain, "raymt_tokens_per_s": rates["raymt"], "plain_tokens_per_s": rates["plain"],
-            "threads": b.threads, "runs": {n: b.runs[n] for n in names}}
+    plain_rate, raymt = statistics.median(rates["plain"]), statistics.median(rates["raymt"])
+    b.plain_runs = plain_runs
+    return {"ratio": raymt / plain_rate, "raymt_tokens_per_s": rates["raymt"], "plain_tokens_per_s": rates["plain"],
+            "threads": b.threads, "plain_runs": plain_runs, "runs": {n: b.runs[n] for n in names}}
+
+
+def plain_in_fresh_process(b: Bench, matmul: bool = False) -> dict:
+    """The plain loop (b.threads threads, b.warmup then b.timed) in a new process; with
+    `matmul`, that process then measures its matmul FLOP/s (bf16 where training is, fp32)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # inherits os.environ: the allocator settings Ray's workers get
+    results = ctx.Queue()
+    cpu = [[x.to("cpu") for x in b.warmup], [x.to("cpu") for x in b.timed]]
+    proc = ctx.Process(target=_plain_child, args=(b.model_cfg, b.vocab, b.cfg, b.device, b.threads, *cpu,
+                                                  matmul, results))
+    proc.start()
+    out = results.get()
+    proc.join()
+    return out
+
+
+def _plain_child(model_cfg: ModelConfig, vocab: int, cfg: Config, device: str, threads: int,
+                 warmup: list, timed: list, matmul: bool, results) -> None:
+    """One plain-loop measurement in this process (see plain_in_fresh_process)."""
+    from raymt.model import Transformer
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    loop = PlainLoop(Transformer(model_cfg, vocab), cfg, device)
+    loop.tokens_per_s([x.to(device) for x in warmup])
+    timed = [x.to(device) for x in timed]
+    t0, w0 = os.times(), time.perf_counter()
+    out = {"tokens_per_s": loop.tokens_per_s(timed)}
+    t1, wall = os.times(), time.perf_counter() - w0
+    out.update(user_cores=(t1.user - t0.user) / wall, system_cores=(t1.system - t0.system) / wall)
+    if matmul:
+        dtype = torch.bfloat16 if trains_in_bf16(device) else torch.float32
+        out.update(matmul_dtype=str(dtype), matmul_flops=matmul_flops(device, dtype))
+        if dtype != torch.float32 and device == "cpu":
+            out["fp32_matmul_flops"] = matmul_flops(device, torch.float32)
+    results.put(out)
 
 
 def bench_scaling(b: Bench) -> dict:
@@ -471,19 +518,20 @@ def bench_padding(b: Bench) -> dict:
 
 
 def bench_hardware(b: Bench) -> dict:
-    """Training FLOP/s of the plain loop / matmul FLOP/s, measured one after the other."""
+    """Training FLOP/s of the plain loop / matmul FLOP/s of the same process, medians."""
     # Against the matmul rate of the precision raymt trains in (bf16 under autocast); on a
-    # CPU that trains in bf16 the fp32 rate, which the issue names, is measured too.
-    dtype = torch.bfloat16 if trains_in_bf16(b.device) else torch.float32
-    peak = matmul_flops(b.device, dtype)
-    fp32_peak = matmul_flops(b.device, torch.float32) if dtype != torch.float32 and not b.args.gpu else None
-    # The plain loop's rate right after the matmul rate (or the overhead benchmark's, if run).
-    tokens_per_s = b.plain()() if not b.plain_rates else statistics.mean(b.plain_rates)
+    # CPU that trains in bf16 the fp32 rate, which the issue names, is measured too. The
+    # processes are the Ray-overhead benchmark's plain loops, or one of its own.
+    runs = b.plain_runs or [plain_in_fresh_process(b, matmul=True)]
+    tokens_per_s = statistics.median(r["tokens_per_s"] for r in runs)
+    peak = statistics.median(r["matmul_flops"] for r in runs)
     flops = sum(train_flops(b.model_cfg, b.vocab, x) for x in b.timed)
     achieved = tokens_per_s * flops / sum(x.num_tokens for x in b.timed)
     out = {"ratio": achieved / peak, "achieved_flops": achieved, "matmul_flops": peak,
-           "matmul_dtype": str(dtype), "tokens_per_s": tokens_per_s}
-    if fp32_peak:
+           "matmul_dtype": runs[0]["matmul_dtype"], "tokens_per_s": tokens_per_s,
+           "per_process": [{k: r[k] for k in ("tokens_per_s", "matmul_flops")} for r in runs]}
+    if "fp32_matmul_flops" in runs[0]:
+        fp32_peak = statistics.median(r["fp32_matmul_flops"] for r in runs)
         out.update(fp32_matmul_flops=fp32_peak, ratio_vs_fp32_matmul=achieved / fp32_peak)
     return out
 
