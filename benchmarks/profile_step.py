@@ -5,12 +5,13 @@ compare one change at a time against the same batches in the same process, in
 alternation (A B A B), so the ratio is measured side by side:
 
     python benchmarks/profile_step.py --corpus DIR [--preset small] [--compare torch-dropout]
-        [--compare fused-adamw] [--compare compile] [--profile]
+        [--compare fused-adamw] [--compare compile] [--compare cpu-bf16+compile] [--profile]
 
 `--compare torch-dropout` builds the model with nn.Dropout instead of raymt's CPU masks;
 `fused-adamw` uses AdamW(fused=True) on CPU; `compile` wraps the model in
 torch.compile(dynamic=True) (its compile time is reported apart, not in tokens/s);
-`cpu-bf16` runs forward under torch.autocast("cpu", bfloat16) (AVX512-BF16/AMX units).
+`cpu-bf16` runs forward under torch.autocast("cpu", bfloat16) (AVX512-BF16/AMX units);
+`cpu-bf16+compile` both (raymt's default precision on such a CPU, compiled).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from raymt.stream import flat  # noqa: E402
 from raymt.tokenizer import Tokenizer  # noqa: E402
 from raymt.worker import train_step  # noqa: E402
 
-CHANGES = ("torch-dropout", "fused-adamw", "compile", "cpu-bf16")
+CHANGES = ("torch-dropout", "fused-adamw", "compile", "cpu-bf16", "cpu-bf16+compile")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -77,14 +78,14 @@ def build(cfg: Config, vocab: int, change: Optional[str]) -> tuple[torch.nn.Modu
     finally:
         model_module.Dropout = saved
     optimizer = make_optimizer(model, cfg.optim, fused=change == "fused-adamw")
-    if change == "compile":
+    if change in ("compile", "cpu-bf16+compile"):
         model = torch.compile(model, dynamic=True)
     return model, optimizer
 
 
 def autocast_of(change: Optional[str]):
     """The autocast context train_step runs the forward pass under."""
-    if change == "cpu-bf16":
+    if change in ("cpu-bf16", "cpu-bf16+compile"):
         return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext
 

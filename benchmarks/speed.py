@@ -321,9 +321,12 @@ def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps
     with open(summary["metrics_csv"]) as f:
         rows = [r for r in csv.DictReader(f) if r.get("tokens_per_s")]
     speeds = [float(r["tokens_per_s"]) for r in rows[1:]]  # the first interval holds start-up
+    # Intervals differ in steps (the last may hold 2 of 33): time-weighted, not a plain mean.
+    steps = [int(b["step"]) - int(a["step"]) for a, b in zip(rows, rows[1:])]
+    rate = sum(steps) / sum(n / v for n, v in zip(steps, speeds))
     logs = Path(summary["metrics_csv"]).parent
     profiles = {p.stem: p.read_text().split("\n\n")[0] for p in sorted(logs.glob("profile-rank*.txt"))}
-    return {"tokens_per_s": statistics.mean(speeds), "interval_tokens_per_s": speeds,
+    return {"tokens_per_s": rate, "interval_tokens_per_s": speeds, "interval_steps": steps,
             "data_share": float(rows[-1]["data_share"]), "wall_s": summary["wall_time_s"],
             "checkpoint": summary["best_checkpoint"], "workers": workers, "cpus_per_worker": cpus,
             "cores_used": sampler.shares(), **({"profiles": profiles} if profiles else {})}
