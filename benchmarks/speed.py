@@ -393,8 +393,9 @@ def bench_ray_overhead(b: Bench) -> dict:
     """raymt on Ray with one worker taking every thread vs the plain loop, alternated, medians.
 
     Each plain-loop measurement runs in a fresh process, as each raymt run's worker does:
-    a process's speed here is a draw (benchmarks/NOTES.md, "Allocator"), and a plain loop
-    always timed in the driver would compare one draw against three. A single pair can
+    a main-thread process's speed here is a draw (benchmarks/NOTES.md, "A slow mode of
+    the main thread's allocator"), and a plain loop always timed in the driver would
+    compare one draw against three. A single pair can
     mislead on a shared machine: in 7 alternated pairs here one raymt run against the
     plain loop next to it ranged 0.93-1.14 (benchmarks/overhead_split.py)."""
     names = ["one-worker-all-threads"] + [f"one-worker-all-threads-{r}" for r in range(2, b.args.overhead_repeats + 1)]
@@ -419,7 +420,7 @@ def plain_in_fresh_process(b: Bench, matmul: bool = False) -> dict:
     `matmul`, that process then measures its matmul FLOP/s (bf16 where training is, fp32)."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")  # inherits os.environ: the allocator settings Ray's workers get
+    ctx = mp.get_context("spawn")  # a fresh interpreter, as a Ray worker is
     results = ctx.Queue()
     cpu = [[x.to("cpu") for x in b.warmup], [x.to("cpu") for x in b.timed]]
     proc = ctx.Process(target=_plain_child, args=(b.model_cfg, b.vocab, b.cfg, b.device, b.threads, *cpu,
@@ -431,8 +432,8 @@ def plain_in_fresh_process(b: Bench, matmul: bool = False) -> dict:
 
 
 def _plain_child(model_cfg: ModelConfig, vocab: int, cfg: Config, device: str, threads: int,
-                 warmup: list, timed: list, matmul: bool, results) -> None:
-    """One plain-loop measurement in this process (see plain_in_fresh_process)."""
+                 warmup: list, timed: list, matmul: bool, results, barrier=None) -> None:
+    """One plain-loop measurement in this process; with `barrier`, timing starts with its peers."""
     from raymt.model import Transformer
 
     torch.set_num_threads(threads)
@@ -440,6 +441,8 @@ def _plain_child(model_cfg: ModelConfig, vocab: int, cfg: Config, device: str, t
     loop = PlainLoop(Transformer(model_cfg, vocab), cfg, device)
     loop.tokens_per_s([x.to(device) for x in warmup])
     timed = [x.to(device) for x in timed]
+    if barrier is not None:
+        barrier.wait()
     t0, w0 = os.times(), time.perf_counter()
     out = {"tokens_per_s": loop.tokens_per_s(timed)}
     t1, wall = os.times(), time.perf_counter() - w0
@@ -483,11 +486,11 @@ def plain_ceiling(b: Bench, num_batches: int = 20) -> dict:
 
     def together(n: int) -> list[float]:
         barrier, results = ctx.Barrier(n), ctx.Queue()
-        procs = [ctx.Process(target=_plain_process, args=(b.model_cfg, b.vocab, b.cfg, batches,
-                                                         barrier, results)) for _ in range(n)]
+        procs = [ctx.Process(target=_plain_child, args=(b.model_cfg, b.vocab, b.cfg, "cpu", 1, batches[:3],
+                                                       batches, False, results, barrier)) for _ in range(n)]
         for p in procs:
             p.start()
-        rates = [results.get() for _ in procs]
+        rates = [results.get()["tokens_per_s"] for _ in procs]
         for p in procs:
             p.join()
         return rates
@@ -496,18 +499,6 @@ def plain_ceiling(b: Bench, num_batches: int = 20) -> dict:
     alone = (alone_before[0] + alone_after[0]) / 2
     return {"ratio": sum(both) / alone, "alone_tokens_per_s": alone_before + alone_after,
             "together_tokens_per_s": both, "batches": num_batches}
-
-
-def _plain_process(model_cfg: ModelConfig, vocab: int, cfg: Config, batches: list, barrier, results) -> None:
-    """One single-thread plain loop in its own process; starts timing with its peers."""
-    from raymt.model import Transformer
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    loop = PlainLoop(Transformer(model_cfg, vocab), cfg, "cpu")
-    loop.tokens_per_s(batches[:3])  # warm-up
-    barrier.wait()
-    results.put(loop.tokens_per_s(batches))
 
 
 def bench_padding(b: Bench) -> dict:
