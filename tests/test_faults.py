@@ -61,9 +61,17 @@ def wait_for_checkpoints(run_dir, count: int, proc, timeout: float = 300) -> Non
     """Block until Ray Train has registered `count` checkpoints in the run's snapshot."""
     deadline = time.time() + timeout
     snapshot = run_dir / "checkpoint_manager_snapshot.json"
-    while not snapshot.is_file() or len(json.loads(snapshot.read_text())["checkpoint_results"]) < count:
+    while registered_checkpoints(snapshot) < count:
         assert time.time() < deadline and proc.poll() is None, "no checkpoint before the kill"
         time.sleep(0.2)
+
+
+def registered_checkpoints(snapshot) -> int:
+    """Checkpoints in Ray Train's snapshot; 0 while it is missing or half-written."""
+    try:  # Ray rewrites the file in place: a read can see it empty or cut short
+        return len(json.loads(snapshot.read_text())["checkpoint_results"])
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
 
 
 def final_weights(run_dir) -> dict:
