@@ -121,11 +121,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--ray-steps", type=int, default=200)
-    p.add_argument("--preset", default="small")
-    p.add_argument("--data", default=str(speed.MULTI30K))
-    p.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "raymt-overhead-split"))
     p.add_argument("--variants", default="plain,plain+stream,ray-task,ray-task+stream,raymt")
-    p.add_argument("--json", default="benchmarks/results/overhead_split.json")
+    speed.shared_flags(p, str(Path(tempfile.gettempdir()) / "raymt-overhead-split"),
+                       "benchmarks/results/overhead_split.json")
     args = p.parse_args(argv)
 
     threads = torch.get_num_threads()

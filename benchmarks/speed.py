@@ -59,11 +59,19 @@ TARGETS = {"ray_overhead": (0.97, True), "scaling": (1.85, True), "padding": (0.
            "inference_limit": (0.5, False), "data": (10.0, True)}
 
 
+def shared_flags(p: argparse.ArgumentParser, work_dir: Optional[str], json_path: str) -> None:
+    """The flags every benchmark script here takes: model preset, data, work and JSON paths."""
+    p.add_argument("--preset", default="small")
+    p.add_argument("--data", default=str(MULTI30K), help="Multi30k directory (train/val/test_2016_flickr)")
+    p.add_argument("--work-dir", default=work_dir,
+                   help="keep corpus and runs here" + ("" if work_dir else " (default: a temporary directory)"))
+    p.add_argument("--json", default=json_path, help="where to write every figure")
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu", action="store_true", help="train and decode on the GPU (bf16 autocast)")
-    p.add_argument("--preset", default="small")
     p.add_argument("--ray-steps", type=int, default=200, help="steps of each raymt run")
     p.add_argument("--update-freq", type=int, default=1,
                    help="micro-batches per update in the scaling runs (no_sync on all but the last)")
@@ -72,14 +80,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="alternated plain-loop and raymt runs of the Ray-overhead benchmark (medians compared)")
     p.add_argument("--limit", type=int, default=300, help="test_2016_flickr sentences decoded")
     p.add_argument("--checkpoint", help="decode this checkpoint (default: the scaling run's)")
-    p.add_argument("--data", default=str(MULTI30K), help="Multi30k directory (train/val/test_2016_flickr)")
     p.add_argument("--ddp-bucket-mb", type=float,
                    help="also run the 2-worker scaling run with this DDP bucket size, right after the default one")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="torch.profiler over this many steps of every Ray run, per rank (slows those runs)")
     p.add_argument("--skip", default="", help="comma-separated benchmarks to skip, e.g. peer_training")
-    p.add_argument("--work-dir", help="keep corpus and runs here (default: a temporary directory)")
-    p.add_argument("--json", default="benchmarks/results/speed.json", help="where to write every figure")
+    shared_flags(p, None, "benchmarks/results/speed.json")
     return p.parse_args(argv)
 
 

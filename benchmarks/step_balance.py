@@ -54,10 +54,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--preset", default="small")
-    p.add_argument("--data", default=str(speed.MULTI30K))
-    p.add_argument("--work-dir", default="/tmp/raymt-step-balance")
-    p.add_argument("--json", default="benchmarks/results/step_balance.json")
+    speed.shared_flags(p, "/tmp/raymt-step-balance", "benchmarks/results/step_balance.json")
     args = p.parse_args(argv)
 
     speed.start_ray(False)
