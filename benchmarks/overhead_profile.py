@@ -138,7 +138,7 @@ def summary(results: dict[str, list[dict]]) -> dict:
     rows |= {p: (lambda a, p=p: a["parts_ms"].get(p, 0.0)) for p in PARTS}
     table = {name: (med("plain", get), med("raymt", get)) for name, get in rows.items()}
     ops = set().union(*(r["profile"]["self_ms"] for side in results.values() for r in side))
-    op_diff = {op: (med("plain", lambda a: a["self_ms"].get(op, 0.0)), med("raymt", lambda a: a["self_ms"].get(op, 0.0)))
+    op_diff = {op: tuple(med(side, lambda a: a["self_ms"].get(op, 0.0)) for side in ("plain", "raymt"))
                for op in ops}
     top = sorted(op_diff.items(), key=lambda kv: -abs(kv[1][1] - kv[1][0]))[:15]
     pairs = list(zip(results["plain"], results["raymt"]))
@@ -160,7 +160,8 @@ def print_summary(s: dict) -> None:
     for op, (p, r) in s["top_ops_ms"].items():
         print(f"| {op} | {p:.2f} | {r:.2f} | {r - p:+.2f} |")
     print(f"\nstep-time correlation per pair: {[round(c, 3) for c in s['step_correlation']]}")
-    print(f"per-step raymt / plain quartiles per pair: {[[round(q, 3) for q in x] for x in s['per_step_ratio_quartiles']]}")
+    quartiles = [[round(q, 3) for q in x] for x in s["per_step_ratio_quartiles"]]
+    print(f"per-step raymt / plain quartiles per pair: {quartiles}")
     print(f"peak RSS (MB): {s['peak_rss_mb']}")
 
 
@@ -192,11 +193,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     s = summary(results)
     print_summary(s)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"summary": s, "runs": {k: [{x: y for x, y in r.items() if x != "profile"}
-                                                                       | {"profile": {x: y for x, y in r["profile"].items()
-                                                                                      if x != "self_ms"}}
-                                                                       for r in v] for k, v in results.items()},
-                                           "threads": b.threads, "torch": torch.__version__}, indent=1))
+    def lean(run: dict) -> dict:  # the JSON leaves out every operator's self time (the summary has the top ones)
+        return run | {"profile": {k: v for k, v in run["profile"].items() if k != "self_ms"}}
+
+    runs = {side: [lean(r) for r in side_runs] for side, side_runs in results.items()}
+    Path(args.json).write_text(json.dumps({"summary": s, "runs": runs, "threads": b.threads,
+                                           "torch": torch.__version__}, indent=1))
     return 0
 
 

@@ -78,6 +78,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2, help="alternated repeats of each in-process comparison")
     p.add_argument("--overhead-repeats", type=int, default=3,
                    help="alternated plain-loop and raymt runs of the Ray-overhead benchmark (medians compared)")
+    p.add_argument("--overhead-threads", type=int, default=0,
+                   help="threads of both sides of the Ray-overhead benchmark (default: all; fewer leave a core to Ray)")
     p.add_argument("--limit", type=int, default=300, help="test_2016_flickr sentences decoded")
     p.add_argument("--checkpoint", help="decode this checkpoint (default: the scaling run's)")
     p.add_argument("--ddp-bucket-mb", type=float,
@@ -230,6 +232,23 @@ class PlainLoop:
         _sync(self.device)
         return num_tokens / (time.perf_counter() - t0)
 
+    def intervals(self, batches: list[Batch], every: int) -> list[tuple[int, float, float]]:
+        """Train on `batches`; (target tokens, seconds, peak RSS MB) of each run of `every` steps,
+        the intervals a Ray run logs."""
+        import resource
+
+        out = []
+        for i in range(0, len(batches), every):
+            t0 = time.perf_counter()
+            num_tokens = 0
+            for batch in batches[i:i + every]:
+                num_tokens += self.step_fn(batch)
+                self.scheduler.step()
+            _sync(self.device)
+            out.append((num_tokens, time.perf_counter() - t0,
+                        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+        return out
+
 
 def alternate(loops: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
     """Run each measurement `repeats` times, alternating their order (A B, B A, ...)."""
@@ -253,7 +272,8 @@ def cpu_times() -> dict[int, tuple[str, float]]:
             continue
         try:
             stat = (d / "stat").read_text()
-            cmd = (d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            raw = (d / "cmdline").read_bytes()
+            cmd = raw.split(b"\0")[0].decode(errors="replace")
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
@@ -261,14 +281,42 @@ def cpu_times() -> dict[int, tuple[str, float]]:
         comm = stat[stat.index("(") + 1:stat.rindex(")")]
         if cmd.startswith("ray::"):  # Ray's process titles: ray::RayTrainWorker.train_fn, ray::IDLE, ...
             name = cmd.split()[0].split(".")[0]
+        elif b"spawn_main" in raw:  # a multiprocessing child: the plain loop
+            name = "plain-loop process"
         else:
             name = Path(cmd.split()[0]).name if cmd else f"[{comm}]"
         out[int(d.name)] = (name, seconds)
     return out
 
 
+def system_context_switches() -> int:
+    """The machine's context switches since boot."""
+    with open("/proc/stat") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("ctxt "))
+
+
+def context_switches(worker: str = "ray::RayTrainWorker") -> dict[str, int]:
+    """The machine's context switches so far, and each `worker` process's (summed over its
+    threads), voluntary (it waited) and involuntary (something else was given its core)."""
+    out = {"system": system_context_switches()}
+    for d in Path("/proc").iterdir():
+        try:
+            if not d.name.isdigit() or not (d / "cmdline").read_bytes().startswith(worker.encode()):
+                continue
+            for task in (d / "task").iterdir():
+                for line in (task / "status").read_text().splitlines():
+                    if line.endswith("ctxt_switches:") or "ctxt_switches:" not in line:
+                        continue
+                    key = f"{d.name}_{line.split(':')[0].split('_')[0]}"  # PID_voluntary / PID_nonvoluntary
+                    out[key] = out.get(key, 0) + int(line.split()[1])
+        except OSError:
+            continue
+    return out
+
+
 class CpuSampler:
-    """Samples every process's CPU time in a thread; `shares` gives cores used per process group."""
+    """Samples every process's CPU time in a thread; `shares` gives cores used per process group,
+    `switch_rates` the context switches per second (the machine's and the training workers')."""
 
     def __init__(self, every_s: float = 2.0):
         import threading
@@ -279,7 +327,7 @@ class CpuSampler:
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            self.samples.append((time.perf_counter(), cpu_times()))
+            self.samples.append((time.perf_counter(), cpu_times(), context_switches()))
             self.stop.wait(self.every_s)
 
     def __enter__(self) -> "CpuSampler":
@@ -294,15 +342,25 @@ class CpuSampler:
         """Cores used per group between two fractions of the sampled time (the steady middle)."""
         if len(self.samples) < 3:
             return {}
-        t0, t1 = self.samples[0][0], self.samples[-1][0]
-        a = min(self.samples, key=lambda s: abs(s[0] - (t0 + start * (t1 - t0))))
-        b = min(self.samples, key=lambda s: abs(s[0] - (t0 + end * (t1 - t0))))
-        wall = max(b[0] - a[0], 1e-9)
+        a, b, wall = self._window(start, end)
         used: dict[str, float] = {}
         for pid, (name, seconds) in b[1].items():
             before = a[1].get(pid, (name, 0.0))[1]
             used[name] = used.get(name, 0.0) + (seconds - before) / wall
         return {k: round(v, 3) for k, v in sorted(used.items(), key=lambda x: -x[1]) if v >= 0.005}
+
+    def switch_rates(self, start: float = 0.4, end: float = 0.9) -> dict[str, float]:
+        """Context switches per second between two fractions of the sampled time."""
+        if len(self.samples) < 3:
+            return {}
+        a, b, wall = self._window(start, end)
+        return {k: round((v - a[2].get(k, 0)) / wall) for k, v in b[2].items()}
+
+    def _window(self, start: float, end: float) -> tuple[tuple, tuple, float]:
+        t0, t1 = self.samples[0][0], self.samples[-1][0]
+        a = min(self.samples, key=lambda s: abs(s[0] - (t0 + start * (t1 - t0))))
+        b = min(self.samples, key=lambda s: abs(s[0] - (t0 + end * (t1 - t0))))
+        return a, b, max(b[0] - a[0], 1e-9)
 
 
 def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps: int, log_every: int,
@@ -335,7 +393,9 @@ def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps
     return {"tokens_per_s": rate, "interval_tokens_per_s": speeds, "interval_steps": steps,
             "data_share": float(rows[-1]["data_share"]), "wall_s": summary["wall_time_s"],
             "checkpoint": summary["best_checkpoint"], "workers": workers, "cpus_per_worker": cpus,
-            "cores_used": sampler.shares(), **({"profiles": profiles} if profiles else {})}
+            "cores_used": sampler.shares(), "context_switches_per_s": sampler.switch_rates(),
+            "peak_rss_mb": [float(r["peak_rss_mb"]) for r in rows if r.get("peak_rss_mb")],
+            **({"profiles": profiles} if profiles else {})}
 
 
 # ---------------------------------------------------------------- benchmarks
@@ -403,34 +463,40 @@ def bench_ray_overhead(b: Bench) -> dict:
     the main thread's allocator"), and a plain loop always timed in the driver would
     compare one draw against three. A single pair can
     mislead on a shared machine: in 7 alternated pairs here one raymt run against the
-    plain loop next to it ranged 0.93-1.14 (benchmarks/overhead_split.py)."""
-    names = ["one-worker-all-threads"] + [f"one-worker-all-threads-{r}" for r in range(2, b.args.overhead_repeats + 1)]
+    plain loop next to it ranged 0.93-1.14 (benchmarks/overhead_split.py). With
+    --overhead-threads N below every thread, both sides use N threads (a spare core)."""
+    threads = b.args.overhead_threads or b.threads
+    stem = "one-worker-all-threads" if threads == b.threads else f"one-worker-{threads}-threads"
+    names = [stem] + [f"{stem}-{r}" for r in range(2, b.args.overhead_repeats + 1)]
     runs = iter(names)
     plain_runs: list[dict] = []
 
     def plain() -> float:
-        plain_runs.append(plain_in_fresh_process(b, matmul=True))
+        with CpuSampler() as sampler:  # what the rest of the machine takes, as for raymt's runs
+            plain_runs.append(plain_in_fresh_process(b, matmul=True, threads=threads))
+        plain_runs[-1]["cores_used"] = sampler.shares()
         return plain_runs[-1]["tokens_per_s"]
 
     rates = alternate({"plain": plain,
-                       "raymt": lambda: b.ray(next(runs), 1, float(b.threads))["tokens_per_s"]},
+                       "raymt": lambda: b.ray(next(runs), 1, float(threads))["tokens_per_s"]},
                       b.args.overhead_repeats)
     plain_rate, raymt = statistics.median(rates["plain"]), statistics.median(rates["raymt"])
-    b.plain_runs = plain_runs
+    if threads == b.threads:  # the hardware benchmark reuses these processes' rates
+        b.plain_runs = plain_runs
     return {"ratio": raymt / plain_rate, "raymt_tokens_per_s": rates["raymt"], "plain_tokens_per_s": rates["plain"],
-            "threads": b.threads, "plain_runs": plain_runs, "runs": {n: b.runs[n] for n in names}}
+            "threads": threads, "plain_runs": plain_runs, "runs": {n: b.runs[n] for n in names}}
 
 
-def plain_in_fresh_process(b: Bench, matmul: bool = False) -> dict:
-    """The plain loop (b.threads threads, b.warmup then b.timed) in a new process; with
+def plain_in_fresh_process(b: Bench, matmul: bool = False, threads: Optional[int] = None) -> dict:
+    """The plain loop (`threads`, default b.threads; b.warmup then b.timed) in a new process; with
     `matmul`, that process then measures its matmul FLOP/s (bf16 where training is, fp32)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # a fresh interpreter, as a Ray worker is
     results = ctx.Queue()
     cpu = [[x.to("cpu") for x in b.warmup], [x.to("cpu") for x in b.timed]]
-    proc = ctx.Process(target=_plain_child, args=(b.model_cfg, b.vocab, b.cfg, b.device, b.threads, *cpu,
-                                                  matmul, results))
+    proc = ctx.Process(target=_plain_child, args=(b.model_cfg, b.vocab, b.cfg, b.device, threads or b.threads, *cpu,
+                                                  matmul, results), kwargs={"interval": b.log_every})
     proc.start()
     out = results.get()
     proc.join()
@@ -438,8 +504,11 @@ def plain_in_fresh_process(b: Bench, matmul: bool = False) -> dict:
 
 
 def _plain_child(model_cfg: ModelConfig, vocab: int, cfg: Config, device: str, threads: int,
-                 warmup: list, timed: list, matmul: bool, results, barrier=None) -> None:
-    """One plain-loop measurement in this process; with `barrier`, timing starts with its peers."""
+                 warmup: list, timed: list, matmul: bool, results, barrier=None, interval: int = 0) -> None:
+    """One plain-loop measurement in this process; with `barrier`, timing starts with its peers.
+    With `interval`, also the rate and peak RSS of each run of that many steps (as a Ray run logs)."""
+    import resource
+
     from raymt.model import Transformer
 
     torch.set_num_threads(threads)
@@ -449,10 +518,16 @@ def _plain_child(model_cfg: ModelConfig, vocab: int, cfg: Config, device: str, t
     timed = [x.to(device) for x in timed]
     if barrier is not None:
         barrier.wait()
-    t0, w0 = os.times(), time.perf_counter()
-    out = {"tokens_per_s": loop.tokens_per_s(timed)}
-    t1, wall = os.times(), time.perf_counter() - w0
-    out.update(user_cores=(t1.user - t0.user) / wall, system_cores=(t1.system - t0.system) / wall)
+    t0, w0, c0 = os.times(), time.perf_counter(), system_context_switches()
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    parts = loop.intervals(timed, interval or len(timed))
+    out = {"tokens_per_s": sum(n for n, _, _ in parts) / sum(s for _, s, _ in parts)}
+    t1, wall, r1 = os.times(), time.perf_counter() - w0, resource.getrusage(resource.RUSAGE_SELF)
+    out.update(user_cores=(t1.user - t0.user) / wall, system_cores=(t1.system - t0.system) / wall,
+               interval_tokens_per_s=[n / s for n, s, _ in parts], peak_rss_mb=[m for _, _, m in parts],
+               context_switches_per_s={"system": round((system_context_switches() - c0) / wall),
+                                       "voluntary": round((r1.ru_nvcsw - r0.ru_nvcsw) / wall),
+                                       "nonvoluntary": round((r1.ru_nivcsw - r0.ru_nivcsw) / wall)})
     if matmul:
         dtype = torch.bfloat16 if trains_in_bf16(device) else torch.float32
         out.update(matmul_dtype=str(dtype), matmul_flops=matmul_flops(device, dtype))
@@ -779,6 +854,20 @@ def print_table(results: dict[str, dict]) -> None:
               f"vs {' / '.join(f'{r:.0f}' for r in ceiling['alone_tokens_per_s'])} tok/s)")
 
 
+def print_overhead_detail(result: dict) -> None:
+    """Each Ray-overhead run's log intervals (tok/s), peak RSS and context switches per second."""
+    runs = [("plain", r) for r in result.get("plain_runs", [])]
+    runs += [("raymt", r) for r in result.get("runs", {}).values()]
+    for side, run in runs:
+        rates = " / ".join(f"{x:.0f}" for x in run.get("interval_tokens_per_s", []))
+        rss = run.get("peak_rss_mb") or [0.0]
+        used = run.get("cores_used", {})
+        loop = used.get("plain-loop process" if side == "plain" else "ray::RayTrainWorker", 0.0)
+        print(f"{side}: intervals {rates} tok/s; peak RSS {rss[0]:.0f} -> {rss[-1]:.0f} MB; "
+              f"cores: loop {loop:.3f}, everything else {sum(used.values()) - loop:.3f}; "
+              f"context switches/s {run.get('context_switches_per_s', {})}")
+
+
 def start_ray(gpu: bool) -> None:
     """A local cluster with one logical CPU more than the machine (Ray Data's), dashboard on."""
     import ray
@@ -816,6 +905,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
     print_table(results)
+    if "ray_overhead" in results:
+        print()
+        print_overhead_detail(results["ray_overhead"])
     for run_name, run in bench.runs.items():
         used = ", ".join(f"{k} {v:.2f}" for k, v in run.get("cores_used", {}).items())
         print(f"\n{run_name}: cores used in the middle of the run: {used}")

@@ -42,3 +42,27 @@ def test_lockstep_factor_is_the_slowest_worker_over_the_mean_worker():
 
     assert lockstep_factor([[1.0, 3.0], [3.0, 1.0]]) == pytest.approx(3.0 / 2.0)  # each step waits 1 of 3
     assert lockstep_factor([[2.0, 4.0], [2.0, 4.0]]) == pytest.approx(1.0)  # equal steps: no wait
+
+
+def test_self_times_subtract_nested_operators():
+    from benchmarks.overhead_profile import self_times
+
+    spans = [{"name": "aten::linear", "ts": 0, "dur": 10, "tid": 1, "cat": "cpu_op"},
+             {"name": "aten::addmm", "ts": 1, "dur": 6, "tid": 1, "cat": "cpu_op"},
+             {"name": "aten::copy_", "ts": 2, "dur": 2, "tid": 1, "cat": "cpu_op"},  # inside addmm
+             {"name": "aten::add", "ts": 12, "dur": 3, "tid": 1, "cat": "cpu_op"},
+             {"name": "aten::add", "ts": 0, "dur": 50, "tid": 2, "cat": "cpu_op"}]  # another thread
+    assert self_times(spans, 1) == {"aten::linear": 4, "aten::addmm": 4, "aten::copy_": 2, "aten::add": 3}
+
+
+def test_plain_loop_intervals_cover_every_batch():
+    from benchmarks.speed import PlainLoop
+    from raymt.config import Config
+
+    cfg = ModelConfig(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1)
+    loop = PlainLoop(Transformer(cfg, 32), Config(model=cfg), "cpu")
+    batches = [collate([[5, 6, 3]] * (i + 1), [[7, 8, 9, 3]] * (i + 1)) for i in range(5)]
+    parts = loop.intervals(batches, 2)
+    # 4 target tokens + EOS per row, steps of 1..5 rows: (1, 2), (3, 4), (5)
+    assert [n for n, _, _ in parts] == [5 * 3, 5 * 7, 5 * 5]
+    assert all(s > 0 and rss > 0 for _, s, rss in parts)
