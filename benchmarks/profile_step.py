@@ -42,14 +42,19 @@ from raymt.worker import train_step  # noqa: E402
 CHANGES = ("torch-dropout", "fused-adamw", "compile", "cpu-bf16", "cpu-bf16+compile")
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Command-line flags."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def loop_flags(p: argparse.ArgumentParser, batches: int, repeats: int) -> None:
+    """The flags of a script that times the plain loop on a prepared corpus's batches."""
     p.add_argument("--corpus", required=True, help="a prepared corpus (python -m raymt.data prepare)")
     p.add_argument("--preset", default="small")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--batches", type=int, default=30, help="timed batches per measurement")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--batches", type=int, default=batches, help="timed batches per measurement")
+    p.add_argument("--repeats", type=int, default=repeats)
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Command-line flags."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    loop_flags(p, batches=30, repeats=2)
     p.add_argument("--compare", action="append", default=[], choices=CHANGES)
     p.add_argument("--profile", action="store_true", help="print torch.profiler's top operators")
     return p.parse_args(argv)

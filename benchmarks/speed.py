@@ -224,13 +224,8 @@ class PlainLoop:
 
     def tokens_per_s(self, batches: list[Batch]) -> float:
         """Target tokens per second over `batches` (already on the device)."""
-        _sync(self.device)
-        t0, num_tokens = time.perf_counter(), 0
-        for batch in batches:
-            num_tokens += self.step_fn(batch)
-            self.scheduler.step()
-        _sync(self.device)
-        return num_tokens / (time.perf_counter() - t0)
+        (num_tokens, seconds, _), = self.intervals(batches, max(1, len(batches)))
+        return num_tokens / seconds
 
     def intervals(self, batches: list[Batch], every: int) -> list[tuple[int, float, float]]:
         """Train on `batches`; (target tokens, seconds, peak RSS MB) of each run of `every` steps,
@@ -238,6 +233,7 @@ class PlainLoop:
         import resource
 
         out = []
+        _sync(self.device)
         for i in range(0, len(batches), every):
             t0 = time.perf_counter()
             num_tokens = 0
@@ -263,6 +259,9 @@ def alternate(loops: dict[str, Callable[[], float]], repeats: int) -> dict[str, 
 # ---------------------------------------------------------------- raymt on Ray
 
 
+PLAIN_PROCESS = "plain-loop process"  # cpu_times' name for a spawned plain-loop process
+
+
 def cpu_times() -> dict[int, tuple[str, float]]:
     """{pid: (process group name, CPU seconds so far)} of every process on the machine."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -282,7 +281,7 @@ def cpu_times() -> dict[int, tuple[str, float]]:
         if cmd.startswith("ray::"):  # Ray's process titles: ray::RayTrainWorker.train_fn, ray::IDLE, ...
             name = cmd.split()[0].split(".")[0]
         elif b"spawn_main" in raw:  # a multiprocessing child: the plain loop
-            name = "plain-loop process"
+            name = PLAIN_PROCESS
         else:
             name = Path(cmd.split()[0]).name if cmd else f"[{comm}]"
         out[int(d.name)] = (name, seconds)
@@ -495,7 +494,8 @@ def plain_in_fresh_process(b: Bench, matmul: bool = False, threads: Optional[int
     ctx = mp.get_context("spawn")  # a fresh interpreter, as a Ray worker is
     results = ctx.Queue()
     cpu = [[x.to("cpu") for x in b.warmup], [x.to("cpu") for x in b.timed]]
-    proc = ctx.Process(target=_plain_child, args=(b.model_cfg, b.vocab, b.cfg, b.device, threads or b.threads, *cpu,
+    threads = threads or b.threads
+    proc = ctx.Process(target=_plain_child, args=(b.model_cfg, b.vocab, b.cfg, b.device, threads, *cpu,
                                                   matmul, results), kwargs={"interval": b.log_every})
     proc.start()
     out = results.get()
@@ -862,7 +862,7 @@ def print_overhead_detail(result: dict) -> None:
         rates = " / ".join(f"{x:.0f}" for x in run.get("interval_tokens_per_s", []))
         rss = run.get("peak_rss_mb") or [0.0]
         used = run.get("cores_used", {})
-        loop = used.get("plain-loop process" if side == "plain" else "ray::RayTrainWorker", 0.0)
+        loop = used.get(PLAIN_PROCESS if side == "plain" else "ray::RayTrainWorker", 0.0)
         print(f"{side}: intervals {rates} tok/s; peak RSS {rss[0]:.0f} -> {rss[-1]:.0f} MB; "
               f"cores: loop {loop:.3f}, everything else {sum(used.values()) - loop:.3f}; "
               f"context switches/s {run.get('context_switches_per_s', {})}")

@@ -124,11 +124,7 @@ def measure(args: argparse.Namespace, setting: str) -> dict:
 def main(argv: Optional[list[str]] = None) -> int:
     """Alternate the settings, print the table, write the JSON."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--corpus", required=True, help="a prepared corpus (python -m raymt.data prepare)")
-    p.add_argument("--preset", default="small")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--batches", type=int, default=40, help="timed batches per measurement")
-    p.add_argument("--repeats", type=int, default=3)
+    profile_step.loop_flags(p, batches=40, repeats=3)
     p.add_argument("--settings", default="quiet,ray-like,half,same-cpu-fewer")
     p.add_argument("--json", default="benchmarks/results/wakeups.json")
     args = p.parse_args(argv)
