@@ -303,9 +303,9 @@ def isolated(num_pairs: int, args: argparse.Namespace) -> dict:
 
 def in_process(sizes: list[int], args: argparse.Namespace) -> list[dict]:
     """Every size in this process (one size: the isolated run itself)."""
-    from raymt.train import init_ray
+    from raymt.cluster import init_ray
 
-    init_ray()
+    init_ray(dashboard=True)
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="raymt-bench-data-"))
     try:
         return [bench_size(n, args, work) for n in sizes]

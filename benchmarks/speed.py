@@ -870,14 +870,9 @@ def print_overhead_detail(result: dict) -> None:
 
 def start_ray(gpu: bool) -> None:
     """A local cluster with one logical CPU more than the machine (Ray Data's), dashboard on."""
-    import ray
+    from raymt.cluster import init_ray
 
-    from raymt.train import init_ray
-
-    if not os.environ.get("RAY_ADDRESS"):
-        ray.init(num_cpus=(os.cpu_count() or 1) + 1, include_dashboard=True, log_to_driver=True,
-                 runtime_env={"env_vars": {"RAY_DATA_LOG_LEVEL": "WARNING"}})
-    init_ray()
+    init_ray(num_cpus=(os.cpu_count() or 1) + 1, dashboard=True)  # attaches under RAY_ADDRESS
 
 
 def main(argv: Optional[list[str]] = None) -> int:

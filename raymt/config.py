@@ -166,7 +166,7 @@ class TrainConfig:
     # CPUs reserved per worker; None = leave one CPU of the cluster to Ray Data.
     cpus_per_worker: Optional[float] = None
     # bf16 autocast of the forward pass, on GPU and on CPUs with bf16 units (AVX512-BF16,
-    # AMX: 1.5x the fp32 step on the development machine); fp32 elsewhere.
+    # AMX), where it is faster than fp32; fp32 elsewhere.
     bf16: bool = True
     seed: int = 1
     # Run directories and checkpoints: a local path, or s3://, gs://, ... shared by all nodes.

@@ -76,7 +76,7 @@ def _next_log_probs(model: Transformer, tokens: torch.Tensor, memory: torch.Tens
 def _force_eos(log_probs: torch.Tensor, at_limit: torch.Tensor) -> torch.Tensor:
     """Rows at their length limit may only emit EOS (in place: only those rows are touched)."""
     rows = at_limit.nonzero().squeeze(1)
-    if rows.numel():  # a masked copy of the whole (N, V) tensor was 5.7% of beam search
+    if rows.numel():  # a masked copy would write the whole (N, V) tensor at every step
         eos = log_probs[rows, EOS_ID]
         log_probs[rows] = NEG_INF
         log_probs[rows, EOS_ID] = eos

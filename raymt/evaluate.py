@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import sacrebleu
 import torch
 
 from raymt.checkpoint import check_checkpoint, load_model
+from raymt.cluster import Plan, init_ray, plan
 from raymt.data import Pairs, read_parallel
 from raymt.decoding import DecodeOptions, decode_ids, encode_sources, length_batches
 from raymt.tokenizer import Tokenizer
@@ -46,13 +46,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--output-dir", default="evaluation", help="hypotheses and report.json go here")
     p.add_argument("--num-actors", type=int, default=2, help="decoding actors (model replicas)")
     p.add_argument("--gpu", action="store_true", help="one GPU per actor")
-    p.add_argument("--cpus-per-actor", type=float, help="CPUs reserved per actor (default 0.5; 1 with --gpu)")
+    p.add_argument("--cpus-per-actor", type=float,
+                   help="CPUs reserved per actor (default: the CPUs Ray Data leaves, split among the actors; 1 with --gpu)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (ignored with RAY_ADDRESS)")
     p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
     p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
     p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
     p.add_argument("--max-len-b", type=int, default=d.max_len_b)
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (as raymt.translate)")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print Ray's own INFO lines and internal messages (else in Ray's log files)")
     return p.parse_args(argv)
 
 
@@ -103,11 +106,11 @@ class BatchTranslator:
                 "hyp": np.array(out["hyp"], dtype=object), "score": np.array(out["score"], dtype=np.float64)}
 
 
-def actor_cpus(use_gpu: bool, cpus_per_actor: Optional[float]) -> float:
-    """CPUs reserved per actor: half a CPU by default, so 2 actors fit beside Ray Data on 2 cores."""
-    if cpus_per_actor is not None:
-        return cpus_per_actor
-    return 1.0 if use_gpu else 0.5
+def actor_plan(num_actors: int, use_gpu: bool, cpus_per_actor: Optional[float],
+               total: Optional[dict] = None) -> Plan:
+    """CPUs, GPUs and threads per actor: by default the cluster's CPUs beside Ray Data's, split evenly."""
+    return plan(num_actors, use_gpu, cpus_per_actor, total, what=f"--num-actors {num_actors}",
+                fix="lower --num-actors or --cpus-per-actor")
 
 
 def translate_on_cluster(checkpoint: str, sources: Sequence[Sequence[str]], opts: DecodeOptions,
@@ -120,14 +123,14 @@ def translate_on_cluster(checkpoint: str, sources: Sequence[Sequence[str]], opts
     rows = plan_batches(sources, tokenizer, config.model.max_positions, batch_size)
     if not rows:
         return [[] for _ in sources]
-    cpus = actor_cpus(use_gpu, cpus_per_actor)
+    actors = actor_plan(num_actors, use_gpu, cpus_per_actor)
     # One planned batch per block and per call, so batches stay whole and spread over actors.
     ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
         BatchTranslator, batch_size=1, batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=num_actors),  # `concurrency=N` is deprecated since Ray 2.51
-        num_cpus=cpus, num_gpus=1 if use_gpu else 0,
+        num_cpus=actors.cpus, num_gpus=actors.gpus,
         fn_constructor_kwargs={"checkpoint": str(Path(checkpoint).resolve()), "opts": dict(opts.__dict__),
-                               "device": "cuda" if use_gpu else "cpu", "num_threads": max(1, int(cpus))})
+                               "device": "cuda" if use_gpu else "cpu", "num_threads": actors.num_threads})
     decoded = {(int(r["set"]), int(r["index"])): (float(r["score"]), str(r["hyp"])) for r in ds.take_all()}
     assert len(decoded) == sum(len(s) for s in sources), "every sentence is decoded exactly once"
     return [[decoded[(set_id, i)] for i in range(len(s))] for set_id, s in enumerate(sources)]
@@ -157,35 +160,6 @@ def print_table(report: dict) -> None:
     print(f"{report['num_sentences']} sentences in {report['wall_time_s']:.1f} s "
           f"({report['sentences_per_s']:.1f}/s, {report['num_actors']} actors); "
           f"report: {report['report']}")
-
-
-def init_ray(num_cpus: Optional[int]) -> bool:
-    """Attach to RAY_ADDRESS's cluster, or start a local one; True when this call started Ray."""
-    import ray
-    from ray.data import DataContext
-
-    DataContext.get_current().enable_progress_bars = False
-    if ray.is_initialized():
-        return False
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init()  # inside a job, num_cpus may not be passed
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False)
-    return True
-
-
-def check_resources(num_actors: int, use_gpu: bool, cpus_per_actor: Optional[float]) -> None:
-    """Fail with one line, instead of waiting forever, when the actors cannot all be placed."""
-    import ray
-
-    total = ray.cluster_resources()
-    cpus = actor_cpus(use_gpu, cpus_per_actor)
-    if use_gpu and total.get("GPU", 0) < num_actors:
-        raise ValueError(f"--gpu with --num-actors {num_actors} needs {num_actors} GPUs; the cluster has "
-                         f"{total.get('GPU', 0):g}: lower --num-actors or drop --gpu")
-    if cpus * num_actors > total.get("CPU", 0):
-        raise ValueError(f"--num-actors {num_actors} x {cpus:g} CPUs exceeds the cluster's "
-                         f"{total.get('CPU', 0):g} CPUs: lower --num-actors or --cpus-per-actor")
 
 
 def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOptions]:
@@ -240,9 +214,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as err:
         print(f"raymt.evaluate: error: {err}", file=sys.stderr)
         return 2
-    started = init_ray(args.num_cpus)
+    started = init_ray(args.num_cpus, verbose=args.verbose)
     try:
-        check_resources(args.num_actors, args.gpu, args.cpus_per_actor)
+        actor_plan(args.num_actors, args.gpu, args.cpus_per_actor)  # one line if they cannot all be placed
         t0 = time.time()
         results = translate_on_cluster(args.checkpoint, [pairs[0] for pairs in sets.values()], opts,
                                        args.num_actors, args.batch_size, args.gpu, args.cpus_per_actor)

@@ -34,9 +34,9 @@ def sinusoids(num_positions: int, dim: int) -> torch.Tensor:
 class Dropout(nn.Module):
     """nn.Dropout, with masks drawn from 16 random bits per element on CPU.
 
-    On CPU, torch's bernoulli_ samples one element at a time and took 13% of a training
-    step of the small preset; raw 64-bit words from the same generator, cut into 16-bit
-    lanes, are ~4x cheaper (benchmarks/NOTES.md). The rate is p rounded to 1/65536.
+    On CPU, torch's bernoulli_ samples one element at a time, a visible share of a small
+    model's training step; raw 64-bit words from the same generator, cut into 16-bit lanes,
+    need a quarter of the random draws (benchmarks/NOTES.md). The rate is p rounded to 1/65536.
     Elsewhere (GPU) F.dropout's fused kernel is used as is.
     """
 

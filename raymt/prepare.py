@@ -45,6 +45,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 import raymt
+from raymt.cluster import init_ray
 from raymt.config import PrepareConfig
 from raymt.stream import Shard, token_index
 from raymt.tokenizer import Tokenizer, train_tokenizer
@@ -884,17 +885,6 @@ def _user_error(err: BaseException) -> Optional[ValueError]:
     return None
 
 
-def _init_ray() -> None:
-    """Attach to the cluster when RAY_ADDRESS is set, else start a local one."""
-    import ray
-
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init()
-        else:
-            ray.init(include_dashboard=False, log_to_driver=True)
-
-
 def prepare_corpus(cfg: PrepareConfig, out: str, train: list[Source], valid: list[Source],
                    test: Optional[dict[str, list[Source]]] = None, tokenizer: Optional[Tokenizer] = None,
                    overwrite: bool = False, command: Optional[str] = None) -> dict:
@@ -907,7 +897,7 @@ def prepare_corpus(cfg: PrepareConfig, out: str, train: list[Source], valid: lis
     if manifest is not None:
         print(f"prepare: {out_path} already prepared (same inputs and options)", flush=True)
         return manifest
-    _init_ray()
+    init_ray()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f"{out_path.name}.tmp-{secrets.token_hex(4)}")
     tmp.mkdir()

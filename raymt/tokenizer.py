@@ -9,6 +9,8 @@ from typing import Iterable, Sequence
 
 import sentencepiece as spm
 
+from raymt.cluster import machine_cpus
+
 PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2
@@ -86,6 +88,6 @@ def train_tokenizer(sentences: Iterable[str], vocab_size: int, model_type: str =
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sample), model_writer=buffer, vocab_size=vocab_size,
         model_type=model_type, character_coverage=1.0, pad_id=PAD_ID, unk_id=UNK_ID,
-        bos_id=BOS_ID, eos_id=EOS_ID, hard_vocab_limit=False, num_threads=2,
+        bos_id=BOS_ID, eos_id=EOS_ID, hard_vocab_limit=False, num_threads=machine_cpus(),
         minloglevel=2)
     return Tokenizer(buffer.getvalue())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
 import tempfile
 import time
@@ -15,6 +14,7 @@ from typing import Optional
 
 from raymt import corpus, data
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
+from raymt.cluster import Plan, init_ray, plan
 from raymt.config import Config, apply_overrides, flatten, load_file, parse_set_args, preset
 from raymt.decoding import DecodeOptions, translate
 from raymt.metrics import score
@@ -38,6 +38,8 @@ def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
     for flag, field in flag_fields.items():
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"sets {field}")
     p.add_argument("--gpu", action="store_true", help="one GPU per worker (sets train.use_gpu)")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print Ray's own INFO lines and internal messages (else in Ray's log files)")
     p.set_defaults(flag_fields=flag_fields)
     return p
 
@@ -191,54 +193,9 @@ def write_run_files(cfg: Config, run_dir: Path, tokenizer: Tokenizer) -> None:
     (run_dir / RUN_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
 
 
-def init_ray(include_dashboard: bool = True) -> None:
-    """Attach to the cluster under `ray job submit` (RAY_ADDRESS), else start a local one.
-
-    The local dashboard (on 127.0.0.1) serves the state API that Ray Train's placement-group
-    cleaner polls; without it the cleaner logs a failure every second, and Tune over Train
-    leaks placement groups.
-    """
-    import ray
-    from ray.data import DataContext
-
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # worker prints appear once
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init()
-        else:  # Ray Data's per-execution lines stay in its log files, not on the console
-            ray.init(include_dashboard=include_dashboard, log_to_driver=True,
-                     runtime_env={"env_vars": {"RAY_DATA_LOG_LEVEL": "WARNING"}})
-    DataContext.get_current().enable_progress_bars = False
-
-
-MIN_CPUS_PER_WORKER = 0.25
-
-
-def cpu_budget(num_cpus: float) -> float:
-    """CPUs that training workers may take: one (half of a lone CPU) is left to Ray Data."""
-    return num_cpus - (1.0 if num_cpus >= 2 else num_cpus / 2)
-
-
-def scaling(cfg: Config) -> tuple[dict, int]:
-    """Resources per worker and torch threads, checked against the cluster."""
-    import ray
-
-    total = ray.cluster_resources()
-    num_cpus, num_gpus = total.get("CPU", 0), total.get("GPU", 0)
-    n = cfg.train.num_workers
-    if cfg.train.use_gpu and n > num_gpus:
-        raise ValueError(f"train.num_workers={n} with --gpu needs {n} GPUs; the cluster has "
-                         f"{num_gpus:g}: lower --num-workers")
-    budget = cpu_budget(num_cpus)
-    cpus = cfg.train.cpus_per_worker
-    if cpus is None:  # Ray Data keeps its CPU, so the data pipeline never starves
-        cpus = 1.0 if cfg.train.use_gpu else max(MIN_CPUS_PER_WORKER, budget / n)
-    if not cfg.train.use_gpu and cpus * n > budget:
-        raise ValueError(f"train.num_workers={n} x {cpus:g} CPUs needs {cpus * n:g} CPUs but the "
-                         f"cluster's {num_cpus:g} CPUs leave {budget:g} after Ray Data's share: "
-                         "lower --num-workers or train.cpus_per_worker")
-    resources = {"CPU": cpus} | ({"GPU": 1} if cfg.train.use_gpu else {})
-    return resources, max(1, int(cpus))
+def scaling(cfg: Config) -> Plan:
+    """Resources per training worker and torch threads, checked against the cluster."""
+    return plan(cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker)
 
 
 def fit(cfg: Config, train_files: list, valid: data.Pairs, tokenizer: Tokenizer,
@@ -254,19 +211,19 @@ def fit(cfg: Config, train_files: list, valid: data.Pairs, tokenizer: Tokenizer,
 
     from raymt.worker import train_loop_per_worker
 
-    resources, num_threads = scaling(cfg)
+    workers = scaling(cfg)
     valid_rows = data.eval_rows(valid, tokenizer, cfg.model.max_positions)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
             "config": cfg.to_dict(), "spm_model": tokenizer.model_proto,
-            "num_threads": num_threads, "train_files": train_files,
+            "num_threads": workers.num_threads, "train_files": train_files,
             "valid": {"rows": valid_rows, "refs": valid[1]},
             "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
             "init_full_state": init_full_state,
             "log_dir": str(log_dir) if log_dir else None},
         scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
-                                     resources_per_worker=resources),
+                                     resources_per_worker=workers.resources()),
         torch_config=TorchConfig(backend="nccl" if cfg.train.use_gpu else "gloo"),
         run_config=RunConfig(
             name=cfg.train.name, storage_path=cfg.train.storage_path,
@@ -313,7 +270,7 @@ def local_run_dir(cfg: Config) -> Path:
 
 def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optional[Path] = None,
         callbacks: Optional[list] = None, score_test: bool = True,
-        init_full_state: bool = False) -> dict:
+        init_full_state: bool = False, verbose: bool = False) -> dict:
     """Train with Ray Train, score the best checkpoint on the test set, return the summary.
 
     `init_checkpoint` starts a new run from a checkpoint's weights, or with `init_full_state`
@@ -326,7 +283,7 @@ def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optiona
     if init_checkpoint is not None:
         check_shape(cfg, init_checkpoint)
     check_writable(run_dir)
-    init_ray()
+    init_ray(dashboard=True, verbose=verbose)
     scaling(cfg)  # more workers or GPUs than the cluster has: one line, before any data work
     train_files, tokenizer = materialize(cfg, run_data)
     write_run_files(cfg, run_dir, tokenizer)
@@ -361,7 +318,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     try:
         cfg, resume_dir, init_checkpoint = resolve_resume(args)
-        summary = run(cfg, resume_dir, init_checkpoint)
+        summary = run(cfg, resume_dir, init_checkpoint, verbose=args.verbose)
     except ValueError as err:
         print(f"raymt.train: error: {err}", file=sys.stderr)
         return 2

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from raymt.config import Config, apply_overrides
-from raymt.train import MIN_CPUS_PER_WORKER, build_config, cpu_budget, finalize, flag_parser
+from raymt.cluster import init_ray, plan
+from raymt.train import build_config, finalize, flag_parser
 
 SCHEDULERS = ("asha", "pbt", "fifo")
 SEARCHERS = ("random", "optuna")
@@ -226,23 +227,10 @@ def janitor():
 
 def trial_resources(cfg: Config) -> tuple[float, int]:
     """(CPUs per worker, trials that fit at once), or a one-line error if none fits."""
-    import ray
-
-    total = ray.cluster_resources()
-    num_cpus, num_gpus = total.get("CPU", 0), total.get("GPU", 0)
     n = cfg.train.num_workers
-    if cfg.train.use_gpu:
-        if n > num_gpus:
-            raise ValueError(f"--num-workers {n} with --gpu needs {n} GPUs per trial; the cluster "
-                             f"has {num_gpus:g}")
-        return cfg.train.cpus_per_worker or 1.0, int(num_gpus // n)
-    budget = cpu_budget(num_cpus)
-    cpus = cfg.train.cpus_per_worker or (1.0 if budget >= n else max(MIN_CPUS_PER_WORKER, budget / n))
-    if n * cpus > budget:
-        raise ValueError(f"--num-workers {n} needs {n * cpus:g} CPUs per trial; the cluster's "
-                         f"{num_cpus:g} CPUs leave {budget:g} after Ray Data's share: "
-                         "lower --num-workers")
-    return cpus, max(1, math.floor(budget / (n * cpus)))
+    trial = plan(n, cfg.train.use_gpu, cfg.train.cpus_per_worker, whole_cpus=True,
+                 what=f"--num-workers {n}", fix="lower --num-workers")
+    return trial.cpus, trial.fits
 
 
 def make_scheduler(name: str, cfg: Config, space: dict, num_trials: int):
@@ -285,15 +273,14 @@ def make_searcher(name: str, space: dict, metric: str):
 
 def run_sweep(cfg: Config, space: dict, scheduler: str = "asha", searcher: str = "random",
               metric: str = "valid_bleu", num_samples: int = 1, max_concurrent: Optional[int] = None,
-              sweep_name: Optional[str] = None, resume_dir: Optional[str] = None) -> dict:
+              sweep_name: Optional[str] = None, resume_dir: Optional[str] = None,
+              verbose: bool = False) -> dict:
     """Run (or resume) a sweep; returns the sorted results table, the best trial and the dir."""
     import datetime
 
     from ray import tune
 
-    from raymt.train import init_ray
-
-    init_ray(include_dashboard=True)
+    init_ray(dashboard=True, verbose=verbose)
     cpus, fits = trial_resources(cfg)  # raises before any trial starts if none fits
     cfg = finalize(apply_overrides(cfg, {"train.cpus_per_worker": cpus}))
     trainable = tune.with_resources(run_trial, {"cpu": 0, "memory": 64 * 2**20})
@@ -410,7 +397,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         space = parse_space(args.search, grid)
         summary = run_sweep(cfg, space, args.scheduler, args.searcher, args.metric,
                             args.num_samples, args.max_concurrent, args.sweep_name,
-                            args.resume_sweep)
+                            args.resume_sweep, args.verbose)
     except ValueError as err:
         print(f"raymt.tune: error: {err}", file=sys.stderr)
         return 2

@@ -122,8 +122,8 @@ def test_default_scaling_leaves_a_cpu_for_ray_data(ray_cluster):
     """2 workers on 2 CPUs take half a CPU each, so Ray Data always has one to run on."""
     from raymt.train import scaling
 
-    resources, threads = scaling(Config())
-    assert resources == {"CPU": 0.5} and threads == 1
+    workers = scaling(Config())
+    assert workers.resources() == {"CPU": 0.5} and workers.num_threads == 1
     cfg = Config()
     cfg.train.num_workers = 3
     cfg.train.cpus_per_worker = 1.0

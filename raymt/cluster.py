@@ -1,0 +1,174 @@
+"""The one Ray start-up (`init_ray`) and the one resource planner (`plan`) of every command."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+# A worker may take a quarter CPU at the least: below that Ray packs so many on one core
+# that each step mostly waits for the scheduler.
+MIN_CPUS_PER_WORKER = 0.25
+
+
+def machine_cpus() -> int:
+    """CPUs this process may run on (the container's or affinity's share, not the host's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def data_cpus(num_cpus: float) -> float:
+    """CPUs left to Ray Data: one (half of a lone CPU), so streaming reads never starve."""
+    return 1.0 if num_cpus >= 2 else num_cpus / 2
+
+
+@dataclass
+class Plan:
+    """Resources of a group of Ray workers (training workers or decoding actors)."""
+
+    cpus: float  # per worker
+    gpus: int  # per worker (0 or 1)
+    num_threads: int  # torch threads per worker
+    fits: int  # groups of this size the cluster runs at once (Tune's concurrent trials)
+
+    def resources(self) -> dict:
+        """`resources_per_worker` of Ray Train's ScalingConfig."""
+        return {"CPU": self.cpus} | ({"GPU": self.gpus} if self.gpus else {})
+
+
+def plan(num: int, use_gpu: bool = False, cpus_each: Optional[float] = None,
+         total: Optional[dict] = None, whole_cpus: bool = False,
+         what: Optional[str] = None, fix: str = "lower --num-workers") -> Plan:
+    """Resources for `num` workers beside Ray Data's CPU; a one-line ValueError if they do not fit.
+
+    The CPUs left after Ray Data's share go to the group, split evenly; `whole_cpus` prefers
+    one CPU per worker when the budget allows it, so that several groups (Tune trials) run
+    at once. `what` (default "train.num_workers=N") and `fix` name the user's setting in
+    the error message.
+    """
+    what = what or f"train.num_workers={num}"
+    if total is None:
+        import ray
+
+        total = ray.cluster_resources()
+    num_cpus, num_gpus = total.get("CPU", 0), total.get("GPU", 0)
+    if use_gpu and num > num_gpus:
+        raise ValueError(f"{what} with --gpu needs {num} GPUs; the cluster has {num_gpus:g}: "
+                         f"{fix} or drop --gpu")
+    budget = num_cpus - data_cpus(num_cpus)
+    cpus = cpus_each
+    if cpus is None:
+        share = 1.0 if whole_cpus and budget >= num else budget / num
+        cpus = 1.0 if use_gpu else max(MIN_CPUS_PER_WORKER, share)
+    if not use_gpu and cpus * num > budget:
+        raise ValueError(f"{what} x {cpus:g} CPUs needs {cpus * num:g} CPUs but the cluster's "
+                         f"{num_cpus:g} CPUs leave {budget:g} after Ray Data's share: {fix}")
+    fits = int(num_gpus // num) if use_gpu else int(budget // (num * cpus))
+    return Plan(cpus=cpus, gpus=1 if use_gpu else 0, num_threads=max(1, int(cpus)), fits=max(1, fits))
+
+
+# Ray's own loggers: on the console only their warnings and errors, minus known chatter.
+RAY_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune")
+# Lines of Ray's internals that say nothing a raymt user can act on; they stay in Ray's logs.
+RAY_CHATTER = (
+    "gcs_actor_scheduler.cc", "Failed to kill actor", "worker processes have been started",
+    "maximum expected startup concurrency", "PreemptionWatcher", "Progress bars disabled",
+    "Token authentication is enabled", "Tip: For detailed progress reporting",
+)
+# A line that one of Ray's Python loggers wrote in a worker process: "DATE TIME\tINFO file.py:12 -- ...".
+RAY_INFO_LINE = re.compile(r"^\S+ \S+\s+(DEBUG|INFO) [\w./]+\.py:\d+ -- ")
+# Processes whose console output is Ray's own (forwarded from their log files).
+RAY_PROCESSES = ("raylet", "gcs_server")
+
+
+def is_chatter(line: str, pid: object = None) -> bool:
+    """True for a console line of Ray's internals: kept in Ray's log files, not shown."""
+    return (pid in RAY_PROCESSES or RAY_INFO_LINE.match(line) is not None
+            or any(pattern in line for pattern in RAY_CHATTER))
+
+
+class _QuietFilter(logging.Filter):
+    """Lets Ray's warnings and errors through to the console, not its INFO lines or chatter."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING and not is_chatter(record.getMessage())
+
+
+def quiet_console() -> None:
+    """Filter the console handlers of Ray's loggers in this process (files keep everything)."""
+    for name in RAY_LOGGERS:
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                if not any(isinstance(f, _QuietFilter) for f in handler.filters):
+                    handler.addFilter(_QuietFilter())
+
+
+def _filter_worker_output() -> None:
+    """Drop Ray's chatter from the worker output that Ray forwards to the console.
+
+    Worker prints (raymt's progress lines) arrive through the same stream as the raylet's
+    warnings and Ray's INFO lines from the Train controller and workers; Ray has no public
+    filter, so its console handler is wrapped. Should Ray's private names change, the
+    console is only louder.
+    """
+    try:
+        from ray._private import worker as ray_worker
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+        ignore_prefix = ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)
+        print_to_stdstream = ray_worker.print_to_stdstream
+    except (ImportError, AttributeError):
+        return
+
+    def forward(data: dict) -> None:
+        lines = [line for line in data.get("lines", []) if not is_chatter(line, data.get("pid"))]
+        if lines:
+            print_to_stdstream({**data, "lines": lines}, ignore_prefix=ignore_prefix)
+
+    dispatcher.remove_handler("ray_print_logs")
+    dispatcher.add_handler("ray_print_logs", forward)
+
+
+def _quiet_env() -> dict[str, str]:
+    """Environment of Ray's processes that keeps their console output to what matters."""
+    return {"RAY_DATA_LOG_LEVEL": "WARNING",  # Ray Data's per-execution lines
+            "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}  # worker prints appear once
+
+
+def init_ray(num_cpus: Optional[int] = None, dashboard: bool = False, verbose: bool = False) -> bool:
+    """Attach to RAY_ADDRESS's cluster (`ray job submit`), else start a local one; True when started here.
+
+    `dashboard` (on 127.0.0.1) serves the state API that Ray Train V2's placement-group
+    cleaner polls: train and tune need it (without it the cleaner fails every second and
+    Tune over Train leaks placement groups); prepare and evaluate do not. Unless `verbose`,
+    Ray's INFO lines and internal chatter stay in its log files (/tmp/ray/session_latest/logs);
+    worker prints (raymt's progress lines) and every warning and error still reach the console.
+    """
+    import ray
+    from ray.data import DataContext
+
+    env = _quiet_env() if not verbose else {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+    DataContext.get_current().enable_progress_bars = False
+    started = False
+    if not verbose:
+        quiet_console()  # Ray's loggers exist from `import ray`; ray.init already logs
+    if not ray.is_initialized():
+        quiet = {} if verbose else {"logging_level": logging.WARNING}
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(log_to_driver=True, **quiet)  # inside a job, num_cpus may not be passed
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=dashboard,
+                     log_to_driver=True, runtime_env={"env_vars": env}, **quiet)
+        started = True
+    DataContext.get_current().enable_progress_bars = False
+    if not verbose:
+        quiet_console()
+        if started:
+            _filter_worker_output()
+    return started
