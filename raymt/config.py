@@ -184,15 +184,12 @@ class TrainConfig:
     # torch.profiler over this many steps after the first log interval, on every rank:
     # logs/profile-rank<r>.txt (time per step part, top operators) and .json (Chrome trace).
     profile_steps: int = 0
+    # Beam of the validation BLEU during training (1 = greedy); the test set's is decode.beam.
     valid_beam: int = 1
-    test_beam: int = 5
-    length_penalty: float = 0.6
-    max_len_a: float = 1.2
-    max_len_b: int = 10
 
     def __post_init__(self) -> None:
         _positive(self, "train", "max_steps", "eval_every", "log_every", "num_workers",
-                  "num_to_keep", "valid_beam", "test_beam")
+                  "num_to_keep", "valid_beam")
         if self.epochs is not None:
             _positive(self, "train", "epochs")
         for name in ("cpus_per_worker", "max_minutes"):
@@ -203,7 +200,38 @@ class TrainConfig:
         _check(self.max_failures >= -1, f"train.max_failures={self.max_failures} must be >= -1")
         _check(self.ddp_bucket_mb > 0, f"train.ddp_bucket_mb={self.ddp_bucket_mb} must be > 0")
         _check(self.profile_steps >= 0, f"train.profile_steps={self.profile_steps} must be >= 0 (0 = off)")
-        _check(self.length_penalty >= 0, f"train.length_penalty={self.length_penalty} must be >= 0")
+
+
+@dataclass
+class DecodeOptions:
+    """How to search, the one home of decoding defaults: beam 1 is greedy; output length is at
+    most a * src_len + b. `Config.decode` (test set, translate, evaluate, export)."""
+
+    beam: int = 5
+    # GNMT length penalty alpha: scores are divided by ((5 + length) / 6) ** alpha.
+    length_penalty: float = 0.6
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    use_cache: bool = True
+    # Sampling (beam 1 only) draws each token from softmax(log_probs / temperature) over
+    # the top_k most likely tokens (0: all). Draws depend on the seed and on the batch.
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check(self.beam >= 1, f"beam={self.beam} must be >= 1 (1 = greedy)")
+        _check(self.length_penalty >= 0, f"length_penalty={self.length_penalty} must be >= 0")
+        _check(self.max_len_a >= 0, f"max_len_a={self.max_len_a} must be >= 0")
+        _check(not self.sample or self.beam == 1,
+               f"sampling draws one hypothesis per sentence: use beam 1, not {self.beam}")
+        _check(self.temperature > 0, f"temperature={self.temperature} must be > 0")
+        _check(self.top_k >= 0, f"top_k={self.top_k} must be >= 0 (0 = the whole vocabulary)")
+
+    def check(self) -> None:
+        """Validate again (after fields were assigned one by one); raises a one-line ValueError."""
+        self.__post_init__()
 
 
 @dataclass
@@ -214,6 +242,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeOptions = field(default_factory=DecodeOptions)
 
     def to_dict(self) -> dict:
         """Plain nested dict (JSON-serializable)."""
@@ -221,7 +250,8 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
-        """Build from a nested dict, rejecting unknown fields."""
+        """Build from a nested dict, rejecting unknown fields (older configs' names are mapped)."""
+        d = _renamed(d)
         sections = {f.name: f.type for f in dataclasses.fields(cls)}
         unknown = set(d) - set(sections)
         _check(not unknown, f"unknown config section(s) {sorted(unknown)}; "
@@ -236,6 +266,24 @@ class Config:
                             f"known: {', '.join(sorted(known))}")
             kwargs[name] = section_cls(**value)
         return cls(**kwargs)
+
+
+# Fields that moved: (old section, old name) -> (new section, new name). Configs and
+# checkpoints written before the move still load.
+RENAMED = {("train", "test_beam"): ("decode", "beam"),
+           ("train", "length_penalty"): ("decode", "length_penalty"),
+           ("train", "max_len_a"): ("decode", "max_len_a"),
+           ("train", "max_len_b"): ("decode", "max_len_b")}
+
+
+def _renamed(d: dict) -> dict:
+    """A copy of the nested config dict `d` with moved fields under their new names."""
+    out = {section: dict(value) if isinstance(value, dict) else value for section, value in d.items()}
+    for (section, name), (new_section, new_name) in RENAMED.items():
+        if isinstance(out.get(section), dict) and name in out[section]:
+            value = out[section].pop(name)
+            out.setdefault(new_section, {}).setdefault(new_name, value)
+    return out
 
 
 # ---------------------------------------------------------------- presets
@@ -313,6 +361,7 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     grouped: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
         section, _, name = key.partition(".")
+        section, name = RENAMED.get((section, name), (section, name))  # an older config's name
         _check(section in hints and name,
                f"unknown config field {key!r}; fields look like "
                f"{', '.join(s + '.<name>' for s in hints)}")

@@ -14,43 +14,12 @@ from typing import Optional, Sequence
 
 import torch
 
+from raymt.config import DecodeOptions
 from raymt.model import Cache, Transformer, reorder_cache
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 Hypothesis = tuple[float, list[int]]
 NEG_INF = -float("inf")
-
-
-@dataclass
-class DecodeOptions:
-    """How to search: beam 1 is greedy; output length is at most a * src_len + b."""
-
-    beam: int = 5
-    length_penalty: float = 0.6
-    max_len_a: float = 1.2
-    max_len_b: int = 10
-    use_cache: bool = True
-    # Sampling (beam 1 only) draws each token from softmax(log_probs / temperature) over
-    # the top_k most likely tokens (0: all). Draws depend on the seed and on the batch.
-    sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    seed: Optional[int] = None
-
-    def check(self) -> None:
-        """Raise a one-line ValueError for options that cannot be decoded with."""
-        if self.beam < 1:
-            raise ValueError(f"beam={self.beam} must be >= 1 (1 = greedy)")
-        if self.length_penalty < 0:
-            raise ValueError(f"length_penalty={self.length_penalty} must be >= 0")
-        if self.max_len_a < 0:
-            raise ValueError(f"max_len_a={self.max_len_a} must be >= 0")
-        if self.sample and self.beam != 1:
-            raise ValueError(f"sampling draws one hypothesis per sentence: use beam 1, not {self.beam}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature={self.temperature} must be > 0")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = the whole vocabulary)")
 
 
 def _max_lengths(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> torch.Tensor:

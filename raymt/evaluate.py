@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-import sacrebleu
 import torch
 
+from raymt import metrics
 from raymt.checkpoint import check_checkpoint, load_model
 from raymt.cluster import Plan, init_ray, plan
 from raymt.data import Pairs, read_parallel
@@ -136,27 +136,15 @@ def translate_on_cluster(checkpoint: str, sources: Sequence[Sequence[str]], opts
     return [[decoded[(set_id, i)] for i in range(len(s))] for set_id, s in enumerate(sources)]
 
 
-def corpus_scores(hyps: list[str], refs: list[str]) -> dict:
-    """BLEU, chrF, TER and lowercased 13a-tokenized BLEU, each with its sacreBLEU signature."""
-    metrics = {"bleu": sacrebleu.metrics.BLEU(), "chrf": sacrebleu.metrics.CHRF(),
-               "ter": sacrebleu.metrics.TER(),
-               "bleu_lc": sacrebleu.metrics.BLEU(tokenize="13a", lowercase=True)}
-    out: dict = {"signatures": {}}
-    for name, metric in metrics.items():
-        out[name] = round(metric.corpus_score(hyps, [refs]).score, 4)
-        out["signatures"][name] = str(metric.get_signature())
-    return out
-
-
 def print_table(report: dict) -> None:
     """Scores per test set, then the signatures."""
     print(f"{'test set':<24} {'sents':>6} {'BLEU':>6} {'chrF':>6} {'TER':>6} {'BLEU-lc':>8}")
     for name, r in report["test_sets"].items():
         print(f"{name:<24} {r['num_sentences']:>6} {r['bleu']:>6.2f} {r['chrf']:>6.2f} "
               f"{r['ter']:>6.2f} {r['bleu_lc']:>8.2f}")
-    signatures = next(iter(report["test_sets"].values()))["signatures"]
-    for name, signature in signatures.items():
-        print(f"  {name}: {signature}")
+    scores = next(iter(report["test_sets"].values()))
+    for name in ("bleu", "chrf", "ter", "bleu_lc"):
+        print(f"  {name}: {scores[name + '_signature']}")
     print(f"{report['num_sentences']} sentences in {report['wall_time_s']:.1f} s "
           f"({report['sentences_per_s']:.1f}/s, {report['num_actors']} actors); "
           f"report: {report['report']}")
@@ -171,8 +159,7 @@ def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOption
     if args.cpus_per_actor is not None and args.cpus_per_actor <= 0:
         raise ValueError(f"--cpus-per-actor {args.cpus_per_actor} must be > 0")
     opts = DecodeOptions(beam=args.beam, length_penalty=args.length_penalty,
-                         max_len_a=args.max_len_a, max_len_b=args.max_len_b)
-    opts.check()
+                         max_len_a=args.max_len_a, max_len_b=args.max_len_b)  # validates
     config, _ = check_checkpoint(args.checkpoint)
     args.src_lang = args.src_lang or config.data.src_lang
     args.tgt_lang = args.tgt_lang or config.data.tgt_lang
@@ -201,7 +188,7 @@ def write_report(args: argparse.Namespace, sets: dict[str, Pairs], results: list
         hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         (out_dir / f"{name}.{args.tgt_lang}.scores").write_text("".join(f"{s:.6f}\n" for s, _ in scored))
         report["test_sets"][name] = {"num_sentences": len(hyps), "hypotheses": str(hyp_path),
-                                     **corpus_scores(hyps, refs)}
+                                     **metrics.score(hyps, refs, extra=True)}
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
     return report
 

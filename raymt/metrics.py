@@ -9,12 +9,26 @@ from pathlib import Path
 import sacrebleu
 
 
-def score(hyps: list[str], refs: list[str]) -> dict:
-    """Corpus BLEU and chrF with the signatures that make them reproducible."""
-    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-    b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
-    return {"bleu": b.score, "chrf": c.score, "bleu_signature": str(bleu.get_signature()),
-            "chrf_signature": str(chrf.get_signature())}
+def _metrics(extra: bool) -> dict:
+    """sacreBLEU metrics by name: BLEU and chrF; with `extra` TER and lowercased 13a BLEU too."""
+    metrics = {"bleu": sacrebleu.metrics.BLEU(), "chrf": sacrebleu.metrics.CHRF()}
+    if extra:  # bleu_lc: the closest sacreBLEU equivalent of papers' tokenized, lowercased BLEU
+        metrics |= {"ter": sacrebleu.metrics.TER(),
+                    "bleu_lc": sacrebleu.metrics.BLEU(tokenize="13a", lowercase=True)}
+    return metrics
+
+
+def score(hyps: list[str], refs: list[str], extra: bool = False) -> dict:
+    """The one scorer: corpus scores on detokenized text, each with its sacreBLEU signature.
+
+    Keys: bleu, chrf, bleu_signature, chrf_signature; with `extra` also ter, bleu_lc and
+    their *_signature.
+    """
+    out: dict = {}
+    for name, metric in _metrics(extra).items():
+        out[name] = metric.corpus_score(hyps, [refs]).score
+        out[f"{name}_signature"] = str(metric.get_signature())
+    return out
 
 
 CSV_COLUMNS = ("step", "epoch", "time_s", "train_loss", "lr", "tokens_per_s",

@@ -16,7 +16,7 @@ from raymt import corpus, data
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
 from raymt.cluster import Plan, init_ray, plan
 from raymt.config import Config, apply_overrides, flatten, load_file, parse_set_args, preset
-from raymt.decoding import DecodeOptions, translate
+from raymt.decoding import translate
 from raymt.metrics import score
 from raymt.tokenizer import Tokenizer
 
@@ -246,9 +246,7 @@ def best_checkpoint(result):
 def test_scores(checkpoint: str | Path, pairs: data.Pairs, cfg: Config) -> dict:
     """Beam-search the test set on the driver with the best checkpoint and score it."""
     model, tokenizer, _ = load_model(checkpoint)
-    opts = DecodeOptions(beam=cfg.train.test_beam, length_penalty=cfg.train.length_penalty,
-                         max_len_a=cfg.train.max_len_a, max_len_b=cfg.train.max_len_b)
-    return score(translate(model, tokenizer, pairs[0], opts), pairs[1])
+    return score(translate(model, tokenizer, pairs[0], cfg.decode), pairs[1])
 
 
 def finalize(cfg: Config) -> Config:

@@ -44,8 +44,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ValueError(f"--beam {args.beam} must be >= 1")
         opts = DecodeOptions(beam=1 if args.sample else args.beam, length_penalty=args.length_penalty,
                              max_len_a=args.max_len_a, max_len_b=args.max_len_b, sample=args.sample,
-                             temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-        opts.check()
+                             temperature=args.temperature, top_k=args.top_k, seed=args.seed)  # validates
         if not 1 <= args.n_best <= opts.beam:
             raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
         model, tokenizer, _ = load_model(args.checkpoint, args.device)

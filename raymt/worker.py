@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import re
 import resource
@@ -297,8 +298,7 @@ class WorkerLoop:
         self.valid = loop_config["valid"]
         self.valid_loader = ray.train.torch.prepare_data_loader(DataLoader(
             self.valid["rows"], batch_size=cfg.data.eval_batch_size, collate_fn=collate_eval))
-        self.opts = DecodeOptions(beam=cfg.train.valid_beam, length_penalty=cfg.train.length_penalty,
-                                  max_len_a=cfg.train.max_len_a, max_len_b=cfg.train.max_len_b)
+        self.opts = dataclasses.replace(cfg.decode, beam=cfg.train.valid_beam)
         self.progress = Progress(cfg, self.step)
         self.metrics_log = MetricsLog(log_dir) if self.is_rank0 and log_dir else None
         self.deadline = (time.monotonic() + 60 * cfg.train.max_minutes) if cfg.train.max_minutes else None

@@ -106,7 +106,7 @@ def test_two_node_ray_job_submit(tmp_path):
                 "--max-steps", "20", "--storage-path", str(storage), "--name", "job",
                 "--set", "train.eval_every=20", "--set", "data.vocab_size=256",
                 "--set", "data.builtin_train_size=800", "--set", "data.builtin_eval_size=40",
-                "--set", "train.test_beam=1", env=env, timeout=480, check=False)
+                "--set", "decode.beam=1", env=env, timeout=480, check=False)
             if "No available agent to submit job" not in out.stdout + out.stderr:
                 break
             time.sleep(3)

@@ -44,6 +44,33 @@ def test_bad_values_name_the_field(overrides, message):
         apply_overrides(Config(), overrides)
 
 
+def test_decoding_defaults_live_in_one_section():
+    """Config.decode is a DecodeOptions: translate/evaluate's defaults are the run's test decoding."""
+    from raymt import config, decoding
+
+    assert decoding.DecodeOptions is config.DecodeOptions and Config().decode == config.DecodeOptions()
+    DecodeOptions = config.DecodeOptions
+    cfg = apply_overrides(Config(), {"decode.beam": "3", "decode.length_penalty": "1.0"})
+    assert (cfg.decode.beam, cfg.decode.length_penalty) == (3, 1.0)
+    with pytest.raises(ValueError, match="beam=0 must be >= 1"):
+        apply_overrides(Config(), {"decode.beam": "0"})
+    with pytest.raises(ValueError, match="length_penalty=-1.0 must be >= 0"):
+        DecodeOptions(length_penalty=-1.0)
+
+
+def test_configs_written_before_the_decode_section_still_load():
+    """Run configs and checkpoints saved with train.test_beam/length_penalty/max_len_a/max_len_b."""
+    old = Config().to_dict()
+    del old["decode"]
+    old["train"].update(test_beam=2, length_penalty=1.0, max_len_a=1.5, max_len_b=7, valid_beam=1)
+    cfg = Config.from_dict(old)
+    assert (cfg.decode.beam, cfg.decode.length_penalty, cfg.decode.max_len_a, cfg.decode.max_len_b) == (2, 1.0, 1.5, 7)
+    assert cfg.train.valid_beam == 1
+    assert old["train"]["test_beam"] == 2  # the caller's dict is left as it was
+    cfg = apply_overrides(Config(), {"train.test_beam": "4", "train.max_len_b": "3"})  # old --set names
+    assert (cfg.decode.beam, cfg.decode.max_len_b) == (4, 3)
+
+
 def test_bad_preset_and_set_syntax():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         preset("huge")

@@ -35,7 +35,7 @@ def test_prepare_multi30k_over_http_then_train(ray_cluster, tmp_path, monkeypatc
 
     cfg = apply_overrides(Config(model=tiny()), {
         "data.corpus": str(out), "train.max_steps": 20, "train.eval_every": 20,
-        "train.log_every": 10, "train.test_beam": 1, "train.storage_path": str(tmp_path / "runs"),
+        "train.log_every": 10, "decode.beam": 1, "train.storage_path": str(tmp_path / "runs"),
         "train.name": "m30k"})
     summary = run(cfg)
     assert summary["valid"]["valid_bleu"] >= 0 and 0 <= summary["test"]["chrf"] <= 100

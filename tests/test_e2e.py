@@ -12,7 +12,7 @@ TINY_RUN = ["--preset", "tiny", "--num-workers", "2", "--max-steps", "40",
             "--set", "train.eval_every=20", "--set", "train.log_every=10",
             "--set", "data.vocab_size=512", "--set", "data.builtin_train_size=1500",
             "--set", "data.builtin_eval_size=60", "--set", "data.max_tokens=512",
-            "--set", "optim.warmup_steps=20", "--set", "train.test_beam=2"]
+            "--set", "optim.warmup_steps=20", "--set", "decode.beam=2"]
 
 
 def run(args, **kw):

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from raymt import evaluate
+from raymt import evaluate, metrics
 from raymt.checkpoint import load_model
 from raymt.data import read_parallel
 from raymt.decoding import DecodeOptions, translate_nbest
@@ -52,10 +52,11 @@ def test_two_actors_equal_one_actor_and_translate(ray_cluster, files):
     assert one == local  # same hypotheses and the same scores, bit for bit
 
     for name, hyps in zip(("set_a", "set_b"), two):
-        scores = evaluate.corpus_scores(hyps, read_parallel(str(files[name[-1]]), "en", "de")[1])
+        scores = metrics.score(hyps, read_parallel(str(files[name[-1]]), "en", "de")[1], extra=True)
         entry = report["test_sets"][name]
         assert {k: entry[k] for k in scores} == scores and entry["num_sentences"] == len(hyps)
-    assert "tok:13a" in entry["signatures"]["bleu_lc"] and "case:lc" in entry["signatures"]["bleu_lc"]
+    assert "tok:13a" in entry["bleu_lc_signature"] and "case:lc" in entry["bleu_lc_signature"]
+    assert {"bleu", "chrf", "ter", "bleu_signature", "chrf_signature", "ter_signature"} <= set(entry)
     assert report["num_actors"] == 2 and report["num_sentences"] == 34
 
 
