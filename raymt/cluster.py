@@ -78,16 +78,24 @@ RAY_CHATTER = (
     "gcs_actor_scheduler.cc", "Failed to kill actor", "worker processes have been started",
     "maximum expected startup concurrency", "PreemptionWatcher", "Progress bars disabled",
     "Token authentication is enabled", "Tip: For detailed progress reporting",
+    # Ray Train's start-up of every worker group
+    "Setting up process group for", "Started training worker group of size", "world_rank=",
+    "Moving model to device", "Wrapping provided model in DistributedDataParallel",
+    "Reporting training result",  # a Train logger outside ray.train: its LoggingConfig misses it
+    # Ray Data's check at the start of every epoch's read, while Train's workers hold their
+    # CPUs; raymt's planner leaves Ray Data a CPU (plan), and the reads go ahead
+    "Cluster resources are not enough to run any task from TaskPoolMapOperator[ReadFiles",
 )
 # A line that one of Ray's Python loggers wrote in a worker process: "DATE TIME\tINFO file.py:12 -- ...".
 RAY_INFO_LINE = re.compile(r"^\S+ \S+\s+(DEBUG|INFO) [\w./]+\.py:\d+ -- ")
-# Processes whose console output is Ray's own (forwarded from their log files).
-RAY_PROCESSES = ("raylet", "gcs_server")
+# Ray Train's helper actor whose console output is Ray's own (its failures to reach the state
+# API where several Ray instances share a machine, with tracebacks).
+RAY_PROCESSES = ("PlacementGroupCleaner",)
 
 
-def is_chatter(line: str, pid: object = None) -> bool:
+def is_chatter(line: str, source: object = None) -> bool:
     """True for a console line of Ray's internals: kept in Ray's log files, not shown."""
-    return (pid in RAY_PROCESSES or RAY_INFO_LINE.match(line) is not None
+    return (source in RAY_PROCESSES or RAY_INFO_LINE.match(line) is not None
             or any(pattern in line for pattern in RAY_CHATTER))
 
 
@@ -108,11 +116,11 @@ def quiet_console() -> None:
 
 
 def _filter_worker_output() -> None:
-    """Drop Ray's chatter from the worker output that Ray forwards to the console.
+    """Drop Ray's chatter from the worker output and raylet messages Ray prints on the console.
 
-    Worker prints (raymt's progress lines) arrive through the same stream as the raylet's
-    warnings and Ray's INFO lines from the Train controller and workers; Ray has no public
-    filter, so its console handler is wrapped. Should Ray's private names change, the
+    Worker prints (raymt's progress lines) arrive through the same function as the raylet's
+    warnings (`print_to_stdstream`, fed by the log subscriber and the error listener); Ray has
+    no public filter, so that function is wrapped. Should Ray's private names change, the
     console is only louder.
     """
     try:
@@ -123,20 +131,33 @@ def _filter_worker_output() -> None:
         print_to_stdstream = ray_worker.print_to_stdstream
     except (ImportError, AttributeError):
         return
+    if getattr(print_to_stdstream, "raymt_filter", False):
+        return
 
-    def forward(data: dict) -> None:
-        lines = [line for line in data.get("lines", []) if not is_chatter(line, data.get("pid"))]
+    def filtered(data: dict, ignore_prefix: bool) -> None:
+        source = data.get("actor_name") or data.get("pid")
+        lines = [line for line in data.get("lines", []) if not is_chatter(line, source)]
         if lines:
             print_to_stdstream({**data, "lines": lines}, ignore_prefix=ignore_prefix)
 
+    filtered.raymt_filter = True
+    ray_worker.print_to_stdstream = filtered  # the error listener looks it up at every call
     dispatcher.remove_handler("ray_print_logs")
-    dispatcher.add_handler("ray_print_logs", forward)
+    dispatcher.add_handler("ray_print_logs", lambda data: filtered(data, ignore_prefix))
 
 
 def _quiet_env() -> dict[str, str]:
     """Environment of Ray's processes that keeps their console output to what matters."""
     return {"RAY_DATA_LOG_LEVEL": "WARNING",  # Ray Data's per-execution lines
             "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}  # worker prints appear once
+
+
+def train_logging(verbose: bool = False):
+    """Ray Train's `RunConfig.logging_config`: its INFO lines (worker group start, reports,
+    checkpoints) stay in its log files unless `verbose`."""
+    from ray.train import LoggingConfig
+
+    return LoggingConfig(log_level="INFO" if verbose else "WARNING")
 
 
 def init_ray(num_cpus: Optional[int] = None, dashboard: bool = False, verbose: bool = False) -> bool:

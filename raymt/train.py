@@ -14,7 +14,7 @@ from typing import Optional
 
 from raymt import corpus, data
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
-from raymt.cluster import Plan, init_ray, plan
+from raymt.cluster import Plan, init_ray, plan, train_logging
 from raymt.config import Config, apply_overrides, flatten, load_file, parse_set_args, preset
 from raymt.decoding import translate
 from raymt.metrics import score
@@ -200,7 +200,7 @@ def scaling(cfg: Config) -> Plan:
 
 def fit(cfg: Config, train_files: list, valid: data.Pairs, tokenizer: Tokenizer,
         init_checkpoint: Optional[Path], log_dir: Optional[Path] = None,
-        callbacks: Optional[list] = None, init_full_state: bool = False):
+        callbacks: Optional[list] = None, init_full_state: bool = False, verbose: bool = False):
     """Run the TorchTrainer; returns Ray's Result.
 
     Workers read their own slices of `train_files` with Ray Data (raymt.stream), so no
@@ -231,7 +231,7 @@ def fit(cfg: Config, train_files: list, valid: data.Pairs, tokenizer: Tokenizer,
                                                checkpoint_score_attribute="valid_bleu",
                                                checkpoint_score_order="max"),
             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
-            callbacks=callbacks))
+            callbacks=callbacks, logging_config=train_logging(verbose)))
     return trainer.fit()
 
 
@@ -286,7 +286,7 @@ def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optiona
     train_files, tokenizer = materialize(cfg, run_data)
     write_run_files(cfg, run_dir, tokenizer)
     result = fit(cfg, train_files, run_data.eval_sets["valid"], tokenizer, init_checkpoint,
-                 run_dir / "logs", callbacks, init_full_state)
+                 run_dir / "logs", callbacks, init_full_state, verbose)
     best = best_checkpoint(result)
     summary = {"run_dir": str(run_dir), "best_checkpoint": best.path,
                "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
