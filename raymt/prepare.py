@@ -45,7 +45,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 import raymt
-from raymt.cluster import init_ray
+from raymt.cluster import init_ray, machine_cpus
 from raymt.config import PrepareConfig
 from raymt.stream import Shard, token_index
 from raymt.tokenizer import Tokenizer, train_tokenizer
@@ -733,7 +733,7 @@ def _train_split(cfg: PrepareConfig, specs: list[dict], tokenizer: Optional[Toke
         _progress(f"training SentencePiece ({cfg.sp_model_type}, {cfg.vocab_size} pieces) on "
                   f"{len(sentences) // 2} pairs")
         tokenizer = train_tokenizer(sentences, cfg.vocab_size, cfg.sp_model_type,
-                                    sample_size=len(sentences), seed=cfg.seed)
+                                    sample_size=len(sentences), seed=cfg.seed, num_threads=machine_cpus())
     tally = ray.remote(num_cpus=0)(_Tally).remote()
     try:
         _progress("tokenizing and writing training shards")

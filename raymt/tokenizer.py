@@ -9,8 +9,6 @@ from typing import Iterable, Sequence
 
 import sentencepiece as spm
 
-from raymt.cluster import machine_cpus
-
 PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2
@@ -71,8 +69,9 @@ class Tokenizer:
 
 
 def train_tokenizer(sentences: Iterable[str], vocab_size: int, model_type: str = "unigram",
-                    sample_size: int = 200_000, seed: int = 1) -> Tokenizer:
-    """Train a joint SentencePiece model on a reservoir sample of at most `sample_size` lines."""
+                    sample_size: int = 200_000, seed: int = 1, num_threads: int = 1) -> Tokenizer:
+    """Train a joint SentencePiece model on a reservoir sample of at most `sample_size` lines,
+    with `num_threads` threads (the caller knows the machine: raymt.cluster.machine_cpus)."""
     rng = random.Random(seed)
     sample: list[str] = []
     for n, line in enumerate(sentences):
@@ -88,6 +87,6 @@ def train_tokenizer(sentences: Iterable[str], vocab_size: int, model_type: str =
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sample), model_writer=buffer, vocab_size=vocab_size,
         model_type=model_type, character_coverage=1.0, pad_id=PAD_ID, unk_id=UNK_ID,
-        bos_id=BOS_ID, eos_id=EOS_ID, hard_vocab_limit=False, num_threads=machine_cpus(),
+        bos_id=BOS_ID, eos_id=EOS_ID, hard_vocab_limit=False, num_threads=num_threads,
         minloglevel=2)
     return Tokenizer(buffer.getvalue())
