@@ -46,6 +46,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -81,19 +82,19 @@ class Sizes:
     timed: int
     matmul_n: int
     compile_backend: str
-    timeouts: dict  # seconds per part
+    timeouts: dict  # seconds per part; "total" bounds them all together
 
 
 FULL = Sizes(preset="base", run_args=("--max-minutes", "2", "--max-steps", "1000000"),
              resume_steps=150, resume_every=50, ray_steps=200, log_every=25, ray_tokens=12288,
              peer_tokens=(12288, 32768), warmup=8, timed=30, matmul_n=8192, compile_backend="inductor",
-             timeouts={"prepare": 120, "run": 240, "resume": 150, "evaluate": 90, "table": 180,
-                       "table part": 90})
+             timeouts={"prepare": 120, "run": 240, "resume": 150, "evaluate": 90, "table": 240,
+                       "table part": 120, "total": 480})
 TINY = Sizes(preset="tiny", run_args=("--max-steps", "40", "--set", "train.eval_every=20"),
              resume_steps=30, resume_every=10, ray_steps=24, log_every=6, ray_tokens=256,
              peer_tokens=(256, 1024), warmup=3, timed=6, matmul_n=256, compile_backend="eager",
              timeouts={"prepare": 120, "run": 180, "resume": 180, "evaluate": 120, "table": 240,
-                       "table part": 120})
+                       "table part": 120, "total": 600})
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -112,6 +113,18 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- processes
+
+
+class Budget:
+    """Per-part timeouts under one deadline for the whole check."""
+
+    def __init__(self, timeouts: dict):
+        self.timeouts = timeouts
+        self.deadline = time.monotonic() + timeouts["total"]
+
+    def __getitem__(self, part: str) -> float:
+        """Seconds `part` may take: its own timeout, or what is left of the total."""
+        return max(10.0, min(self.timeouts[part], self.deadline - time.monotonic()))
 
 
 def run_logged(cmd: list[str], log: Path, timeout: float,
@@ -183,14 +196,14 @@ def write_tiny_text(directory: Path) -> Path:
     return directory
 
 
-def prepare(raw: Path, out: Path, vocab_size: int, sizes: Sizes) -> tuple[Optional[Path], str]:
+def prepare(raw: Path, out: Path, vocab_size: int, budget: Budget) -> tuple[Optional[Path], str]:
     """`python -m raymt.data prepare` of `raw` into `out`: (corpus or None, why not)."""
     if not (raw / "train.en.gz").exists():
         return None, f"no {raw}/train.en.gz: pass --multi30k DIR or --corpus PREPARED"
     cmd = [sys.executable, "-m", "raymt.data", "prepare", "--train", str(raw / "train"),
            "--valid", str(raw / "val"), "--test", str(raw / "test_2016_flickr"),
            "--vocab-size", str(vocab_size), "--out", str(out), "--overwrite"]
-    rc, text = run_logged(cmd, out.parent / "prepare.log", sizes.timeouts["prepare"])
+    rc, text = run_logged(cmd, out.parent / "prepare.log", budget["prepare"])
     return (out, "") if rc == 0 else (None, f"prepare failed (rc {rc}): {tail(text)}")
 
 
@@ -204,7 +217,8 @@ def tail(text: str) -> str:
 
 
 def train_cmd(args: argparse.Namespace, sizes: Sizes, corpus: Path, name: str, *extra: str) -> list[str]:
-    """`python -m raymt.train` on one worker of the device."""
+    """`python -m raymt.train` on one worker of the device, as a new run `name` (an old one is removed)."""
+    shutil.rmtree(Path(args.out) / "runs" / name, ignore_errors=True)
     device = [] if args.cpu else ["--gpu"]
     return [sys.executable, "-m", "raymt.train", *device, "--num-workers", "1", "--preset", sizes.preset,
             "--corpus", str(corpus), "--storage-path", str(Path(args.out).resolve() / "runs"), "--name", name,
@@ -213,14 +227,14 @@ def train_cmd(args: argparse.Namespace, sizes: Sizes, corpus: Path, name: str, *
 
 def logged_steps(text: str) -> list[int]:
     """Steps of the progress lines ("step N/M | ...") in order."""
-    return [int(s) for s in re.findall(r"^step (\d+)/", text, re.M)]
+    return [int(s) for s in re.findall(r"step (\d+)/", text)]
 
 
-def check_run(args: argparse.Namespace, sizes: Sizes, corpus: Path) -> dict:
+def check_run(args: argparse.Namespace, sizes: Sizes, corpus: Path, budget: Budget) -> dict:
     """The fresh run: exit status, steps, precision, interval tok/s, test BLEU."""
     out = Path(args.out)
     rc, text = run_logged(train_cmd(args, sizes, corpus, "run", *sizes.run_args), out / "run.log",
-                          sizes.timeouts["run"])
+                          budget["run"])
     summary_file = out / "runs" / "run" / "summary.json"
     if rc != 0 or not summary_file.exists():
         return {"ok": False, "why": "timed out" if rc is None else f"rc {rc}: {tail(text)}"}
@@ -249,14 +263,14 @@ def kill_a_worker_after_checkpoint(run_dir: Path, killed: dict) -> Callable:
     return watch
 
 
-def check_resume(args: argparse.Namespace, sizes: Sizes, corpus: Path) -> dict:
+def check_resume(args: argparse.Namespace, sizes: Sizes, corpus: Path, budget: Budget) -> dict:
     """A worker SIGKILLed after the first checkpoint: the group restarts from it and trains on past it."""
     out, killed = Path(args.out), {}
     extra = ["--max-steps", str(sizes.resume_steps), "--set", f"train.eval_every={sizes.resume_every}",
              "--set", f"train.log_every={max(1, sizes.resume_every // 2)}", "--set", "train.max_failures=1"]
     watch = kill_a_worker_after_checkpoint(out / "runs" / "resume", killed)
     rc, text = run_logged(train_cmd(args, sizes, corpus, "resume", *extra), out / "resume.log",
-                          sizes.timeouts["resume"], watch)
+                          budget["resume"], watch)
     resumed = re.search(r"resuming at step (\d+)", text)
     after = logged_steps(text[resumed.end():]) if resumed else []
     result = {"killed": killed, "rc": rc, "resumed_at": int(resumed.group(1)) if resumed else None,
@@ -269,7 +283,7 @@ def check_resume(args: argparse.Namespace, sizes: Sizes, corpus: Path) -> dict:
     return {**result, "ok": not failed, "why": why if failed else ""}
 
 
-def check_evaluate(args: argparse.Namespace, sizes: Sizes, checkpoint: Optional[str]) -> dict:
+def check_evaluate(args: argparse.Namespace, checkpoint: Optional[str], budget: Budget) -> dict:
     """`python -m raymt.evaluate` on the run's best checkpoint, one actor on the device."""
     if checkpoint is None:
         return {"ok": False, "why": "no checkpoint (the run failed)"}
@@ -278,7 +292,7 @@ def check_evaluate(args: argparse.Namespace, sizes: Sizes, checkpoint: Optional[
     cmd = [sys.executable, "-m", "raymt.evaluate", "--checkpoint", checkpoint, "--test",
            str(Path(args.multi30k) / "test_2016_flickr"), "--num-actors", "1", *device,
            "--output-dir", str(out / "evaluate")]
-    rc, text = run_logged(cmd, out / "evaluate.log", sizes.timeouts["evaluate"])
+    rc, text = run_logged(cmd, out / "evaluate.log", budget["evaluate"])
     report = out / "evaluate" / "report.json"
     if rc != 0 or not report.exists():
         return {"ok": False, "why": "timed out" if rc is None else f"rc {rc}: {tail(text)}"}
@@ -357,7 +371,8 @@ class Table:
         return cfg
 
     def loop(self, model_cfg, compiled: bool = False, marian: bool = False):
-        """A plain loop (benchmarks/speed.py's PlainLoop) on a fresh seeded model."""
+        """A plain loop (benchmarks/speed.py's PlainLoop) on a fresh seeded model, its compiled form
+        or its HF Marian twin (`raymt.export.to_marian`: same weights, loss, AdamW and autocast)."""
         import torch
 
         from benchmarks import speed
@@ -366,17 +381,18 @@ class Table:
 
         torch.manual_seed(0)
         model = Transformer(model_cfg, self.vocab)
-        loop = speed.PlainLoop(model, Config(model=model_cfg), self.device)
-        if compiled:
-            loop.model = torch.compile(loop.model, backend=self.sizes.compile_backend)
         if marian:
             from benchmarks import peers
             from raymt.export import to_marian
 
-            twin = to_marian(model.train())
-            loop = speed.PlainLoop(twin, Config(model=model_cfg), self.device)
+            model = to_marian(model.train())
+        loop = speed.PlainLoop(model, Config(model=model_cfg), self.device)
+        if compiled:
+            loop.model = torch.compile(loop.model, backend=self.sizes.compile_backend)
+        if marian:
             loop.step_fn = lambda batch: peers.marian_train_step(
-                twin, loop.optimizer, batch, loop.cfg.optim.label_smoothing, loop.cfg.optim.clip_norm, loop.autocast)
+                loop.model, loop.optimizer, batch, loop.cfg.optim.label_smoothing, loop.cfg.optim.clip_norm,
+                loop.autocast)
         return loop
 
     def timed(self, loop, batches: list, model_cfg, warmup: Optional[int] = None) -> dict:
@@ -396,8 +412,6 @@ class Table:
 
     def ray_vs_plain(self) -> dict:
         """A Ray run (raymt.train.run in this process) and the plain loop on the batches it trains on."""
-        import ray
-
         from raymt.config import Config, apply_overrides
         from raymt.train import run
 
@@ -407,10 +421,8 @@ class Table:
             "train.eval_every": s.ray_steps, "train.log_every": s.log_every, "train.num_workers": 1,
             "train.use_gpu": not self.args.cpu, "train.storage_path": str(Path(self.args.out).resolve() / "runs"),
             "train.name": "ray-vs-plain", "train.num_to_keep": 1, "train.valid_beam": 1})
-        try:
-            summary = run(cfg, score_test=False)
-        finally:
-            ray.shutdown()
+        shutil.rmtree(Path(cfg.train.storage_path) / cfg.train.name, ignore_errors=True)  # never resume an old one
+        summary = run(cfg, score_test=False)  # Ray stays up: the plain loop's batches stream through Ray Data
         with open(summary["metrics_csv"]) as f:
             rows = [r for r in csv.DictReader(f) if r.get("tokens_per_s")]
         steps = [int(b["step"]) - int(a["step"]) for a, b in zip(rows, rows[1:])]
@@ -462,6 +474,7 @@ def table_child(args: argparse.Namespace, sizes: Sizes) -> int:
     import importlib.util
 
     table = Table(args, sizes, Path(args.corpus))
+    table.path.unlink(missing_ok=True)
     table.measure("ray vs plain", table.ray_vs_plain)
     if importlib.util.find_spec("transformers") is not None:
         for label, tokens in zip(("12k", "32k"), sizes.peer_tokens):
@@ -534,28 +547,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     sizes = replace(sizes, timeouts={k: v * args.timeout_scale for k, v in sizes.timeouts.items()})
     if args.table_child:
         return table_child(args, sizes)
+    budget = Budget(sizes.timeouts)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     args.out = str(out)
     if args.tiny and not args.corpus and args.multi30k == str(MULTI30K):
         args.multi30k = str(write_tiny_text(out / "text"))
     corpus, why = (Path(args.corpus).resolve(), "") if args.corpus else prepare(
-        Path(args.multi30k), out / "corpus", 256 if args.tiny else 8000, sizes)
+        Path(args.multi30k), out / "corpus", 256 if args.tiny else 8000, budget)
     results: dict[str, dict] = {}
     if corpus is None:
         results = {name: {"ok": False, "why": why} for name in CORRECTNESS}
     else:
-        for name, check in (("run", lambda: check_run(args, sizes, corpus)),
-                            ("resume", lambda: check_resume(args, sizes, corpus))):
+        for name, check in (("run", lambda: check_run(args, sizes, corpus, budget)),
+                            ("resume", lambda: check_resume(args, sizes, corpus, budget))):
             print(f"gpu_check: {name} ...", flush=True)
             results[name] = check()
         print("gpu_check: evaluate ...", flush=True)
-        results["evaluate"] = check_evaluate(args, sizes, results["run"].get("best_checkpoint"))
+        results["evaluate"] = check_evaluate(args, results["run"].get("best_checkpoint"), budget)
         print("gpu_check: table ...", flush=True)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--table-child", "--corpus", str(corpus),
                "--out", str(out), "--timeout-scale", str(args.timeout_scale),
                *(["--cpu"] if args.cpu else []), *(["--tiny"] if args.tiny else [])]
-        rc, text = run_logged(cmd, out / "table.log", sizes.timeouts["table"])
+        rc, text = run_logged(cmd, out / "table.log", budget["table"])
         rows = json.loads((out / "table.json").read_text()) if (out / "table.json").exists() else {}
         if rc != 0:
             rows.setdefault("table", {"error": "timed out" if rc is None else f"rc {rc}: {tail(text)}"})
