@@ -245,9 +245,9 @@ def check_run(args: argparse.Namespace, sizes: Sizes, corpus: Path, budget: Budg
         rates = [float(r["tokens_per_s"]) for r in csv.DictReader(f) if r.get("tokens_per_s")]
     precision = re.search(r"forward pass in (.+)", text)
     test = summary.get("test", {})
-    return {"ok": "bleu" in test, "steps": max(logged_steps(text), default=0), "wall_s": summary["wall_time_s"],
+    return {"ok": "bleu" in test, "steps": max(logged_steps(text), default=0), "wall_min": summary["wall_time_s"] / 60,
             "precision": precision.group(1) if precision else "?", "test_bleu": test.get("bleu"),
-            "median_tokens_per_s": statistics.median(rates[1:] or rates) if rates else None,
+            "median_tokens_per_s": statistics.median(rates[1:] or rates) if rates else 0.0,
             "best_checkpoint": summary["best_checkpoint"], "why": "" if "bleu" in test else "no test score"}
 
 
@@ -474,8 +474,9 @@ class Table:
         from benchmarks import speed
 
         dtype = torch.bfloat16 if speed.trains_in_bf16(self.device) else torch.float32
-        return {"flops_per_s": speed.matmul_flops(self.device, dtype, self.sizes.matmul_n),
-                "dtype": str(dtype).removeprefix("torch."), "n": self.sizes.matmul_n}
+        rate = speed.matmul_flops(self.device, dtype, self.sizes.matmul_n)
+        return {"flops_per_s": rate, "tflops": rate / 1e12, "dtype": str(dtype).removeprefix("torch."),
+                "n": self.sizes.matmul_n}
 
 
 def table_child(args: argparse.Namespace, sizes: Sizes) -> int:
@@ -512,32 +513,31 @@ def mfu_row(rows: dict) -> dict:
     return out or {"error": "no training rate"}
 
 
+# How each part's figures read in the table (str.format over the part's dict).
+CELLS = {
+    "run": "{steps} steps in {wall_min:.1f} min ({precision}), {median_tokens_per_s:,.0f} tgt tok/s, "
+           "test BLEU {test_bleu:.2f}",
+    "resume": "worker {killed[pid]} killed after checkpoint {killed[after_checkpoints]}; restarted at step "
+              "{resumed_at}, trained to step {last_step}",
+    "evaluate": "{test_set}: BLEU {bleu:.2f} ({sentences} sentences)",
+    "ray vs plain": "Ray {ray_tokens_per_s:,.0f} / plain {plain_tokens_per_s:,.0f} tok/s = {ratio:.3f} "
+                    "({batch_tokens}-token batches)",
+    "raymt vs hf marian": "raymt {raymt_ms:.1f} ms/step, HF {hf_marian_ms:.1f}: HF/raymt {hf_over_raymt:.2f}x "
+                          "({batch_tokens} tokens)",
+    "eager vs compiled": "eager {eager_ms:.1f} ms/step, compiled {compiled_ms:.1f}: {speedup:.2f}x ({backend}, "
+                         "first pass {compile_warmup_s:.0f} s)",
+    "matmul": "{tflops:.2f} TFLOP/s ({dtype}, n={n})",
+}
+
+
 def describe(name: str, r: dict) -> str:
     """One table cell's text."""
     if "error" in r or not r.get("ok", True):
         return r.get("error") or r.get("why", "failed")
-    if name == "run":
-        return (f"{r['steps']} steps in {r['wall_s'] / 60:.1f} min ({r['precision']}), "
-                f"{r['median_tokens_per_s'] or 0:,.0f} tgt tok/s, test BLEU {r['test_bleu']:.2f}")
-    if name == "resume":
-        return (f"worker {r['killed']['pid']} killed after checkpoint {r['killed']['after_checkpoints']}; "
-                f"restarted at step {r['resumed_at']}, trained to step {r['last_step']}")
-    if name == "evaluate":
-        return f"{r['test_set']}: BLEU {r['bleu']:.2f} ({r['sentences']} sentences)"
-    if name == "ray vs plain":
-        return (f"Ray {r['ray_tokens_per_s']:,.0f} / plain {r['plain_tokens_per_s']:,.0f} tok/s = "
-                f"{r['ratio']:.3f} ({r['batch_tokens']}-token batches)")
-    if name.startswith("raymt vs hf"):
-        return (f"raymt {r['raymt_ms']:.1f} ms/step, HF {r['hf_marian_ms']:.1f}: HF/raymt "
-                f"{r['hf_over_raymt']:.2f}x ({r['batch_tokens']} tokens)")
-    if name == "eager vs compiled":
-        return (f"eager {r['eager_ms']:.1f} ms/step, compiled {r['compiled_ms']:.1f}: {r['speedup']:.2f}x "
-                f"({r['backend']}, warm-up {r['compile_warmup_s']:.0f} s)")
     if name == "mfu":
         return ", ".join(f"{k} {v:.1%}" for k, v in r.items())
-    if name == "matmul":
-        return f"{r['flops_per_s'] / 1e12:.2f} TFLOP/s ({r['dtype']}, n={r['n']})"
-    return json.dumps(r)
+    template = CELLS.get(name.rsplit(" ", 1)[0] if name.startswith("raymt vs hf marian") else name)
+    return template.format(**r) if template else json.dumps(r)
 
 
 def print_table(results: dict) -> None:
