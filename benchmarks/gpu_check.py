@@ -228,8 +228,8 @@ def train_cmd(args: argparse.Namespace, sizes: Sizes, corpus: Path, name: str, *
 
 
 def logged_steps(text: str) -> list[int]:
-    """Steps of the progress lines ("step N/M | ...") in order."""
-    return [int(s) for s in re.findall(r"step (\d+)/", text)]
+    """Steps of the progress and validation lines ("step N/M | ...", "step N | valid ...") in order."""
+    return [int(s) for s in re.findall(r"step (\d+)(?:/| \|)", text)]
 
 
 def check_run(args: argparse.Namespace, sizes: Sizes, corpus: Path, budget: Budget) -> dict:
