@@ -404,7 +404,8 @@ class Table:
         count = self.sizes.warmup if warmup is None else warmup
         warmup, timed = batches[:count], batches[count:]
         t0 = time.perf_counter()
-        loop.tokens_per_s(warmup)
+        if warmup:
+            loop.tokens_per_s(warmup)
         warm_s = time.perf_counter() - t0
         rate = loop.tokens_per_s(timed)
         tokens = sum(b.num_tokens for b in timed)
