@@ -1,8 +1,8 @@
-"""Hugging Face `MarianMTModel` twin of a raymt Transformer, for peer benchmarks on the same weights.
+"""Hugging Face `MarianMTModel` runs of a raymt Transformer, for peer benchmarks on the same weights.
 
-`to_marian` copies every weight of a post-norm raymt model into a MarianMTModel (K/V split
-out of raymt's fused kv_proj, raymt's sinusoid table written over HF's position tables).
-`marian_train_step` and `marian_translate` mirror raymt's `train_step` and `translate`:
+The twin itself is raymt's `--format marian` export (`raymt.export.to_marian`, re-exported
+here): every weight of a post-norm raymt model in a MarianMTModel, tests/test_peers.py
+checks it. `marian_train_step` and `marian_translate` mirror raymt's `train_step` and `translate`:
 same loss, same length-sorted batches, same per-sentence length limit with EOS forced at it.
 With `length_penalty=0` on both sides beam search returns the same ids as raymt's.
 """
@@ -13,86 +13,13 @@ import contextlib
 from typing import Callable, ContextManager, Sequence
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, MarianConfig, MarianMTModel
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, MarianMTModel
 
 from raymt.batching import Batch
-from raymt.config import ModelConfig
 from raymt.decoding import length_batches, pad_batch
-from raymt.model import Attention, Transformer
+from raymt.export import to_marian  # noqa: F401 (the twin benchmarks build)
 from raymt.optim import loss_sum
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
-
-POST_NORM_ONLY = "HF Marian is post-norm: use model.pre_norm=False for the peer benchmark"
-
-
-def marian_config(cfg: ModelConfig, vocab_size: int, dropout: bool = False) -> MarianConfig:
-    """A MarianConfig of raymt's shape: shared tied embeddings, scaled, dropout 0 unless `dropout`."""
-    if cfg.pre_norm:
-        raise ValueError(POST_NORM_ONLY)
-    p = cfg.dropout if dropout else 0.0
-    return MarianConfig(
-        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=cfg.d_model,
-        encoder_layers=cfg.num_encoder_layers, decoder_layers=cfg.num_decoder_layers,
-        encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation,
-        dropout=p, activation_dropout=p, attention_dropout=cfg.attention_dropout if dropout else 0.0,
-        encoder_layerdrop=0.0, decoder_layerdrop=0.0, max_position_embeddings=cfg.max_positions,
-        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
-        decoder_start_token_id=BOS_ID, forced_eos_token_id=None)
-
-
-def _copy(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    """Copy weight and bias of a Linear or LayerNorm."""
-    dst.weight.copy_(src.weight)
-    dst.bias.copy_(src.bias)
-
-
-def _copy_attention(dst: torch.nn.Module, src: Attention) -> None:
-    """raymt attention (q_proj, fused kv_proj, out_proj) -> HF q/k/v/out projections."""
-    _copy(dst.q_proj, src.q_proj)
-    _copy(dst.out_proj, src.out_proj)
-    d = src.q_proj.out_features
-    for i, proj in enumerate((dst.k_proj, dst.v_proj)):
-        proj.weight.copy_(src.kv_proj.weight[i * d:(i + 1) * d])
-        proj.bias.copy_(src.kv_proj.bias[i * d:(i + 1) * d])
-
-
-def _copy_encoder_layer(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    """One encoder layer: attention, FFN and the two post-norms."""
-    _copy_attention(dst.self_attn, src.self_attn)
-    _copy(dst.self_attn_layer_norm, src.res1.norm)
-    _copy(dst.fc1, src.ffn.fc1)
-    _copy(dst.fc2, src.ffn.fc2)
-    _copy(dst.final_layer_norm, src.res2.norm)
-
-
-def _copy_decoder_layer(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    """One decoder layer: self- and cross-attention, FFN and the three post-norms."""
-    _copy_attention(dst.self_attn, src.self_attn)
-    _copy(dst.self_attn_layer_norm, src.res1.norm)
-    _copy_attention(dst.encoder_attn, src.cross_attn)
-    _copy(dst.encoder_attn_layer_norm, src.res2.norm)
-    _copy(dst.fc1, src.ffn.fc1)
-    _copy(dst.fc2, src.ffn.fc2)
-    _copy(dst.final_layer_norm, src.res3.norm)
-
-
-@torch.no_grad()
-def to_marian(model: Transformer, dropout: bool = False) -> MarianMTModel:
-    """A MarianMTModel holding a copy of every weight of a post-norm raymt model (same device)."""
-    marian = MarianMTModel(marian_config(model.cfg, model.vocab_size, dropout))
-    inner = marian.model
-    inner.shared.weight.copy_(model.embed.weight)
-    for table in (inner.encoder.embed_positions, inner.decoder.embed_positions):
-        table.weight.copy_(model.positions)
-    for dst, src in zip(inner.encoder.layers, model.encoder, strict=True):
-        _copy_encoder_layer(dst, src)
-    for dst, src in zip(inner.decoder.layers, model.decoder, strict=True):
-        _copy_decoder_layer(dst, src)
-    marian.final_logits_bias.zero_()
-    assert marian.lm_head.weight.data_ptr() == inner.shared.weight.data_ptr(), "output not tied"
-    return marian.to(model.embed.weight.device).train(model.training)
 
 
 def marian_logits(model: MarianMTModel, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,21 @@ executes code from the files (safetensors, or torch.load with weights_only=True)
 `--format ctranslate2` writes a CTranslate2 model directory instead (`model.bin`, its
 `config.json` and `shared_vocabulary.json`, plus `spm.model` and raymt's config as
 `raymt_config.json`) for `ctranslate2.Translator`; it needs the ctranslate2 package.
+
+`--format marian` writes a Hugging Face directory that `transformers.MarianMTModel.
+from_pretrained(OUT)` and `MarianTokenizer.from_pretrained(OUT)` load (`config.json`,
+`model.safetensors`, `generation_config.json`, `source.spm`/`target.spm`/`vocab.json`, plus
+`spm.model` and `raymt_config.json`); it needs the transformers package. The Marian model
+computes raymt's logits (to float rounding): same weights, tied embedding, sqrt(D) scaling,
+post-norm layers, ReLU or exact GELU, raymt's dropout rates. Marian cannot represent
+pre-norm models (`model.pre_norm=true`, the default: no pre-norm layers, no final stack
+norms), which are refused. HF recomputes its own sinusoid table on load (cos in the second
+half of each vector), so the export reorders the model dimension to match it: raymt's
+dims 0, 2, 4, ... come first, then 1, 3, 5, ...; the model computes the same function.
+(transformers 5.24 reloads those tables as trainable parameters: freeze them with
+`embed_positions.weight.requires_grad_(False)` before fine-tuning to train as raymt does.)
+HF's `generate` stops at one `max_length` per batch (raymt: a * source length + b per
+sentence) and scores by its own length penalty (equal to raymt's at 0).
 """
 
 from __future__ import annotations
@@ -26,14 +41,16 @@ import torch
 
 from raymt.checkpoint import (MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, check_checkpoint,
                               load_weights, save_config)
-from raymt.config import Config
+from raymt.config import Config, ModelConfig
 from raymt.model import Attention, Transformer
-from raymt.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
+from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-FORMATS = ("auto", "safetensors", "torch", "ctranslate2")
-# CTranslate2 writes its own config.json; raymt's goes next to it under this name.
+FORMATS = ("auto", "safetensors", "torch", "ctranslate2", "marian")
+# CTranslate2 and HF Marian write their own config.json; raymt's goes next to it under this name.
 CT2_RAYMT_CONFIG = "raymt_config.json"
+MARIAN_POST_NORM_ONLY = ("--format marian needs a post-norm model (model.pre_norm=false): HF Marian "
+                         "has no pre-norm layers; export this one with --format safetensors or ctranslate2")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -43,10 +60,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--output", required=True, help="new directory for the exported model")
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="weights file: safetensors if installed (auto), safetensors, or torch; "
-                        "or a CTranslate2 model directory (ctranslate2)")
+                        "or a CTranslate2 model directory (ctranslate2), or a Hugging Face "
+                        "MarianMTModel directory (marian, post-norm models only)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
                    help="store floating-point weights in this dtype (loaded back as float32; "
-                        "ctranslate2: its weight type)")
+                        "ctranslate2: its weight type; marian: the HF model's dtype)")
     return p.parse_args(argv)
 
 
@@ -170,6 +188,124 @@ def save_ctranslate2(spec, output: Path, config: Config, vocab_size: int, dtype:
     (output / CT2_RAYMT_CONFIG).write_text(json.dumps(meta, indent=2))
 
 
+# ---------------------------------------------------------------- Hugging Face Marian
+
+
+def marian_config(cfg: ModelConfig, vocab_size: int, dropout: bool = True):
+    """A transformers MarianConfig of raymt's shape: one tied, scaled embedding; raymt's dropout
+    rates (0 everywhere without `dropout`)."""
+    if cfg.pre_norm:
+        raise ValueError(MARIAN_POST_NORM_ONLY)
+    try:
+        from transformers import MarianConfig
+    except ImportError:
+        raise ValueError("--format marian needs the transformers package: pip install transformers") from None
+    p = cfg.dropout if dropout else 0.0
+    # raymt drops after the embedding, each sublayer and the FFN activation (Marian's dropout and
+    # activation_dropout), and inside attention (attention_dropout).
+    return MarianConfig(
+        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=cfg.d_model,
+        encoder_layers=cfg.num_encoder_layers, decoder_layers=cfg.num_decoder_layers,
+        encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation,
+        dropout=p, activation_dropout=p, attention_dropout=cfg.attention_dropout if dropout else 0.0,
+        encoder_layerdrop=0.0, decoder_layerdrop=0.0, max_position_embeddings=cfg.max_positions,
+        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
+        decoder_start_token_id=BOS_ID, forced_eos_token_id=None)
+
+
+def marian_order(d_model: int) -> torch.Tensor:
+    """(D,) raymt dims in HF's sinusoid layout: even dims (sin) first, then odd dims (cos)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def _marian_attention(attn: Attention, order: torch.Tensor) -> dict[str, torch.Tensor]:
+    """q/k/v/out projections of one attention: inputs in HF's dim order, heads unchanged."""
+    d = attn.q_proj.out_features
+    k_w, v_w = attn.kv_proj.weight.split(d)  # kv_proj's rows: K, then V
+    k_b, v_b = attn.kv_proj.bias.split(d)
+    out = {"q_proj.weight": attn.q_proj.weight[:, order], "q_proj.bias": attn.q_proj.bias,
+           "k_proj.weight": k_w[:, order], "k_proj.bias": k_b,
+           "v_proj.weight": v_w[:, order], "v_proj.bias": v_b,
+           "out_proj.weight": attn.out_proj.weight[order], "out_proj.bias": attn.out_proj.bias[order]}
+    return out
+
+
+def _marian_layer(layer: torch.nn.Module, order: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One encoder or decoder layer under HF Marian's parameter names."""
+    out = {f"self_attn.{k}": v for k, v in _marian_attention(layer.self_attn, order).items()}
+    norms = [layer.res1.norm, layer.res2.norm]
+    names = ["self_attn_layer_norm", "final_layer_norm"]
+    if hasattr(layer, "cross_attn"):
+        out.update({f"encoder_attn.{k}": v for k, v in _marian_attention(layer.cross_attn, order).items()})
+        norms.append(layer.res3.norm)
+        names.insert(1, "encoder_attn_layer_norm")
+    for name, norm in zip(names, norms):
+        out[f"{name}.weight"], out[f"{name}.bias"] = norm.weight[order], norm.bias[order]
+    out.update({"fc1.weight": layer.ffn.fc1.weight[:, order], "fc1.bias": layer.ffn.fc1.bias,
+                "fc2.weight": layer.ffn.fc2.weight[order], "fc2.bias": layer.ffn.fc2.bias[order]})
+    return out
+
+
+def marian_state(model: Transformer) -> dict[str, torch.Tensor]:
+    """Every raymt weight under its HF MarianMTModel name, in HF's dim order (positions included)."""
+    order = marian_order(model.cfg.d_model).to(model.embed.weight.device)
+    state = {"model.shared.weight": model.embed.weight[:, order]}  # (V, D); tied to lm_head
+    for side, layers in (("encoder", model.encoder), ("decoder", model.decoder)):
+        state[f"model.{side}.embed_positions.weight"] = model.positions[:, order]
+        for i, layer in enumerate(layers):
+            state.update({f"model.{side}.layers.{i}.{k}": v for k, v in _marian_layer(layer, order).items()})
+    return state
+
+
+@torch.no_grad()
+def to_marian(model: Transformer, dropout: bool = True):
+    """A transformers MarianMTModel computing what a post-norm raymt model computes (same device
+    and train/eval mode; its position tables hold raymt's own float32 values)."""
+    from transformers import MarianMTModel
+
+    marian = MarianMTModel(marian_config(model.cfg, model.vocab_size, dropout))
+    params = dict(marian.named_parameters())
+    params.update(dict(marian.named_buffers()))
+    state = marian_state(model)
+    missing = {n for n, p in params.items() if p.requires_grad} - set(state) - {"lm_head.weight"}
+    assert not missing, f"no raymt weight for {sorted(missing)[:3]}"
+    for name, value in state.items():
+        params[name].copy_(value)
+    marian.final_logits_bias.zero_()  # raymt's logits have no bias
+    assert marian.lm_head.weight.data_ptr() == marian.model.shared.weight.data_ptr(), "output not tied"
+    return marian.to(model.embed.weight.device).train(model.training)
+
+
+def save_marian_tokenizer(tokenizer: Tokenizer, output: Path) -> None:
+    """MarianTokenizer files: raymt's SentencePiece model on both sides, ids = raymt's ids."""
+    for name in ("source.spm", "target.spm"):
+        tokenizer.save(output / name)
+    vocab = {piece: i for i, piece in enumerate(ct2_vocabulary(tokenizer))}
+    (output / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1))
+    # Marian's tokenizer appends </s> (raymt's EOS) to a source, as raymt does.
+    special = {"eos_token": tokenizer.sp.id_to_piece(EOS_ID), "unk_token": tokenizer.sp.id_to_piece(UNK_ID),
+               "pad_token": tokenizer.sp.id_to_piece(PAD_ID), "model_max_length": 512,
+               "tokenizer_class": "MarianTokenizer", "separate_vocabs": False}
+    (output / "tokenizer_config.json").write_text(json.dumps(special, indent=2))
+
+
+def save_marian(model: Transformer, tokenizer: Tokenizer, config: Config, output: Path, dtype: str) -> None:
+    """Write a MarianMTModel directory (weights in `dtype`), its tokenizer and raymt_config.json."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one file: no bar
+    marian = to_marian(model.eval()).to(DTYPES[dtype])
+    # raymt's decoders never emit PAD or BOS and stop at max_positions.
+    marian.generation_config.update(max_length=config.model.max_positions - 1,
+                                    suppress_tokens=[PAD_ID, BOS_ID], forced_eos_token_id=None)
+    marian.save_pretrained(str(output))
+    save_marian_tokenizer(tokenizer, output)
+    meta = {"config": config.to_dict(), "vocab_size": tokenizer.vocab_size}
+    (output / CT2_RAYMT_CONFIG).write_text(json.dumps(meta, indent=2))
+
+
 def save_weights(state: dict, directory: Path, fmt: str) -> Path:
     """Write a state dict as model.safetensors or a weights-only torch model.pt."""
     if fmt == "safetensors":
@@ -185,7 +321,7 @@ def save_weights(state: dict, directory: Path, fmt: str) -> Path:
 
 def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto",
                  dtype: str = "float32") -> Path:
-    """Write weights, config.json and spm.model (or a CTranslate2 model) of `checkpoint` to a new `output`."""
+    """Write weights, config.json and spm.model (or a CTranslate2 or HF Marian model) of `checkpoint` to a new `output`."""
     output = Path(output)
     if output.is_dir() and any(output.iterdir()):
         raise ValueError(f"--output {output} exists and is not empty; choose a new directory")
@@ -199,12 +335,17 @@ def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto",
     except RuntimeError as err:
         raise ValueError(f"{checkpoint}: weights do not match config.json ({str(err).splitlines()[0]})") from None
     spec = ctranslate2_spec(model, tokenizer) if fmt == "ctranslate2" else None
+    if fmt == "marian":
+        marian_config(config.model, tokenizer.vocab_size)  # refuse before anything is written
     state = {k: v.to(DTYPES[dtype]) if v.is_floating_point() else v for k, v in state.items()}
     try:
         output.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"cannot create --output {output}: {err.strerror}") from None
     tokenizer.save(output / SPM_FILE)
+    if fmt == "marian":
+        save_marian(model, tokenizer, config, output, dtype)
+        return output
     if spec is not None:
         save_ctranslate2(spec, output, config, tokenizer.vocab_size, dtype)
         return output
@@ -227,6 +368,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.format == "ctranslate2":
         print(f"translate: ctranslate2.Translator(\"{output}\").translate_batch(pieces) "
               f"with pieces from {output / SPM_FILE}")
+    elif args.format == "marian":
+        print(f"translate: transformers.MarianMTModel.from_pretrained(\"{output}\").generate(...) "
+              f"with ids from MarianTokenizer.from_pretrained(\"{output}\")")
     else:
         print(f"translate: python -m raymt.translate --checkpoint {output} \"...\"")
     return 0
