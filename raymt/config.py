@@ -184,6 +184,9 @@ class TrainConfig:
     # torch.profiler over this many steps after the first log interval, on every rank:
     # logs/profile-rank<r>.txt (time per step part, top operators) and .json (Chrome trace).
     profile_steps: int = 0
+    # torch.compile the model (after DDP wraps it). Shapes that change between batches make
+    # one dynamic-shape graph after the first recompile, not one graph per batch.
+    compile: bool = False
     valid_beam: int = 1
     test_beam: int = 5
     length_penalty: float = 0.6

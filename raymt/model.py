@@ -228,6 +228,11 @@ class Transformer(nn.Module):
         return {"length": 0, "layers": [{"self": {}, "cross": {}} for _ in self.decoder]}
 
 
+def build_model(cfg: ModelConfig, vocab_size: int) -> Transformer:
+    """The Transformer of `cfg` over `vocab_size` ids: the one place a model is constructed."""
+    return Transformer(cfg, vocab_size)
+
+
 def reorder_cache(cache: Cache, index: torch.Tensor, parts: tuple[str, ...] = ("self", "cross")) -> None:
     """Select rows `index` of the cached K/V of `parts` in place (beam reordering, pruning)."""
     for layer in cache["layers"]:

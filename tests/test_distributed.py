@@ -8,7 +8,7 @@ import torch
 from raymt.batching import collate
 from raymt.config import Config, tiny
 from raymt.model import Transformer
-from raymt.worker import lockstep, train_step, unwrap
+from raymt.trainer import lockstep, train_step, unwrap
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -121,7 +121,7 @@ def test_translate_decodes_the_batches_raymt_decodes(monkeypatch):
 
 def test_train_steps_match_raymt():
     """Two updates of the twin equal two raymt `train_step`s (label smoothing, clipping, AdamW)."""
-    from raymt.worker import train_step
+    from raymt.trainer import train_step
 
     model = post_norm_model("gelu")
     marian = to_marian(model)
