@@ -58,9 +58,12 @@ def test_restored_optimizer_state_lives_on_the_parameters_device():
     def place(m: torch.nn.Module) -> torch.nn.Module:
         """As `.to("cuda")` does: the same Parameter objects, their data on the device."""
         placed.append(m)
-        for p in m.parameters():
-            p.data = p.data.to("meta")
-        return m
+        swap = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(True)  # keeps each Parameter object
+        try:
+            return m.to("meta")
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(swap)
 
     moved, restored, restored_scheduler = restore_training(
         build_model(cfg.model, VOCAB), cfg, model.state_dict(), saved, place)
