@@ -306,6 +306,7 @@ class Progress:
         self.sums = torch.zeros(4, dtype=torch.float64, device=device)
         self.run = torch.zeros((), dtype=torch.float64, device=device)  # skipped in a row now
         self.num_skipped = 0
+        self.last_step = start_step  # the step the interval began after
         self.last: Optional[dict] = None
 
     def update(self, loss: torch.Tensor, applied: torch.Tensor, num_tokens: int) -> None:
@@ -339,12 +340,12 @@ class Progress:
                   f"loss {metrics['train_loss']:.3f} | lr {lr:.2e} | "
                   f"{tokens_per_s / 1000:.1f}k tok/s | eta {eta / 60:.1f} min", flush=True)
             if skipped:
-                print(f"steps {step - self.cfg.train.log_every + 1}-{step}: {int(skipped)} updates "
+                print(f"steps {self.last_step + 1}-{step}: {int(skipped)} updates "
                       f"skipped (non-finite loss or gradient; {self.num_skipped} in all)", flush=True)
         self.sums.zero_()
         self.sums[3] = self.run  # a run of skipped updates goes on into the next interval
         self.tokens = 0
-        self.t_last = now
+        self.t_last, self.last_step = now, step
         self.last = metrics
         return dict(metrics)
 
