@@ -6,7 +6,7 @@ Alternates speed.py's two sides of the Ray-overhead ratio: a plain-loop process 
 main thread, batches read beforehand) and a raymt run on Ray Train (1 worker with every
 thread). Both profile the same steps with raymt's `StepProfiler` (the `profile_steps`
 window after the first log interval, so the same batches in the same order), and both
-step through `raymt.worker.train_step`, whose named ranges (`raymt.forward`, ...) split
+step through `raymt.trainer.train_step`, whose named ranges (`raymt.forward`, ...) split
 a step. From the two chrome traces this prints, per side (medians over repeats):
 
 - ms per step of each range, the time between steps (raymt: stream, lockstep, logging),

@@ -37,7 +37,7 @@ from raymt.config import Config, DataConfig, preset  # noqa: E402
 from raymt.optim import make_optimizer  # noqa: E402
 from raymt.stream import flat  # noqa: E402
 from raymt.tokenizer import Tokenizer  # noqa: E402
-from raymt.worker import train_step  # noqa: E402
+from raymt.trainer import train_step  # noqa: E402
 
 CHANGES = ("torch-dropout", "fused-adamw", "compile", "cpu-bf16", "cpu-bf16+compile")
 
@@ -100,7 +100,7 @@ def tokens_per_s(model, optimizer, batches: list[Batch], cfg: Config,
     """Target tokens per second of raymt's update over `batches`, and the mean loss per token."""
     t0, num_tokens, loss = time.perf_counter(), 0, 0.0
     for batch in batches:
-        loss += train_step(model, optimizer, [batch], batch.num_tokens, cfg, autocast)[0]
+        loss += train_step(model, optimizer, [batch], batch.num_tokens, cfg, autocast)[0].item()
         num_tokens += batch.num_tokens
     return num_tokens / (time.perf_counter() - t0), loss / num_tokens
 

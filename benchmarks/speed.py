@@ -192,7 +192,7 @@ def _sync(device: str) -> None:
 
 def autocast_for(device: str) -> Callable:
     """raymt's own choice: bf16 autocast on GPU and on CPUs with bf16 units, else none."""
-    from raymt.worker import autocast_for as raymt_autocast
+    from raymt.trainer import autocast_for as raymt_autocast
 
     return raymt_autocast(torch.device(device), True)
 
@@ -215,8 +215,8 @@ class PlainLoop:
         self.step_fn = step_fn or self.raymt_step
 
     def raymt_step(self, batch: Batch) -> int:
-        """raymt's own update (`raymt.worker.train_step`, no DDP): loss, backward, clip, AdamW."""
-        from raymt.worker import train_step
+        """raymt's own update (`raymt.trainer.train_step`, no DDP): loss, backward, clip, AdamW."""
+        from raymt.trainer import train_step
 
         num_tokens = batch.num_tokens
         train_step(self.model, self.optimizer, [batch], num_tokens, self.cfg, self.autocast)

@@ -20,7 +20,7 @@ import torch
 from raymt.checkpoint import (MODEL_FILE, SPM_FILE, check_checkpoint, load_config,
                               load_train_state, load_weights, save_checkpoint, weights_file)
 from raymt.config import Config
-from raymt.model import Transformer
+from raymt.model import build_model
 from raymt.tokenizer import Tokenizer
 
 # Written by Ray Train (2.60: train/v2 CheckpointManager) next to the checkpoint_* directories.
@@ -149,7 +149,7 @@ def average_checkpoints(directories: Sequence[str | Path], output: str | Path) -
     for d, state in zip(directories[1:], states[1:]):
         if state.keys() != states[0].keys() or any(state[k].shape != states[0][k].shape for k in state):
             raise ValueError(f"{weights_file(d)} holds other tensors than {weights_file(directories[0])}")
-    model = Transformer(config.model, tokenizer.vocab_size)
+    model = build_model(config.model, tokenizer.vocab_size)
     model.load_state_dict(average_state_dicts(states))
     save_checkpoint(output, model, config, tokenizer)
     sources = [str(d.resolve()) for d in directories]

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 
 from raymt.config import Config
-from raymt.model import Transformer
+from raymt.model import Transformer, build_model
 from raymt.tokenizer import Tokenizer
 
 MODEL_FILE = "model.pt"
@@ -107,7 +107,7 @@ def load_model(directory: str | Path, device: str = "cpu") -> tuple[Transformer,
     """Rebuild the model (eval mode) and tokenizer from a checkpoint directory."""
     directory = Path(directory)
     config, tokenizer = check_checkpoint(directory)
-    model = Transformer(config.model, tokenizer.vocab_size)
+    model = build_model(config.model, tokenizer.vocab_size)
     state = load_weights(directory)
     try:
         model.load_state_dict(state)

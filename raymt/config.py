@@ -188,6 +188,9 @@ class TrainConfig:
     # torch.profiler over this many steps after the first log interval, on every rank:
     # logs/profile-rank<r>.txt (time per step part, top operators) and .json (Chrome trace).
     profile_steps: int = 0
+    # torch.compile the model (after DDP wraps it). Shapes that change between batches make
+    # one dynamic-shape graph after the first recompile, not one graph per batch.
+    compile: bool = False
     # Beam of the validation BLEU during training (1 = greedy); the test set's is decode.beam.
     valid_beam: int = 1
 

@@ -42,7 +42,7 @@ import torch
 from raymt.checkpoint import (MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, check_checkpoint,
                               load_weights, save_config)
 from raymt.config import Config, ModelConfig
-from raymt.model import Attention, Transformer
+from raymt.model import Attention, Transformer, build_model
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -329,7 +329,7 @@ def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto",
     config, tokenizer = check_checkpoint(checkpoint)
     state = load_weights(checkpoint)
     # Build the model once: the weights must match the config before anything is written.
-    model = Transformer(config.model, tokenizer.vocab_size)
+    model = build_model(config.model, tokenizer.vocab_size)
     try:
         model.load_state_dict(state)
     except RuntimeError as err:

@@ -57,6 +57,8 @@ class MetricsLog:
         self.rows.writerow({"step": step, "time_s": round(time.time() - self.t0, 2), **metrics})
         self.csv.flush()
         for key, value in metrics.items():
+            if isinstance(value, str):  # sacreBLEU signatures: text, not TensorBoard scalars
+                continue
             split, _, name = key.partition("_")
             if split in ("train", "valid"):
                 self.tensorboard.add_scalar(f"{split}/{name}", value, step)

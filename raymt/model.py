@@ -153,8 +153,9 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                 cache: Optional[dict] = None) -> torch.Tensor:
         """(B, T, D) -> (B, T, D); with a cache, T new positions follow the cached ones."""
-        # Right padding means a causal mask alone keeps real positions off padding.
-        causal = x.size(1) > 1
+        # Right padding means a causal mask alone keeps real positions off padding. Without a
+        # cache the answer needs no shape (a size test under torch.compile breaks the graph).
+        causal = cache is None or x.size(1) > 1
         self_cache = None if cache is None else cache["self"]
         cross_cache = None if cache is None else cache["cross"]
         x = self.res1(x, lambda h: self.self_attn(h, is_causal=causal, cache=self_cache))
@@ -226,6 +227,11 @@ class Transformer(nn.Module):
     def new_cache(self) -> Cache:
         """An empty incremental-decoding cache."""
         return {"length": 0, "layers": [{"self": {}, "cross": {}} for _ in self.decoder]}
+
+
+def build_model(cfg: ModelConfig, vocab_size: int) -> Transformer:
+    """The Transformer of `cfg` over `vocab_size` ids: the one place a model is constructed."""
+    return Transformer(cfg, vocab_size)
 
 
 def reorder_cache(cache: Cache, index: torch.Tensor, parts: tuple[str, ...] = ("self", "cross")) -> None:

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
 from raymt.config import OptimConfig
 from raymt.tokenizer import PAD_ID
 
+# Devices with a fused AdamW kernel. On the CPU it is faster than foreach too (mini preset, 1 thread,
+# machine under load: 17-41 ms against 98-205 ms per optimizer step).
+FUSED_DEVICES = ("cpu", "cuda")
 
-def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, fused: bool = False) -> torch.optim.Optimizer:
-    """AdamW with the paper's betas and eps; `fused` on GPU."""
+
+def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, fused: Optional[bool] = None) -> torch.optim.Optimizer:
+    """AdamW with the paper's betas and eps; fused (one kernel, and it can skip a non-finite
+    update on the device) where the parameters live on the CPU or a GPU, unless `fused` says."""
+    if fused is None:
+        fused = next(model.parameters()).device.type in FUSED_DEVICES
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                              eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused)
 

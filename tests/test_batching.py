@@ -5,7 +5,7 @@ import torch
 
 from raymt.batching import chunk_batches, collate, token_budget_batches
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from raymt.worker import lockstep
+from raymt.trainer import lockstep
 
 
 def test_budget_and_coverage():
@@ -44,5 +44,5 @@ def test_collate_adds_bos_and_eos():
 def test_lockstep_single_process_groups():
     batches = [collate([[5, EOS_ID]], [[6, 7]]) for _ in range(5)]
     groups = list(lockstep(batches, 2, torch.device("cpu")))
-    assert [len(g) for g, _ in groups] == [2, 2, 1]
-    assert [n for _, n in groups] == [6, 6, 3]
+    assert [len(u.batches) for u in groups] == [2, 2, 1]
+    assert [u.num_tokens for u in groups] == [6, 6, 3]

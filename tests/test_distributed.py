@@ -8,7 +8,7 @@ import torch
 from raymt.batching import collate
 from raymt.config import Config, tiny
 from raymt.model import Transformer
-from raymt.worker import lockstep, train_step, unwrap
+from raymt.trainer import lockstep, train_step, unwrap
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,13 +35,15 @@ def sgd(model):
     return torch.optim.SGD(model.parameters(), lr=1.0)
 
 
-def run_steps(model, groups, cfg, device="cpu"):
+def run_steps(model, groups, cfg, collective, device="cpu"):
     """Train on per-step groups through `lockstep` + `train_step`; returns the step count."""
     opt = sgd(model)
     flat = [b for g in groups for b in g]
     steps = 0
-    for group, num_tokens in lockstep(flat, cfg.optim.update_freq, torch.device(device)):
-        assert train_step(model, opt, group, num_tokens, cfg)[1]
+    for update in lockstep(flat, cfg.optim.update_freq, torch.device(device), collective):
+        _, applied = train_step(model, opt, update.batches, update.num_tokens, cfg,
+                                world_size=collective.world_size)
+        assert applied.item() == 1
         steps += 1
     return steps
 
@@ -51,6 +53,8 @@ def worker_loop(loop_config):
     import ray.train
     import ray.train.torch
 
+    from raymt.worker import TorchCollective
+
     cfg = Config.from_dict(loop_config["config"])
     rank = ray.train.get_context().get_world_rank()
     model = ray.train.torch.prepare_model(fresh_model(cfg))
@@ -59,7 +63,7 @@ def worker_loop(loop_config):
     model.eval()
     with torch.no_grad():
         outputs = [model(b.src, b.tgt_in) for b in micro]
-    steps = run_steps(model, [micro], cfg)
+    steps = run_steps(model, [micro], cfg, TorchCollective())
     torch.save({"outputs": outputs, "steps": steps, "params": unwrap(model).state_dict()},
                f"{loop_config['out']}/rank{rank}.pt")
     ray.train.report({"steps": steps})

@@ -18,10 +18,11 @@ from raymt.batching import collate
 from raymt.config import Config, tiny
 from raymt.model import Transformer
 from raymt.optim import make_optimizer
-from raymt.worker import train_step
+from raymt.trainer import train_step
 
 
-def test_nonfinite_update_is_skipped_then_training_goes_on():
+@pytest.mark.parametrize("fused", [True, False])  # skipped on the device / after a host check
+def test_nonfinite_update_is_skipped_then_training_goes_on(fused):
     cfg = Config(model=tiny())
     torch.manual_seed(0)
     model = Transformer(cfg.model, 64)
@@ -29,19 +30,23 @@ def test_nonfinite_update_is_skipped_then_training_goes_on():
     with torch.no_grad():
         model.embed.weight[5] = float("inf")  # every row through token 5 turns into NaN
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer = make_optimizer(model, cfg.optim)
+    optimizer = make_optimizer(model, cfg.optim, fused=fused)
 
     loss, applied = train_step(model, optimizer, [batch], batch.num_tokens, cfg)
-    assert not applied and not math.isfinite(loss)
+    assert applied.item() == 0 and not math.isfinite(loss.item())
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, before[name], equal_nan=True)
-    assert not optimizer.state  # Adam's moments were not touched either
+    # Adam's moments and step count were not touched either (fused AdamW creates them at zero).
+    for state in optimizer.state.values():
+        assert state["step"].item() == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
+    assert fused or not optimizer.state
     assert all(p.grad is None for p in model.parameters())
 
     with torch.no_grad():
         model.embed.weight[5] = 0.1
     loss, applied = train_step(model, optimizer, [batch], batch.num_tokens, cfg)
-    assert applied and math.isfinite(loss) and optimizer.state
+    assert applied.item() == 1 and math.isfinite(loss.item()) and optimizer.state
+    assert all(state["step"].item() == 1 for state in optimizer.state.values())
 
 
 STEPS = 80

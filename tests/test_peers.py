@@ -150,7 +150,7 @@ def test_search_matches_raymt(activation, beam, tmp_path):
 
 def test_train_steps_match_raymt(tmp_path):
     """Two updates of the exported model equal two raymt `train_step`s (label smoothing, clipping, AdamW)."""
-    from raymt.worker import train_step
+    from raymt.trainer import train_step
 
     model = post_norm_model("gelu")
     marian = exported(model, tmp_path, "before").train()

@@ -9,7 +9,7 @@ from raymt.config import Config, tiny
 from raymt.model import Transformer
 from raymt.optim import make_optimizer
 from raymt.profiling import PARTS, StepProfiler
-from raymt.worker import lockstep, train_step
+from raymt.trainer import lockstep, train_step
 from tiny_checkpoint import one_thread  # noqa: F401
 
 
@@ -20,7 +20,7 @@ def test_profiler_covers_its_window_and_names_the_step_parts(tmp_path):
     optimizer = make_optimizer(model, cfg.optim)
     batches = [collate([[5, 6, 7, 3]] * 4, [[8, 9, 10]] * 4) for _ in range(8)]
     profiler = StepProfiler(num_steps=3, start=2, prefix=tmp_path / "profile-rank0")
-    for step, (group, num_tokens) in enumerate(lockstep(batches, 1, torch.device("cpu")), start=1):
+    for step, (group, num_tokens, _, _) in enumerate(lockstep(batches, 1, torch.device("cpu")), start=1):
         train_step(model, optimizer, group, num_tokens, cfg)
         profiler.after_step(step)
         assert profiler.done == (step >= 5)

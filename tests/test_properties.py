@@ -11,7 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raymt import prepare, worker
+from raymt import prepare
+from raymt.trainer import Collective, Done, lockstep
 from raymt.batching import chunk_batches, collate
 from raymt.stream import TOKEN_INDEX_ROWS, Shard, epoch_slice, token_index
 from raymt.tokenizer import EOS_ID
@@ -108,34 +109,34 @@ def test_token_balanced_slices_cover_each_pair_once_and_balance_tokens(shards, w
     assert all(abs(t - total / world_size) <= 2 * block + 1 for t in tokens)
 
 
-class ThreadWorld:
-    """An all-reduce across threads: each thread plays one worker."""
+class ThreadWorld(Collective):
+    """An all-reduce across threads: each thread plays one worker (done when called)."""
 
     def __init__(self, world_size: int):
+        self.world_size = world_size
         self.barrier = threading.Barrier(world_size)
         self.values: list = [None] * world_size
         self.local = threading.local()
 
-    def all_reduce(self, values: list[float], device) -> list[float]:
-        self.values[self.local.rank] = values
+    def all_reduce_sum_async(self, tensor: torch.Tensor) -> Done:
+        self.values[self.local.rank] = tensor.clone()
         self.barrier.wait()
-        total = [sum(v[i] for v in self.values) for i in range(len(values))]
+        total = torch.stack(self.values).sum(0)
         self.barrier.wait()
-        return total
+        return Done(total)
 
 
 @FAST
 @given(st.lists(st.integers(0, 9), min_size=1, max_size=4), st.integers(1, 3))
-def test_workers_stay_in_lockstep_whatever_they_hold(monkeypatch_session, counts, update_freq):
+def test_workers_stay_in_lockstep_whatever_they_hold(counts, update_freq):
     world = ThreadWorld(len(counts))
-    monkeypatch_session.setattr(worker, "_all_reduce", world.all_reduce)
     steps: list = [None] * len(counts)
 
     def run(rank: int) -> None:
         world.local.rank = rank
         batches = [collate([[5, EOS_ID]], [[6] * (rank + 1)]) for _ in range(counts[rank])]
-        steps[rank] = [(len(group), tokens) for group, tokens in
-                       worker.lockstep(batches, update_freq, torch.device("cpu"))]
+        steps[rank] = [(len(u.batches), u.num_tokens) for u in
+                       lockstep(batches, update_freq, torch.device("cpu"), world)]
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(len(counts))]
     for t in threads:
@@ -146,9 +147,3 @@ def test_workers_stay_in_lockstep_whatever_they_hold(monkeypatch_session, counts
     assert all(len(s) == expected for s in steps)  # the same number of updates everywhere
     for i in range(expected):  # ... and the same global token count at each of them
         assert len({s[i][1] for s in steps}) == 1
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_session():
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp

@@ -1,0 +1,417 @@
+"""The training loop in plain PyTorch: step, lockstep, validation, progress, precision, restore.
+
+No Ray and no `torch.distributed` here: collective operations go through a `Collective`
+(this module's single-process one by default; `raymt.worker` passes the torch.distributed
+one), so the loop runs and is tested in one process.
+
+The step never waits for the device (no `.item()`, `bool(tensor)`, `.tolist()`, `.cpu()`):
+- the loss, the count of skipped updates and the longest run of them stay on the device
+  and are read once per log interval (`Progress.log`);
+- a non-finite gradient norm skips the update inside fused AdamW (its `found_inf` input,
+  as `torch.amp.GradScaler` uses it) instead of a host-side `if`;
+- the global target token count that normalizes the loss comes from a CPU all-reduce of
+  host-side counts issued one update ahead (`lockstep`), never from a device tensor.
+
+A skipped update still counts as a step: the step counter and the lr schedule move on
+(the host cannot know it was skipped without waiting), AdamW's own step count and moments
+do not. More than `train.max_nonfinite_steps` skipped in a row stop the run at the next log
+interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
+
+import torch
+from torch.profiler import record_function
+
+from raymt.batching import Batch, collate
+from raymt.config import Config
+from raymt.decoding import DecodeOptions, decode
+from raymt.metrics import score
+from raymt.model import Transformer
+from raymt.optim import inverse_sqrt, loss_sum, make_optimizer, row_nll
+from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+
+class Done:
+    """A finished collective: `wait` returns its tensor."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    def wait(self) -> torch.Tensor:
+        """The reduced tensor."""
+        return self.tensor
+
+
+class Collective:
+    """Collective operations of a single process: every one is the identity."""
+
+    world_size = 1
+    rank = 0
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum `tensor` over all workers in place (a device tensor; enqueued, not awaited)."""
+        return tensor
+
+    def all_reduce_sum_async(self, tensor: torch.Tensor) -> Done:
+        """Start summing a CPU tensor over all workers; `.wait()` on the result gives it."""
+        return Done(tensor)
+
+    def all_gather_object(self, obj: Any) -> list:
+        """Every worker's `obj`, in rank order."""
+        return [obj]
+
+
+SINGLE = Collective()
+
+
+def unwrap(model: torch.nn.Module) -> Transformer:
+    """The plain Transformer inside torch.compile and DDP wrappers."""
+    model = getattr(model, "_orig_mod", model)
+    return getattr(model, "module", model)
+
+
+# ---------------------------------------------------------------- precision
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True on GPUs with bf16 units, and on CPUs with them (AVX512-BF16 or AMX), where bf16 pays."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: stay in fp32
+        return False
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo) is not None
+
+
+def autocast_for(device: torch.device, bf16: bool):
+    """A factory of the forward pass's autocast context: bf16 where asked and native, else none."""
+    if bf16 and native_bf16(device):
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def precision_line(autocast, device: torch.device) -> str:
+    """The log line naming the precision the forward pass runs in."""
+    bf16 = autocast is not contextlib.nullcontext
+    return f"forward pass in {'bf16 autocast' if bf16 else 'fp32'} on {device}"
+
+
+def compile_model(model: torch.nn.Module, backend: str | Callable = "inductor") -> torch.nn.Module:
+    """torch.compile the (DDP-wrapped) model; shapes that change get dynamic dims, not one graph each."""
+    # Compiling the DDP wrapper lets DDPOptimizer split graphs at bucket boundaries, so the
+    # gradient all-reduce still overlaps backward (torch docs, "torch.compile with DDP").
+    return torch.compile(model, backend=backend, dynamic=None)
+
+
+# ---------------------------------------------------------------- state
+
+
+def restore_training(model: torch.nn.Module, cfg: Config, weights: Optional[dict],
+                     train_state: Optional[dict], place: Callable[[torch.nn.Module], torch.nn.Module],
+                     reset_lr: bool = False):
+    """Load weights, put the model on its device (`place`), then build and restore the optimizer.
+
+    The optimizer comes after `place` so that its state (and fused kernels) live on the
+    parameters' device; built before, a GPU resume crashes ("exp_avgs is on cpu").
+    `reset_lr` continues at this run's peak learning rate (a PBT exploit).
+    Returns (placed model, optimizer, scheduler).
+    """
+    if weights is not None:
+        unwrap(model).load_state_dict(weights)
+    model = place(model)
+    optimizer = make_optimizer(unwrap(model), cfg.optim)
+    scheduler = inverse_sqrt(optimizer, cfg.optim.warmup_steps)
+    if train_state is not None:
+        saved = dict(train_state["optimizer"])  # kernels of this optimizer, not the saving one's
+        saved["param_groups"] = [{**g, "fused": optimizer.defaults["fused"], "foreach": optimizer.defaults["foreach"]}
+                                 for g in saved["param_groups"]]
+        optimizer.load_state_dict(saved)  # moves the state to each parameter's device
+        scheduler.load_state_dict(train_state["scheduler"])
+    if reset_lr:
+        scheduler.base_lrs = [cfg.optim.lr] * len(scheduler.base_lrs)
+        for group, lr in zip(optimizer.param_groups, scheduler.base_lrs):
+            group["lr"] = lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
+    return model, optimizer, scheduler
+
+
+def rng_state(cuda=torch.cuda) -> dict:
+    """This process's CPU RNG state and, where CUDA is available, every GPU's."""
+    state = {"cpu": torch.get_rng_state()}
+    if cuda.is_available():
+        state["cuda"] = cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict | torch.Tensor, cuda=torch.cuda) -> None:
+    """Restore `rng_state()`'s result (a bare tensor: an older checkpoint's CPU state)."""
+    if isinstance(state, torch.Tensor):
+        state = {"cpu": state}
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and cuda.is_available():
+        cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------- the step
+
+
+class Update(NamedTuple):
+    """One update's micro-batches on this worker and what all workers agreed on."""
+
+    batches: list[Batch]  # this worker's micro-batches, on the device (empty: a dummy step)
+    num_tokens: int  # target tokens of the global batch
+    late: bool  # some worker is past its time budget
+    mark: Any  # what `mark()` returned right after this worker's batches were read
+
+
+def lockstep(batches: Iterable[Batch], update_freq: int, device: torch.device,
+             collective: Collective = SINGLE, late: Callable[[], bool] = lambda: False,
+             mark: Callable[[], Any] = lambda: None) -> Iterator[Update]:
+    """Group micro-batches per update and keep every worker in step.
+
+    Yields an `Update` until every worker has run out; a worker that ran out early yields an
+    empty group and takes a dummy step. Each group's [has_batches, num_tokens, late] is
+    all-reduced on the CPU, one update ahead: the next group's reduction runs while this
+    update trains, so the step waits for no collective of its own.
+    """
+    it = iter(batches)
+
+    def read() -> tuple[list[Batch], Any, Any]:
+        group = list(itertools.islice(it, update_freq))
+        counts = torch.tensor([len(group) > 0, sum(b.num_tokens for b in group), late()],
+                              dtype=torch.float64)
+        return group, mark(), collective.all_reduce_sum_async(counts)
+
+    group, tag, pending = read()
+    try:
+        while True:
+            with record_function("raymt.lockstep"):  # waits here for the slowest worker's batch
+                # A CPU tensor: numpy() cannot wait for a device (it refuses CUDA tensors).
+                has_batches, num_tokens, num_late = pending.wait().numpy()
+            pending = None
+            if has_batches == 0:
+                return
+            moved = [b.to(device) for b in group]
+            current = Update(moved, int(num_tokens), num_late > 0, tag)
+            group, tag, pending = read()
+            yield current
+    finally:  # every worker issued the same reductions; finish the last before leaving
+        if pending is not None:
+            pending.wait()
+
+
+def _dummy_batch(device: torch.device) -> Batch:
+    """A one-token batch whose zero-weighted loss lets an idle worker join the all-reduce."""
+    return collate([[EOS_ID]], [[BOS_ID]]).to(device)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: list[Batch],
+               global_tokens: int, cfg: Config, autocast=contextlib.nullcontext,
+               world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """One update on the mean loss over every target token of the global batch.
+
+    DDP averages gradients over workers, so each worker scales its summed loss by
+    world_size / global_tokens: the result is the gradient of sum(loss) / global_tokens.
+    Returns device scalars (this worker's summed loss, 1.0 if the update was applied else
+    0.0): an update whose gradient norm is not finite is skipped. After DDP's all-reduce
+    every worker holds the same gradients, so all workers skip together. With a fused
+    optimizer (make_optimizer's) the skip happens on the device; others wait for the check.
+    """
+    model.train()
+    scale = world_size / global_tokens if group else 0.0  # host numbers: no device sync
+    device = next(model.parameters()).device
+    micro = group or [_dummy_batch(device)]
+    total = torch.zeros((), device=device)
+    for i, batch in enumerate(micro):
+        last = i == len(micro) - 1
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        with sync:
+            with record_function("raymt.forward"):
+                with autocast():
+                    logits = model(batch.src, batch.tgt_in)
+                loss = loss_sum(logits, batch.tgt_out, cfg.optim.label_smoothing)
+            with record_function("raymt.backward"):  # with DDP: the all-reduce it does not hide
+                (loss * scale).backward()
+        if group:
+            total += loss.detach()
+    max_norm = cfg.optim.clip_norm if cfg.optim.clip_norm > 0 else float("inf")
+    with record_function("raymt.clip"):
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        found_inf = (~torch.isfinite(norm)).float()  # () on the device
+    with record_function("raymt.optimizer"):
+        if getattr(optimizer, "_step_supports_amp_scaling", False):  # fused: skips on the device
+            optimizer.found_inf = found_inf
+            optimizer.step()
+            del optimizer.found_inf
+        elif not found_inf:  # waits for the device
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return total, 1.0 - found_inf
+
+
+# ---------------------------------------------------------------- validation
+
+
+def collate_eval(rows: list[dict]) -> dict[str, torch.Tensor]:
+    """Validation rows -> padded tensors plus each row's corpus index."""
+    batch = collate([r["src_ids"] for r in rows], [r["tgt_ids"] for r in rows])
+    return {"index": torch.tensor([r["index"] for r in rows]), "src": batch.src,
+            "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out}
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader: Iterable[dict], tokenizer: Tokenizer, refs: list[str],
+             opts: DecodeOptions, collective: Collective = SINGLE) -> dict:
+    """Loss, BLEU and chrF (with signatures) of every worker's share, each row counted once."""
+    net = unwrap(model)
+    net.eval()
+    rows = []
+    for batch in loader:
+        nll = row_nll(net(batch["src"], batch["tgt_in"]), batch["tgt_out"])
+        num_tokens = (batch["tgt_out"] != PAD_ID).sum(1)
+        hyps = [tokenizer.decode(h) for h in decode(net, batch["src"], opts)]
+        rows += zip(batch["index"].tolist(), nll.tolist(), num_tokens.tolist(), hyps)
+    parts = collective.all_gather_object(rows)
+    # A DistributedSampler pads shares to equal size by repeating rows: keep one of each.
+    merged = {r[0]: r for part in parts for r in part}
+    assert len(merged) == len(refs), f"scored {len(merged)} of {len(refs)} rows"
+    ordered = [merged[i] for i in range(len(refs))]
+    scores = score([r[3] for r in ordered], refs)
+    return {"valid_loss": sum(r[1] for r in ordered) / sum(r[2] for r in ordered),
+            "valid_bleu": scores["bleu"], "valid_chrf": scores["chrf"],
+            "valid_bleu_signature": scores["bleu_signature"],
+            "valid_chrf_signature": scores["chrf_signature"]}
+
+
+# ---------------------------------------------------------------- progress
+
+
+class Progress:
+    """The interval's loss and skipped updates, kept on the device; rank 0's progress lines."""
+
+    def __init__(self, cfg: Config, start_step: int, device: torch.device,
+                 collective: Collective = SINGLE, is_rank0: bool = True):
+        self.cfg, self.start_step, self.collective, self.is_rank0 = cfg, start_step, collective, is_rank0
+        self.t0 = self.t_last = time.perf_counter()
+        self.tokens = 0  # global target tokens of this interval's updates (host)
+        # [summed loss, tokens of applied updates, skipped updates, longest run of skipped]
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)
+        self.run = torch.zeros((), dtype=torch.float64, device=device)  # skipped in a row now
+        self.num_skipped = 0
+        self.last_step = start_step  # the step the interval began after
+        self.last: Optional[dict] = None
+
+    def update(self, loss: torch.Tensor, applied: torch.Tensor, num_tokens: int) -> None:
+        """Add one update's summed loss (this worker), applied flag and global token count."""
+        self.tokens += num_tokens
+        self.run = (self.run + 1) * (1 - applied)
+        step = torch.stack([torch.where(applied > 0, loss, 0.0), applied * num_tokens, 1 - applied,
+                            torch.zeros_like(applied)]).double()
+        self.sums += step
+        torch.maximum(self.sums[3], self.run, out=self.sums[3])
+
+    def log(self, step: int, epoch: int, lr: float) -> dict:
+        """All-reduce the interval's loss (the one sync of an interval), print on rank 0, reset."""
+        if self.tokens == 0 and self.last is not None:  # nothing new since the last line
+            return dict(self.last)  # (tokens are global counts: every rank takes this branch)
+        self.collective.all_reduce_sum(self.sums[:1])
+        loss, applied_tokens, skipped, worst_run = self.sums.tolist()
+        self.num_skipped += int(skipped)
+        now = time.perf_counter()
+        tokens_per_s = self.tokens / max(now - self.t_last, 1e-9)
+        # No applied update since this attempt started (e.g. a PBT trial at max_steps): nan.
+        metrics = {"train_loss": loss / applied_tokens if applied_tokens else float("nan"), "lr": lr,
+                   "tokens_per_s": tokens_per_s, "skipped_steps": self.num_skipped,
+                   "nonfinite_in_a_row": int(worst_run)}
+        if self.is_rank0:
+            done = step - self.start_step
+            eta = (now - self.t0) / max(done, 1) * (self.cfg.train.max_steps - step)
+            if self.cfg.train.max_minutes:  # the time budget may end the run first
+                eta = min(eta, 60 * self.cfg.train.max_minutes - (now - self.t0))
+            print(f"step {step}/{self.cfg.train.max_steps} | epoch {epoch + 1} | "
+                  f"loss {metrics['train_loss']:.3f} | lr {lr:.2e} | "
+                  f"{tokens_per_s / 1000:.1f}k tok/s | eta {eta / 60:.1f} min", flush=True)
+            if skipped:
+                print(f"steps {self.last_step + 1}-{step}: {int(skipped)} updates "
+                      f"skipped (non-finite loss or gradient; {self.num_skipped} in all)", flush=True)
+        self.sums.zero_()
+        self.sums[3] = self.run  # a run of skipped updates goes on into the next interval
+        self.tokens = 0
+        self.t_last, self.last_step = now, step
+        self.last = metrics
+        return dict(metrics)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+class Trainer:
+    """One worker's training loop: updates, progress lines, the evaluation and stop cadence.
+
+    Subclasses (raymt.worker.WorkerLoop) hook in with `before_step`, `after_step` and
+    `evaluate_and_report`; by itself it trains and logs in one process.
+    """
+
+    def __init__(self, cfg: Config, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler, device: torch.device, step: int = 0, epoch: int = 0,
+                 collective: Collective = SINGLE, autocast=contextlib.nullcontext):
+        self.cfg, self.model, self.optimizer, self.scheduler = cfg, model, optimizer, scheduler
+        self.device, self.step, self.epoch, self.collective = device, step, epoch, collective
+        self.autocast = autocast
+        self.is_rank0 = collective.rank == 0
+        self.progress = Progress(cfg, step, device, collective, self.is_rank0)
+        minutes = cfg.train.max_minutes
+        self.deadline = time.monotonic() + 60 * minutes if minutes else None
+
+    def late(self) -> bool:
+        """True once this worker is past the time budget."""
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def train_epoch(self, batches: Iterable[Batch], mark: Callable[[], Any] = lambda: None) -> bool:
+        """Train on `batches` until they end; True when the run must stop (steps, time)."""
+        cfg = self.cfg
+        for update in lockstep(batches, cfg.optim.update_freq, self.device, self.collective,
+                               self.late, mark):
+            self.before_step(update)
+            loss, applied = train_step(self.model, self.optimizer, update.batches, update.num_tokens,
+                                       cfg, self.autocast, self.collective.world_size)
+            self.progress.update(loss, applied, update.num_tokens)
+            self.scheduler.step()
+            self.step += 1
+            self.after_step(update)
+            if self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps:
+                self.evaluate_and_report()
+            elif self.step % cfg.train.log_every == 0:
+                self.log_train()
+            if self.step >= cfg.train.max_steps or (self.step % cfg.train.log_every == 0 and update.late):
+                return True
+        return False
+
+    def before_step(self, update: Update) -> None:
+        """Called with each update before it trains."""
+
+    def after_step(self, update: Update) -> None:
+        """Called after each update (step already counted)."""
+
+    def log_train(self) -> dict:
+        """The interval's training metrics; stops a run stuck on non-finite updates."""
+        metrics = self.progress.log(self.step, self.epoch, self.scheduler.get_last_lr()[0])
+        if metrics["nonfinite_in_a_row"] > self.cfg.train.max_nonfinite_steps:
+            raise RuntimeError(
+                f"{metrics['nonfinite_in_a_row']} updates in a row had a non-finite loss or gradient "
+                f"(by step {self.step}); the last checkpoint is intact: lower optim.lr or raise "
+                "optim.warmup_steps, then continue with --resume")
+        metrics["epoch"] = self.epoch
+        return metrics
+
+    def evaluate_and_report(self) -> None:
+        """Without validation data: a progress line."""
+        self.log_train()
