@@ -27,7 +27,7 @@ import sacrebleu
 import torch
 
 from raymt.checkpoint import check_checkpoint, load_model
-from raymt.data import Pairs, read_parallel
+from raymt.data.text import Pairs, read_parallel
 from raymt.decoding import DecodeOptions, decode_ids, encode_sources, length_batches
 from raymt.tokenizer import Tokenizer
 

@@ -27,7 +27,7 @@ from raymt.metrics import MetricsLog
 from raymt.model import Transformer
 from raymt.optim import inverse_sqrt, loss_sum, make_optimizer, row_nll
 from raymt.profiling import StepProfiler
-from raymt.stream import Position, TrainStream, restore_position
+from raymt.data.stream import Position, TrainStream, restore_position
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 
@@ -339,7 +339,8 @@ class WorkerLoop:
     def open_stream(self, position: Position, start: bool = True) -> TrainStream:
         """This worker's stream of the epoch `position` is in, reading ahead once started."""
         stream = TrainStream(self.train_files, self.cfg.data, self.cfg.train.seed, self.rank,
-                             self.world_size, position, trace=self.trace is not None)
+                             self.world_size, position, trace=self.trace is not None,
+                             pin_memory=self.device.type == "cuda")
         return stream.start() if start else stream
 
     def train_epoch(self) -> bool:

@@ -10,8 +10,8 @@ import torch
 
 from raymt.batching import collate, collate_flat
 from raymt.config import DataConfig
-from raymt.stream import (Position, Shard, TrainStream, epoch_slice, flat, restore_position,
-                          skip_rows, token_index)
+from raymt.data.format import Shard, token_index
+from raymt.data.stream import Position, TrainStream, epoch_slice, flat, restore_position, skip_rows
 
 
 def write_shards(tmp_path, sizes, seed=0):

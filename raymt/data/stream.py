@@ -27,41 +27,14 @@ import queue
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Iterator, NamedTuple, Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
 
 from raymt.batching import Batch, chunk_batches, collate_flat
 from raymt.config import DataConfig
-
-COLUMNS = ["src_ids", "tgt_ids"]
-# Ray Data gathers what a task yields into blocks of up to 128 MiB by default; a read task
-# whose slice holds many shards would then hold that much (and copies) at once. Small
-# blocks keep a task's memory independent of the corpus size (benchmarks/bench_data.py).
-MAX_BLOCK_BYTES = 16 << 20
-# Rows per entry of a shard's token index (cumulative src + tgt tokens after every block).
-TOKEN_INDEX_ROWS = 1024
-
-
-class Shard(NamedTuple):
-    """A training shard: path or URI, pairs in it, and its token index (may be empty)."""
-
-    path: str
-    num_pairs: int
-    token_index: tuple = ()
-
-
-Files = list  # of Shard, or of (path, num_pairs) tuples
-
-
-def token_index(num_tokens: np.ndarray, block_rows: int = TOKEN_INDEX_ROWS) -> list[int]:
-    """Cumulative token counts after every `block_rows` rows and after the last row."""
-    cumulative = np.cumsum(num_tokens, dtype=np.int64)
-    if not len(cumulative):
-        return []
-    ends = list(range(block_rows, len(cumulative), block_rows)) + [len(cumulative)]
-    return [int(cumulative[e - 1]) for e in ends]
+from raymt.data.format import COLUMNS, MAX_BLOCK_BYTES, TOKEN_INDEX_ROWS, Files, Shard
 
 
 @dataclass
@@ -205,8 +178,9 @@ class TrainStream:
     """
 
     def __init__(self, files: Files, cfg: DataConfig, seed: int, rank: int, world_size: int,
-                 position: Position, trace: bool = False, prefetch: int = 16):
+                 position: Position, trace: bool = False, prefetch: int = 16, pin_memory: bool = False):
         self.cfg, self.seed, self.rank = cfg, seed, rank
+        self.pin_memory = pin_memory  # page-locked batches for asynchronous copies to a GPU
         self.position = position
         self.chunk_rows = cfg.shuffle_buffer_rows or cfg.window_rows
         plan = epoch_slice(files, seed, position.epoch, rank, world_size)
@@ -273,7 +247,8 @@ class TrainStream:
             batches = self.cut(src, tgt, epoch, chunk_index)
             for b, idx in enumerate(batches[skip:], start=skip):
                 hashes = pair_hashes(src, tgt, idx) if self.trace else []
-                yield collate_flat(src, tgt, idx), Position(epoch, chunk_index, b + 1), hashes
+                batch = collate_flat(src, tgt, idx, self.cfg.pad_multiple)
+                yield (batch.pin_memory() if self.pin_memory else batch), Position(epoch, chunk_index, b + 1), hashes
             chunk_index, skip = chunk_index + 1, 0
 
     def cut(self, src, tgt, epoch: int, chunk_index: int) -> list[np.ndarray]:
@@ -283,7 +258,8 @@ class TrainStream:
                               & (tgt_lens <= self.cfg.max_len))
         rng = np.random.default_rng([self.seed, epoch, self.rank, chunk_index])
         batches = chunk_batches(src_lens[keep] + 1, tgt_lens[keep] + 1, self.cfg.window_rows,
-                                self.cfg.max_tokens, rng, shuffle=self.cfg.shuffle_buffer_rows > 0)
+                                self.cfg.max_tokens, rng, shuffle=self.cfg.shuffle_buffer_rows > 0,
+                                pad_multiple=self.cfg.pad_multiple)
         return [keep[b] for b in batches]
 
 
