@@ -49,19 +49,33 @@ def _pad_flat(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray, prefix: 
               suffix: Optional[int] = None, multiple: int = 1) -> torch.Tensor:
     """Rows `idx` of a flat ragged array (Arrow list layout) -> a right-padded (B, T) long tensor,
     T rounded up to a multiple of `multiple`."""
+    return torch.from_numpy(_padded(*_gather(values, offsets, idx), prefix, suffix, multiple))
+
+
+def _gather(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the ids of rows `idx` one after another, their lengths): work in real tokens, not B * T."""
     starts, lens = offsets[idx], offsets[idx + 1] - offsets[idx]
+    ends = np.cumsum(lens)
+    # Position k of the output is row r's token k - (ends[r] - lens[r]), at starts[r] + that.
+    shift = np.repeat(starts - (ends - lens), lens)
+    return values[np.arange(int(ends[-1]) if len(ends) else 0) + shift], lens
+
+
+def _padded(tokens: np.ndarray, lens: np.ndarray, prefix: Optional[int], suffix: Optional[int],
+            multiple: int) -> np.ndarray:
+    """Gathered rows -> (B, T) int64 ids: optional prefix and suffix id, PAD after, T on the ladder."""
     first = int(prefix is not None)
-    longest = int(lens.max()) if len(idx) else 0
+    longest = int(lens.max()) if len(lens) else 0
     width = round_up(longest + first + int(suffix is not None), multiple)
-    out = np.full((len(idx), width), PAD_ID, dtype=np.int64)
-    inside = np.arange(longest)[None, :] < lens[:, None]  # (B, L)
-    positions = starts[:, None] + np.arange(longest)[None, :]
-    out[:, first:first + longest][inside] = values[positions[inside]]
+    out = np.full((len(lens), width), PAD_ID, dtype=np.int64)
+    row_starts = np.arange(len(lens)) * width + first  # flat index of each row's first token
+    ends = np.cumsum(lens)
+    out.reshape(-1)[np.arange(len(tokens)) + np.repeat(row_starts - (ends - lens), lens)] = tokens
     if prefix is not None:
         out[:, 0] = prefix
     if suffix is not None:
-        out[np.arange(len(idx)), first + lens] = suffix
-    return torch.from_numpy(out)
+        out.reshape(-1)[row_starts + lens] = suffix
+    return out
 
 
 def pad_batch(rows: Sequence[Sequence[int]], device: torch.device | str = "cpu", prefix: Optional[int] = None,
@@ -83,10 +97,11 @@ def collate_flat(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.n
                  idx: np.ndarray, pad_multiple: int = 1) -> Batch:
     """Like `collate`, from (values, offsets) of raw source and target ids: EOS/BOS are added
     here, and both widths are rounded up to a multiple of `pad_multiple`."""
-    tgt_tokens = int((tgt[1][idx + 1] - tgt[1][idx]).sum()) + len(idx)  # + EOS per row
-    return Batch(src=_pad_flat(*src, idx, suffix=EOS_ID, multiple=pad_multiple),
-                 tgt_in=_pad_flat(*tgt, idx, prefix=BOS_ID, multiple=pad_multiple),
-                 tgt_out=_pad_flat(*tgt, idx, suffix=EOS_ID, multiple=pad_multiple), tgt_tokens=tgt_tokens)
+    tgt_tokens, tgt_lens = _gather(*tgt, idx)
+    return Batch(src=torch.from_numpy(_padded(*_gather(*src, idx), None, EOS_ID, pad_multiple)),
+                 tgt_in=torch.from_numpy(_padded(tgt_tokens, tgt_lens, BOS_ID, None, pad_multiple)),
+                 tgt_out=torch.from_numpy(_padded(tgt_tokens, tgt_lens, None, EOS_ID, pad_multiple)),
+                 tgt_tokens=len(tgt_tokens) + len(idx))  # + EOS per row
 
 
 def token_budget_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
