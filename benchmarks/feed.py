@@ -128,6 +128,39 @@ def measure(corpus: str, args: argparse.Namespace) -> dict:
             "cpu_s": round(time.process_time() - cpu0, 2), "tok_per_s": tokens / seconds}
 
 
+def boundary_waits(corpus: str, args: argparse.Namespace, continuous: bool) -> list[float]:
+    """Seconds the consumer waited for each epoch's first batch (after the first epoch), with
+    one stream over the epochs or, as the training loop does it, one stream per epoch whose
+    next one starts after the current epoch's first batch."""
+    from raymt.config import DataConfig
+    from raymt.data.stream import Position, TrainStream
+
+    files = corpus_format.train_files(corpus, corpus_format.read_manifest(corpus))
+    cfg = DataConfig(max_tokens=args.max_tokens)
+    open_stream = lambda epoch, n=1: TrainStream(files, cfg, 1, 0, 1, Position(epoch), num_epochs=n)
+    waits, t = [], time.perf_counter()
+    if continuous:
+        stream, epoch = open_stream(0, args.epochs).start(), 0
+        for _ in stream:
+            if stream.position.epoch != epoch:
+                waits.append(time.perf_counter() - t)
+                epoch = stream.position.epoch
+            t = time.perf_counter()
+        return waits
+    stream = open_stream(0).start()
+    for epoch in range(args.epochs):
+        upcoming = open_stream(epoch + 1)
+        for i, _ in enumerate(stream):
+            if i == 0 and epoch:
+                waits.append(time.perf_counter() - t)
+            upcoming.start()
+            t = time.perf_counter()
+        stream.close()
+        stream = upcoming
+    stream.close()
+    return waits
+
+
 def main(argv=None) -> None:
     """Prepare (or reuse) both corpora, then measure each on one core."""
     args = parse_args(argv)
@@ -140,6 +173,10 @@ def main(argv=None) -> None:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     os.sched_setaffinity(0, {cpu})  # this process (the worker's side of the feed) on one core
+    for continuous in (False, True):
+        waits = boundary_waits(corpora["multi30k"], args, continuous)
+        print(f"multi30k epoch-start waits, {'one stream over epochs' if continuous else 'a stream per epoch'}: "
+              + ", ".join(f"{w:.3f}" for w in waits) + " s")
     results = {name: measure(path, args) for name, path in corpora.items()}
     for name, r in results.items():
         print(f"{name:>10}: {r['tok_per_s']:>12,.0f} target tok/s  ({r['tgt_tokens']:,} tokens in "

@@ -175,8 +175,8 @@ class TrainStream:
     A background thread reads, cuts and collates up to `prefetch` batches ahead, so
     training rarely waits; `start()` begins that early (the training loop starts the next
     epoch's stream after the current epoch's first step). Over several epochs the thread
-    goes on into the next epoch's plan without a pause: its Ray Data read starts while the
-    current epoch's last chunk is cut. `busy_s` is the time the consumer waited.
+    goes on into the next epoch's plan without a pause: its Ray Data read starts with the
+    current epoch's first chunk. `busy_s` is the time the consumer waited.
     """
 
     def __init__(self, files: Files, cfg: DataConfig, seed: int, rank: int, world_size: int,
@@ -257,10 +257,10 @@ class TrainStream:
         reads = [_ReadAhead(read_plan(self.plan))]  # this epoch's, then the next one's
         try:
             for epoch in range(first, end):
-                for table, last in _with_last(chunks(iter(reads[0]), self.chunk_rows)):
-                    if last and epoch + 1 < end:
-                        # The next epoch's read starts now: its first tables arrive while this
-                        # chunk is cut and consumed, so the boundary does not wait for Ray Data.
+                for table in chunks(iter(reads[0]), self.chunk_rows):
+                    if len(reads) == 1 and epoch + 1 < end:
+                        # The next epoch's read starts with this one's first chunk and waits with
+                        # a few tables queued: the boundary does not wait for a Ray Data start.
                         reads.append(_ReadAhead(read_plan(self.epoch_plan(epoch + 1))))
                     src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
                     for b, idx in enumerate(self.cut(src, tgt, epoch, chunk_index)[skip:], start=skip):
@@ -290,19 +290,6 @@ class TrainStream:
 
 
 _END = object()  # the reader thread's end-of-stream marker
-
-
-def _with_last(items: Iterator) -> Iterator[tuple]:
-    """(item, whether it is the last one), looking one item ahead."""
-    it = iter(items)
-    try:
-        current = next(it)
-    except StopIteration:
-        return
-    for following in it:
-        yield current, False
-        current = following
-    yield current, True
 
 
 class _ReadAhead:
