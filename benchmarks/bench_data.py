@@ -58,11 +58,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def base_pairs() -> tuple[list[str], list[str]]:
     """Sentence pairs to combine: Multi30k en-de when present, else the built-in corpus."""
-    from raymt import corpus, data
+    from raymt.data import builtin, text
 
     if MULTI30K.with_suffix(".en.gz").is_file():
-        return data.read_parallel(str(MULTI30K), "en", "de")
-    return corpus.generate(20_000, "en", "de", seed=1)
+        return text.read_parallel(str(MULTI30K), "en", "de")
+    return builtin.generate(20_000, "en", "de", seed=1)
 
 
 def make_corpus(num_pairs: int, directory: Path, seed: int = 1) -> tuple[Path, Path]:
@@ -171,7 +171,7 @@ class PeakMemory:
 
 def prepare(src: Path, tgt: Path, out: Path, vocab_size: int) -> dict:
     """Prepare the generated corpus; returns its manifest and the seconds it took."""
-    from raymt import prepare as prep
+    from raymt.data import prepare as prep
     from raymt.config import PrepareConfig
 
     valid = prep.Source(kind="pairs", pairs=base_pairs_sample())
@@ -191,11 +191,11 @@ def stream_epoch(corpus_dir: str, world_size: int = 2) -> dict:
     """One epoch through `world_size` stream actors: tokens delivered per second, per worker."""
     import ray
 
-    from raymt import prepare as prep
+    from raymt.data import format as corpus_format
     from raymt.config import DataConfig
-    from raymt.stream import Position, TrainStream
+    from raymt.data.stream import Position, TrainStream
 
-    files = prep.train_files(corpus_dir, prep.read_manifest(corpus_dir))
+    files = corpus_format.train_files(corpus_dir, corpus_format.read_manifest(corpus_dir))
 
     @ray.remote(num_cpus=0.5)
     class StreamBench:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from raymt.checkpoint import load_model  # noqa: E402
-from raymt.data import read_parallel  # noqa: E402
+from raymt.data.text import read_parallel  # noqa: E402
 from raymt.decoding import DecodeOptions, translate  # noqa: E402
 from raymt.model import Transformer  # noqa: E402
 from raymt.tokenizer import Tokenizer  # noqa: E402

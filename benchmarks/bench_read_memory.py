@@ -2,7 +2,7 @@
 
 Synthetic shards (100k pairs each, random ids, 5-40 tokens per side) are written at run
 time for each size; two Ray tasks shaped like training workers read their epoch slices
-through `raymt.stream.read_plan`. A sampler records the peak private memory of every
+through `raymt.data.stream.read_plan`. A sampler records the peak private memory of every
 Ray process, with the object store's shared pages apart (see bench_data.private_mb).
 Each size runs in a fresh process and Ray cluster with a fixed object store, so the
 store's pages are capped by `--object-store-mb` and the process heaps show what grows.
@@ -71,7 +71,7 @@ def one_size(num_pairs: int, args: argparse.Namespace) -> dict:
 
         @ray.remote(num_cpus=0.5)
         def read_slice(rank: int) -> int:
-            from raymt import stream
+            from raymt.data import stream
 
             if block_mb:
                 stream.MAX_BLOCK_BYTES = block_mb << 20

@@ -31,7 +31,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def count(files: list, workers: int, epoch: int) -> list[tuple[int, int]]:
     """(batches, target tokens) of each worker's epoch."""
     from raymt.config import DataConfig
-    from raymt.stream import Position, TrainStream
+    from raymt.data.stream import Position, TrainStream
 
     out = []
     for rank in range(workers):
@@ -48,13 +48,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Print each worker's batches and target tokens per epoch under both cuts."""
     import ray
 
-    from raymt import prepare
-    from raymt.stream import Shard
+    from raymt.data import format as corpus_format
+    from raymt.data.format import Shard
 
     args = parse_args(argv)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"RAY_DATA_LOG_LEVEL": "WARNING"}})
-    files = prepare.train_files(args.corpus, prepare.read_manifest(args.corpus))
+    files = corpus_format.train_files(args.corpus, corpus_format.read_manifest(args.corpus))
     if not all(f.token_index for f in files):
         raise SystemExit(f"{args.corpus} has no token index: prepare it with this version of raymt")
     by_pairs = [Shard(f.path, f.num_pairs) for f in files]

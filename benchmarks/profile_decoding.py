@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from raymt.checkpoint import load_model  # noqa: E402
-from raymt.data import read_parallel  # noqa: E402
+from raymt.data.text import read_parallel  # noqa: E402
 from raymt.decoding import DecodeOptions, decode, encode_sources, length_batches, pad_batch  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr"

@@ -35,7 +35,7 @@ from raymt import model as model_module  # noqa: E402
 from raymt.batching import Batch, chunk_batches, collate_flat  # noqa: E402
 from raymt.config import Config, DataConfig, preset  # noqa: E402
 from raymt.optim import make_optimizer  # noqa: E402
-from raymt.stream import flat  # noqa: E402
+from raymt.data.stream import flat  # noqa: E402
 from raymt.tokenizer import Tokenizer  # noqa: E402
 from raymt.trainer import train_step  # noqa: E402
 

@@ -50,7 +50,7 @@ from raymt.config import Config, ModelConfig, apply_overrides, preset  # noqa: E
 from raymt.tokenizer import PAD_ID  # noqa: E402
 
 if TYPE_CHECKING:
-    from raymt.stream import TrainStream
+    from raymt.data.stream import TrainStream
 
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -96,9 +96,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def prepare_multi30k(data: Path, out: Path, vocab_size: int = 8000) -> Path:
     """Multi30k train (and 100 validation pairs) as a prepared corpus with an 8k joint vocabulary."""
-    from raymt import prepare as prep
+    from raymt.data import prepare as prep
     from raymt.config import PrepareConfig
-    from raymt.data import read_parallel
+    from raymt.data.text import read_parallel
 
     if (out / "manifest.json").exists():
         return out
@@ -120,11 +120,11 @@ def model_config(name: str) -> ModelConfig:
 
 def train_stream(corpus: Path, rank: int, world_size: int) -> "TrainStream":
     """Worker `rank` of `world_size`'s training stream of epoch 0 (seed 1), not started."""
-    from raymt import prepare as prep
+    from raymt.data import format as corpus_format
     from raymt.config import DataConfig
-    from raymt.stream import Position, TrainStream
+    from raymt.data.stream import Position, TrainStream
 
-    files = prep.train_files(str(corpus), prep.read_manifest(str(corpus)))
+    files = corpus_format.train_files(str(corpus), corpus_format.read_manifest(str(corpus)))
     return TrainStream(files, DataConfig(), seed=1, rank=rank, world_size=world_size, position=Position(0))
 
 
@@ -614,11 +614,11 @@ def bench_hardware(b: Bench) -> dict:
 def stream_rate(corpus: Path, rank: int, world_size: int, epochs: int) -> dict:
     """Target tokens/s one worker's stream delivers over `epochs` epochs, each next epoch's
     stream started after the current epoch's first batch (as the training loop does)."""
-    from raymt import prepare as prep
+    from raymt.data import format as corpus_format
     from raymt.config import DataConfig
-    from raymt.stream import Position, TrainStream
+    from raymt.data.stream import Position, TrainStream
 
-    files = prep.train_files(str(corpus), prep.read_manifest(str(corpus)))
+    files = corpus_format.train_files(str(corpus), corpus_format.read_manifest(str(corpus)))
     streams = [TrainStream(files, DataConfig(), 1, rank, world_size, Position(e)) for e in range(epochs)]
     t0 = time.perf_counter()
     first = None
@@ -701,7 +701,7 @@ class Decoding:
 
     def __init__(self, b: Bench):
         from raymt.checkpoint import load_model
-        from raymt.data import read_parallel
+        from raymt.data.text import read_parallel
         from raymt.decoding import encode_sources, length_batches
 
         checkpoint = b.args.checkpoint or b.ray("two-workers", 2, 1.0)["checkpoint"]

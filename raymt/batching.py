@@ -18,89 +18,135 @@ class Batch:
     src: torch.Tensor  # (B, S)
     tgt_in: torch.Tensor  # (B, T)
     tgt_out: torch.Tensor  # (B, T)
+    # Target tokens that count in the loss, counted on the host when the batch is collated:
+    # reading it never waits for a device (None: counted from tgt_out when asked).
+    tgt_tokens: Optional[int] = None
 
     @property
     def num_tokens(self) -> int:
         """Target tokens that count in the loss."""
-        return int((self.tgt_out != PAD_ID).sum())
+        if self.tgt_tokens is None:
+            self.tgt_tokens = int((self.tgt_out != PAD_ID).sum())
+        return self.tgt_tokens
 
     def to(self, device: torch.device | str) -> "Batch":
         """Copy to a device (non-blocking: overlaps with compute when the source is pinned)."""
-        return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)))
+        return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)),
+                     tgt_tokens=self.tgt_tokens)
+
+    def pin_memory(self) -> "Batch":
+        """The batch in page-locked host memory, so that `to(cuda)` copies asynchronously."""
+        return Batch(*(t.pin_memory() for t in (self.src, self.tgt_in, self.tgt_out)),
+                     tgt_tokens=self.tgt_tokens)
 
 
-def _pad(rows: Sequence[Sequence[int]], prefix: Sequence[int] = (), suffix: Sequence[int] = ()) -> torch.Tensor:
-    """Right-pad rows (with optional prefix/suffix ids) into a (B, T) long tensor."""
-    width = max(len(r) for r in rows) + len(prefix) + len(suffix)
-    out = np.full((len(rows), width), PAD_ID, dtype=np.int64)
-    for i, r in enumerate(rows):
-        row = [*prefix, *r, *suffix]
-        out[i, :len(row)] = row
-    return torch.from_numpy(out)
+def round_up(width: int, multiple: int) -> int:
+    """`width` rounded up to a multiple of `multiple` (the shape ladder of padded batches)."""
+    return -(-width // multiple) * multiple
+
+
+def _pad_flat(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray, prefix: Optional[int] = None,
+              suffix: Optional[int] = None, multiple: int = 1) -> torch.Tensor:
+    """Rows `idx` of a flat ragged array (Arrow list layout) -> a right-padded (B, T) long tensor,
+    T rounded up to a multiple of `multiple`."""
+    return torch.from_numpy(_padded(*_gather(values, offsets, idx), prefix, suffix, multiple))
+
+
+def _gather(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the ids of rows `idx` one after another, their lengths): work in real tokens, not B * T."""
+    starts, lens = offsets[idx], offsets[idx + 1] - offsets[idx]
+    ends = np.cumsum(lens)
+    # Position k of the output is row r's token k - (ends[r] - lens[r]), at starts[r] + that.
+    shift = np.repeat(starts - (ends - lens), lens)
+    return values[np.arange(int(ends[-1]) if len(ends) else 0) + shift], lens
+
+
+def _padded(tokens: np.ndarray, lens: np.ndarray, prefix: Optional[int], suffix: Optional[int],
+            multiple: int) -> np.ndarray:
+    """Gathered rows -> (B, T) int64 ids: optional prefix and suffix id, PAD after, T on the ladder."""
+    first = int(prefix is not None)
+    longest = int(lens.max()) if len(lens) else 0
+    width = round_up(longest + first + int(suffix is not None), multiple)
+    out = np.full((len(lens), width), PAD_ID, dtype=np.int64)
+    row_starts = np.arange(len(lens)) * width + first  # flat index of each row's first token
+    ends = np.cumsum(lens)
+    out.reshape(-1)[np.arange(len(tokens)) + np.repeat(row_starts - (ends - lens), lens)] = tokens
+    if prefix is not None:
+        out[:, 0] = prefix
+    if suffix is not None:
+        out.reshape(-1)[row_starts + lens] = suffix
+    return out
+
+
+def pad_batch(rows: Sequence[Sequence[int]], device: torch.device | str = "cpu", prefix: Optional[int] = None,
+              suffix: Optional[int] = None, multiple: int = 1) -> torch.Tensor:
+    """Right-pad lists of ids (with an optional prefix/suffix id) into a (B, T) long tensor."""
+    lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    values = np.fromiter((i for r in rows for i in r), dtype=np.int64, count=int(offsets[-1]))
+    return _pad_flat(values, offsets, np.arange(len(rows)), prefix, suffix, multiple).to(device)
 
 
 def collate(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]) -> Batch:
     """Source ids (EOS included) and raw target ids -> a padded `Batch`."""
-    return Batch(src=_pad(src_ids), tgt_in=_pad(tgt_ids, prefix=[BOS_ID]),
-                 tgt_out=_pad(tgt_ids, suffix=[EOS_ID]))
+    return Batch(src=pad_batch(src_ids), tgt_in=pad_batch(tgt_ids, prefix=BOS_ID),
+                 tgt_out=pad_batch(tgt_ids, suffix=EOS_ID), tgt_tokens=sum(map(len, tgt_ids)) + len(tgt_ids))
+
+
+def collate_flat(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray],
+                 idx: np.ndarray, pad_multiple: int = 1) -> Batch:
+    """Like `collate`, from (values, offsets) of raw source and target ids: EOS/BOS are added
+    here, and both widths are rounded up to a multiple of `pad_multiple`."""
+    tgt_tokens, tgt_lens = _gather(*tgt, idx)
+    return Batch(src=torch.from_numpy(_padded(*_gather(*src, idx), None, EOS_ID, pad_multiple)),
+                 tgt_in=torch.from_numpy(_padded(tgt_tokens, tgt_lens, BOS_ID, None, pad_multiple)),
+                 tgt_out=torch.from_numpy(_padded(tgt_tokens, tgt_lens, None, EOS_ID, pad_multiple)),
+                 tgt_tokens=len(tgt_tokens) + len(idx))  # + EOS per row
 
 
 def token_budget_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
-                         rng: np.random.Generator) -> list[np.ndarray]:
-    """Cut one window of rows into batches whose padded size rows * longest <= max_tokens.
+                         rng: np.random.Generator, pad_multiple: int = 1) -> list[np.ndarray]:
+    """Cut one window of rows into batches whose padded size rows * width <= max_tokens, where
+    width is the longest row rounded up to a multiple of `pad_multiple`.
 
     Rows are sorted by their longer side, then source, then target length (ties at random):
     a batch's rows then share both lengths as far as the window allows, which pads less
     than sorting by the longer side alone (Multi30k, half an epoch in one window of 16k
-    rows, 2048-token batches: 0.957 vs 0.928 of the tokens are real; benchmarks/speed.py). The batch order is shuffled. `tgt_lens` count the EOS/BOS-extended target.
+    rows, 2048-token batches: 0.957 vs 0.928 of the tokens are real; benchmarks/speed.py).
+    The batch order is shuffled. `tgt_lens` count the EOS/BOS-extended target.
     """
     longest = np.maximum(src_lens, tgt_lens)
     order = np.lexsort((rng.random(len(longest)), tgt_lens, src_lens, longest))  # last key first
-    batches, start, batch_max = [], 0, 0
-    for pos, i in enumerate(order):
-        new_max = max(batch_max, int(longest[i]))
-        if pos > start and new_max * (pos - start + 1) > max_tokens:
-            batches.append(order[start:pos])
-            start, new_max = pos, int(longest[i])
-        batch_max = new_max
-    if len(order) > start:
-        batches.append(order[start:])
+    width = round_up(longest[order].astype(np.int64), pad_multiple)  # non-decreasing
+    batches = [order[lo:hi] for lo, hi in budget_cuts(width, max_tokens)]
     rng.shuffle(batches)
     return batches
 
 
-def _pad_flat(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray, prefix: Optional[int] = None,
-              suffix: Optional[int] = None) -> torch.Tensor:
-    """Rows `idx` of a flat ragged array (Arrow list layout) -> a right-padded (B, T) long tensor."""
-    starts, lens = offsets[idx], offsets[idx + 1] - offsets[idx]
-    first = int(prefix is not None)
-    longest = int(lens.max()) if len(idx) else 0
-    out = np.full((len(idx), longest + first + int(suffix is not None)), PAD_ID, dtype=np.int64)
-    inside = np.arange(longest)[None, :] < lens[:, None]  # (B, L)
-    positions = starts[:, None] + np.arange(longest)[None, :]
-    out[:, first:first + longest][inside] = values[positions[inside]]
-    if prefix is not None:
-        out[:, 0] = prefix
-    if suffix is not None:
-        out[np.arange(len(idx)), first + lens] = suffix
-    return torch.from_numpy(out)
-
-
-def collate_flat(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray],
-                 idx: np.ndarray) -> Batch:
-    """Like `collate`, from (values, offsets) of raw source and target ids: EOS/BOS are added here."""
-    return Batch(src=_pad_flat(*src, idx, suffix=EOS_ID), tgt_in=_pad_flat(*tgt, idx, prefix=BOS_ID),
-                 tgt_out=_pad_flat(*tgt, idx, suffix=EOS_ID))
+def budget_cuts(width: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
+    """Greedy [lo, hi) cuts of rows with non-decreasing widths: each batch takes as many rows
+    as fit, rows * width[hi - 1] <= max_tokens (at least one row, even an over-long one)."""
+    cuts, lo, n = [], 0, len(width)
+    while lo < n:
+        # The cost of ending at lo + k is width[lo + k - 1] * k: non-decreasing in k, and no
+        # batch holds more than max_tokens // width[lo] rows, so search only that far.
+        k_max = min(n - lo, max(1, max_tokens // max(int(width[lo]), 1)))
+        cost = width[lo:lo + k_max] * np.arange(1, k_max + 1)
+        k = max(1, int(np.searchsorted(cost, max_tokens, side="right")))
+        cuts.append((lo, lo + k))
+        lo += k
+    return cuts
 
 
 def chunk_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, window_rows: int, max_tokens: int,
-                  rng: np.random.Generator, shuffle: bool = True) -> list[np.ndarray]:
+                  rng: np.random.Generator, shuffle: bool = True, pad_multiple: int = 1) -> list[np.ndarray]:
     """Token-budget batches (row indices) of one chunk: rows permuted, cut into length-sorted
     windows, batches of every window shuffled together. Lengths include EOS/BOS."""
     order = rng.permutation(len(src_lens)) if shuffle else np.arange(len(src_lens))
     batches: list[np.ndarray] = []
     for start in range(0, len(order), window_rows):
         rows = order[start:start + window_rows]
-        batches += [rows[b] for b in token_budget_batches(src_lens[rows], tgt_lens[rows], max_tokens, rng)]
+        batches += [rows[b] for b in token_budget_batches(src_lens[rows], tgt_lens[rows], max_tokens, rng,
+                                                          pad_multiple)]
     rng.shuffle(batches)
     return batches

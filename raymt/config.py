@@ -62,8 +62,40 @@ class ModelConfig:
 
 
 @dataclass
-class DataConfig:
-    """Corpus, tokenizer and batching."""
+class CorpusOptions:
+    """How training pairs are tokenized and cleaned when a corpus is prepared: the same fields
+    for `python -m raymt.data prepare` (PrepareConfig) and for a run that prepares its own
+    corpus from --train files or the built-in corpus (DataConfig, as data.*)."""
+
+    sp_model_type: str = "unigram"
+    # Sentence pairs sampled to train SentencePiece: bounded, never the whole corpus.
+    sp_sample_size: int = 200_000
+    # Pairs with more tokens than this on either side are dropped.
+    max_len: int = 200
+    # Pairs longer than this in characters are dropped before tokenizing (cheap guard).
+    max_chars: int = 2000
+    # Pairs whose token-length ratio exceeds max_ratio are dropped (misalignments) ...
+    max_ratio: float = 3.0
+    # ... when the longer side has at least this many tokens (short pairs vary a lot).
+    ratio_min_len: int = 3
+    # Drop exact duplicate (src, tgt) pairs, keeping the first in input order.
+    dedup: bool = False
+    # Drop and count lines that are not valid UTF-8 instead of failing.
+    skip_invalid: bool = False
+
+    def check_corpus_options(self, section: str) -> None:
+        """Validate the shared fields; messages name them as `section.field`."""
+        _positive(self, section, "sp_sample_size", "max_len", "max_chars")
+        _check(self.sp_model_type in SP_MODEL_TYPES,
+               f"{section}.sp_model_type={self.sp_model_type!r} must be one of {', '.join(SP_MODEL_TYPES)}")
+        _check(self.max_ratio >= 1.0, f"{section}.max_ratio={self.max_ratio!r} must be >= 1")
+        _check(self.ratio_min_len >= 1, f"{section}.ratio_min_len={self.ratio_min_len} must be >= 1")
+
+
+@dataclass
+class DataConfig(CorpusOptions):
+    """Corpus, tokenizer and batching (the cleaning fields of CorpusOptions apply when the run
+    prepares its own corpus; a prepared --corpus keeps the options it was made with)."""
 
     src_lang: str = "en"
     tgt_lang: str = "de"
@@ -79,29 +111,29 @@ class DataConfig:
     builtin_eval_size: int = 500
     # Joint SentencePiece vocabulary; None: 8000 for corpus files, 1000 for the built-in corpus.
     vocab_size: Optional[int] = None
-    sp_model_type: str = "unigram"
-    sp_sample_size: int = 200_000
     # Per worker and micro-batch: rows * longest row (padding included) stays under this.
     max_tokens: int = 2048
     # Rows per length-sorted window from which token-budget batches are cut: the more rows,
     # the more alike the lengths in a batch (less padding), the less random its composition.
     window_rows: int = 16384
+    # Training batches' widths (src and tgt) are padded up to a multiple of this, and the
+    # token budget counts the padded width: an epoch then has few distinct batch shapes
+    # (kernels and torch.compile see a small ladder). 1: no rounding.
+    pad_multiple: int = 8
     shuffle_buffer_rows: int = 16384
-    max_len: int = 200
     eval_batch_size: int = 64
 
     def __post_init__(self) -> None:
         _check(self.src_lang != self.tgt_lang,
                f"data.src_lang and data.tgt_lang are both {self.src_lang!r}: pick two languages")
-        _positive(self, "data", "builtin_train_size", "builtin_eval_size", "sp_sample_size",
-                  "max_tokens", "window_rows", "max_len", "eval_batch_size")
+        self.check_corpus_options("data")
+        _positive(self, "data", "builtin_train_size", "builtin_eval_size", "max_tokens",
+                  "window_rows", "eval_batch_size", "pad_multiple")
         if self.vocab_size is not None:
             _positive(self, "data", "vocab_size")
             _check(self.vocab_size % 8 == 0,
                    f"data.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. "
                    f"{(self.vocab_size + 7) // 8 * 8})")
-        _check(self.sp_model_type in SP_MODEL_TYPES,
-               f"data.sp_model_type={self.sp_model_type!r} must be one of {', '.join(SP_MODEL_TYPES)}")
         _check(self.max_tokens >= self.max_len + 2,
                f"data.max_tokens={self.max_tokens} must be at least data.max_len + 2 = "
                f"{self.max_len + 2} so that every kept sentence fits in a batch")
@@ -417,28 +449,13 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 @dataclass
-class PrepareConfig:
+class PrepareConfig(CorpusOptions):
     """`python -m raymt.data prepare`: cleaning, tokenizer and sharding of a raw parallel corpus."""
 
     src_lang: str = "en"
     tgt_lang: str = "de"
     # Joint SentencePiece vocabulary (one model for both languages).
     vocab_size: int = 8000
-    sp_model_type: str = "unigram"
-    # Sentence pairs sampled to train SentencePiece: bounded, never the whole corpus.
-    sp_sample_size: int = 200_000
-    # Pairs with more tokens than this on either side are dropped.
-    max_len: int = 200
-    # Pairs longer than this in characters are dropped before tokenizing (cheap guard).
-    max_chars: int = 2000
-    # Pairs whose token-length ratio exceeds max_ratio are dropped (misalignments) ...
-    max_ratio: float = 3.0
-    # ... when the longer side has at least this many tokens (short pairs vary a lot).
-    ratio_min_len: int = 3
-    # Drop exact duplicate (src, tgt) pairs, keeping the first in input order.
-    dedup: bool = False
-    # Drop and count lines that are not valid UTF-8 instead of failing.
-    skip_invalid: bool = False
     # At most this many pairs per Parquet shard.
     shard_pairs: int = 100_000
     seed: int = 1
@@ -450,12 +467,16 @@ class PrepareConfig:
                    f"prepare.{name}={value!r} must be a language code such as en or pt_BR")
         _check(self.src_lang != self.tgt_lang,
                f"prepare.src_lang and prepare.tgt_lang are both {self.src_lang!r}: pick two languages")
-        _positive(self, "prepare", "vocab_size", "sp_sample_size", "max_len", "max_chars",
-                  "shard_pairs")
+        self.check_corpus_options("prepare")
+        _positive(self, "prepare", "vocab_size", "shard_pairs")
         _check(self.vocab_size % 8 == 0,
                f"prepare.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. "
                f"{(self.vocab_size + 7) // 8 * 8})")
-        _check(self.sp_model_type in SP_MODEL_TYPES,
-               f"prepare.sp_model_type={self.sp_model_type!r} must be one of {', '.join(SP_MODEL_TYPES)}")
-        _check(self.max_ratio >= 1.0, f"prepare.max_ratio={self.max_ratio!r} must be >= 1")
-        _check(self.ratio_min_len >= 1, f"prepare.ratio_min_len={self.ratio_min_len} must be >= 1")
+
+
+def run_prepare_config(cfg: Config) -> PrepareConfig:
+    """The PrepareConfig of a run that prepares its own corpus (--train files or the built-in
+    corpus): every CorpusOptions field comes from data.*, so no cleaning option is dropped."""
+    shared = {f.name: getattr(cfg.data, f.name) for f in dataclasses.fields(CorpusOptions)}
+    return PrepareConfig(src_lang=cfg.data.src_lang, tgt_lang=cfg.data.tgt_lang,
+                         vocab_size=cfg.data.sp_vocab_size(), seed=cfg.train.seed, **shared)

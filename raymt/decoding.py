@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from raymt.batching import pad_batch
 from raymt.config import DecodeOptions
 from raymt.model import Cache, Transformer, reorder_cache
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -228,15 +229,6 @@ def decode_nbest(model: Transformer, src: torch.Tensor, opts: DecodeOptions,
 def decode(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[list[int]]:
     """Greedy when opts.beam == 1, beam search otherwise."""
     return greedy(model, src, opts) if opts.beam == 1 else beam_search(model, src, opts)
-
-
-def pad_batch(rows: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> torch.Tensor:
-    """Right-pad lists of ids into a (B, T) tensor."""
-    width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.as_tensor(r, dtype=torch.long)
-    return out.to(device)
 
 
 def encode_sources(tokenizer: Tokenizer, sentences: Sequence[str], max_positions: int) -> list[list[int]]:

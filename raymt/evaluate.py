@@ -27,7 +27,7 @@ import torch
 from raymt import metrics
 from raymt.checkpoint import check_checkpoint, load_model
 from raymt.cluster import Plan, init_ray, plan
-from raymt.data import Pairs, read_parallel
+from raymt.data.text import Pairs, read_parallel
 from raymt.decoding import DecodeOptions, decode_ids, encode_sources, length_batches
 from raymt.tokenizer import Tokenizer
 

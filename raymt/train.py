@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from raymt import corpus, data
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
 from raymt.cluster import Plan, init_ray, plan, train_logging
 from raymt.config import Config, apply_overrides, flatten, load_file, parse_set_args, preset
+from raymt.data import builtin, text
+from raymt.data import format as corpus_format
 from raymt.decoding import translate
 from raymt.metrics import score
 from raymt.tokenizer import Tokenizer
@@ -96,37 +97,37 @@ class RunData:
 def plan_data(cfg: Config, run_dir: Path, resume_dir: Optional[Path],
               init_checkpoint: Optional[Path]) -> tuple[Config, RunData]:
     """Check every input and read the small sets; nothing here needs Ray."""
-    from raymt import prepare
+    from raymt.data import prepare
 
     known = _known_tokenizer(resume_dir, init_checkpoint)
     if cfg.data.corpus is not None:
-        manifest = prepare.read_manifest(cfg.data.corpus)
+        manifest = corpus_format.read_manifest(cfg.data.corpus)
         cfg = apply_overrides(cfg, {"data.src_lang": manifest["src_lang"],
                                     "data.tgt_lang": manifest["tgt_lang"]})
-        tokenizer = prepare.load_tokenizer(cfg.data.corpus, manifest)
+        tokenizer = corpus_format.load_tokenizer(cfg.data.corpus, manifest)
         if known is not None and known.model_proto != tokenizer.model_proto:
             raise ValueError(f"{init_checkpoint or resume_dir} has a different SentencePiece model "
                              f"than the corpus {cfg.data.corpus}: prepare the corpus with that "
                              "model, or train from scratch")
         tests = sorted(manifest["splits"].get("test", {}))
-        eval_sets = {"valid": (data.read_parallel(cfg.data.valid, cfg.data.src_lang, cfg.data.tgt_lang)
-                               if cfg.data.valid else prepare.eval_pairs(cfg.data.corpus, manifest, "valid"))}
+        eval_sets = {"valid": (text.read_parallel(cfg.data.valid, cfg.data.src_lang, cfg.data.tgt_lang)
+                               if cfg.data.valid else corpus_format.eval_pairs(cfg.data.corpus, manifest, "valid"))}
         if cfg.data.test:
-            eval_sets["test"] = data.read_parallel(cfg.data.test, cfg.data.src_lang, cfg.data.tgt_lang)
+            eval_sets["test"] = text.read_parallel(cfg.data.test, cfg.data.src_lang, cfg.data.tgt_lang)
         elif tests:
-            eval_sets["test"] = prepare.eval_pairs(cfg.data.corpus, manifest, tests[0])
+            eval_sets["test"] = corpus_format.eval_pairs(cfg.data.corpus, manifest, tests[0])
         return cfg, RunData(cfg.data.corpus, eval_sets, tokenizer)
     corpus_dir = run_dir / CORPUS_DIR
     if cfg.data.train is None:
-        splits = corpus.builtin_splits(cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.builtin_train_size,
+        splits = builtin.builtin_splits(cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.builtin_train_size,
                                        cfg.data.builtin_eval_size, cfg.train.seed)
         sources = [prepare.Source(kind="pairs", pairs=splits.pop("train"))]
     else:
-        paths = tuple(str(data.resolve(cfg.data.train, lang)) for lang in (cfg.data.src_lang, cfg.data.tgt_lang))
+        paths = tuple(str(text.resolve(cfg.data.train, lang)) for lang in (cfg.data.src_lang, cfg.data.tgt_lang))
         sources = [prepare.Source(kind="text", paths=paths)]
-        splits = {"valid": data.read_parallel(cfg.data.valid, cfg.data.src_lang, cfg.data.tgt_lang)}
+        splits = {"valid": text.read_parallel(cfg.data.valid, cfg.data.src_lang, cfg.data.tgt_lang)}
         if cfg.data.test:
-            splits["test"] = data.read_parallel(cfg.data.test, cfg.data.src_lang, cfg.data.tgt_lang)
+            splits["test"] = text.read_parallel(cfg.data.test, cfg.data.src_lang, cfg.data.tgt_lang)
     if (corpus_dir / "manifest.json").is_file() and resume_dir is not None:
         sources = None  # prepared when the run started
     return cfg, RunData(str(corpus_dir), splits, known, sources)
@@ -142,19 +143,16 @@ def _known_tokenizer(resume_dir: Optional[Path], init_checkpoint: Optional[Path]
 
 def materialize(cfg: Config, run_data: RunData) -> tuple[list[tuple[str, int]], Tokenizer]:
     """Prepare the corpus if the run makes its own (Ray Data), then list its training shards."""
-    from raymt import prepare
-    from raymt.config import PrepareConfig
+    from raymt.config import run_prepare_config
+    from raymt.data import prepare
 
     if run_data.sources is not None:
-        options = PrepareConfig(src_lang=cfg.data.src_lang, tgt_lang=cfg.data.tgt_lang,
-                                vocab_size=cfg.data.sp_vocab_size(), sp_model_type=cfg.data.sp_model_type,
-                                sp_sample_size=cfg.data.sp_sample_size, max_len=cfg.data.max_len,
-                                seed=cfg.train.seed)
+        options = run_prepare_config(cfg)
         valid = [prepare.Source(kind="pairs", pairs=run_data.eval_sets["valid"])]
         prepare.prepare_corpus(options, run_data.corpus, run_data.sources, valid,
                                tokenizer=run_data.tokenizer)
-    manifest = prepare.read_manifest(run_data.corpus)
-    return prepare.train_files(run_data.corpus, manifest), prepare.load_tokenizer(run_data.corpus, manifest)
+    manifest = corpus_format.read_manifest(run_data.corpus)
+    return corpus_format.train_files(run_data.corpus, manifest), corpus_format.load_tokenizer(run_data.corpus, manifest)
 
 
 SHAPE_FIELDS = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers",
@@ -198,12 +196,12 @@ def scaling(cfg: Config) -> Plan:
     return plan(cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker)
 
 
-def fit(cfg: Config, train_files: list, valid: data.Pairs, tokenizer: Tokenizer,
+def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
         init_checkpoint: Optional[Path], log_dir: Optional[Path] = None,
         callbacks: Optional[list] = None, init_full_state: bool = False, verbose: bool = False):
     """Run the TorchTrainer; returns Ray's Result.
 
-    Workers read their own slices of `train_files` with Ray Data (raymt.stream), so no
+    Workers read their own slices of `train_files` with Ray Data (raymt.data.stream), so no
     dataset is split by Ray Train; validation rows travel in the config, every one scored.
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -212,7 +210,7 @@ def fit(cfg: Config, train_files: list, valid: data.Pairs, tokenizer: Tokenizer,
     from raymt.worker import train_loop_per_worker
 
     workers = scaling(cfg)
-    valid_rows = data.eval_rows(valid, tokenizer, cfg.model.max_positions)
+    valid_rows = corpus_format.eval_rows(valid, tokenizer, cfg.model.max_positions)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -243,7 +241,7 @@ def best_checkpoint(result):
     return max(scored, key=lambda x: x[0])[1]
 
 
-def test_scores(checkpoint: str | Path, pairs: data.Pairs, cfg: Config) -> dict:
+def test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config) -> dict:
     """Beam-search the test set on the driver with the best checkpoint and score it."""
     model, tokenizer, _ = load_model(checkpoint)
     return score(translate(model, tokenizer, pairs[0], cfg.decode), pairs[1])

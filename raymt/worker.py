@@ -21,7 +21,7 @@ from raymt.config import Config
 from raymt.metrics import MetricsLog
 from raymt.model import build_model
 from raymt.profiling import StepProfiler
-from raymt.stream import Position, TrainStream, restore_position
+from raymt.data.stream import Position, TrainStream, restore_position
 from raymt.tokenizer import Tokenizer
 from raymt.trainer import (Collective, Trainer, Update, autocast_for, collate_eval, compile_model,
                            evaluate, precision_line, restore_training, rng_state, set_rng_state, unwrap)
@@ -192,7 +192,8 @@ class WorkerLoop(Trainer):
     def open_stream(self, position: Position, start: bool = True) -> TrainStream:
         """This worker's stream of the epoch `position` is in, reading ahead once started."""
         stream = TrainStream(self.train_files, self.cfg.data, self.cfg.train.seed, self.rank,
-                             self.world_size, position, trace=self.trace is not None)
+                             self.world_size, position, trace=self.trace is not None,
+                             pin_memory=self.device.type == "cuda")
         return stream.start() if start else stream
 
     def mark(self) -> tuple[Position, list[str]]:

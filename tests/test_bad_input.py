@@ -3,7 +3,8 @@ code 2, nothing written. (Corpus rows of the README's table are in test_prepare.
 
 import pytest
 
-from raymt import prepare, train, translate
+from raymt import train, translate
+from raymt.data import prepare
 from raymt.config import PrepareConfig
 from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401
 

@@ -4,8 +4,10 @@ import dataclasses
 
 import pytest
 
-from raymt import data, download, prepare
 from raymt.config import Config, apply_overrides, tiny
+from raymt.data import download
+from raymt.data import format as corpus_format
+from raymt.data.__main__ import main
 from test_download import MULTI30K, serve
 
 pytestmark = [pytest.mark.timeout(600),
@@ -20,12 +22,12 @@ def test_prepare_multi30k_over_http_then_train(ray_cluster, tmp_path, monkeypatc
         spec, test_sets={"test_2016_flickr": spec.test_sets["test_2016_flickr"]}))
     out = tmp_path / "corpus"
     with serve(MULTI30K) as server:
-        status = data.main(["prepare", "--dataset", "multi30k", "--src", "en", "--tgt", "de",
+        status = main(["prepare", "--dataset", "multi30k", "--src", "en", "--tgt", "de",
                             "--mirror", server.url, "--cache-dir", str(tmp_path / "cache"),
                             "--out", str(out), "--vocab-size", "1000", "--shard-pairs", "8000"])
     assert status == 0, capsys.readouterr().err
-    manifest = prepare.read_manifest(str(out))
-    files = prepare.train_files(str(out), manifest)
+    manifest = corpus_format.read_manifest(str(out))
+    files = corpus_format.train_files(str(out), manifest)
     assert len(files) >= 4 and max(f.num_pairs for f in files) <= 8000
     assert sum(f.num_pairs for f in files) == manifest["splits"]["train"]["num_pairs"]
     assert manifest["splits"]["train"]["input_pairs"] == 29000

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from raymt import download
-from raymt.download import fetch_dataset
+from raymt.data import download
+from raymt.data.download import fetch_dataset
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 needs_multi30k = pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"{MULTI30K} is missing")

@@ -10,7 +10,7 @@ import torch
 
 from raymt import evaluate, metrics
 from raymt.checkpoint import load_model
-from raymt.data import read_parallel
+from raymt.data.text import read_parallel
 from raymt.decoding import DecodeOptions, translate_nbest
 from tiny_checkpoint import make_checkpoint, write_pairs
 

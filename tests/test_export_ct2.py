@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from raymt import export
 from raymt.checkpoint import save_checkpoint
 from raymt.config import Config, DataConfig, tiny
-from raymt.corpus import generate
+from raymt.data.builtin import generate
 from raymt.decoding import DecodeOptions, beam_search_nbest, encode_sources, greedy, pad_batch
 from raymt.model import Transformer
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID

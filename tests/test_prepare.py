@@ -10,9 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raymt import prepare
 from raymt.config import PrepareConfig
-from raymt.data import main
+from raymt.data import format as corpus_format
+from raymt.data import prepare
+from raymt.data.__main__ import main
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
@@ -50,10 +51,10 @@ def write_prefix(prefix: Path, pairs: list[tuple], compress: str = "") -> str:
 
 def decoded_train(out: Path) -> Counter:
     """The training shards decoded back to text, as a multiset of pairs."""
-    manifest = prepare.read_manifest(str(out))
-    tokenizer = prepare.load_tokenizer(str(out), manifest)
+    manifest = corpus_format.read_manifest(str(out))
+    tokenizer = corpus_format.load_tokenizer(str(out), manifest)
     pairs: Counter = Counter()
-    for path, num_pairs, index in prepare.train_files(str(out), manifest):
+    for path, num_pairs, index in corpus_format.train_files(str(out), manifest):
         table = pq.read_table(path)
         assert table.num_rows == num_pairs and table.schema.field("src_ids").type == pa.list_(pa.int32())
         lengths = [len(s) + len(t) for s, t in zip(table.column("src_ids").to_pylist(),
@@ -98,13 +99,13 @@ def test_text_gz_corpus_end_to_end(ray_cluster, tmp_path, capsys):
     assert [f["path"] for f in train_split["files"]] == [f"train/part-{i:05d}.parquet" for i in range(6)]
     assert all(f["num_pairs"] <= 7 for f in train_split["files"])
     assert decoded_train(out) == Counter((s.strip(), t.strip()) for s, t in train)
-    tokenizer = prepare.load_tokenizer(str(out), manifest)
+    tokenizer = corpus_format.load_tokenizer(str(out), manifest)
     for side, name in ((0, "src_tokens"), (1, "tgt_tokens")):
         assert train_split[name] == sum(len(tokenizer.encode(p[side].strip())) for p in train)
     # Validation and test sets keep every row (the empty one too), stripped.
-    src, tgt = prepare.eval_pairs(str(out), manifest, "valid")
+    src, tgt = corpus_format.eval_pairs(str(out), manifest, "valid")
     assert (src[-1], tgt[-1], len(src)) == ("", "leer", 6)
-    assert prepare.eval_pairs(str(out), manifest, "newstest")[0] == [s for s, _ in mirrored(3, 200)]
+    assert corpus_format.eval_pairs(str(out), manifest, "newstest")[0] == [s for s, _ in mirrored(3, 200)]
     assert not list(tmp_path.glob("corpus.tmp-*"))
 
 
@@ -258,8 +259,8 @@ def test_pairs_source_with_a_given_tokenizer(ray_cluster, tmp_path):
     manifest = prepare.prepare_corpus(cfg, str(tmp_path / "c"), [prepare.Source("pairs", pairs=(src, tgt))],
                                       [prepare.Source("pairs", pairs=(src[:5], tgt[:5]))],
                                       tokenizer=tokenizer)
-    assert prepare.load_tokenizer(str(tmp_path / "c"), manifest).model_proto == tokenizer.model_proto
-    assert [f.num_pairs for f in prepare.train_files(str(tmp_path / "c"), manifest)] == [20, 20, 10]
+    assert corpus_format.load_tokenizer(str(tmp_path / "c"), manifest).model_proto == tokenizer.model_proto
+    assert [f.num_pairs for f in corpus_format.train_files(str(tmp_path / "c"), manifest)] == [20, 20, 10]
     assert decoded_train(tmp_path / "c") == Counter(pairs)
 
 
@@ -279,7 +280,7 @@ def test_specs_and_manifest_errors(tmp_path):
         https = prepare.Source("tsv", ("https://example.com/x.tsv",))
         prepare.check_sources(cfg, [https], [https])
     with pytest.raises(ValueError, match=r"no manifest\.json"):
-        prepare.read_manifest(str(tmp_path))
+        corpus_format.read_manifest(str(tmp_path))
     with pytest.raises(ValueError, match="must be >= 1"):
         PrepareConfig(max_ratio=0.5)
     with pytest.raises(ValueError, match="both 'de'"):
@@ -291,7 +292,7 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
     import sys
     import types
 
-    from raymt.data import prepare_config, prepare_parser, prepare_sources
+    from raymt.data.__main__ import prepare_config, prepare_parser, prepare_sources
 
     calls = []
 
@@ -300,7 +301,7 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
         return {split: (f"{cache_dir}/{split}.{src_lang}", f"{cache_dir}/{split}.{tgt_lang}")
                 for split in ("train", "valid", "test_2016_flickr")}
 
-    monkeypatch.setitem(sys.modules, "raymt.download", types.SimpleNamespace(fetch_dataset=fetch_dataset))
+    monkeypatch.setitem(sys.modules, "raymt.data.download", types.SimpleNamespace(fetch_dataset=fetch_dataset))
     monkeypatch.setenv("RAYMT_CACHE", str(tmp_path / "cache"))
     extra = write_prefix(tmp_path / "extra", mirrored(2))
 
@@ -330,11 +331,41 @@ def test_multi30k_cli(ray_cluster, tmp_path, capsys):
                                   "--valid", str(MULTI30K / "val"), "--test", str(MULTI30K / "test_2016_flickr"),
                                   "--vocab-size", "2000", "--shard-pairs", "10000")
     assert status == 0, err
-    manifest = prepare.read_manifest(str(out))
+    manifest = corpus_format.read_manifest(str(out))
     train = manifest["splits"]["train"]
     assert train["input_pairs"] == 29000 and train["num_pairs"] > 28900
-    sizes = [f.num_pairs for f in prepare.train_files(str(out), manifest)]
+    sizes = [f.num_pairs for f in corpus_format.train_files(str(out), manifest)]
     assert sum(sizes) == train["num_pairs"] and max(sizes) == 10000 and len(sizes) <= 4
     assert manifest["splits"]["valid"]["num_pairs"] == 1014
     assert manifest["splits"]["test"]["test_2016_flickr"]["num_pairs"] == 1000
     assert 1000 < manifest["vocab_size"] <= 2000
+
+
+def test_train_run_prepares_with_the_data_cleaning_options(ray_cluster, tmp_path):
+    """A --train run's prepare stage applies data.max_ratio and data.dedup (the PrepareConfig fields)."""
+    from raymt.data.prepare import _token_rule
+    from raymt.train import build_config, materialize, parse_args, plan_data
+
+    # Pairs whose target has about twice the source's words: kept at the default max_ratio 3,
+    # dropped at 1.5; and 4 exact duplicates, dropped only under data.dedup.
+    doubled = [(sentence(i, 3), sentence(i, 3) + " " + sentence(i + 1, 3)) for i in range(300, 330)]
+    pairs = mirrored(120) + doubled + mirrored(4)
+    prefix = write_prefix(tmp_path / "train", pairs)
+    valid = write_prefix(tmp_path / "valid", mirrored(5, 500))
+    args = parse_args(["--train", prefix, "--valid", valid, "--storage-path", str(tmp_path / "runs"),
+                       "--set", "data.max_ratio=1.5", "--set", "data.dedup=true",
+                       "--set", "data.vocab_size=80", "--set", "data.sp_model_type=bpe"])
+    cfg, run_data = plan_data(build_config(args), tmp_path / "run", None, None)
+    _, tokenizer = materialize(cfg, run_data)
+    manifest = corpus_format.read_manifest(run_data.corpus)
+    options = manifest["options"]
+    assert (options["max_ratio"], options["dedup"], options["vocab_size"]) == (1.5, True, 80)
+
+    def ratio_drops(max_ratio: float) -> int:
+        rule = {"max_len": cfg.data.max_len, "max_ratio": max_ratio, "ratio_min_len": cfg.data.ratio_min_len}
+        return sum(_token_rule(len(tokenizer.encode(s)), len(tokenizer.encode(t)), rule) == "ratio"
+                   for s, t in pairs)
+
+    dropped = manifest["splits"]["train"]["dropped"]
+    assert dropped["ratio"] == ratio_drops(1.5) > ratio_drops(3.0)
+    assert dropped["duplicate"] == 4

@@ -11,10 +11,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raymt import prepare
+from raymt.data import prepare
+from raymt.data.text import decode
 from raymt.trainer import Collective, Done, lockstep
 from raymt.batching import chunk_batches, collate
-from raymt.stream import TOKEN_INDEX_ROWS, Shard, epoch_slice, token_index
+from raymt.data.format import TOKEN_INDEX_ROWS, Shard, token_index
+from raymt.data.stream import epoch_slice
 from raymt.tokenizer import EOS_ID
 from tiny_checkpoint import tokenizer
 
@@ -49,7 +51,7 @@ def test_cleaning_and_tokenizing_any_unicode_accounts_for_every_pair(rows):
 @given(st.binary(max_size=80))
 def test_any_bytes_decode_or_fail_in_one_line(raw):
     try:
-        text = prepare._decode(raw, "f.en", 7, "error")
+        text = decode(raw, "f.en", 7, "error")
     except ValueError as err:
         assert "f.en:7: not valid UTF-8" in str(err) and "\n" not in str(err)
     else:
@@ -58,8 +60,8 @@ def test_any_bytes_decode_or_fail_in_one_line(raw):
         expected = raw.decode("utf-8")
     except UnicodeDecodeError:
         expected = None  # skipped (and counted by the reader)
-    assert prepare._decode(raw, "f.en", 7, "skip") == expected
-    assert isinstance(prepare._decode(raw, "f.en", 7, "replace"), str)
+    assert decode(raw, "f.en", 7, "skip") == expected
+    assert isinstance(decode(raw, "f.en", 7, "replace"), str)
 
 
 @FAST

@@ -10,8 +10,8 @@ import torch
 
 from raymt.batching import collate, collate_flat
 from raymt.config import DataConfig
-from raymt.stream import (Position, Shard, TrainStream, epoch_slice, flat, restore_position,
-                          skip_rows, token_index)
+from raymt.data.format import Shard, token_index
+from raymt.data.stream import Position, TrainStream, epoch_slice, flat, restore_position, skip_rows
 
 
 def write_shards(tmp_path, sizes, seed=0):
@@ -79,9 +79,10 @@ def test_collate_flat_matches_collate():
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
-def stream(files, rank, world_size, position, **data):
+def stream(files, rank, world_size, position, num_epochs=1, **data):
     cfg = DataConfig(max_tokens=64, max_len=10, window_rows=50, shuffle_buffer_rows=120, **data)
-    return TrainStream(files, cfg, seed=3, rank=rank, world_size=world_size, position=position)
+    return TrainStream(files, cfg, seed=3, rank=rank, world_size=world_size, position=position,
+                       num_epochs=num_epochs)
 
 
 def test_streams_see_each_pair_once_and_repeat_exactly(ray_cluster, tmp_path):
@@ -125,3 +126,18 @@ def test_a_reader_error_reaches_the_training_loop(ray_cluster, tmp_path):
     with pytest.raises(Exception, match="missing.parquet"):
         list(broken)
     assert len(list(stream(files, 0, 1, Position(0)))) > 0
+
+
+def test_a_stream_over_epochs_is_the_epochs_one_after_another(ray_cluster, tmp_path):
+    files, _ = write_shards(tmp_path, [150, 260], seed=2)
+    each = []
+    for epoch in (3, 4):
+        one = stream(files, 0, 2, Position(epoch=epoch))
+        each += [(batch_pairs(b), one.position) for b in one]
+    both = stream(files, 0, 2, Position(epoch=3), num_epochs=2)
+    assert [(batch_pairs(b), both.position) for b in both] == each
+    # Resuming inside the second epoch of a two-epoch stream continues exactly.
+    position = each[len(each) - 5][1]
+    assert position.epoch == 4
+    tail = [batch_pairs(b) for b in stream(files, 0, 2, position)]
+    assert tail == [p for p, _ in each[-4:]]

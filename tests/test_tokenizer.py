@@ -2,12 +2,12 @@
 
 import itertools
 
-from raymt import corpus
+from raymt.data import builtin
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 
 
 def test_round_trip_and_special_ids(tmp_path):
-    src, tgt = corpus.generate(600, "en", "de", seed=3)
+    src, tgt = builtin.generate(600, "en", "de", seed=3)
     tok = train_tokenizer(itertools.chain(src, tgt), vocab_size=504, sample_size=500)
     assert tok.vocab_size % 8 == 0 and tok.vocab_size >= tok.sp.get_piece_size()
     assert (tok.sp.pad_id(), tok.sp.unk_id(), tok.sp.bos_id(), tok.sp.eos_id()) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
@@ -22,8 +22,8 @@ def test_round_trip_and_special_ids(tmp_path):
 
 
 def test_builtin_corpus_is_deterministic_and_held_out():
-    a = corpus.builtin_splits("en", "fr", 300, 40, seed=5)
-    b = corpus.builtin_splits("en", "fr", 300, 40, seed=5)
+    a = builtin.builtin_splits("en", "fr", 300, 40, seed=5)
+    b = builtin.builtin_splits("en", "fr", 300, 40, seed=5)
     assert a == b
     assert {k: len(v[0]) for k, v in a.items()} == {"train": 300, "valid": 40, "test": 40}
     train = set(a["train"][0])

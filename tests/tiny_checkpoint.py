@@ -9,7 +9,7 @@ import torch
 
 from raymt.checkpoint import save_checkpoint
 from raymt.config import Config, DataConfig, tiny
-from raymt.corpus import generate
+from raymt.data.builtin import generate
 from raymt.model import Transformer
 from raymt.tokenizer import Tokenizer, train_tokenizer
 

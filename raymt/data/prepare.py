@@ -1,12 +1,6 @@
 """Raw parallel corpora -> a training-ready corpus directory, with Ray Data end to end.
 
-Layout of a prepared corpus (paths in the manifest are relative to it):
-
-    manifest.json            options, inputs, fingerprint, counts per cleaning rule, shards
-    spm.model                the joint SentencePiece model
-    train/part-00000.parquet src_ids, tgt_ids: list<int32>, raw SentencePiece ids (no BOS/EOS)
-    valid.parquet            src, tgt: stripped text; nothing dropped, every row is scored
-    test/<name>.parquet      same as valid, one file per test set
+The layout of a prepared corpus is `raymt.data.format`.
 
 Training pairs go through two Ray Data passes and never sit in memory as a whole: the
 first reads and cleans every input and keeps a bottom-k hash sample for SentencePiece;
@@ -21,13 +15,11 @@ import contextlib
 import dataclasses
 import datetime
 import glob
-import gzip
 import hashlib
 import heapq
 import itertools
 import json
 import logging
-import lzma
 import os
 import re
 import secrets
@@ -47,19 +39,14 @@ import pyarrow.parquet as pq
 import raymt
 from raymt.cluster import init_ray, machine_cpus
 from raymt.config import PrepareConfig
-from raymt.stream import Shard, token_index
+from raymt.data.format import (COLUMNS, FORMAT, MANIFEST_FILE, MAX_BLOCK_BYTES, SPM_FILE, TEST_DIR,
+                               TRAIN_DIR, VALID_FILE, read_manifest, token_index)
+from raymt.data.text import COMPRESSED, InputError, decode, filesystem, first_line, lines, resolve
 from raymt.tokenizer import Tokenizer, train_tokenizer
 
-FORMAT = "raymt-corpus/1"
-MANIFEST_FILE = "manifest.json"
-SPM_FILE = "spm.model"
-VALID_FILE = "valid.parquet"
-TRAIN_DIR = "train"
-TEST_DIR = "test"
 KINDS = ("text", "tsv", "jsonl", "parquet", "pairs")
 # Cleaning rules in the order they apply; each pair is counted by the first rule that drops it.
 DROP_RULES = ("invalid_utf8", "empty", "too_long_chars", "too_long", "ratio", "duplicate")
-COMPRESSED = (".gz", ".xz", ".zst", ".zstd", ".bz2")
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
 # Pairs per Ray Data block: big enough to amortize a task, small enough to spread a corpus
 # over many tasks and to keep each task's memory flat.
@@ -67,10 +54,6 @@ BLOCK_ROWS = 20_000
 # Counts that both passes make (the second re-reads the inputs: they must not have changed).
 READ_COUNTS = ("input", "invalid_utf8", "empty", "too_long_chars")
 TEST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-class InputError(ValueError):
-    """A user mistake found while reading inputs, possibly inside a Ray task."""
 
 
 @dataclass
@@ -87,79 +70,6 @@ class Source:
     pairs: Optional[tuple[list[str], list[str]]] = None  # kind "pairs": the built-in corpus
 
 
-# ---------------------------------------------------------------- files and URIs
-
-
-def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem and path of a local path or URI."""
-    if uri.startswith(("http://", "https://")):
-        raise InputError(f"{uri}: http(s) inputs are not read directly; download the file first, "
-                         "or use --dataset NAME for a known public corpus")
-    if "://" in uri:
-        try:
-            return pafs.FileSystem.from_uri(uri)
-        except (pa.ArrowException, OSError, ValueError) as err:
-            raise InputError(f"{uri}: cannot open this URI ({_first_line(err)}); use a local path or "
-                             "an s3://, gs://, hdfs:// or file:// URI") from None
-    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
-
-
-def _first_line(err: BaseException) -> str:
-    """The first line of an exception message (library messages can span many lines)."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-@contextlib.contextmanager
-def _open_binary(uri: str) -> Iterator[Any]:
-    """A readable binary stream of `uri`, decompressed by its extension."""
-    fs, path = _filesystem(uri)
-    with fs.open_input_stream(path, compression=None) as raw:
-        name = uri.lower()
-        if name.endswith(".gz"):
-            stream = gzip.GzipFile(fileobj=raw, mode="rb")  # also reads multi-member files
-        elif name.endswith(".xz"):
-            stream = lzma.LZMAFile(raw)
-        elif name.endswith((".zst", ".zstd")):
-            stream = pa.CompressedInputStream(raw, "zstd")
-        elif name.endswith(".bz2"):
-            stream = pa.CompressedInputStream(raw, "bz2")
-        else:
-            stream = raw
-        yield stream
-
-
-def _lines(uri: str) -> Iterator[bytes]:
-    """The lines of a (compressed) file as bytes, split on b"\\n" only."""
-    try:
-        with _open_binary(uri) as stream:
-            rest = b""
-            while chunk := stream.read(1 << 20):
-                parts = (rest + chunk).split(b"\n")
-                rest = parts.pop()
-                yield from parts
-            if rest:
-                yield rest
-    except (OSError, EOFError, lzma.LZMAError, pa.ArrowException) as err:
-        raise InputError(f"cannot read {uri}: {_first_line(err)}; check that the file is complete "
-                         "and that its extension matches its compression") from None
-
-
-def _decode(raw: bytes, uri: str, line: int, on_invalid: str) -> Optional[str]:
-    """A line as text; None for invalid UTF-8 when skipping, U+FFFD for it when replacing."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if on_invalid == "skip":
-            return None
-        if on_invalid != "replace":
-            raise InputError(f"{uri}:{line}: not valid UTF-8 (byte {err.start} of the line): "
-                             "re-encode the file as UTF-8, or pass --skip-invalid to drop and "
-                             "count such pairs") from None
-        text = raw.decode("utf-8", "replace")
-    return text.lstrip("\ufeff") if line == 1 else text  # a byte-order mark is not text
-
-
 # ---------------------------------------------------------------- reading pairs
 
 
@@ -168,13 +78,13 @@ def _text_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
     src_uri, tgt_uri = spec["paths"]
     end = object()
     n = 0
-    for s, t in itertools.zip_longest(_lines(src_uri), _lines(tgt_uri), fillvalue=end):
+    for s, t in itertools.zip_longest(lines(src_uri), lines(tgt_uri), fillvalue=end):
         n += 1
         if s is end or t is end:
             short, long = (src_uri, tgt_uri) if s is end else (tgt_uri, src_uri)
             raise InputError(f"{short} ends after {n - 1} lines but {long} has more: line i of one "
                              "must translate line i of the other; align the two files")
-        yield _decode(s, src_uri, n, on_invalid), _decode(t, tgt_uri, n, on_invalid), n
+        yield decode(s, src_uri, n, on_invalid), decode(t, tgt_uri, n, on_invalid), n
     if n == 0:
         raise InputError(f"{src_uri} and {tgt_uri} have no lines: pass files with sentence pairs")
 
@@ -184,8 +94,8 @@ def _tsv_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
     (uri,) = spec["paths"]
     cols = int(spec["src_col"]), int(spec["tgt_col"])
     need = max(cols)
-    for n, raw in enumerate(_lines(uri), 1):
-        line = _decode(raw, uri, n, on_invalid)
+    for n, raw in enumerate(lines(uri), 1):
+        line = decode(raw, uri, n, on_invalid)
         if line is None:
             yield None, None, n
             continue
@@ -203,8 +113,8 @@ def _jsonl_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
     """(src, tgt, line) from one JSON object per line."""
     (uri,) = spec["paths"]
     keys = spec["src_col"], spec["tgt_col"]
-    for n, raw in enumerate(_lines(uri), 1):
-        line = _decode(raw, uri, n, on_invalid)
+    for n, raw in enumerate(lines(uri), 1):
+        line = decode(raw, uri, n, on_invalid)
         if line is None or not line.strip():
             yield (None, None, n) if line is None else ("", "", n)
             continue
@@ -232,7 +142,7 @@ def _json_text(obj: dict, key: str, uri: str, line: int) -> str:
 
 def _record_batches(uri: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
     """Record batches of the named columns of a Parquet or Arrow IPC file."""
-    fs, path = _filesystem(uri)
+    fs, path = filesystem(uri)
     with fs.open_input_file(path) as f:
         if not uri.lower().endswith(ARROW_SUFFIXES):
             yield from pq.ParquetFile(f).iter_batches(batch_size=BLOCK_ROWS, columns=columns)
@@ -328,11 +238,11 @@ def _resolved_columns(source: Source, cfg: PrepareConfig) -> tuple[Optional[str]
 
 def _file_info(uri: str) -> dict:
     """Size and mtime of an input file; one-line errors when it is missing or empty."""
-    fs, path = _filesystem(uri)
+    fs, path = filesystem(uri)
     try:
         info = fs.get_file_info(path)
     except (OSError, pa.ArrowException) as err:
-        raise InputError(f"cannot access {uri}: {_first_line(err)}") from None
+        raise InputError(f"cannot access {uri}: {first_line(err)}") from None
     if info.type == pafs.FileType.NotFound:
         raise InputError(f"missing file {uri}: check the path (inputs are local paths or "
                          "s3://, gs://, hdfs:// URIs)")
@@ -345,7 +255,7 @@ def _file_info(uri: str) -> dict:
 
 def _schema(uri: str) -> pa.Schema:
     """The schema of a Parquet or Arrow IPC file, read without its data."""
-    fs, path = _filesystem(uri)
+    fs, path = filesystem(uri)
     try:
         with fs.open_input_file(path) as f:
             if not uri.lower().endswith(ARROW_SUFFIXES):
@@ -357,7 +267,7 @@ def _schema(uri: str) -> pa.Schema:
                 return pa.ipc.open_stream(f).schema
     except (OSError, pa.ArrowException) as err:
         kind = "an Arrow IPC" if uri.lower().endswith(ARROW_SUFFIXES) else "a Parquet"
-        raise InputError(f"{uri} is not {kind} file ({_first_line(err)})") from None
+        raise InputError(f"{uri} is not {kind} file ({first_line(err)})") from None
 
 
 def _check_columns(uri: str, columns: tuple[str, str]) -> None:
@@ -692,10 +602,10 @@ def _name_shards(train_dir: Path, shard_pairs: int) -> list[dict]:
 
 
 def _shard_token_index(path: Path) -> list[int]:
-    """The shard's cumulative src + tgt tokens every TOKEN_INDEX_ROWS rows (raymt.stream)."""
-    table = pq.read_table(path, columns=["src_ids", "tgt_ids"])
+    """The shard's cumulative src + tgt tokens every TOKEN_INDEX_ROWS rows (raymt.data.format)."""
+    table = pq.read_table(path, columns=COLUMNS)
     lengths = sum(pc.list_value_length(table.column(c)).to_numpy(zero_copy_only=False)
-                  for c in ("src_ids", "tgt_ids"))
+                  for c in COLUMNS)
     return token_index(lengths)
 
 
@@ -845,8 +755,6 @@ def _ray_data_settings() -> Iterator[None]:
     """
     from ray.data import DataContext
 
-    from raymt.stream import MAX_BLOCK_BYTES
-
     ctx = DataContext.get_current()
     saved = ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.target_max_block_size
     ctx.execution_options.preserve_order = True
@@ -956,71 +864,6 @@ def print_summary(manifest: dict, out: Path, seconds: float) -> None:
     print(f"{'seconds':<{width}}  {seconds:>12.1f}")
 
 
-# ---------------------------------------------------------------- reading a prepared corpus
-
-
-def _join(corpus: str, rel: str) -> str:
-    """A file of the corpus: an absolute local path, or a URI."""
-    if "://" in corpus:
-        return corpus.rstrip("/") + "/" + rel
-    return str(Path(corpus).expanduser().resolve() / rel)
-
-
-def _read_bytes(uri: str) -> bytes:
-    """The content of a local file or URI."""
-    fs, path = _filesystem(uri)
-    with fs.open_input_stream(path, compression=None) as f:
-        return f.read()
-
-
-def read_manifest(corpus: str) -> dict:
-    """The manifest of a prepared corpus; a one-line ValueError if it is not one."""
-    uri = _join(corpus, MANIFEST_FILE)
-    try:
-        manifest = json.loads(_read_bytes(uri))
-    except (OSError, pa.ArrowException):
-        raise ValueError(f"{corpus} is not a prepared corpus (no {MANIFEST_FILE}): make one with "
-                         f"python -m raymt.data prepare --out {corpus} ...") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{uri} is not valid JSON ({err}): prepare the corpus again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else None
-        raise ValueError(f"{uri} has format {found!r}, not {FORMAT!r}: prepare the corpus again "
-                         "with this version of raymt")
-    return manifest
-
-
-def train_files(corpus: str, manifest: dict) -> list[Shard]:
-    """A `raymt.stream.Shard` (path or URI, pairs, token index) per training shard, in order."""
-    return [Shard(_join(corpus, f["path"]), f["num_pairs"], tuple(f.get("token_index", ())))
-            for f in manifest["splits"]["train"]["files"]]
-
-
-def eval_pairs(corpus: str, manifest: dict, split: str) -> tuple[list[str], list[str]]:
-    """The (sources, references) of "valid" or of a test set, every row."""
-    splits = manifest["splits"]
-    entry = splits["valid"] if split == "valid" else splits.get("test", {}).get(split)
-    if entry is None:
-        known = ", ".join(["valid", *splits.get("test", {})])
-        raise ValueError(f"corpus {corpus} has no set {split!r}; it has: {known}")
-    fs, path = _filesystem(_join(corpus, entry["path"]))
-    with fs.open_input_file(path) as f:
-        table = pq.read_table(f, columns=["src", "tgt"])
-    return table.column("src").to_pylist(), table.column("tgt").to_pylist()
-
-
-def load_tokenizer(corpus: str, manifest: dict) -> Tokenizer:
-    """The corpus's SentencePiece model, checked against the manifest's sha256."""
-    uri = _join(corpus, SPM_FILE)
-    try:
-        proto = _read_bytes(uri)
-    except (OSError, pa.ArrowException):
-        raise ValueError(f"{uri} is missing: prepare the corpus again") from None
-    if hashlib.sha256(proto).hexdigest() != manifest["sp_model_sha256"]:
-        raise ValueError(f"{uri} does not match the sha256 in {MANIFEST_FILE}: prepare the corpus again")
-    return Tokenizer(proto)
-
-
 # ---------------------------------------------------------------- command-line specs
 
 
@@ -1042,24 +885,9 @@ def spec_name(spec: str) -> str:
     return _strip_suffixes(spec.rstrip("/").rsplit("/", 1)[-1])
 
 
-def _exists(uri: str) -> bool:
-    """Whether a local path or URI names an existing file."""
-    fs, path = _filesystem(uri)
-    return fs.get_file_info(path).type == pafs.FileType.File
-
-
 def _text_pair(prefix: str, cfg: PrepareConfig) -> Source:
     """PREFIX.<src> and PREFIX.<tgt>, each plain or compressed."""
-    paths = []
-    for lang in (cfg.src_lang, cfg.tgt_lang):
-        candidates = [f"{prefix}.{lang}{ext}" for ext in ("", *COMPRESSED)]
-        found = next((c for c in candidates if _exists(c)), None)
-        if found is None:
-            raise ValueError(f"missing file {prefix}.{lang} (also tried {', '.join(COMPRESSED)}): "
-                             "a prefix names PREFIX.<src lang> and PREFIX.<tgt lang>; or pass a "
-                             ".tsv/.jsonl/.parquet file")
-        paths.append(found)
-    return Source("text", tuple(paths))
+    return Source("text", tuple(resolve(prefix, lang) for lang in (cfg.src_lang, cfg.tgt_lang)))
 
 
 def _table_files(spec: str) -> Optional[tuple[str, ...]]:

@@ -1,10 +1,9 @@
-"""Parallel text files, in-memory evaluation rows, and `python -m raymt.data prepare`."""
+"""`python -m raymt.data prepare ...`: flags -> PrepareConfig and sources -> raymt.data.prepare."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import os
 import shlex
 import sys
@@ -12,62 +11,7 @@ import typing
 from pathlib import Path
 from typing import Optional
 
-from raymt import corpus
 from raymt.config import DataConfig, PrepareConfig, _parse_value
-from raymt.tokenizer import EOS_ID, Tokenizer
-
-Pairs = tuple[list[str], list[str]]
-
-
-def _open_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file, gzipped or not, without line ends."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            return [line.rstrip("\r\n") for line in f]
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not valid UTF-8 (byte {err.start}); re-encode it as UTF-8") from None
-    except (OSError, EOFError) as err:
-        raise ValueError(f"cannot read {path}: {err}") from None
-
-
-def resolve(prefix: str, lang: str) -> Path:
-    """PREFIX.lang or PREFIX.lang.gz, whichever exists."""
-    for candidate in (Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")):
-        if candidate.is_file():
-            return candidate
-    raise ValueError(f"missing file {prefix}.{lang} (or .gz): corpus prefixes name "
-                     f"PREFIX.<src_lang> and PREFIX.<tgt_lang>")
-
-
-def read_parallel(prefix: str, src_lang: str, tgt_lang: str) -> Pairs:
-    """Read PREFIX.src and PREFIX.tgt, checking that line i of one translates line i of the other."""
-    src_path, tgt_path = resolve(prefix, src_lang), resolve(prefix, tgt_lang)
-    src, tgt = _open_lines(src_path), _open_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise ValueError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
-                         "line i of one must translate line i of the other")
-    if not src:
-        raise ValueError(f"{src_path} is empty")
-    return src, tgt
-
-
-def eval_rows(pairs: Pairs, tokenizer: Tokenizer, max_positions: int) -> list[dict]:
-    """In-memory validation/test rows with their index, sorted by length to limit padding.
-
-    Nothing is dropped: over-long sources are truncated for decoding, and every
-    reference still counts in BLEU.
-    """
-    limit = max_positions - 2
-    src_ids = tokenizer.encode_batch(pairs[0])
-    tgt_ids = tokenizer.encode_batch(pairs[1])
-    rows = [{"index": i, "src_ids": s[:limit] + [EOS_ID], "tgt_ids": t[:limit]}
-            for i, (s, t) in enumerate(zip(src_ids, tgt_ids))]
-    rows.sort(key=lambda r: (len(r["src_ids"]), len(r["tgt_ids"])))
-    return rows
-
-
-# ---------------------------------------------------------------- python -m raymt.data prepare
 
 # Flags whose names differ from their PrepareConfig field.
 FLAG_NAMES = {"src_lang": "src", "tgt_lang": "tgt"}
@@ -121,7 +65,7 @@ def prepare_config(args: argparse.Namespace) -> PrepareConfig:
 
 def prepare_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list, list, dict]:
     """(train, valid, test) sources named by the flags; files are checked later, before Ray."""
-    from raymt.prepare import Source, source_from_spec, spec_name
+    from raymt.data.prepare import Source, source_from_spec, spec_name
 
     def spec(s: str) -> Source:
         return source_from_spec(s, cfg, args.src_col, args.tgt_col)
@@ -158,14 +102,16 @@ def prepare_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list,
 
 def dataset_sources(name: str, cfg: PrepareConfig, cache_dir: Optional[str],
                     mirror: Optional[str]) -> dict:
-    """Split name -> Source of a named corpus: 'builtin' (generated) or a download (raymt.download)."""
-    from raymt.prepare import Source
+    """Split name -> Source of a named corpus: 'builtin' (generated) or a download (raymt.data.download)."""
+    from raymt.data.prepare import Source
 
     if name == "builtin":
-        splits = corpus.builtin_splits(cfg.src_lang, cfg.tgt_lang, DataConfig.builtin_train_size,
+        from raymt.data import builtin
+
+        splits = builtin.builtin_splits(cfg.src_lang, cfg.tgt_lang, DataConfig.builtin_train_size,
                                        DataConfig.builtin_eval_size, cfg.seed)
         return {split: Source("pairs", pairs=pairs) for split, pairs in splits.items()}
-    from raymt.download import fetch_dataset
+    from raymt.data.download import fetch_dataset
 
     cache = Path(cache_dir or os.environ.get("RAYMT_CACHE") or "~/.cache/raymt").expanduser()
     files = fetch_dataset(name, cfg.src_lang, cfg.tgt_lang, cache, mirror)
@@ -180,7 +126,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = prepare_parser().parse_args(argv)
     try:
-        from raymt.prepare import prepare_corpus
+        from raymt.data.prepare import prepare_corpus
 
         cfg = prepare_config(args)
         train, valid, tests = prepare_sources(args, cfg)

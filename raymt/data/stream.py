@@ -27,41 +27,14 @@ import queue
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Iterator, NamedTuple, Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
 
 from raymt.batching import Batch, chunk_batches, collate_flat
 from raymt.config import DataConfig
-
-COLUMNS = ["src_ids", "tgt_ids"]
-# Ray Data gathers what a task yields into blocks of up to 128 MiB by default; a read task
-# whose slice holds many shards would then hold that much (and copies) at once. Small
-# blocks keep a task's memory independent of the corpus size (benchmarks/bench_data.py).
-MAX_BLOCK_BYTES = 16 << 20
-# Rows per entry of a shard's token index (cumulative src + tgt tokens after every block).
-TOKEN_INDEX_ROWS = 1024
-
-
-class Shard(NamedTuple):
-    """A training shard: path or URI, pairs in it, and its token index (may be empty)."""
-
-    path: str
-    num_pairs: int
-    token_index: tuple = ()
-
-
-Files = list  # of Shard, or of (path, num_pairs) tuples
-
-
-def token_index(num_tokens: np.ndarray, block_rows: int = TOKEN_INDEX_ROWS) -> list[int]:
-    """Cumulative token counts after every `block_rows` rows and after the last row."""
-    cumulative = np.cumsum(num_tokens, dtype=np.int64)
-    if not len(cumulative):
-        return []
-    ends = list(range(block_rows, len(cumulative), block_rows)) + [len(cumulative)]
-    return [int(cumulative[e - 1]) for e in ends]
+from raymt.data.format import COLUMNS, MAX_BLOCK_BYTES, TOKEN_INDEX_ROWS, Files, Shard
 
 
 @dataclass
@@ -196,21 +169,25 @@ def pair_hashes(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.nd
 
 
 class TrainStream:
-    """One epoch of a worker's token-budget batches; `position` follows what was consumed.
+    """`num_epochs` consecutive epochs of a worker's token-budget batches from `position` on;
+    `position` follows what was consumed.
 
     A background thread reads, cuts and collates up to `prefetch` batches ahead, so
     training rarely waits; `start()` begins that early (the training loop starts the next
-    epoch's stream after the current epoch's first step). `busy_s` is the time the consumer
-    waited.
+    epoch's stream after the current epoch's first step). Over several epochs the thread
+    goes on into the next epoch's plan without a pause: its Ray Data read starts with the
+    current epoch's first chunk. `busy_s` is the time the consumer waited.
     """
 
     def __init__(self, files: Files, cfg: DataConfig, seed: int, rank: int, world_size: int,
-                 position: Position, trace: bool = False, prefetch: int = 16):
-        self.cfg, self.seed, self.rank = cfg, seed, rank
+                 position: Position, trace: bool = False, prefetch: int = 16, pin_memory: bool = False,
+                 num_epochs: int = 1):
+        self.cfg, self.seed, self.rank, self.world_size = cfg, seed, rank, world_size
+        self.files, self.num_epochs = files, num_epochs
+        self.pin_memory = pin_memory  # page-locked batches for asynchronous copies to a GPU
         self.position = position
         self.chunk_rows = cfg.shuffle_buffer_rows or cfg.window_rows
-        plan = epoch_slice(files, seed, position.epoch, rank, world_size)
-        self.plan = skip_rows(plan, position.chunk * self.chunk_rows)
+        self.plan = self.epoch_plan(position.epoch, skip_chunks=position.chunk)
         self.trace = trace
         self.traced: list[str] = []  # digests of the pairs handed out (trace only; caller clears)
         self.busy_s = 0.0
@@ -247,13 +224,16 @@ class TrainStream:
 
     def _produce(self) -> None:
         """Reader thread: every batch of the epoch from `position` on, then _END (or the error)."""
+        batches = self._batches()
         try:
-            for item in self._batches():
+            for item in batches:
                 if not self._put(item):
                     return
             self._put(_END)
         except BaseException as err:  # handed to the consumer, raised in the training loop
             self._put(err)
+        finally:
+            batches.close()  # stops its read-ahead threads
 
     def _put(self, item) -> bool:
         """Queue an item unless the stream is being closed."""
@@ -265,16 +245,37 @@ class TrainStream:
                 continue
         return False
 
+    def epoch_plan(self, epoch: int, skip_chunks: int = 0) -> list[tuple[str, int, int]]:
+        """This worker's (path, first row, end row) reads of `epoch`, without its first chunks."""
+        plan = epoch_slice(self.files, self.seed, epoch, self.rank, self.world_size)
+        return skip_rows(plan, skip_chunks * self.chunk_rows)
+
     def _batches(self) -> Iterator[tuple[Batch, Position, list[str]]]:
-        """(batch, position after it, pair digests) for the rest of the epoch."""
-        epoch, chunk_index, skip = self.position.epoch, self.position.chunk, self.position.batches
-        for table in chunks(read_plan(self.plan), self.chunk_rows):
-            src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
-            batches = self.cut(src, tgt, epoch, chunk_index)
-            for b, idx in enumerate(batches[skip:], start=skip):
-                hashes = pair_hashes(src, tgt, idx) if self.trace else []
-                yield collate_flat(src, tgt, idx), Position(epoch, chunk_index, b + 1), hashes
-            chunk_index, skip = chunk_index + 1, 0
+        """(batch, position after it, pair digests) for the rest of the stream's epochs."""
+        first, end = self.position.epoch, self.position.epoch + self.num_epochs
+        chunk_index, skip = self.position.chunk, self.position.batches
+        reads = [_ReadAhead(read_plan(self.plan))]  # this epoch's, then the next one's
+        try:
+            for epoch in range(first, end):
+                for table in chunks(iter(reads[0]), self.chunk_rows):
+                    if len(reads) == 1 and epoch + 1 < end:
+                        # The next epoch's read starts with this one's first chunk and waits with
+                        # a few tables queued: the boundary does not wait for a Ray Data start.
+                        reads.append(_ReadAhead(read_plan(self.epoch_plan(epoch + 1))))
+                    src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
+                    for b, idx in enumerate(self.cut(src, tgt, epoch, chunk_index)[skip:], start=skip):
+                        hashes = pair_hashes(src, tgt, idx) if self.trace else []
+                        batch = collate_flat(src, tgt, idx, self.cfg.pad_multiple)
+                        yield ((batch.pin_memory() if self.pin_memory else batch),
+                               Position(epoch, chunk_index, b + 1), hashes)
+                    chunk_index, skip = chunk_index + 1, 0
+                reads.pop(0).close()
+                if not reads and epoch + 1 < end:  # an empty slice: nothing started it
+                    reads.append(_ReadAhead(read_plan(self.epoch_plan(epoch + 1))))
+                chunk_index = 0
+        finally:
+            for read in reads:
+                read.close()
 
     def cut(self, src, tgt, epoch: int, chunk_index: int) -> list[np.ndarray]:
         """The chunk's batches; pairs longer than data.max_len are dropped."""
@@ -283,11 +284,56 @@ class TrainStream:
                               & (tgt_lens <= self.cfg.max_len))
         rng = np.random.default_rng([self.seed, epoch, self.rank, chunk_index])
         batches = chunk_batches(src_lens[keep] + 1, tgt_lens[keep] + 1, self.cfg.window_rows,
-                                self.cfg.max_tokens, rng, shuffle=self.cfg.shuffle_buffer_rows > 0)
+                                self.cfg.max_tokens, rng, shuffle=self.cfg.shuffle_buffer_rows > 0,
+                                pad_multiple=self.cfg.pad_multiple)
         return [keep[b] for b in batches]
 
 
-_END = object()  # the reader thread's end-of-epoch marker
+_END = object()  # the reader thread's end-of-stream marker
+
+
+class _ReadAhead:
+    """Pull the tables of a read in a thread of its own (up to `depth` ahead) from creation on."""
+
+    def __init__(self, tables: Iterator[pa.Table], depth: int = 4):
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._pull, args=(tables,), daemon=True,
+                                       name="raymt-read")
+        self.thread.start()
+
+    def _pull(self, tables: Iterator[pa.Table]) -> None:
+        """Reader: every table, then _END (or the error)."""
+        try:
+            for table in tables:
+                if not self._put(table):
+                    return
+            self._put(_END)
+        except BaseException as err:  # raised in the stream's thread
+            self._put(err)
+
+    def _put(self, item) -> bool:
+        """Queue an item unless closed."""
+        while not self.stopping.is_set():
+            try:
+                self.queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        while True:
+            item = self.queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        """Stop reading (tables not taken are dropped)."""
+        self.stopping.set()
 
 
 def restore_position(saved: Optional[list], rank: int, world_size: int, epoch: int) -> Position:
