@@ -1,0 +1,67 @@
+"""The `raymt` console dispatcher and run.sh's install split."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raymt.__main__ import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def raymt(*args: str) -> subprocess.CompletedProcess:
+    """Run `python -m raymt ARGS` (what the `raymt` console script runs) and capture its output."""
+    return subprocess.run([sys.executable, "-m", "raymt", *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def test_help_lists_every_command():
+    out = raymt("--help")
+    assert out.returncode == 0, out.stderr
+    listed = re.findall(r"^  (\w+) ", out.stdout, re.M)
+    assert listed == ["train", "tune", "data", "translate", "evaluate", "average", "export"]
+
+
+def test_translate_help_is_the_module_help():
+    out = raymt("translate", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "--checkpoint" in out.stdout and "--beam" in out.stdout
+
+
+def test_unknown_command_is_a_one_line_error(capsys):
+    assert main(["trian"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown command 'trian'" in err and "train" in err
+
+
+def test_a_command_exits_with_its_module_status():
+    out = raymt("translate")  # --checkpoint is required: argparse's usage error
+    assert out.returncode == 2 and "--checkpoint" in out.stderr
+
+
+def test_console_script_points_at_the_dispatcher():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^\[project\.scripts\]\nraymt = "raymt\.__main__:main"$', text, re.M)
+    assert set(COMMANDS) == {"train", "tune", "data", "translate", "evaluate", "average", "export"}
+
+
+@pytest.mark.parametrize("command, extras", [("train", []), ("shell", []), ("test", ["test"])])
+def test_run_sh_installs_only_the_extras_a_command_needs(tmp_path, command, extras):
+    """run.sh with a stub venv (python and pip that log their arguments): what it would install."""
+    (tmp_path / "pyproject.toml").write_text("")
+    script = (ROOT / "run.sh").read_text()
+    (tmp_path / "run.sh").write_text(script)
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    log = tmp_path / "calls.log"
+    (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
+    for tool in ("python", "pip"):
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n')
+        (bin_dir / tool).chmod(0o755)
+    subprocess.run(["bash", str(tmp_path / "run.sh"), command], check=True, timeout=30,
+                   capture_output=True)
+    installs = [line.split()[-1] for line in log.read_text().splitlines() if line.startswith("pip install -e")]
+    assert installs == ["."] + [f".[{e}]" for e in extras]
