@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from raymt.__main__ import COMMANDS, main
+from tiny_checkpoint import make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
+# runpy warns when a test has already imported the module it runs; the console command has not
+RERUN = pytest.mark.filterwarnings("ignore:'raymt.translate' found in sys.modules:RuntimeWarning")
 
 
 def raymt(*args: str) -> subprocess.CompletedProcess:
@@ -37,9 +40,25 @@ def test_unknown_command_is_a_one_line_error(capsys):
     assert err.count("\n") == 1 and "unknown command 'trian'" in err and "train" in err
 
 
-def test_a_command_exits_with_its_module_status():
-    out = raymt("translate")  # --checkpoint is required: argparse's usage error
-    assert out.returncode == 2 and "--checkpoint" in out.stderr
+@RERUN
+def test_translate_through_the_dispatcher_equals_the_module(tmp_path, capsys):
+    from raymt import translate
+
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    args = ["--checkpoint", str(ckpt), "--max-len-b", "5", "Germany and March 3, 2021"]
+    with pytest.raises(SystemExit) as done:  # the module's own sys.exit(main())
+        main(["translate", *args])
+    via_raymt = capsys.readouterr().out
+    assert done.value.code == 0 and via_raymt.strip()
+    assert translate.main(args) == 0
+    assert capsys.readouterr().out == via_raymt
+
+
+@RERUN
+def test_a_command_exits_with_its_module_status(capsys):
+    with pytest.raises(SystemExit) as done:  # --checkpoint is required: argparse's usage error
+        main(["translate"])
+    assert done.value.code == 2 and "--checkpoint" in capsys.readouterr().err
 
 
 def test_console_script_points_at_the_dispatcher():
