@@ -19,6 +19,7 @@ COMMANDS = {
     "evaluate": "score a checkpoint on test sets (sacreBLEU)",
     "average": "average the weights of several checkpoints",
     "export": "export a checkpoint for serving",
+    "plot": "draw learning curves of one or more runs (PNG)",
 }
 
 

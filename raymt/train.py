@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from raymt import corpus, data
+from raymt import corpus, data, plot
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
 from raymt.config import Config, apply_overrides, flatten, load_file, parse_set_args, preset
 from raymt.decoding import DecodeOptions, translate
@@ -343,6 +343,7 @@ def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optiona
             summary["test"] = test_scores(directory, run_data.eval_sets["test"], cfg)
     summary["wall_time_s"] = round(time.time() - t0, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot.after_training(run_dir)  # RUN/plots/*.png from logs/metrics.csv; never raises
     return summary
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import raymt
 
 PLAIN = ["model", "decoding", "tokenizer", "batching", "checkpoint", "config", "optim", "corpus", "metrics",
-         "export", "average", "profiling"]
+         "export", "average", "profiling", "plot"]
 
 
 def imported_names(path: Path) -> set[str]:
