@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from raymt import corpus, data, plot
+from raymt import corpus, data
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
 from raymt.config import Config, apply_overrides, flatten, load_file, parse_set_args, preset
 from raymt.decoding import DecodeOptions, translate
 from raymt.metrics import score
+from raymt.plot import after_training as plot_learning_curves
 from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
@@ -343,7 +344,7 @@ def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optiona
             summary["test"] = test_scores(directory, run_data.eval_sets["test"], cfg)
     summary["wall_time_s"] = round(time.time() - t0, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot.after_training(run_dir)  # RUN/plots/*.png from logs/metrics.csv; never raises
+    plot_learning_curves(run_dir)  # RUN/plots/*.png from logs/metrics.csv; never raises
     return summary
 
 
