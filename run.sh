@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Set up everything from nothing (a .venv beside this file), then run one command:
 #   ./run.sh train [raymt.train flags]   train on the built-in corpus with 2 Ray workers
-#   ./run.sh test  [pytest flags]        run the test suite
+#   ./run.sh test  [pytest flags]        run the test suite (also installs the [test] extra)
 #   ./run.sh shell                       just set up; then: source .venv/bin/activate
+# train and shell install only what training needs; test adds pytest and the peers it compares to.
 set -euo pipefail
 cd "$(dirname "$0")"
+
+cmd=${1:-train}
+shift || true
+case "$cmd" in
+  train | test | shell) ;;
+  *) echo "run.sh: unknown command '$cmd' (use train, test or shell)" >&2; exit 2 ;;
+esac
 
 python_bin=${PYTHON:-}
 if [[ -z "$python_bin" ]]; then
@@ -34,16 +42,22 @@ if ! python -c "import torch" 2>/dev/null; then
       --extra-index-url "${RAYMT_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
   fi
 fi
-if [[ ! -f .venv/.raymt-installed ]] || [[ pyproject.toml -nt .venv/.raymt-installed ]]; then
-  pip install -e ".[test]"
-  touch .venv/.raymt-installed
-fi
 
-cmd=${1:-train}
-shift || true
+# Install the project with only the extras the command needs (train: none; test: [test]),
+# each recorded by a marker file, redone when pyproject.toml is newer than its marker.
+install_project() {  # install_project [EXTRA]
+  local spec=. marker=.venv/.raymt-installed
+  if [[ -n "${1:-}" ]]; then spec=".[$1]"; marker=".venv/.raymt-installed-$1"; fi
+  if [[ ! -f "$marker" ]] || [[ pyproject.toml -nt "$marker" ]]; then
+    pip install -e "$spec"
+    touch "$marker"
+  fi
+}
+install_project
+if [[ "$cmd" == test ]]; then install_project test; fi
+
 case "$cmd" in
   train) exec python -m raymt.train "$@" ;;
   test) exec python -m pytest "$@" ;;
   shell) echo "ready: source .venv/bin/activate" ;;
-  *) echo "run.sh: unknown command '$cmd' (use train, test or shell)" >&2; exit 2 ;;
 esac

@@ -50,24 +50,27 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--work-dir", help="where corpora go (default: a temporary directory, removed)")
     p.add_argument("--json", default="bench_data.json", help="where to write the results")
+    p.add_argument("--base", default=str(MULTI30K),
+                   help="parallel text prefix (PREFIX.en.gz, PREFIX.de.gz) whose pairs are joined "
+                        "into the corpus; the built-in corpus when absent")
     return p.parse_args(argv)
 
 
 # ---------------------------------------------------------------- corpus
 
 
-def base_pairs() -> tuple[list[str], list[str]]:
-    """Sentence pairs to combine: Multi30k en-de when present, else the built-in corpus."""
+def base_pairs(prefix: str) -> tuple[list[str], list[str]]:
+    """Sentence pairs to combine: PREFIX.en.gz/.de.gz when present, else the built-in corpus."""
     from raymt.data import builtin, text
 
-    if MULTI30K.with_suffix(".en.gz").is_file():
-        return text.read_parallel(str(MULTI30K), "en", "de")
+    if Path(prefix).with_suffix(".en.gz").is_file():
+        return text.read_parallel(prefix, "en", "de")
     return builtin.generate(20_000, "en", "de", seed=1)
 
 
-def make_corpus(num_pairs: int, directory: Path, seed: int = 1) -> tuple[Path, Path]:
+def make_corpus(num_pairs: int, directory: Path, base: str, seed: int = 1) -> tuple[Path, Path]:
     """Write `num_pairs` pairs, each two random base pairs joined, as gzipped text files."""
-    src, tgt = base_pairs()
+    src, tgt = base_pairs(base)
     rng = random.Random(seed)
     paths = directory / "gen.en.gz", directory / "gen.de.gz"
     with gzip.open(paths[0], "wt", compresslevel=1) as fs, gzip.open(paths[1], "wt", compresslevel=1) as ft:
@@ -169,21 +172,21 @@ class PeakMemory:
 # ---------------------------------------------------------------- phases
 
 
-def prepare(src: Path, tgt: Path, out: Path, vocab_size: int) -> dict:
+def prepare(src: Path, tgt: Path, out: Path, vocab_size: int, base: str) -> dict:
     """Prepare the generated corpus; returns its manifest and the seconds it took."""
     from raymt.data import prepare as prep
     from raymt.config import PrepareConfig
 
-    valid = prep.Source(kind="pairs", pairs=base_pairs_sample())
+    valid = prep.Source(kind="pairs", pairs=base_pairs_sample(base))
     t0 = time.perf_counter()
     manifest = prep.prepare_corpus(PrepareConfig(vocab_size=vocab_size), str(out),
                                    [prep.Source(kind="text", paths=(str(src), str(tgt)))], [valid])
     return {"manifest": manifest, "seconds": time.perf_counter() - t0}
 
 
-def base_pairs_sample(n: int = 200) -> tuple[list[str], list[str]]:
+def base_pairs_sample(base: str, n: int = 200) -> tuple[list[str], list[str]]:
     """A small validation set (the training phase validates once, at its end)."""
-    src, tgt = base_pairs()
+    src, tgt = base_pairs(base)
     return src[:n], tgt[:n]
 
 
@@ -246,11 +249,11 @@ def bench_size(num_pairs: int, args: argparse.Namespace, work: Path) -> dict:
     directory = work / f"pairs-{num_pairs}"
     directory.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    src, tgt = make_corpus(num_pairs, directory)
+    src, tgt = make_corpus(num_pairs, directory, args.base)
     generated_s = time.perf_counter() - t0
     result: dict = {"pairs": num_pairs, "generate_s": generated_s}
     with PeakMemory() as mem:
-        prepared = prepare(src, tgt, directory / "corpus", args.vocab_size)
+        prepared = prepare(src, tgt, directory / "corpus", args.vocab_size, args.base)
     split = prepared["manifest"]["splits"]["train"]
     result["prepare"] = {"seconds": prepared["seconds"], "kept_pairs": split["num_pairs"],
                          "shards": len(split["files"]), **mem.summary()}
@@ -294,7 +297,7 @@ def isolated(num_pairs: int, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "one.json"
         cmd = [sys.executable, __file__, "--sizes", str(num_pairs), "--steps", str(args.steps),
-               "--preset", args.preset, "--vocab-size", str(args.vocab_size), "--json", str(out)]
+               "--preset", args.preset, "--vocab-size", str(args.vocab_size), "--json", str(out), "--base", args.base]
         if args.work_dir:
             cmd += ["--work-dir", args.work_dir]
         subprocess.run(cmd, check=True)

@@ -10,7 +10,7 @@ from another run) on Multi30k en-de with the `small` preset, and prints one tabl
 | Ray overhead | raymt (Ray Train, 1 worker x all threads) tokens/s / a plain in-process loop |
 | scaling | raymt 2 workers x 1 thread / 1 worker x 1 thread, tokens/s |
 | padding | real / all (src + tgt) tokens of the training batches of one epoch |
-| hardware | training FLOP/s (formula in `train_flops`) / measured matmul FLOP/s |
+| hardware | training FLOP/s (formula in `raymt.profiling.train_flops`) / measured matmul FLOP/s |
 | peer: training | raymt model / HF MarianMTModel, same dims, weights and batches, plain loop |
 | peer: decoding | raymt beam-5 sentences/s / HF `generate` on the same weights |
 | inference limit | raymt beam-5 sentences/s / CTranslate2 (float32) on the same weights |
@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from raymt.batching import Batch  # noqa: E402
 from raymt.config import Config, ModelConfig, apply_overrides, preset  # noqa: E402
+from raymt.profiling import train_flops  # noqa: E402
 from raymt.tokenizer import PAD_ID  # noqa: E402
 
 if TYPE_CHECKING:
@@ -148,24 +149,6 @@ def vocab_size(corpus: Path) -> int:
 
 
 # ---------------------------------------------------------------- in-process training
-
-
-def train_flops(cfg: ModelConfig, vocab: int, batch: Batch) -> float:
-    """Training FLOPs of one step on the padded batch: 3 x forward (backward = 2 x forward).
-
-    Forward, per sequence with S source and T target positions (padding included: the
-    hardware computes it), D = d_model, F = d_ff, V = vocabulary, 2 FLOPs per multiply-add:
-    encoder layer 2S(4D^2 + 2DF) + 4S^2 D; decoder layer 2T(4D^2 + 2DF) + 2(T + S)2D^2
-    (cross-attention q/out on T, k/v on S) + 4T^2 D + 4TSD; output 2TDV. Embedding
-    lookups, norms, softmax and the optimizer are not counted.
-    """
-    b, s = batch.src.shape
-    t = batch.tgt_in.size(1)
-    d, f = cfg.d_model, cfg.d_ff
-    enc = 2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d
-    dec = 2 * t * (4 * d * d + 2 * d * f) + 2 * (t + s) * 2 * d * d + 4 * t * t * d + 4 * t * s * d
-    fwd = cfg.num_encoder_layers * enc + cfg.num_decoder_layers * dec + 2 * t * d * vocab
-    return 3.0 * b * fwd
 
 
 def matmul_flops(device: str, dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> float:
@@ -462,7 +445,7 @@ def bench_ray_overhead(b: Bench) -> dict:
     the main thread's allocator"), and a plain loop always timed in the driver would
     compare one draw against three. A single pair can
     mislead on a shared machine: in 7 alternated pairs here one raymt run against the
-    plain loop next to it ranged 0.93-1.14 (benchmarks/overhead_split.py). With
+    plain loop next to it ranged 0.93-1.14 (benchmarks/NOTES.md). With
     --overhead-threads N below every thread, both sides use N threads (a spare core)."""
     threads = b.args.overhead_threads or b.threads
     stem = "one-worker-all-threads" if threads == b.threads else f"one-worker-{threads}-threads"

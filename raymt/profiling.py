@@ -15,6 +15,9 @@ from typing import Optional
 
 import torch
 
+from raymt.batching import Batch
+from raymt.config import ModelConfig
+
 PARTS = ("raymt.lockstep", "raymt.forward", "raymt.backward", "raymt.clip", "raymt.optimizer")
 
 
@@ -70,3 +73,21 @@ def report(prof: torch.profiler.profile, num_steps: int, wall_s: float) -> str:
             lines.append(f"{name:18s} {ms:9.1f} {100 * ms / (1000 * wall_s / max(num_steps, 1)):6.1f}%")
     lines += ["", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)]
     return "\n".join(lines) + "\n"
+
+
+def train_flops(cfg: ModelConfig, vocab: int, batch: Batch) -> float:
+    """Training FLOPs of one step on the padded batch: 3 x forward (backward = 2 x forward).
+
+    Forward, per sequence with S source and T target positions (padding included: the
+    hardware computes it), D = d_model, F = d_ff, V = vocabulary, 2 FLOPs per multiply-add:
+    encoder layer 2S(4D^2 + 2DF) + 4S^2 D; decoder layer 2T(4D^2 + 2DF) + 2(T + S)2D^2
+    (cross-attention q/out on T, k/v on S) + 4T^2 D + 4TSD; output 2TDV. Embedding
+    lookups, norms, softmax and the optimizer are not counted.
+    """
+    b, s = batch.src.shape
+    t = batch.tgt_in.size(1)
+    d, f = cfg.d_model, cfg.d_ff
+    enc = 2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d
+    dec = 2 * t * (4 * d * d + 2 * d * f) + 2 * (t + s) * 2 * d * d + 4 * t * t * d + 4 * t * s * d
+    fwd = cfg.num_encoder_layers * enc + cfg.num_decoder_layers * dec + 2 * t * d * vocab
+    return 3.0 * b * fwd

@@ -19,6 +19,7 @@ from raymt.data import builtin, text
 from raymt.data import format as corpus_format
 from raymt.decoding import translate
 from raymt.metrics import score
+from raymt.plot import after_training as plot_learning_curves
 from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
@@ -296,6 +297,7 @@ def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optiona
             summary["test"] = test_scores(directory, run_data.eval_sets["test"], cfg)
     summary["wall_time_s"] = round(time.time() - t0, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_learning_curves(run_dir)  # RUN/plots/*.png from logs/metrics.csv; never raises
     return summary
 
 

@@ -38,12 +38,16 @@ def test_train_resume_and_translate(tmp_path):
     assert "step 40/40" in console and "forward pass in" in console  # rank 0's prints still arrive
     assert [p for p in RAY_CHATTER if p in console] == [], console[-3000:]
     check_live_metrics(tmp_path / "e2e" / "logs")
+    plots = tmp_path / "e2e" / "plots"
+    assert sorted(p.name for p in plots.iterdir()) == ["curves_step.png", "curves_time.png"]
+    first_plot = (plots / "curves_step.png").stat().st_mtime_ns
 
     # --resume RUN continues from the latest checkpoint (step 40) to the new max_steps.
     out = run(["raymt.train", "--resume", str(tmp_path / "e2e"), "--max-steps", "50"], timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     logs = out.stdout + out.stderr
     assert "step 50/50" in logs and "step 10/50" not in logs
+    assert (plots / "curves_step.png").stat().st_mtime_ns > first_plot  # redrawn with both segments
 
     ckpt = json.loads((tmp_path / "e2e" / "summary.json").read_text())["best_checkpoint"]
     out = run(["raymt.translate", "--checkpoint", ckpt, "--beam", "3",

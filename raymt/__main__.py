@@ -1,0 +1,52 @@
+"""The `raymt` console command: `raymt COMMAND ARGS` runs `python -m raymt.COMMAND ARGS`.
+
+    raymt train --preset tiny
+    raymt translate --checkpoint runs/<run>/best < input.txt
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from typing import Optional
+
+# command -> one line of help; each runs its module exactly as `python -m raymt.<command>`
+COMMANDS = {
+    "train": "train a model on Ray Train workers",
+    "tune": "sweep hyper-parameters with Ray Tune",
+    "data": "prepare a corpus (`raymt data prepare ...`)",
+    "translate": "translate stdin or a file with a checkpoint",
+    "evaluate": "score a checkpoint on test sets (sacreBLEU)",
+    "average": "average the weights of several checkpoints",
+    "export": "export a checkpoint for serving",
+    "plot": "draw learning curves of one or more runs (PNG)",
+}
+
+
+def usage() -> str:
+    """The top-level help: the commands and how to get each one's flags."""
+    lines = ["usage: raymt COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
+    lines += ["", "`raymt COMMAND --help` lists a command's flags; `python -m raymt.COMMAND` is the same."]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the command named by the first argument with the rest of the arguments."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    command, args = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"raymt: error: unknown command '{command}'; use one of {', '.join(COMMANDS)}",
+              file=sys.stderr)
+        return 2
+    sys.argv = [f"raymt {command}", *args]
+    # the module ends with its own `sys.exit(main())`, whose SystemExit passes through
+    runpy.run_module(f"raymt.{command}", run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
