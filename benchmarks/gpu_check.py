@@ -188,7 +188,7 @@ def num_checkpoints(run_dir: Path) -> int:
 
 def write_tiny_text(directory: Path) -> Path:
     """Generated en-de pairs in Multi30k's layout (train, val, test_2016_flickr; .gz)."""
-    from raymt.corpus import generate
+    from raymt.data.builtin import generate
 
     directory.mkdir(parents=True, exist_ok=True)
     for name, size, seed in (("train", 2000, 1), ("val", 60, 2), ("test_2016_flickr", 60, 3)):
@@ -351,11 +351,11 @@ class Table:
 
     def batches(self, max_tokens: int, count: int) -> list:
         """The first `count` training batches a lone worker gets at `max_tokens`, on the device."""
-        from raymt import prepare as prep
         from raymt.config import DataConfig
-        from raymt.stream import Position, TrainStream
+        from raymt.data import format as corpus_format
+        from raymt.data.stream import Position, TrainStream
 
-        files = prep.train_files(str(self.corpus), prep.read_manifest(str(self.corpus)))
+        files = corpus_format.train_files(str(self.corpus), corpus_format.read_manifest(str(self.corpus)))
         stream = TrainStream(files, DataConfig(max_tokens=max_tokens), seed=1, rank=0, world_size=1,
                              position=Position(0))
         out = []
@@ -381,10 +381,10 @@ class Table:
 
         from benchmarks import speed
         from raymt.config import Config
-        from raymt.model import Transformer
+        from raymt.model import build_model
 
         torch.manual_seed(0)
-        model = Transformer(model_cfg, self.vocab)
+        model = build_model(model_cfg, self.vocab)
         if marian:
             from benchmarks import peers
             from raymt.export import to_marian

@@ -405,10 +405,10 @@ class Bench:
 
     def new_model(self) -> torch.nn.Module:
         """The model every comparison starts from (same seed, same weights)."""
-        from raymt.model import Transformer
+        from raymt.model import build_model
 
         torch.manual_seed(0)
-        return Transformer(self.model_cfg, self.vocab)
+        return build_model(self.model_cfg, self.vocab)
 
     def plain(self, make_model: Optional[Callable[[], torch.nn.Module]] = None,
               step_fn_of: Optional[Callable] = None, num_batches: Optional[int] = None) -> Callable[[], float]:
@@ -492,11 +492,11 @@ def _plain_child(model_cfg: ModelConfig, vocab: int, cfg: Config, device: str, t
     With `interval`, also the rate and peak RSS of each run of that many steps (as a Ray run logs)."""
     import resource
 
-    from raymt.model import Transformer
+    from raymt.model import build_model
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    loop = PlainLoop(Transformer(model_cfg, vocab), cfg, device)
+    loop = PlainLoop(build_model(model_cfg, vocab), cfg, device)
     loop.tokens_per_s([x.to(device) for x in warmup])
     timed = [x.to(device) for x in timed]
     if barrier is not None:
