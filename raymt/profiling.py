@@ -70,7 +70,7 @@ def report(prof: torch.profiler.profile, num_steps: int, wall_s: float) -> str:
     for name in PARTS:
         if name in events:
             ms = events[name].cpu_time_total / 1000 / max(num_steps, 1)
-            lines.append(f"{name:18s} {ms:9.1f} {100 * ms / (1000 * wall_s / max(num_steps, 1)):6.1f}%")
+            lines.append(f"{name:18s} {ms:9.3f} {100 * ms / (1000 * wall_s / max(num_steps, 1)):6.1f}%")
     lines += ["", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)]
     return "\n".join(lines) + "\n"
 

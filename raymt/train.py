@@ -14,7 +14,8 @@ from typing import Optional
 
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
 from raymt.cluster import Plan, init_ray, plan, train_logging
-from raymt.config import Config, apply_overrides, flatten, load_file, parse_set_args, preset
+from raymt.config import (Config, apply_overrides, device_defaults, flatten, load_file, parse_set_args,
+                          preset)
 from raymt.data import builtin, text
 from raymt.data import format as corpus_format
 from raymt.decoding import translate
@@ -53,18 +54,27 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_config(args: argparse.Namespace, base: Optional[Config] = None) -> Config:
-    """Defaults < preset < config file < flags < --set, validated field by field."""
+def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_run: bool = True) -> Config:
+    """Defaults < device defaults < preset < config file < flags < --set, validated field by field.
+
+    A new run on a GPU (or compiled) gets `device_defaults` for the fields the config file,
+    flags and --set leave alone; a resumed run keeps its saved values (its batches stay the same).
+    """
     cfg = base or Config()
     if args.preset:
         cfg = apply_overrides(cfg, {f"model.{k}": v for k, v in preset(args.preset).__dict__.items()})
-    if args.config:
-        cfg = apply_overrides(cfg, flatten(load_file(args.config)))
+    given = flatten(load_file(args.config)) if args.config else {}
+    cfg = apply_overrides(cfg, given)
     flags = {field: getattr(args, flag) for flag, field in args.flag_fields.items()
              if getattr(args, flag) is not None}
     if args.gpu:
         flags["train.use_gpu"] = True
-    return apply_overrides(apply_overrides(cfg, flags), parse_set_args(args.set))
+    given = {**given, **flags, **parse_set_args(args.set)}
+    cfg = apply_overrides(cfg, given)
+    if not new_run:
+        return cfg
+    defaults = {k: v for k, v in device_defaults(cfg).items() if k not in given}
+    return apply_overrides(cfg, defaults)
 
 
 def resolve_resume(args: argparse.Namespace) -> tuple[Config, Optional[Path], Optional[Path]]:
@@ -78,7 +88,7 @@ def resolve_resume(args: argparse.Namespace) -> tuple[Config, Optional[Path], Op
         raise ValueError(f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) "
                          f"nor a checkpoint (no {MODEL_FILE})")
     saved = Config.from_dict(json.loads((path / RUN_CONFIG).read_text()))
-    cfg = build_config(args, saved)
+    cfg = build_config(args, saved, new_run=False)
     return apply_overrides(cfg, {"train.storage_path": str(path.parent), "train.name": path.name}), path, None
 
 
@@ -296,8 +306,9 @@ def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optiona
         with best.as_directory() as directory:  # downloads from remote storage if needed
             summary["test"] = test_scores(directory, run_data.eval_sets["test"], cfg)
     summary["wall_time_s"] = round(time.time() - t0, 1)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_learning_curves(run_dir)  # RUN/plots/*.png from logs/metrics.csv; never raises
+    # summary.json last: it marks a finished run (a Tune sweep interrupted after it reruns nothing).
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from raymt.config import Config, apply_overrides, base, parse_set_args, preset
+from raymt.config import GPU_MAX_TOKENS
 from raymt.train import build_config, parse_args
 
 
@@ -90,3 +91,20 @@ def test_cli_errors_are_one_line_before_ray(argv, message, tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
     assert "ray" not in out.stdout.lower()
+
+
+def test_gpu_and_compiled_runs_get_device_defaults_unless_set(tmp_path):
+    cpu = build_config(parse_args([]))
+    assert (cpu.data.max_tokens, cpu.data.pad_multiple) == (2048, 1)  # CPU: nothing changes
+    gpu = build_config(parse_args(["--gpu"]))
+    assert (gpu.data.max_tokens, gpu.data.pad_multiple) == (GPU_MAX_TOKENS, 8)
+    big = build_config(parse_args(["--gpu", "--preset", "big"]))
+    assert big.data.max_tokens == GPU_MAX_TOKENS // 2
+    f = tmp_path / "c.toml"
+    f.write_text("[data]\nmax_tokens = 4096\n")
+    for argv in (["--gpu", "--set", "data.max_tokens=4096"], ["--gpu", "--config", str(f)]):
+        assert build_config(parse_args(argv)).data.max_tokens == 4096  # what the user set wins
+    compiled = build_config(parse_args(["--set", "train.compile=true"]))
+    assert (compiled.data.max_tokens, compiled.data.pad_multiple) == (2048, 8)
+    resumed = build_config(parse_args(["--gpu"]), cpu, new_run=False)  # a resumed run keeps its batches
+    assert (resumed.data.max_tokens, resumed.data.pad_multiple) == (2048, 1)

@@ -237,13 +237,7 @@ class TrainStream:
 
     def _put(self, item) -> bool:
         """Queue an item unless the stream is being closed."""
-        while not self.stopping.is_set():
-            try:
-                self.queue.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopping(self.queue, self.stopping, item)
 
     def epoch_plan(self, epoch: int, skip_chunks: int = 0) -> list[tuple[str, int, int]]:
         """This worker's (path, first row, end row) reads of `epoch`, without its first chunks."""
@@ -289,6 +283,17 @@ class TrainStream:
         return [keep[b] for b in batches]
 
 
+
+def put_unless_stopping(q: queue.Queue, stopping: threading.Event, item) -> bool:
+    """Put `item` on a bounded queue, giving up (False) once `stopping` is set."""
+    while not stopping.is_set():
+        try:
+            q.put(item, timeout=0.2)
+            return True
+        except queue.Full:
+            continue
+    return False
+
 _END = object()  # the reader thread's end-of-stream marker
 
 
@@ -314,13 +319,7 @@ class _ReadAhead:
 
     def _put(self, item) -> bool:
         """Queue an item unless closed."""
-        while not self.stopping.is_set():
-            try:
-                self.queue.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopping(self.queue, self.stopping, item)
 
     def __iter__(self) -> Iterator[pa.Table]:
         while True:
