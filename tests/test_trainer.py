@@ -12,7 +12,7 @@ import torch
 from raymt.batching import collate
 from raymt.config import Config, tiny
 from raymt.model import build_model
-from raymt.trainer import SINGLE, Trainer, compile_model, restore_training, rng_state, set_rng_state, train_step
+from raymt.trainer import Trainer, compile_model, restore_training, rng_state, set_rng_state, train_step
 from tiny_checkpoint import one_thread  # noqa: F401
 
 VOCAB = 64

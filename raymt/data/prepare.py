@@ -427,10 +427,10 @@ def _read_inputs(batch: pa.Table, specs: list[dict], options: dict, tally: Any) 
     """Pass 2 reader (a generator): stripped pairs of each input with their provenance."""
     for idx in batch.column("idx").to_pylist():
         counts: Counter = Counter()
-        for src, tgt, lines in _pair_chunks(specs[idx], _on_invalid(options), counts):
+        for src, tgt, line_numbers in _pair_chunks(specs[idx], _on_invalid(options), counts):
             yield pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string()),
                             "source": pa.array([idx] * len(src), pa.int32()),
-                            "line": pa.array(lines, pa.int64())})
+                            "line": pa.array(line_numbers, pa.int64())})
         _report(tally, ("read", idx), counts)
 
 
