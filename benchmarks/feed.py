@@ -6,8 +6,7 @@ included), on Multi30k and on a generated 2M-pair corpus.
 
 Multi30k is tokenized with a SentencePiece model trained on it and written in the prepared
 format (raymt.data.format) without Ray, as is the generated corpus (random ids, Multi30k-like
-lengths); both are cached under --work-dir. The stream itself reads through Ray Data, as in
-training. The last line is `feed: <N> target tok/s per worker` for the slower corpus.
+lengths); both are cached under --work-dir. The stream reads the shards as in training. The last line is `feed: <N> target tok/s per worker` for the slower corpus.
 """
 
 from __future__ import annotations
@@ -169,9 +168,6 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     cpu = args.cpu if args.cpu is not None else min(os.sched_getaffinity(0))
     corpora = {"multi30k": multi30k_corpus(args), "generated": args.corpus or generated_corpus(args)}
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     os.sched_setaffinity(0, {cpu})  # this process (the worker's side of the feed) on one core
     for continuous in (False, True):
         waits = boundary_waits(corpora["multi30k"], args, continuous)

@@ -209,9 +209,8 @@ class WorkerLoop(Trainer):
     def before_step(self, update: Update) -> None:
         """Note the position a checkpoint after this update resumes from."""
         self.position, _ = update.mark
-        # The next epoch's stream starts after this epoch's first step: starting a Ray Data
-        # read takes seconds, and its reader then waits with one chunk queued, so an epoch
-        # never waits for the next.
+        # The next epoch's stream starts after this epoch's first step, so its first chunk
+        # is read and cut while this epoch trains: an epoch never waits for the next.
         self.upcoming.start()
 
     def after_step(self, update: Update) -> None:

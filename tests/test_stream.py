@@ -85,7 +85,7 @@ def stream(files, rank, world_size, position, num_epochs=1, **data):
                        num_epochs=num_epochs)
 
 
-def test_streams_see_each_pair_once_and_repeat_exactly(ray_cluster, tmp_path):
+def test_streams_see_each_pair_once_and_repeat_exactly(tmp_path):
     files, pairs = write_shards(tmp_path, [230, 41, 180])
     kept = Counter(p for p in pairs if len(p[0]) <= 10 and len(p[1]) <= 10)
     seen, runs = Counter(), []
@@ -102,7 +102,7 @@ def test_streams_see_each_pair_once_and_repeat_exactly(ray_cluster, tmp_path):
 
 
 @pytest.mark.parametrize("stop_after", [1, 7, 25])
-def test_resumed_stream_continues_exactly(ray_cluster, tmp_path, stop_after):
+def test_resumed_stream_continues_exactly(tmp_path, stop_after):
     files, _ = write_shards(tmp_path, [150, 260], seed=1)
     full = [batch_pairs(b) for b in stream(files, 1, 2, Position(epoch=4))]
     first = stream(files, 1, 2, Position(epoch=4))
@@ -120,7 +120,7 @@ def test_resumed_stream_continues_exactly(ray_cluster, tmp_path, stop_after):
     assert restore_position(saved, rank=1, world_size=2, epoch=5) == Position(5)  # next epoch
 
 
-def test_a_reader_error_reaches_the_training_loop(ray_cluster, tmp_path):
+def test_a_reader_error_reaches_the_training_loop(tmp_path):
     files, _ = write_shards(tmp_path, [50])
     broken = stream([(str(tmp_path / "missing.parquet"), 50)], 0, 1, Position(0))
     with pytest.raises(Exception, match="missing.parquet"):
@@ -128,7 +128,7 @@ def test_a_reader_error_reaches_the_training_loop(ray_cluster, tmp_path):
     assert len(list(stream(files, 0, 1, Position(0)))) > 0
 
 
-def test_a_stream_over_epochs_is_the_epochs_one_after_another(ray_cluster, tmp_path):
+def test_a_stream_over_epochs_is_the_epochs_one_after_another(tmp_path):
     files, _ = write_shards(tmp_path, [150, 260], seed=2)
     each = []
     for epoch in (3, 4):

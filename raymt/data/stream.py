@@ -1,8 +1,10 @@
-"""Training pairs streamed from prepared Parquet shards by Ray Data, one stream per worker.
+"""Training pairs streamed from prepared Parquet shards, one stream per worker.
 
-Ray Train's `streaming_split` hands blocks to whichever worker asks first, so which worker
-sees which pair, and where an interrupted epoch stood, cannot be reproduced (ray#37633).
-Here each worker reads its own slice of the epoch with Ray Data instead:
+Ray Data prepares the shards (reading, cleaning and tokenizing in parallel over the
+cluster, `raymt.data.prepare`). Ray Train's `streaming_split` would then hand blocks to
+whichever worker asks first, so which worker sees which pair, and where an interrupted
+epoch stood, could not be reproduced (ray#37633). Here each worker reads its own slice of
+the epoch from the shards (local or object storage, through pyarrow) instead:
 
 - the epoch's file order is a permutation drawn from (seed, epoch); the concatenated rows
   are cut into `world_size` contiguous slices holding equal numbers of tokens (from each
@@ -10,7 +12,7 @@ Here each worker reads its own slice of the epoch with Ray Data instead:
   that every rank cuts about as many token-budget batches and none waits at the epoch's
   end for another (a corpus concatenated from sources of different sentence lengths
   would otherwise give one rank the long sentences and more batches);
-- a worker's slice is read in order (`preserve_order`) and cut into chunks of
+- a worker's slice is read in order (only the row groups holding it) and cut into chunks of
   `chunk_rows` rows; each chunk is shuffled and cut into token-budget batches from
   length-sorted windows with a generator seeded by (seed, epoch, rank, chunk);
 - the position (epoch, chunk, batches consumed in the chunk) is all a checkpoint needs:
@@ -31,10 +33,12 @@ from typing import Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from raymt.batching import Batch, chunk_batches, collate_flat
 from raymt.config import DataConfig
-from raymt.data.format import COLUMNS, MAX_BLOCK_BYTES, TOKEN_INDEX_ROWS, Files, Shard
+from raymt.data.format import COLUMNS, TOKEN_INDEX_ROWS, Files, Shard
+from raymt.data.text import filesystem
 
 
 @dataclass
@@ -106,31 +110,27 @@ def skip_rows(plan: list[tuple[str, int, int]], num_rows: int) -> list[tuple[str
     return out
 
 
-def read_plan(plan: list[tuple[str, int, int]], prefetch_batches: int = 2) -> Iterator[pa.Table]:
-    """Stream the planned rows in order through Ray Data (parallel, prefetching reads)."""
-    import ray.data
+def read_plan(plan: list[tuple[str, int, int]]) -> Iterator[pa.Table]:
+    """Stream the planned rows in order, reading only the row groups that hold them.
 
-    if not plan:
-        return
-    context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = True  # the row order is part of the epoch's plan
-    context.target_max_block_size = MAX_BLOCK_BYTES
-    context.enable_progress_bars = False
-    ds = ray.data.read_parquet([path for path, _, _ in plan], columns=COLUMNS)
-    # Rows arrive file by file; only the first and last file of a slice are partial.
-    skip = plan[0][1]
-    remaining = sum(end - start for _, start, end in plan)
-    for table in ds.iter_batches(batch_size=None, batch_format="pyarrow",
-                                 prefetch_batches=prefetch_batches):
-        if skip >= len(table):
-            skip -= len(table)
-            continue
-        table = table.slice(skip, remaining)
-        skip, remaining = 0, remaining - len(table)
-        if len(table):
-            yield table
-        if remaining == 0:
-            return
+    The plan is fixed by (seed, epoch, rank), so the worker reads its own rows straight from
+    the shards (local or any pyarrow filesystem). A Ray Data read per epoch cost 1.4-3.4 s
+    before its first block and a few CPU-seconds of task start-up on cores busy training
+    (benchmarks/NOTES.md); Ray Data does the parallel work before this (`raymt.data.prepare`).
+    """
+    for path, start, end in plan:
+        fs, local = filesystem(path)
+        with fs.open_input_file(local) as f:
+            shard = pq.ParquetFile(f)
+            first = 0  # the row group's first row in the shard
+            for g in range(shard.metadata.num_row_groups):
+                num_rows = shard.metadata.row_group(g).num_rows
+                lo, hi = max(start - first, 0), min(end - first, num_rows)
+                if lo < hi:
+                    yield shard.read_row_group(g, columns=COLUMNS).slice(lo, hi - lo)
+                first += num_rows
+                if first >= end:
+                    break
 
 
 def chunks(tables: Iterator[pa.Table], chunk_rows: int) -> Iterator[pa.Table]:
@@ -175,8 +175,8 @@ class TrainStream:
     A background thread reads, cuts and collates up to `prefetch` batches ahead, so
     training rarely waits; `start()` begins that early (the training loop starts the next
     epoch's stream after the current epoch's first step). Over several epochs the thread
-    goes on into the next epoch's plan without a pause: its Ray Data read starts with the
-    current epoch's first chunk. `busy_s` is the time the consumer waited.
+    goes on into the next epoch's plan without a pause. `busy_s` is the time the consumer
+    waited.
     """
 
     def __init__(self, files: Files, cfg: DataConfig, seed: int, rank: int, world_size: int,
@@ -248,14 +248,11 @@ class TrainStream:
         """(batch, position after it, pair digests) for the rest of the stream's epochs."""
         first, end = self.position.epoch, self.position.epoch + self.num_epochs
         chunk_index, skip = self.position.chunk, self.position.batches
-        reads = [_ReadAhead(read_plan(self.plan))]  # this epoch's, then the next one's
-        try:
-            for epoch in range(first, end):
-                for table in chunks(iter(reads[0]), self.chunk_rows):
-                    if len(reads) == 1 and epoch + 1 < end:
-                        # The next epoch's read starts with this one's first chunk and waits with
-                        # a few tables queued: the boundary does not wait for a Ray Data start.
-                        reads.append(_ReadAhead(read_plan(self.epoch_plan(epoch + 1))))
+        for epoch in range(first, end):
+            plan = self.plan if epoch == first else self.epoch_plan(epoch)
+            read = _ReadAhead(read_plan(plan))
+            try:
+                for table in chunks(iter(read), self.chunk_rows):
                     src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
                     for b, idx in enumerate(self.cut(src, tgt, epoch, chunk_index)[skip:], start=skip):
                         hashes = pair_hashes(src, tgt, idx) if self.trace else []
@@ -263,13 +260,9 @@ class TrainStream:
                         yield ((batch.pin_memory() if self.pin_memory else batch),
                                Position(epoch, chunk_index, b + 1), hashes)
                     chunk_index, skip = chunk_index + 1, 0
-                reads.pop(0).close()
-                if not reads and epoch + 1 < end:  # an empty slice: nothing started it
-                    reads.append(_ReadAhead(read_plan(self.epoch_plan(epoch + 1))))
-                chunk_index = 0
-        finally:
-            for read in reads:
+            finally:
                 read.close()
+            chunk_index = 0
 
     def cut(self, src, tgt, epoch: int, chunk_index: int) -> list[np.ndarray]:
         """The chunk's batches; pairs longer than data.max_len are dropped."""
