@@ -22,7 +22,8 @@ def machine_cpus() -> int:
 
 
 def data_cpus(num_cpus: float) -> float:
-    """CPUs left to Ray Data: one (half of a lone CPU), so streaming reads never starve."""
+    """CPUs kept out of workers' reservations: one (half of a lone CPU), for Ray Data's
+    preparation and decoding tasks and Ray's own actors (Train's controller, Tune's trials)."""
     return 1.0 if num_cpus >= 2 else num_cpus / 2
 
 
@@ -82,8 +83,8 @@ RAY_CHATTER = (
     "Setting up process group for", "Started training worker group of size", "world_rank=",
     "Moving model to device", "Wrapping provided model in DistributedDataParallel",
     "Reporting training result",  # a Train logger outside ray.train: its LoggingConfig misses it
-    # Ray Data's check at the start of every epoch's read, while Train's workers hold their
-    # CPUs; raymt's planner leaves Ray Data a CPU (plan), and the reads go ahead
+    # Ray Data's check at the start of a read while other groups hold their CPUs; raymt's
+    # planner leaves Ray Data a CPU (plan), and the read goes ahead
     "Cluster resources are not enough to run any task from TaskPoolMapOperator[ReadFiles",
 )
 # A line that one of Ray's Python loggers wrote in a worker process: "DATE TIME\tINFO file.py:12 -- ...".

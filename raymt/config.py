@@ -201,7 +201,7 @@ class TrainConfig:
     log_every: int = 50
     num_workers: int = 2
     use_gpu: bool = False
-    # CPUs reserved per worker; None = leave one CPU of the cluster to Ray Data.
+    # CPUs reserved per worker; None = the cluster's CPUs but one (raymt.cluster.plan), split evenly.
     cpus_per_worker: Optional[float] = None
     # bf16 autocast of the forward pass, on GPU and on CPUs with bf16 units (AVX512-BF16,
     # AMX), where it is faster than fp32; fp32 elsewhere.

@@ -212,7 +212,7 @@ def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
         callbacks: Optional[list] = None, init_full_state: bool = False, verbose: bool = False):
     """Run the TorchTrainer; returns Ray's Result.
 
-    Workers read their own slices of `train_files` with Ray Data (raymt.data.stream), so no
+    Workers read their own slices of `train_files` (raymt.data.stream), so no
     dataset is split by Ray Train; validation rows travel in the config, every one scored.
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
