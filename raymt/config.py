@@ -332,18 +332,25 @@ def _renamed(d: dict) -> dict:
 # Per-worker token budget on a GPU: a 2,048-token batch leaves a GPU launch-bound (an H200
 # was busy ~7.4 of 43.6 ms per base step); 32k tokens ran base at ~452k tok/s there.
 GPU_MAX_TOKENS = 32768
+# The paper's warmup at ~25k target tokens per update (Vaswani et al. 2017).
+PAPER_WARMUP_STEPS = 4000
 
 
 def device_defaults(cfg: "Config") -> dict[str, Any]:
     """Values a GPU or compiled run gets for the fields its user did not set.
 
     On a GPU: 32k-token batches per worker (16k for models wider than base, whose
-    activations are twice as large; lower it with --set data.max_tokens on small cards) and
-    a width ladder of 8. Compiled runs also get the ladder, so shapes repeat.
+    activations are twice as large; lower it with --set data.max_tokens on small cards), a
+    width ladder of 8, and the paper's schedule for batches of that size: warmup 4000 steps
+    (a quarter of a shorter run) and the peak lr d_model^-0.5 * 4000^-0.5 (7.0e-4 for base,
+    4.9e-4 for big; the CPU defaults' 3e-3 is for the 128-wide default model on 2k-token
+    batches). Compiled runs also get the ladder, so shapes repeat.
     """
     out: dict[str, Any] = {}
     if cfg.train.use_gpu:
         out["data.max_tokens"] = GPU_MAX_TOKENS if cfg.model.d_model <= 512 else GPU_MAX_TOKENS // 2
+        out["optim.warmup_steps"] = max(1, min(PAPER_WARMUP_STEPS, cfg.train.max_steps // 4))
+        out["optim.lr"] = float(f"{(cfg.model.d_model * PAPER_WARMUP_STEPS) ** -0.5:.2g}")
     if cfg.train.use_gpu or cfg.train.compile:
         out["data.pad_multiple"] = 8
     return out
