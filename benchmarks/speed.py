@@ -14,7 +14,7 @@ from another run) on Multi30k en-de with the `small` preset, and prints one tabl
 | peer: training | raymt model / HF MarianMTModel, same dims, weights and batches, plain loop |
 | peer: decoding | raymt beam-5 sentences/s / HF `generate` on the same weights |
 | inference limit | raymt beam-5 sentences/s / CTranslate2 (float32) on the same weights |
-| data | tokens/s the Ray Data stream delivers / tokens/s training consumes, per worker |
+| data | tokens/s the training stream delivers / tokens/s training consumes, per worker |
 
 Timed phases alternate the systems they compare (A B A B ...) so that both see the
 same machine; each rate is the median of its repeats. Models are post-norm so that the
