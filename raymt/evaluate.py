@@ -175,8 +175,10 @@ def write_report(args: argparse.Namespace, sets: dict[str, Pairs], results: list
     out_dir = Path(args.output_dir)
     num_sentences = sum(len(pairs[0]) for pairs in sets.values())
     checkpoint = Path(args.checkpoint).resolve()
-    report = {"checkpoint": str(checkpoint), "checkpoint_description": describe_checkpoint(checkpoint),
-              "src_lang": args.src_lang, "tgt_lang": args.tgt_lang, "decode": {**opts.__dict__, "batch_size": args.batch_size},
+    report = {"checkpoint": str(checkpoint),
+              "checkpoint_description": describe_checkpoint(checkpoint),  # its step, or what it averages
+              "src_lang": args.src_lang, "tgt_lang": args.tgt_lang,
+              "decode": {**opts.__dict__, "batch_size": args.batch_size},
               "num_actors": args.num_actors, "device": "gpu" if args.gpu else "cpu",
               "num_sentences": num_sentences, "wall_time_s": round(wall_time_s, 2),
               "sentences_per_s": round(num_sentences / max(wall_time_s, 1e-9), 2),
