@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from raymt.checkpoint import (MODEL_FILE, SPM_FILE, check_checkpoint, load_config,
+from raymt.checkpoint import (MODEL_FILE, SPM_FILE, STATE_FILE, check_checkpoint, load_config,
                               load_train_state, load_weights, save_checkpoint, weights_file)
 from raymt.config import Config
 from raymt.model import build_model
@@ -155,6 +155,33 @@ def average_checkpoints(directories: Sequence[str | Path], output: str | Path) -
     sources = [str(d.resolve()) for d in directories]
     (output / AVERAGE_FILE).write_text(json.dumps({"checkpoints": sources}, indent=2))
     return output
+
+
+def recorded_step(directory: str | Path) -> Optional[int]:
+    """The training step of a run's checkpoint: from Ray's snapshot beside it, else its
+    train_state.pt; None for weights without either (an exported model)."""
+    directory = Path(directory)
+    try:
+        step = checkpoint_metrics(directory.parent).get(directory.name, {}).get("step")
+    except ValueError:  # no snapshot: not (or no longer) in a run directory
+        step = None
+    if step is None and (directory / STATE_FILE).is_file():
+        step = load_train_state(directory).get("step")
+    return None if step is None else int(step)
+
+
+def describe_checkpoint(directory: str | Path, shown: Optional[str] = None) -> str:
+    """Which weights a score comes from: `shown` (default the path) with its step, or the
+    checkpoints (and steps) it averages."""
+    directory = Path(directory)
+    shown = shown or str(directory)
+    if (directory / AVERAGE_FILE).is_file():
+        sources = [Path(s) for s in json.loads((directory / AVERAGE_FILE).read_text())["checkpoints"]]
+        steps = [recorded_step(s) if s.is_dir() else None for s in sources]
+        parts = ", ".join(f"{s.name} step {'?' if n is None else n}" for s, n in zip(sources, steps))
+        return f"{shown} (average of {len(sources)}: {parts})"
+    step = recorded_step(directory)
+    return f"{shown} ({'no step recorded' if step is None else f'step {step}'}, not averaged)"
 
 
 def select(args: argparse.Namespace) -> list[Path]:

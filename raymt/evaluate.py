@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from raymt import metrics
+from raymt.average import describe_checkpoint
 from raymt.checkpoint import check_checkpoint, load_model
 from raymt.cluster import Plan, init_ray, plan
 from raymt.data.text import Pairs, read_parallel
@@ -137,14 +138,11 @@ def translate_on_cluster(checkpoint: str, sources: Sequence[Sequence[str]], opts
 
 
 def print_table(report: dict) -> None:
-    """Scores per test set, then the signatures."""
-    print(f"{'test set':<24} {'sents':>6} {'BLEU':>6} {'chrF':>6} {'TER':>6} {'BLEU-lc':>8}")
+    """Each test set's scores with the checkpoint, decoding and signatures; then the speed."""
+    decode = report["decode"]
     for name, r in report["test_sets"].items():
-        print(f"{name:<24} {r['num_sentences']:>6} {r['bleu']:>6.2f} {r['chrf']:>6.2f} "
-              f"{r['ter']:>6.2f} {r['bleu_lc']:>8.2f}")
-    scores = next(iter(report["test_sets"].values()))
-    for name in ("bleu", "chrf", "ter", "bleu_lc"):
-        print(f"  {name}: {scores[name + '_signature']}")
+        print("\n".join(metrics.score_lines(name, r, report["checkpoint_description"], decode["beam"],
+                                             decode["length_penalty"], r["num_sentences"])))
     print(f"{report['num_sentences']} sentences in {report['wall_time_s']:.1f} s "
           f"({report['sentences_per_s']:.1f}/s, {report['num_actors']} actors); "
           f"report: {report['report']}")
@@ -176,8 +174,11 @@ def write_report(args: argparse.Namespace, sets: dict[str, Pairs], results: list
     """Hypothesis and score files per test set, and report.json with every number."""
     out_dir = Path(args.output_dir)
     num_sentences = sum(len(pairs[0]) for pairs in sets.values())
-    report = {"checkpoint": str(Path(args.checkpoint).resolve()), "src_lang": args.src_lang,
-              "tgt_lang": args.tgt_lang, "decode": {**opts.__dict__, "batch_size": args.batch_size},
+    checkpoint = Path(args.checkpoint).resolve()
+    report = {"checkpoint": str(checkpoint),
+              "checkpoint_description": describe_checkpoint(checkpoint),  # its step, or what it averages
+              "src_lang": args.src_lang, "tgt_lang": args.tgt_lang,
+              "decode": {**opts.__dict__, "batch_size": args.batch_size},
               "num_actors": args.num_actors, "device": "gpu" if args.gpu else "cpu",
               "num_sentences": num_sentences, "wall_time_s": round(wall_time_s, 2),
               "sentences_per_s": round(num_sentences / max(wall_time_s, 1e-9), 2),

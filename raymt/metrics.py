@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import time
 from pathlib import Path
+from typing import Optional
 
 import sacrebleu
 
@@ -29,6 +30,29 @@ def score(hyps: list[str], refs: list[str], extra: bool = False) -> dict:
         out[name] = metric.corpus_score(hyps, [refs]).score
         out[f"{name}_signature"] = str(metric.get_signature())
     return out
+
+
+# The `score(..., extra=True)` key printed beside sacreBLEU: 13a-tokenized, lowercased BLEU.
+PAPERS_BLEU = "bleu_lc"
+
+
+def score_lines(name: str, scores: dict, checkpoint: str, beam: int, length_penalty: float,
+                num_sentences: Optional[int] = None) -> list[str]:
+    """How a test score is printed (raymt.train and raymt.evaluate): the scores, the weights and
+    decoding they come from, and every sacreBLEU signature.
+
+    `scores` is `score(..., extra=True)`'s; its `bleu_lc` (sacreBLEU's 13a tokenizer,
+    lowercased) is the closest sacreBLEU form of papers' tokenized lowercased BLEU.
+    """
+    sentences = f", {num_sentences} sentences" if num_sentences is not None else ""
+    ter = f", TER {scores['ter']:.2f}" if "ter" in scores else ""
+    lines = [f"{name} BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}{ter} (sacreBLEU{sentences}); "
+             f"tokenized lowercased BLEU {scores[PAPERS_BLEU]:.2f} (13a, lowercase; papers' form)",
+             f"  checkpoint {checkpoint}; beam {beam}, length penalty {length_penalty:g}"]
+    labels = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER", PAPERS_BLEU: "BLEU-lc"}
+    lines += [f"  {label + ':':<8} {scores[key + '_signature']}" for key, label in labels.items()
+              if key + "_signature" in scores]
+    return lines
 
 
 CSV_COLUMNS = ("step", "epoch", "time_s", "train_loss", "lr", "tokens_per_s",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from raymt.average import describe_checkpoint
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
 from raymt.cluster import Plan, init_ray, plan, train_logging
 from raymt.config import (Config, apply_overrides, device_defaults, flatten, load_file, parse_set_args,
@@ -19,7 +20,7 @@ from raymt.config import (Config, apply_overrides, device_defaults, flatten, loa
 from raymt.data import builtin, text
 from raymt.data import format as corpus_format
 from raymt.decoding import translate
-from raymt.metrics import score
+from raymt.metrics import score, score_lines
 from raymt.plot import after_training as plot_learning_curves
 from raymt.tokenizer import Tokenizer
 
@@ -252,10 +253,13 @@ def best_checkpoint(result):
     return max(scored, key=lambda x: x[0])[1]
 
 
-def test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config) -> dict:
-    """Beam-search the test set on the driver with the best checkpoint and score it."""
+def test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: Optional[str] = None) -> dict:
+    """Beam-search the test set on the driver with the best checkpoint and score it; the
+    scores say which checkpoint (`shown`: its storage path) and how it was decoded."""
     model, tokenizer, _ = load_model(checkpoint)
-    return score(translate(model, tokenizer, pairs[0], cfg.decode), pairs[1])
+    scores = score(translate(model, tokenizer, pairs[0], cfg.decode), pairs[1], extra=True)
+    return {**scores, "checkpoint": describe_checkpoint(checkpoint, shown), "num_sentences": len(pairs[0]),
+            "beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty}
 
 
 def finalize(cfg: Config) -> Config:
@@ -304,7 +308,7 @@ def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optiona
                "valid": {k: v for k, v in result.metrics.items() if k.startswith("valid_")}}
     if score_test and "test" in run_data.eval_sets:
         with best.as_directory() as directory:  # downloads from remote storage if needed
-            summary["test"] = test_scores(directory, run_data.eval_sets["test"], cfg)
+            summary["test"] = test_scores(directory, run_data.eval_sets["test"], cfg, best.path)
     summary["wall_time_s"] = round(time.time() - t0, 1)
     plot_learning_curves(run_dir)  # RUN/plots/*.png from logs/metrics.csv; never raises
     # summary.json last: it marks a finished run (a Tune sweep interrupted after it reruns nothing).
@@ -340,8 +344,8 @@ def print_summary(summary: dict) -> None:
     print("\n=== raymt training finished ===")
     if "test" in summary:
         t = summary["test"]
-        print(f"test BLEU {t['bleu']:.2f}  ({t['bleu_signature']})")
-        print(f"test chrF {t['chrf']:.2f}  ({t['chrf_signature']})")
+        print("\n".join(score_lines("test", t, t["checkpoint"], t["beam"], t["length_penalty"],
+                                     t["num_sentences"])))
     print(f"metrics: {summary['metrics_csv']} (TensorBoard: tensorboard --logdir {summary['run_dir']}/logs)")
     print(f"best checkpoint: {summary['best_checkpoint']}")
     print(f"wall time: {summary['wall_time_s'] / 60:.1f} min")
