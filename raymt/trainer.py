@@ -335,7 +335,7 @@ class Progress:
             done = step - self.start_step
             eta = (now - self.t0) / max(done, 1) * (self.cfg.train.max_steps - step)
             if self.cfg.train.max_minutes:  # the time budget may end the run first
-                eta = min(eta, 60 * self.cfg.train.max_minutes - (now - self.t0))
+                eta = max(0.0, min(eta, 60 * self.cfg.train.max_minutes - (now - self.t0)))
             print(f"step {step}/{self.cfg.train.max_steps} | epoch {epoch + 1} | "
                   f"loss {metrics['train_loss']:.3f} | lr {lr:.2e} | "
                   f"{tokens_per_s / 1000:.1f}k tok/s | eta {eta / 60:.1f} min", flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -11,7 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any, Optional
 
-from raymt.config import Config, apply_overrides
+from raymt.config import Config, CorpusOptions, apply_overrides
 from raymt.cluster import init_ray, plan
 from raymt.train import build_config, finalize, flag_parser
 
@@ -59,6 +60,12 @@ def _typed(key: str, raw: str) -> Any:
     return getattr(getattr(cfg, section), name)
 
 
+# Fields of the corpus a sweep prepares once for all its trials (tune.shared_corpus).
+CORPUS_FIELDS = {f.name for f in dataclasses.fields(CorpusOptions)} | {
+    "vocab_size", "train", "valid", "test", "corpus", "src_lang", "tgt_lang", "builtin_train_size",
+    "builtin_eval_size"}
+
+
 def parse_space(search: list[str], grid: list[str]) -> dict[str, Any]:
     """`--search`/`--grid` strings -> a Tune param space keyed by dotted config fields."""
     from ray import tune
@@ -76,6 +83,10 @@ def parse_space(search: list[str], grid: list[str]) -> dict[str, Any]:
             raise ValueError(f"--search {item!r} must look like section.field=DIST:ARGS, "
                              "e.g. optim.lr=loguniform:1e-4:3e-3")
         space[key] = _distribution(key, kind, args)
+    shared = [key for key in space if key.split(".")[-1] in CORPUS_FIELDS and key.startswith("data.")]
+    if shared:
+        raise ValueError(f"--search/--grid {', '.join(shared)}: a sweep prepares its corpus once for "
+                         "every trial; run one sweep per value with --set (e.g. --set data.vocab_size=N)")
     return space
 
 

@@ -27,6 +27,8 @@ TINY_TRIAL = ["--preset", "tiny", "--num-workers", "1", "--max-steps", "20",
     (["optim.lrate=uniform:0:1"], [], "unknown config field 'optim.lrate'"),
     ([], ["model.dropout=0.1,2.0"], r"model.dropout=2.0 must be in \[0, 1\)"),
     ([], ["train.max_steps=ten"], "'ten' is not a valid int"),
+    ([], ["data.vocab_size=4000,8000"], "prepares its corpus once"),  # it would be ignored
+    (["data.max_ratio=uniform:1.5:3"], [], "prepares its corpus once"),
 ])
 def test_bad_search_spaces_are_one_clear_error(search, grid, message):
     with pytest.raises(ValueError, match=message):
