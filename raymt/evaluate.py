@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from raymt import metrics
+from raymt import metrics, storage
 from raymt.checkpoint import check_checkpoint, load_model
 from raymt.cluster import Plan, init_ray, plan
 from raymt.data.text import Pairs, read_parallel
@@ -38,7 +38,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
     d = DecodeOptions()
     p = argparse.ArgumentParser(prog="python -m raymt.evaluate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True, help="checkpoint or exported model directory")
+    p.add_argument("--checkpoint", required=True, help="checkpoint or exported model directory, or its URI (s3://...)")
     p.add_argument("--test", action="append", required=True, metavar="PREFIX",
                    help="test set PREFIX.<src-lang> / PREFIX.<tgt-lang> (plain or .gz); repeatable")
     p.add_argument("--src-lang", help="source language suffix (default: the checkpoint's data.src_lang)")
@@ -129,7 +129,7 @@ def translate_on_cluster(checkpoint: str, sources: Sequence[Sequence[str]], opts
         BatchTranslator, batch_size=1, batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=num_actors),  # `concurrency=N` is deprecated since Ray 2.51
         num_cpus=actors.cpus, num_gpus=actors.gpus,
-        fn_constructor_kwargs={"checkpoint": str(Path(checkpoint).resolve()), "opts": dict(opts.__dict__),
+        fn_constructor_kwargs={"checkpoint": storage.normalize(checkpoint), "opts": dict(opts.__dict__),
                                "device": "cuda" if use_gpu else "cpu", "num_threads": actors.num_threads})
     decoded = {(int(r["set"]), int(r["index"])): (float(r["score"]), str(r["hyp"])) for r in ds.take_all()}
     assert len(decoded) == sum(len(s) for s in sources), "every sentence is decoded exactly once"
@@ -176,7 +176,7 @@ def write_report(args: argparse.Namespace, sets: dict[str, Pairs], results: list
     """Hypothesis and score files per test set, and report.json with every number."""
     out_dir = Path(args.output_dir)
     num_sentences = sum(len(pairs[0]) for pairs in sets.values())
-    report = {"checkpoint": str(Path(args.checkpoint).resolve()), "src_lang": args.src_lang,
+    report = {"checkpoint": storage.normalize(args.checkpoint), "src_lang": args.src_lang,
               "tgt_lang": args.tgt_lang, "decode": {**opts.__dict__, "batch_size": args.batch_size},
               "num_actors": args.num_actors, "device": "gpu" if args.gpu else "cpu",
               "num_sentences": num_sentences, "wall_time_s": round(wall_time_s, 2),
