@@ -6,7 +6,8 @@ Training pairs go through two Ray Data passes and never sit in memory as a whole
 first reads and cleans every input and keeps a bottom-k hash sample for SentencePiece;
 the second reads again, tokenizes in parallel tasks, drops by length, ratio and (optional)
 duplicates, and writes the shards. Everything is written to a sibling temporary directory
-that is renamed into place at the end, so an output directory is never left half-written.
+that is renamed into place at the end, so an output directory is never left half-written;
+an output URI (s3://...) is built in a local temporary directory and uploaded, manifest last.
 """
 
 from __future__ import annotations
