@@ -343,7 +343,7 @@ def run(cfg: Config, resume_dir: Optional[str] = None, init_checkpoint: Optional
     summary["wall_time_s"] = round(time.time() - t0, 1)
     # Plots and summary.json are made in a local mirror of the run directory (itself when local).
     files = storage.MirroredDir(run_dir, fetch=(METRICS_CSV,))
-    plot_learning_curves(files.path)  # RUN/plots/*.png from logs/metrics.csv; never raises
+    plot_learning_curves(files.path, run_dir)  # RUN/plots/*.png from logs/metrics.csv; never raises
     # summary.json last: it marks a finished run (a Tune sweep interrupted after it reruns nothing).
     (files.path / "summary.json").write_text(json.dumps(summary, indent=2))
     files.close()
