@@ -35,7 +35,6 @@ import pyarrow as pa
 from raymt.batching import Batch, chunk_batches, collate_flat
 from raymt.config import DataConfig
 from raymt.data.format import COLUMNS, MAX_BLOCK_BYTES, TOKEN_INDEX_ROWS, Files, Shard
-from raymt.storage import filesystem
 
 
 @dataclass
@@ -117,10 +116,7 @@ def read_plan(plan: list[tuple[str, int, int]], prefetch_batches: int = 2) -> It
     context.execution_options.preserve_order = True  # the row order is part of the epoch's plan
     context.target_max_block_size = MAX_BLOCK_BYTES
     context.enable_progress_bars = False
-    # Shards on object storage are read through the filesystem raymt resolves (raymt.storage).
-    fs, _ = filesystem(plan[0][0])
-    ds = ray.data.read_parquet([filesystem(path)[1] for path, _, _ in plan], columns=COLUMNS,
-                               filesystem=fs)
+    ds = ray.data.read_parquet([path for path, _, _ in plan], columns=COLUMNS)
     # Rows arrive file by file; only the first and last file of a slice are partial.
     skip = plan[0][1]
     remaining = sum(end - start for _, start, end in plan)
