@@ -20,14 +20,13 @@ from typing import Optional, Sequence
 import torch
 
 from raymt import storage
-from raymt.checkpoint import (MODEL_FILE, SPM_FILE, check_checkpoint, load_config, local_checkpoint,
-                              load_train_state, load_weights, save_checkpoint, weights_file)
+from raymt.checkpoint import (MODEL_FILE, RAY_SNAPSHOT_FILE, SPM_FILE, check_checkpoint, load_config,
+                              load_train_state, load_weights, local_checkpoint, save_checkpoint,
+                              weights_file)
 from raymt.config import Config
 from raymt.model import build_model
 from raymt.tokenizer import Tokenizer
 
-# Written by Ray Train (2.60: train/v2 CheckpointManager) next to the checkpoint_* directories.
-RAY_SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
 AVERAGE_FILE = "average.json"
 # Training-only fields that may differ between checkpoints of one model.
 DROPOUTS = ("dropout", "attention_dropout")

@@ -25,6 +25,9 @@ STATE_FILE = "train_state.pt"
 CONFIG_FILE = "config.json"
 SPM_FILE = "spm.model"
 SAFETENSORS_FILE = "model.safetensors"
+# Written by Ray Train (2.60: train/v2 CheckpointManager) in a run directory: the checkpoints it
+# registered, with their metrics; a run of that name started again restores from the latest.
+RAY_SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
 
 
 def _atomic_save(obj: Any, path: Path) -> None:

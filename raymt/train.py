@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Optional
 
 from raymt import storage
-from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
+from raymt.checkpoint import (MODEL_FILE, RAY_SNAPSHOT_FILE, SAFETENSORS_FILE, SPM_FILE, load_config,
+                              load_model)
 from raymt.cluster import Plan, init_ray, plan, train_logging
 from raymt.config import (Config, apply_overrides, device_defaults, flatten, load_file, parse_set_args,
                           preset)
@@ -25,9 +26,6 @@ from raymt.plot import after_training as plot_learning_curves
 from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
-# Written by Ray Train (2.60: train/v2 CheckpointManager) in the run directory: the checkpoints
-# it registered, which it restores from when a run of that name starts again.
-RAY_SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
 METRICS_CSV = "logs/metrics.csv"
 
 

@@ -181,6 +181,7 @@ def wait_for_remote_checkpoints(run_dir: str, count: int, proc, timeout: float =
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_killed_driver_resumes_from_s3_exactly(prefix, tmp_path):
     """Multi30k-sized data prepared into the bucket; a 2-worker run with storage_path there is
     killed after two checkpoints and resumed by URI from an empty working directory: same
