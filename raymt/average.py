@@ -10,21 +10,23 @@ The result is a checkpoint directory (model.pt, config.json, spm.model, average.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
-from raymt.checkpoint import (MODEL_FILE, SPM_FILE, STATE_FILE, check_checkpoint, load_config,
-                              load_train_state, load_weights, save_checkpoint, weights_file)
+from raymt import storage
+from raymt.checkpoint import (MODEL_FILE, RAY_SNAPSHOT_FILE, SPM_FILE, STATE_FILE, check_checkpoint,
+                              load_config, load_train_state, load_weights, local_checkpoint,
+                              save_checkpoint, weights_file)
 from raymt.config import Config
 from raymt.model import build_model
 from raymt.tokenizer import Tokenizer
 
-# Written by Ray Train (2.60: train/v2 CheckpointManager) next to the checkpoint_* directories.
-RAY_SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
 AVERAGE_FILE = "average.json"
 # Training-only fields that may differ between checkpoints of one model.
 DROPOUTS = ("dropout", "attention_dropout")
@@ -33,16 +35,33 @@ DROPOUTS = ("dropout", "attention_dropout")
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
     p = argparse.ArgumentParser(prog="python -m raymt.average", description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir", nargs="?", help="a raymt.train run directory (with --last or --best)")
+    p.add_argument("run_dir", nargs="?", help="a raymt.train run directory or its URI (with --last or --best)")
     pick = p.add_mutually_exclusive_group(required=True)
     pick.add_argument("--last", type=int, metavar="N", help="the N checkpoints with the highest steps")
     pick.add_argument("--best", type=int, metavar="N", help="the N checkpoints with the best --metric")
-    pick.add_argument("--checkpoints", nargs="+", metavar="DIR", help="these checkpoint directories")
+    pick.add_argument("--checkpoints", nargs="+", metavar="DIR", help="these checkpoint directories (paths or URIs)")
     p.add_argument("--metric", default="valid_bleu", help="reported metric that ranks --best (default valid_bleu)")
     p.add_argument("--mode", choices=("max", "min"),
                    help="higher or lower is better (default: min for *loss*, else max)")
     p.add_argument("--output", required=True, help="new checkpoint directory to write")
     return p.parse_args(argv)
+
+
+def run_dir_on_disk(run_dir: str | Path) -> Path:
+    """A run directory on local disk: itself, or for a URI a directory in the cache holding Ray's
+    snapshot and links named like the run's complete checkpoints to their downloaded copies."""
+    if not storage.is_uri(run_dir):
+        return Path(run_dir)
+    local = storage.cache_root() / "runs" / hashlib.sha256(storage.normalize(run_dir).encode()).hexdigest()[:16]
+    shutil.rmtree(local, ignore_errors=True)  # checkpoints Ray has deleted since must not linger
+    local.mkdir(parents=True)
+    for name in storage.listdir(run_dir):
+        if name.startswith("checkpoint_") and storage.exists(storage.join(run_dir, name, MODEL_FILE)):
+            (local / name).symlink_to(local_checkpoint(storage.join(run_dir, name)), target_is_directory=True)
+    snapshot = storage.optional_bytes(storage.join(run_dir, RAY_SNAPSHOT_FILE))
+    if snapshot is not None:
+        (local / RAY_SNAPSHOT_FILE).write_bytes(snapshot)
+    return local
 
 
 def run_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -189,13 +208,14 @@ def select(args: argparse.Namespace) -> list[Path]:
     if args.checkpoints:
         if args.run_dir:
             raise ValueError("give either a run directory (with --last/--best) or --checkpoints, not both")
-        return [Path(d) for d in args.checkpoints]
+        return [local_checkpoint(d) for d in args.checkpoints]
     if not args.run_dir:
         raise ValueError(f"--{'last' if args.last is not None else 'best'} needs a run directory: "
                          "python -m raymt.average RUN_DIR ...")
+    run_dir = run_dir_on_disk(args.run_dir)
     if args.last is not None:
-        return last_checkpoints(args.run_dir, args.last)
-    return best_checkpoints(args.run_dir, args.best, args.metric, args.mode)
+        return last_checkpoints(run_dir, args.last)
+    return best_checkpoints(run_dir, args.best, args.metric, args.mode)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import torch
 
+from raymt import storage
 from raymt.config import Config
 from raymt.model import Transformer, build_model
 from raymt.tokenizer import Tokenizer
@@ -24,6 +25,9 @@ STATE_FILE = "train_state.pt"
 CONFIG_FILE = "config.json"
 SPM_FILE = "spm.model"
 SAFETENSORS_FILE = "model.safetensors"
+# Written by Ray Train (2.60: train/v2 CheckpointManager) in a run directory: the checkpoints it
+# registered, with their metrics; a run of that name started again restores from the latest.
+RAY_SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -77,9 +81,15 @@ def _torch_load(path: Path) -> Any:
         raise ValueError(f"cannot load {path}: corrupt, truncated or not weights-only ({_first_line(err)})") from None
 
 
+def local_checkpoint(directory: str | Path) -> Path:
+    """A checkpoint directory on local disk: itself, or the copy of a URI (s3://...) downloaded
+    once into raymt's cache (raymt.storage.local_copy); its files are then loaded as local ones."""
+    return storage.local_copy(directory, "checkpoints")
+
+
 def load_config(directory: str | Path) -> tuple[Config, int]:
-    """The run config and model vocabulary size stored in a checkpoint."""
-    path = Path(directory) / CONFIG_FILE
+    """The run config and model vocabulary size stored in a checkpoint (path or URI)."""
+    path = local_checkpoint(directory) / CONFIG_FILE
     if not path.is_file():
         raise ValueError(f"{path} does not exist; is {directory} a raymt checkpoint directory?")
     try:
@@ -91,7 +101,7 @@ def load_config(directory: str | Path) -> tuple[Config, int]:
 
 def check_checkpoint(directory: str | Path) -> tuple[Config, Tokenizer]:
     """Config and tokenizer of a checkpoint whose weights file exists (the weights are not read)."""
-    directory = Path(directory)
+    directory = local_checkpoint(directory)
     if not directory.is_dir():
         raise ValueError(f"checkpoint directory {directory} does not exist")
     config, vocab_size = load_config(directory)
@@ -104,8 +114,8 @@ def check_checkpoint(directory: str | Path) -> tuple[Config, Tokenizer]:
 
 
 def load_model(directory: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer, Config]:
-    """Rebuild the model (eval mode) and tokenizer from a checkpoint directory."""
-    directory = Path(directory)
+    """Rebuild the model (eval mode) and tokenizer from a checkpoint directory (path or URI)."""
+    directory = local_checkpoint(directory)
     config, tokenizer = check_checkpoint(directory)
     model = build_model(config.model, tokenizer.vocab_size)
     state = load_weights(directory)
@@ -119,12 +129,12 @@ def load_model(directory: str | Path, device: str = "cpu") -> tuple[Transformer,
 
 def load_train_state(directory: str | Path) -> dict:
     """Optimizer, scheduler, step and data position of a training checkpoint."""
-    return _torch_load(Path(directory) / STATE_FILE)
+    return _torch_load(local_checkpoint(directory) / STATE_FILE)
 
 
 def weights_file(directory: str | Path) -> Path:
     """The weights of a checkpoint or exported model: model.safetensors, else model.pt."""
-    directory = Path(directory)
+    directory = local_checkpoint(directory)
     for name in (SAFETENSORS_FILE, MODEL_FILE):
         if (directory / name).is_file():
             return directory / name

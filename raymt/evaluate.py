@@ -24,9 +24,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from raymt import metrics
+from raymt import metrics, storage
 from raymt.average import describe_checkpoint
-from raymt.checkpoint import check_checkpoint, load_model
+from raymt.checkpoint import check_checkpoint, load_model, local_checkpoint
 from raymt.cluster import Plan, init_ray, plan
 from raymt.data.text import Pairs, read_parallel
 from raymt.decoding import DecodeOptions, decode_ids, encode_sources, length_batches
@@ -39,7 +39,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
     d = DecodeOptions()
     p = argparse.ArgumentParser(prog="python -m raymt.evaluate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True, help="checkpoint or exported model directory")
+    p.add_argument("--checkpoint", required=True, help="checkpoint or exported model directory, or its URI (s3://...)")
     p.add_argument("--test", action="append", required=True, metavar="PREFIX",
                    help="test set PREFIX.<src-lang> / PREFIX.<tgt-lang> (plain or .gz); repeatable")
     p.add_argument("--src-lang", help="source language suffix (default: the checkpoint's data.src_lang)")
@@ -130,7 +130,7 @@ def translate_on_cluster(checkpoint: str, sources: Sequence[Sequence[str]], opts
         BatchTranslator, batch_size=1, batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=num_actors),  # `concurrency=N` is deprecated since Ray 2.51
         num_cpus=actors.cpus, num_gpus=actors.gpus,
-        fn_constructor_kwargs={"checkpoint": str(Path(checkpoint).resolve()), "opts": dict(opts.__dict__),
+        fn_constructor_kwargs={"checkpoint": storage.normalize(checkpoint), "opts": dict(opts.__dict__),
                                "device": "cuda" if use_gpu else "cpu", "num_threads": actors.num_threads})
     decoded = {(int(r["set"]), int(r["index"])): (float(r["score"]), str(r["hyp"])) for r in ds.take_all()}
     assert len(decoded) == sum(len(s) for s in sources), "every sentence is decoded exactly once"
@@ -174,9 +174,9 @@ def write_report(args: argparse.Namespace, sets: dict[str, Pairs], results: list
     """Hypothesis and score files per test set, and report.json with every number."""
     out_dir = Path(args.output_dir)
     num_sentences = sum(len(pairs[0]) for pairs in sets.values())
-    checkpoint = Path(args.checkpoint).resolve()
-    report = {"checkpoint": str(checkpoint),
-              "checkpoint_description": describe_checkpoint(checkpoint),  # its step, or what it averages
+    checkpoint = storage.normalize(args.checkpoint)
+    report = {"checkpoint": checkpoint,  # its step, or what it averages:
+              "checkpoint_description": describe_checkpoint(local_checkpoint(checkpoint), checkpoint),
               "src_lang": args.src_lang, "tgt_lang": args.tgt_lang,
               "decode": {**opts.__dict__, "batch_size": args.batch_size},
               "num_actors": args.num_actors, "device": "gpu" if args.gpu else "cpu",

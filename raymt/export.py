@@ -56,7 +56,7 @@ MARIAN_POST_NORM_ONLY = ("--format marian needs a post-norm model (model.pre_nor
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
     p = argparse.ArgumentParser(prog="python -m raymt.export", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory (of a run, or averaged)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (of a run, or averaged), or its URI (s3://...)")
     p.add_argument("--output", required=True, help="new directory for the exported model")
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="weights file: safetensors if installed (auto), safetensors, or torch; "

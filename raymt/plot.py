@@ -110,15 +110,18 @@ def plot_runs(runs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
     return [draw(curves, axis, out_dir / f"curves_{axis}.png") for axis in X_AXES]
 
 
-def after_training(run_dir: str | Path) -> Optional[list[Path]]:
-    """Write RUN/plots/; a failure prints one line and returns None (plots never fail a run)."""
+def after_training(run_dir: str | Path, shown_as: Optional[str] = None) -> Optional[list[Path]]:
+    """Write RUN/plots/; a failure prints one line and returns None (plots never fail a run).
+
+    `shown_as`: the run directory to name in the printed line (the URI a local copy goes to)."""
     try:
         written = plot_runs([run_dir], Path(run_dir) / "plots")
     except Exception as err:  # the run's checkpoints and scores matter more than its pictures
         first = (str(err).splitlines() or [""])[0]
         print(f"raymt: learning curves not plotted: {type(err).__name__}: {first}", file=sys.stderr)
         return None
-    print(f"learning curves: {', '.join(str(p) for p in written)}")
+    shown = [f"{shown_as}/plots/{p.name}" if shown_as else str(p) for p in written]
+    print(f"learning curves: {', '.join(shown)}")
     return written
 
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from raymt import storage
 from raymt.average import describe_checkpoint
-from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
+from raymt.checkpoint import (MODEL_FILE, RAY_SNAPSHOT_FILE, SAFETENSORS_FILE, SPM_FILE, load_config,
+                              load_model)
 from raymt.cluster import Plan, init_ray, plan, train_logging
 from raymt.config import (Config, apply_overrides, device_defaults, flatten, load_file, parse_set_args,
                           preset)
@@ -25,6 +27,7 @@ from raymt.plot import after_training as plot_learning_curves
 from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
+METRICS_CSV = "logs/metrics.csv"
 
 
 def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -51,7 +54,8 @@ def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags of `python -m raymt.train`."""
     p = flag_parser("python -m raymt.train", __doc__)
-    p.add_argument("--resume", help="a run directory to continue, or a checkpoint to start from")
+    p.add_argument("--resume", help="a run directory to continue, or a checkpoint to start from "
+                                    "(local paths or URIs such as s3://bucket/runs/NAME)")
     return p.parse_args(argv)
 
 
@@ -78,19 +82,45 @@ def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_ru
     return apply_overrides(cfg, defaults)
 
 
-def resolve_resume(args: argparse.Namespace) -> tuple[Config, Optional[Path], Optional[Path]]:
-    """(config, run directory to continue, checkpoint to initialize from)."""
+def resolve_resume(args: argparse.Namespace) -> tuple[Config, Optional[str], Optional[str]]:
+    """(config, run directory to continue, checkpoint to initialize from); locations are
+    absolute local paths or URIs."""
     if not args.resume:
         return build_config(args), None, None
-    path = Path(args.resume).expanduser().resolve()
-    if (path / MODEL_FILE).is_file() or (path / SAFETENSORS_FILE).is_file():  # new run from weights
-        return build_config(args, load_config(path)[0]), None, path
-    if not (path / RUN_CONFIG).is_file():
+    location = storage.normalize(args.resume)
+    if any(storage.exists(storage.join(location, f)) for f in (MODEL_FILE, SAFETENSORS_FILE)):
+        return build_config(args, load_config(location)[0]), None, location  # new run from weights
+    saved = storage.optional_bytes(storage.join(location, RUN_CONFIG))
+    if saved is None:
         raise ValueError(f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) "
                          f"nor a checkpoint (no {MODEL_FILE})")
-    saved = Config.from_dict(json.loads((path / RUN_CONFIG).read_text()))
-    cfg = build_config(args, saved, new_run=False)
-    return apply_overrides(cfg, {"train.storage_path": str(path.parent), "train.name": path.name}), path, None
+    check_resumable(location)
+    cfg = build_config(args, Config.from_dict(json.loads(saved)), new_run=False)
+    parent, name = storage.split(location)
+    return apply_overrides(cfg, {"train.storage_path": parent, "train.name": name}), location, None
+
+
+def registered_checkpoints(run_dir: str) -> int:
+    """How many checkpoints Ray Train registered in a run directory (0 when none)."""
+    snapshot = storage.optional_bytes(storage.join(run_dir, RAY_SNAPSHOT_FILE))
+    try:
+        return len(json.loads(snapshot)["checkpoint_results"]) if snapshot else 0
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return 0
+
+
+def check_resumable(run_dir: str) -> None:
+    """A one-line error when a run that trained has no registered checkpoint to continue from
+    (it would silently start again at step 0)."""
+    if registered_checkpoints(run_dir):
+        return
+    last = _last_step(storage.optional_bytes(storage.join(run_dir, METRICS_CSV)))
+    found = [n for n in storage.listdir(run_dir) if n.startswith("checkpoint_")]
+    if last is not None or found:
+        trained = f"logged step {last}" if last is not None else f"has {len(found)} checkpoint_* directories"
+        raise ValueError(f"--resume {run_dir}: the run {trained} but Ray Train registered no checkpoint "
+                         f"there (no {RAY_SNAPSHOT_FILE} listing one), so it would start again at step 0; "
+                         "pass one of its checkpoint_* directories to --resume, or start a new run")
 
 
 CORPUS_DIR = "corpus"
@@ -106,8 +136,8 @@ class RunData:
     sources: Optional[list] = None  # inputs still to prepare into `corpus`
 
 
-def plan_data(cfg: Config, run_dir: Path, resume_dir: Optional[Path],
-              init_checkpoint: Optional[Path]) -> tuple[Config, RunData]:
+def plan_data(cfg: Config, run_dir: str | Path, resume_dir: Optional[str],
+              init_checkpoint: Optional[str | Path]) -> tuple[Config, RunData]:
     """Check every input and read the small sets; nothing here needs Ray."""
     from raymt.data import prepare
 
@@ -129,7 +159,7 @@ def plan_data(cfg: Config, run_dir: Path, resume_dir: Optional[Path],
         elif tests:
             eval_sets["test"] = corpus_format.eval_pairs(cfg.data.corpus, manifest, tests[0])
         return cfg, RunData(cfg.data.corpus, eval_sets, tokenizer)
-    corpus_dir = run_dir / CORPUS_DIR
+    corpus_dir = storage.join(run_dir, CORPUS_DIR)  # on the run's storage: every node reads it
     if cfg.data.train is None:
         splits = builtin.builtin_splits(cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.builtin_train_size,
                                        cfg.data.builtin_eval_size, cfg.train.seed)
@@ -140,16 +170,17 @@ def plan_data(cfg: Config, run_dir: Path, resume_dir: Optional[Path],
         splits = {"valid": text.read_parallel(cfg.data.valid, cfg.data.src_lang, cfg.data.tgt_lang)}
         if cfg.data.test:
             splits["test"] = text.read_parallel(cfg.data.test, cfg.data.src_lang, cfg.data.tgt_lang)
-    if (corpus_dir / "manifest.json").is_file() and resume_dir is not None:
+    if resume_dir is not None and storage.exists(storage.join(corpus_dir, corpus_format.MANIFEST_FILE)):
         sources = None  # prepared when the run started
-    return cfg, RunData(str(corpus_dir), splits, known, sources)
+    return cfg, RunData(corpus_dir, splits, known, sources)
 
 
-def _known_tokenizer(resume_dir: Optional[Path], init_checkpoint: Optional[Path]) -> Optional[Tokenizer]:
+def _known_tokenizer(resume_dir: Optional[str], init_checkpoint: Optional[str | Path]) -> Optional[Tokenizer]:
     """The SentencePiece model a resumed run or a starting checkpoint already has."""
     for directory in (resume_dir, init_checkpoint):
-        if directory is not None and (directory / SPM_FILE).is_file():
-            return Tokenizer.load(directory / SPM_FILE)
+        proto = storage.optional_bytes(storage.join(directory, SPM_FILE)) if directory is not None else None
+        if proto is not None:
+            return Tokenizer(proto)
     return None
 
 
@@ -171,7 +202,7 @@ SHAPE_FIELDS = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decod
                 "pre_norm", "activation")
 
 
-def check_shape(cfg: Config, checkpoint: Path) -> None:
+def check_shape(cfg: Config, checkpoint: str | Path) -> None:
     """A one-line error when the starting checkpoint's model differs in shape from the config's."""
     saved, _ = load_config(checkpoint)
     diff = [f"model.{f} {getattr(saved.model, f)} there, {getattr(cfg.model, f)} here"
@@ -181,10 +212,12 @@ def check_shape(cfg: Config, checkpoint: Path) -> None:
                          "--preset / --set model.* to start from it, or train from scratch")
 
 
-def check_writable(directory: Path) -> None:
-    """A one-line error, before Ray starts and without leaving anything behind, if the run
-    directory cannot be written."""
-    existing = directory
+def check_writable(run_dir: str) -> None:
+    """A one-line error, before Ray starts and without leaving anything behind, if a local run
+    directory cannot be written (Ray Train checks remote storage itself)."""
+    if storage.is_uri(run_dir):
+        return
+    directory = existing = Path(run_dir)
     while not existing.exists():
         existing = existing.parent
     try:
@@ -196,11 +229,10 @@ def check_writable(directory: Path) -> None:
                          "pass a writable --storage-path") from None
 
 
-def write_run_files(cfg: Config, run_dir: Path, tokenizer: Tokenizer) -> None:
+def write_run_files(cfg: Config, run_dir: str, tokenizer: Tokenizer) -> None:
     """The run's config and SentencePiece model, for --resume and for people."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(run_dir / SPM_FILE)
-    (run_dir / RUN_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
+    storage.write_bytes(storage.join(run_dir, SPM_FILE), tokenizer.model_proto)
+    storage.write_bytes(storage.join(run_dir, RUN_CONFIG), json.dumps(cfg.to_dict(), indent=2).encode())
 
 
 def scaling(cfg: Config) -> Plan:
@@ -209,7 +241,7 @@ def scaling(cfg: Config) -> Plan:
 
 
 def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
-        init_checkpoint: Optional[Path], log_dir: Optional[Path] = None,
+        init_checkpoint: Optional[str | Path], log_dir: Optional[str] = None,
         callbacks: Optional[list] = None, init_full_state: bool = False, verbose: bool = False):
     """Run the TorchTrainer; returns Ray's Result.
 
@@ -222,6 +254,8 @@ def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
     from raymt.worker import train_loop_per_worker
 
     workers = scaling(cfg)
+    # The resolved filesystem travels to every worker with its endpoint (raymt.storage).
+    storage_fs, storage_fs_path = storage.filesystem(cfg.train.storage_path)
     valid_rows = corpus_format.eval_rows(valid, tokenizer, cfg.model.max_positions)
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -231,12 +265,12 @@ def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
             "valid": {"rows": valid_rows, "refs": valid[1]},
             "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
             "init_full_state": init_full_state,
-            "log_dir": str(log_dir) if log_dir else None},
+            "log_dir": log_dir},
         scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
                                      resources_per_worker=workers.resources()),
         torch_config=TorchConfig(backend="nccl" if cfg.train.use_gpu else "gloo"),
         run_config=RunConfig(
-            name=cfg.train.name, storage_path=cfg.train.storage_path,
+            name=cfg.train.name, storage_path=storage_fs_path, storage_filesystem=storage_fs,
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.num_to_keep,
                                                checkpoint_score_attribute="valid_bleu",
                                                checkpoint_score_order="max"),
@@ -272,14 +306,12 @@ def finalize(cfg: Config) -> Config:
     return apply_overrides(cfg, {"train.name": name, "train.storage_path": storage})
 
 
-def local_run_dir(cfg: Config) -> Path:
-    """Where the driver keeps run files: the run directory, or ./runs/NAME for remote storage."""
-    storage = cfg.train.storage_path
-    root = Path("runs").resolve() if "://" in storage else Path(storage)
-    return root / cfg.train.name
+def run_location(cfg: Config) -> str:
+    """The run directory: STORAGE_PATH/NAME, a local path or a URI; everything a resume needs is there."""
+    return storage.join(cfg.train.storage_path, cfg.train.name)
 
 
-def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optional[Path] = None,
+def run(cfg: Config, resume_dir: Optional[str] = None, init_checkpoint: Optional[str | Path] = None,
         callbacks: Optional[list] = None, score_test: bool = True,
         init_full_state: bool = False, verbose: bool = False) -> dict:
     """Train with Ray Train, score the best checkpoint on the test set, return the summary.
@@ -289,7 +321,7 @@ def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optiona
     """
     t0 = time.time()
     cfg = finalize(cfg)
-    run_dir = local_run_dir(cfg)
+    run_dir = run_location(cfg)
     cfg, run_data = plan_data(cfg, run_dir, resume_dir, init_checkpoint)
     if init_checkpoint is not None:
         check_shape(cfg, init_checkpoint)
@@ -299,31 +331,42 @@ def run(cfg: Config, resume_dir: Optional[Path] = None, init_checkpoint: Optiona
     train_files, tokenizer = materialize(cfg, run_data)
     write_run_files(cfg, run_dir, tokenizer)
     result = fit(cfg, train_files, run_data.eval_sets["valid"], tokenizer, init_checkpoint,
-                 run_dir / "logs", callbacks, init_full_state, verbose)
+                 storage.join(run_dir, "logs"), callbacks, init_full_state, verbose)
     best = best_checkpoint(result)
-    summary = {"run_dir": str(run_dir), "best_checkpoint": best.path,
+    metrics_csv = storage.join(run_dir, METRICS_CSV)
+    summary = {"run_dir": run_dir, "best_checkpoint": storage.join(run_dir, Path(best.path).name),
                "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
-               "start_step": _first_step(run_dir / "logs" / "metrics.csv"),
-               "metrics_csv": str(run_dir / "logs" / "metrics.csv"),
+               "start_step": _first_step(storage.optional_bytes(metrics_csv)),
+               "metrics_csv": metrics_csv,
                "valid": {k: v for k, v in result.metrics.items() if k.startswith("valid_")}}
     if score_test and "test" in run_data.eval_sets:
         with best.as_directory() as directory:  # downloads from remote storage if needed
             summary["test"] = test_scores(directory, run_data.eval_sets["test"], cfg, best.path)
     summary["wall_time_s"] = round(time.time() - t0, 1)
-    plot_learning_curves(run_dir)  # RUN/plots/*.png from logs/metrics.csv; never raises
+    # Plots and summary.json are made in a local mirror of the run directory (itself when local).
+    files = storage.MirroredDir(run_dir, fetch=(METRICS_CSV,))
+    plot_learning_curves(files.path, run_dir)  # RUN/plots/*.png from logs/metrics.csv; never raises
     # summary.json last: it marks a finished run (a Tune sweep interrupted after it reruns nothing).
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (files.path / "summary.json").write_text(json.dumps(summary, indent=2))
+    files.close()
     return summary
 
 
-def _first_step(metrics_csv: Path) -> Optional[int]:
+def _csv_steps(metrics_csv: Optional[bytes]) -> list[int]:
+    """The steps of a metrics.csv's rows (none when it is missing)."""
+    rows = (metrics_csv or b"").decode().splitlines()[1:]
+    return [int(row.split(",")[0]) for row in rows if row]
+
+
+def _first_step(metrics_csv: Optional[bytes]) -> Optional[int]:
     """The first step logged by this run (above log_every when it continued another run)."""
-    if not metrics_csv.is_file():
-        return None
-    with metrics_csv.open() as f:
-        next(f, None)
-        first = next(f, None)
-    return int(first.split(",")[0]) if first else None
+    return next(iter(_csv_steps(metrics_csv)), None)
+
+
+def _last_step(metrics_csv: Optional[bytes]) -> Optional[int]:
+    """The last step a run logged, if any."""
+    steps = _csv_steps(metrics_csv)
+    return steps[-1] if steps else None
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -18,7 +18,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
     d = DecodeOptions()
     p = argparse.ArgumentParser(prog="python -m raymt.translate", description=__doc__)
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory (model.pt, config.json, spm.model)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (model.pt, config.json, spm.model), or its URI (s3://...)")
     p.add_argument("text", nargs="*", help="sentences to translate; stdin (one per line) when none")
     p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
     p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")

@@ -7,7 +7,6 @@ import dataclasses
 import resource
 import tempfile
 import time
-from pathlib import Path
 from typing import Optional
 
 import ray.train
@@ -16,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from raymt import storage
 from raymt.checkpoint import load_train_state, load_weights, save_checkpoint
 from raymt.config import Config
 from raymt.metrics import MetricsLog
@@ -138,11 +138,15 @@ class WorkerLoop(Trainer):
             set_rng_state(rng_states[self.rank])
         else:  # each rank draws its own dropout masks
             torch.manual_seed(cfg.train.seed * 1000 + self.rank + 1)
-        log_dir = loop_config.get("log_dir")
+        # Logs are written locally and mirrored to the run's storage at every report when it is
+        # remote; each rank fetches the files it appends to (a resumed run continues them).
+        trace_name = f"trace-rank{self.rank}.tsv"
+        self.logs = storage.MirroredDir(loop_config["log_dir"], fetch=(
+            (trace_name, "metrics.csv") if self.is_rank0 else (trace_name,))) if loop_config.get("log_dir") else None
+        log_dir = self.logs.path if self.logs else None
         self.trace = None
         if cfg.train.trace_data and log_dir:  # each (re)start of the worker group: an attempt
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
-            self.trace = open(Path(log_dir) / f"trace-rank{self.rank}.tsv", "a")
+            self.trace = open(log_dir / trace_name, "a")
             self.trace.write(f"#start\t{self.step}\n")
         self.stream = self.open_stream(self.position)  # reading starts while the rest sets up
         if self.is_rank0:
@@ -155,7 +159,7 @@ class WorkerLoop(Trainer):
         self.opts = dataclasses.replace(cfg.decode, beam=cfg.train.valid_beam)
         self.metrics_log = MetricsLog(log_dir) if self.is_rank0 and log_dir else None
         self.profiler = StepProfiler(cfg.train.profile_steps, start=cfg.train.log_every,
-                                     prefix=Path(log_dir) / f"profile-rank{self.rank}" if log_dir else None,
+                                     prefix=log_dir / f"profile-rank{self.rank}" if log_dir else None,
                                      cuda=device.type == "cuda")
 
     def run(self) -> None:
@@ -188,6 +192,8 @@ class WorkerLoop(Trainer):
             self.metrics_log.close()
         if self.trace:
             self.trace.close()
+        if self.logs:
+            self.logs.close()
 
     def open_stream(self, position: Position, start: bool = True) -> TrainStream:
         """This worker's stream of the epoch `position` is in, reading ahead once started."""
@@ -248,6 +254,8 @@ class WorkerLoop(Trainer):
                   f"BLEU {metrics['valid_bleu']:.2f} | chrF {metrics['valid_chrf']:.2f}", flush=True)
         if self.metrics_log:
             self.metrics_log.write(self.step, metrics)
+        if self.logs:  # before the checkpoint registers: a resume finds the logs up to it
+            self.logs.sync()
         _report(metrics, self)
         self.evaluated = self.step
 

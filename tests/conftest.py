@@ -48,3 +48,6 @@ def tiny_model():
 
     torch.manual_seed(0)
     return Transformer(tiny(), vocab_size=64).eval()
+
+
+from s3 import s3_bucket  # noqa: E402,F401 (session fixture: a local S3 server, tests/s3.py)

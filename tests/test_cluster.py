@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from raymt import storage as raymt_storage
+
 ROOT = Path(__file__).resolve().parents[1]
 RAY_PORTS = (6379, 8265, 10001, 8076)  # GCS, dashboard/job API, Ray client, object manager
 
@@ -73,8 +75,11 @@ def wait_for_nodes(address: str, count: int, env: dict, timeout: float = 90) -> 
 
 @pytest.mark.slow  # Ray's job agent on the head sometimes stays unavailable for minutes here
 @pytest.mark.timeout(600)
-def test_two_node_ray_job_submit(tmp_path):
-    """A head and a second node on one machine; `ray job submit` a 2-worker training run."""
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_two_node_ray_job_submit(tmp_path, request, where):
+    """A head and a second node on one machine; `ray job submit` a 2-worker training run, its
+    storage a local directory or a bucket on a local S3 server (tests/s3.py)."""
+    bucket = request.getfixturevalue("s3_bucket") if where == "s3" else None  # sets AWS_* first
     env = dict(os.environ)
     # Token authentication (Ray's default since 2.59), with a token for this test only.
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
@@ -98,12 +103,12 @@ def test_two_node_ray_job_submit(tmp_path):
             env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_for_nodes(address, 2, env)
 
-        storage = tmp_path / "runs"
+        storage = f"{bucket}/{secrets.token_hex(4)}" if bucket else str(tmp_path / "runs")
         for _ in range(10):  # the head's job agent may still be starting: Ray says "try again later"
             out = ray_cli(
                 "job", "submit", f"--address=http://127.0.0.1:{dashboard}", f"--working-dir={ROOT}",
                 "--", "python", "-m", "raymt.train", "--preset", "tiny", "--num-workers", "2",
-                "--max-steps", "20", "--storage-path", str(storage), "--name", "job",
+                "--max-steps", "20", "--storage-path", storage, "--name", "job",
                 "--set", "train.eval_every=20", "--set", "data.vocab_size=256",
                 "--set", "data.builtin_train_size=800", "--set", "data.builtin_eval_size=40",
                 "--set", "decode.beam=1", env=env, timeout=480, check=False)
@@ -112,8 +117,10 @@ def test_two_node_ray_job_submit(tmp_path):
             time.sleep(3)
         assert out.returncode == 0 and "succeeded" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
         assert "world_rank=1" in out.stdout
-        summary = json.loads((storage / "job" / "summary.json").read_text())
-        assert (Path(summary["best_checkpoint"]) / "model.pt").is_file()
+        summary = json.loads(raymt_storage.read_bytes(f"{storage}/job/summary.json"))
+        assert raymt_storage.exists(f"{summary['best_checkpoint']}/model.pt")
+        assert raymt_storage.exists(f"{storage}/job/logs/metrics.csv")
+        assert raymt_storage.listdir(f"{storage}/job/logs/tensorboard")  # the event file
     finally:
         for proc in started[::-1]:  # stop only what this test started
             os.killpg(proc.pid, signal.SIGTERM)

@@ -25,7 +25,7 @@ def prepare_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("prepare", allow_abbrev=False,
                        help="raw parallel corpora -> SentencePiece model and Parquet shards",
                        description="Clean, tokenize and shard parallel corpora with Ray Data.")
-    q.add_argument("--out", required=True, help="output directory (made whole, or not at all)")
+    q.add_argument("--out", required=True, help="output directory or URI such as s3://bucket/corpus (made whole, or not at all)")
     q.add_argument("--src-file", action="append", default=[], help="training source file (repeatable)")
     q.add_argument("--tgt-file", action="append", default=[], help="training target file, paired in order")
     q.add_argument("--train", action="append", default=[], metavar="SPEC",

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raymt.data.text import Pairs, filesystem, read_bytes
+from raymt import storage
+from raymt.data.text import Pairs
+from raymt.storage import filesystem, read_bytes
 from raymt.tokenizer import EOS_ID, Tokenizer
 
 FORMAT = "raymt-corpus/1"
@@ -60,16 +61,9 @@ def token_index(num_tokens: np.ndarray, block_rows: int = TOKEN_INDEX_ROWS) -> l
     return [int(cumulative[e - 1]) for e in ends]
 
 
-def join(corpus: str, rel: str) -> str:
-    """A file of the corpus: an absolute local path, or a URI."""
-    if "://" in corpus:
-        return corpus.rstrip("/") + "/" + rel
-    return str(Path(corpus).expanduser().resolve() / rel)
-
-
 def read_manifest(corpus: str) -> dict:
     """The manifest of a prepared corpus; a one-line ValueError if it is not one."""
-    uri = join(corpus, MANIFEST_FILE)
+    uri = storage.join(corpus, MANIFEST_FILE)
     try:
         manifest = json.loads(read_bytes(uri))
     except (OSError, pa.ArrowException):
@@ -86,7 +80,7 @@ def read_manifest(corpus: str) -> dict:
 
 def train_files(corpus: str, manifest: dict) -> list[Shard]:
     """A `Shard` (path or URI, pairs, token index) per training shard, in order."""
-    return [Shard(join(corpus, f["path"]), f["num_pairs"], tuple(f.get("token_index", ())))
+    return [Shard(storage.join(corpus, f["path"]), f["num_pairs"], tuple(f.get("token_index", ())))
             for f in manifest["splits"]["train"]["files"]]
 
 
@@ -97,7 +91,7 @@ def eval_pairs(corpus: str, manifest: dict, split: str) -> Pairs:
     if entry is None:
         known = ", ".join(["valid", *splits.get("test", {})])
         raise ValueError(f"corpus {corpus} has no set {split!r}; it has: {known}")
-    fs, path = filesystem(join(corpus, entry["path"]))
+    fs, path = filesystem(storage.join(corpus, entry["path"]))
     with fs.open_input_file(path) as f:
         table = pq.read_table(f, columns=["src", "tgt"])
     return table.column("src").to_pylist(), table.column("tgt").to_pylist()
@@ -105,7 +99,7 @@ def eval_pairs(corpus: str, manifest: dict, split: str) -> Pairs:
 
 def load_tokenizer(corpus: str, manifest: dict) -> Tokenizer:
     """The corpus's SentencePiece model, checked against the manifest's sha256."""
-    uri = join(corpus, SPM_FILE)
+    uri = storage.join(corpus, SPM_FILE)
     try:
         proto = read_bytes(uri)
     except (OSError, pa.ArrowException):

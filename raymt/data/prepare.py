@@ -6,7 +6,8 @@ Training pairs go through two Ray Data passes and never sit in memory as a whole
 first reads and cleans every input and keeps a bottom-k hash sample for SentencePiece;
 the second reads again, tokenizes in parallel tasks, drops by length, ratio and (optional)
 duplicates, and writes the shards. Everything is written to a sibling temporary directory
-that is renamed into place at the end, so an output directory is never left half-written.
+that is renamed into place at the end, so an output directory is never left half-written;
+an output URI (s3://...) is built in a local temporary directory and uploaded, manifest last.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 import time
 import warnings
 from collections import Counter
@@ -37,11 +39,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 import raymt
+from raymt import storage
 from raymt.cluster import init_ray, machine_cpus
 from raymt.config import PrepareConfig
 from raymt.data.format import (COLUMNS, FORMAT, MANIFEST_FILE, MAX_BLOCK_BYTES, SPM_FILE, TEST_DIR,
                                TRAIN_DIR, VALID_FILE, read_manifest, token_index)
-from raymt.data.text import COMPRESSED, InputError, decode, filesystem, first_line, lines, resolve
+from raymt.data.text import COMPRESSED, decode, lines, resolve
+from raymt.storage import InputError, filesystem, first_line
 from raymt.tokenizer import Tokenizer, train_tokenizer
 
 KINDS = ("text", "tsv", "jsonl", "parquet", "pairs")
@@ -688,22 +692,15 @@ def _progress(message: str) -> None:
 # ---------------------------------------------------------------- the corpus directory
 
 
-def _local_out(out: str) -> Path:
-    """The output directory: a local path (a rename makes it appear whole)."""
-    if "://" in str(out):
-        raise ValueError(f"--out {out}: the output must be a local directory; prepare locally, then "
-                         "copy the directory to remote storage")
-    return Path(out).expanduser().resolve()
-
-
-def _existing(out: Path, fp: str, overwrite: bool) -> Optional[dict]:
+def _existing(out: str, fp: str, overwrite: bool) -> Optional[dict]:
     """The manifest when OUT already holds this very corpus; an error when it holds other content."""
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    kind = storage.file_type(out)
+    if kind == pafs.FileType.NotFound or (kind == pafs.FileType.Directory and not storage.listdir(out)):
         return None
-    if not out.is_dir():
+    if kind != pafs.FileType.Directory:
         raise ValueError(f"--out {out} is a file: pick a directory")
     try:
-        manifest = read_manifest(str(out))
+        manifest = read_manifest(out)
     except ValueError:
         raise ValueError(f"--out {out} is not empty and holds no prepared corpus: pick a new or "
                          "empty directory (--overwrite only replaces a prepared corpus)") from None
@@ -718,25 +715,52 @@ def _existing(out: Path, fp: str, overwrite: bool) -> Optional[dict]:
     return None
 
 
-def _complete(out: Path, manifest: dict) -> bool:
+def _complete(out: str, manifest: dict) -> bool:
     """Whether every file the manifest names is there."""
     splits = manifest.get("splits", {})
     paths = [f["path"] for f in splits.get("train", {}).get("files", [])]
     paths += [splits.get("valid", {}).get("path", VALID_FILE), SPM_FILE]
     paths += [t["path"] for t in splits.get("test", {}).values()]
-    return all((out / p).is_file() for p in paths)
+    return all(storage.exists(storage.join(out, p)) for p in paths)
 
 
-def _install(tmp: Path, out: Path) -> None:
-    """Move the finished corpus into place; a replaced one is removed only afterwards."""
-    if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
-    if not out.exists():
-        os.rename(tmp, out)
+def _staging(out: str) -> Path:
+    """A new local directory to build the corpus in: next to a local OUT (renamed into place at
+    the end), else in the local temporary directory (uploaded at the end)."""
+    if storage.is_uri(out):
+        return Path(tempfile.mkdtemp(prefix="raymt-prepare-"))
+    out_path = Path(out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f"{out_path.name}.tmp-{secrets.token_hex(4)}")
+    tmp.mkdir()
+    return tmp
+
+
+def _install(tmp: Path, out: str) -> None:
+    """Move the finished corpus into place; a replaced one is removed only afterwards.
+
+    On object storage there is no rename: an old corpus is removed manifest first, the new
+    files are uploaded, and the manifest goes last, so no reader sees a corpus half-written.
+    """
+    if storage.is_uri(out):
+        fs, path = storage.filesystem(out)
+        if storage.exists(storage.join(out, MANIFEST_FILE)):
+            fs.delete_file(storage.filesystem(storage.join(out, MANIFEST_FILE))[1])
+        fs.delete_dir_contents(path, missing_dir_ok=True)
+        manifest = (tmp / MANIFEST_FILE).read_bytes()
+        (tmp / MANIFEST_FILE).unlink()
+        storage.upload_dir(tmp, out)
+        storage.write_bytes(storage.join(out, MANIFEST_FILE), manifest)
         return
-    old = out.with_name(f"{out.name}.old-{secrets.token_hex(4)}")
-    os.rename(out, old)
-    os.rename(tmp, out)
+    out_path = Path(out)
+    if out_path.is_dir() and not any(out_path.iterdir()):
+        out_path.rmdir()
+    if not out_path.exists():
+        os.rename(tmp, out_path)
+        return
+    old = out_path.with_name(f"{out_path.name}.old-{secrets.token_hex(4)}")
+    os.rename(out_path, old)
+    os.rename(tmp, out_path)
     shutil.rmtree(old)
 
 
@@ -798,24 +822,22 @@ def prepare_corpus(cfg: PrepareConfig, out: str, train: list[Source], valid: lis
                    overwrite: bool = False, command: Optional[str] = None) -> dict:
     """Prepare a corpus directory; returns the manifest dict. Starts Ray (ray.init) if needed."""
     t0 = time.time()
-    out_path = _local_out(out)
+    out = storage.normalize(out)
     inputs = check_sources(cfg, train, valid, test)
     fp = fingerprint(cfg, inputs, tokenizer)
-    manifest = _existing(out_path, fp, overwrite)
+    manifest = _existing(out, fp, overwrite)
     if manifest is not None:
-        print(f"prepare: {out_path} already prepared (same inputs and options)", flush=True)
+        print(f"prepare: {out} already prepared (same inputs and options)", flush=True)
         return manifest
     init_ray()
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f"{out_path.name}.tmp-{secrets.token_hex(4)}")
-    tmp.mkdir()
+    tmp = _staging(out)
     try:
         manifest = _build(cfg, tmp, train, valid, test or {}, tokenizer)
         manifest.update(options=dataclasses.asdict(cfg), inputs=inputs, fingerprint=fp,
                         command=command, created=datetime.datetime.now(datetime.timezone.utc)
                         .isoformat(timespec="seconds"), raymt_version=raymt.__version__)
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        _install(tmp, out_path)
+        _install(tmp, out)
     except Exception as err:
         user = _user_error(err)
         if user is not None:
@@ -823,7 +845,7 @@ def prepare_corpus(cfg: PrepareConfig, out: str, train: list[Source], valid: lis
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print_summary(manifest, out_path, time.time() - t0)
+    print_summary(manifest, out, time.time() - t0)
     return manifest
 
 
@@ -848,7 +870,7 @@ def _build(cfg: PrepareConfig, tmp: Path, train: list[Source], valid: list[Sourc
             "splits": {"train": splits["train"], "valid": splits["valid"], "test": tests}}
 
 
-def print_summary(manifest: dict, out: Path, seconds: float) -> None:
+def print_summary(manifest: dict, out: str, seconds: float) -> None:
     """The per-rule table printed at the end of a preparation."""
     train = manifest["splits"]["train"]
     rows = [("input pairs", train["input_pairs"])]

@@ -7,51 +7,14 @@ from __future__ import annotations
 import contextlib
 import gzip
 import lzma
-import os
 from typing import Any, Iterator, Optional
 
 import pyarrow as pa
-import pyarrow.fs as pafs
+
+from raymt.storage import InputError, exists, filesystem, first_line
 
 Pairs = tuple[list[str], list[str]]
 COMPRESSED = (".gz", ".xz", ".zst", ".zstd", ".bz2")
-
-
-class InputError(ValueError):
-    """A user mistake found while reading inputs, possibly inside a Ray task."""
-
-
-def first_line(err: BaseException) -> str:
-    """The first line of an exception message (library messages can span many lines)."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem and path of a local path or URI."""
-    if uri.startswith(("http://", "https://")):
-        raise InputError(f"{uri}: http(s) inputs are not read directly; download the file first, "
-                         "or use --dataset NAME for a known public corpus")
-    if "://" in uri:
-        try:
-            return pafs.FileSystem.from_uri(uri)
-        except (pa.ArrowException, OSError, ValueError) as err:
-            raise InputError(f"{uri}: cannot open this URI ({first_line(err)}); use a local path or "
-                             "an s3://, gs://, hdfs:// or file:// URI") from None
-    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
-
-
-def exists(uri: str) -> bool:
-    """Whether a local path or URI names an existing file."""
-    fs, path = filesystem(uri)
-    return fs.get_file_info(path).type == pafs.FileType.File
-
-
-def read_bytes(uri: str) -> bytes:
-    """The content of a local file or URI (not decompressed)."""
-    fs, path = filesystem(uri)
-    with fs.open_input_stream(path, compression=None) as f:
-        return f.read()
 
 
 @contextlib.contextmanager
