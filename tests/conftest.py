@@ -1,9 +1,16 @@
-"""Shared fixtures: tiny models and a local 2-CPU Ray cluster."""
+"""Shared fixtures: tiny models and one local 2-CPU Ray cluster for the session."""
 
 import os
 import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -11,15 +18,121 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+# Ray Train's controller polls its workers every 2 s by default: each run's end (and a killed
+# worker) is noticed that much later. Train passes this variable on to its controller.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line ('' once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class RayHead:
+    """A `ray start --head` of this test session: its address and its processes."""
+
+    # Ray Train's actors of a run; none may outlive the test that started them.
+    TRAIN_ACTORS = ("ray::RayTrainWorker", "ray::TrainController")
+
+    def __init__(self, proc: subprocess.Popen, address: str):
+        self.proc, self.address = proc, address
+
+    def train_workers(self) -> list[int]:
+        """Pids of the Ray Train worker processes running on this head."""
+        return [p for p in descendants(self.proc.pid) if cmdline(p).startswith("ray::RayTrainWorker")]
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Block until no Ray Train actor of an earlier run is left (a killed driver's go with it)."""
+        deadline = time.time() + timeout
+        while any(cmdline(p).startswith(self.TRAIN_ACTORS) for p in descendants(self.proc.pid)):
+            assert time.time() < deadline, "Ray Train actors of an earlier test still run on the head"
+            time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """One local Ray instance (2 CPUs) shared by the tests that need it."""
+def ray_head() -> Iterator[RayHead]:
+    """One Ray head (2 CPUs, dashboard for Ray Train's state API) for the whole session.
+
+    Ray's start-up and shutdown cost seconds in every process that starts its own; drivers of
+    the tests connect to this one instead (RAY_ADDRESS, as under `ray job submit`). It runs in
+    its own process group on free ports and a temp dir of its own, and is stopped by its pid:
+    `ray stop` would stop every Ray of this user on the machine.
+    """
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               RAY_DATA_LOG_LEVEL="WARNING", RAY_TRAIN_ENABLE_PRINT_PATCH="0")
+    temp_dir = Path(f"/tmp/rmt{secrets.token_hex(3)}")  # short: unix socket paths
+    ports = {flag: free_port() for flag in ("port", "dashboard-port", "dashboard-agent-listen-port",
+                                            "ray-client-server-port")}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus=2",
+         "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--disable-usage-stats",
+         f"--temp-dir={temp_dir}", *(f"--{flag}={port}" for flag, port in ports.items())],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        current = temp_dir / "ray_current_cluster"  # written once the head's GCS is up
+        deadline = time.time() + 120
+        while not (current.is_file() and current.read_text().strip()):
+            assert proc.poll() is None, f"ray start --head exited with {proc.returncode}"
+            assert time.time() < deadline, "ray start --head did not come up in 120 s"
+            time.sleep(0.2)
+        head = RayHead(proc, current.read_text().strip())
+        os.environ["RAY_AUTH_MODE"] = "disabled"  # what the head runs with
+        yield head
+    finally:
+        os.environ.pop("RAY_AUTH_MODE", None)
+        for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):  # SIGKILL: what is left
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait_s)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_address(ray_head, monkeypatch) -> Iterator[RayHead]:
+    """RAY_ADDRESS of the session's head for this test's drivers (subprocesses and notebooks);
+    afterwards, waits until the test's Ray Train actors are gone."""
+    monkeypatch.setenv("RAY_ADDRESS", ray_head.address)
+    ray_head.wait_idle()
+    yield ray_head
+    ray_head.wait_idle()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(ray_head):
+    """This process as a Ray driver on the session's head (2 CPUs)."""
     import ray
     from ray.data import DataContext
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    ray.init(address=ray_head.address, log_to_driver=True)
     DataContext.get_current().enable_progress_bars = False
     yield
     ray.shutdown()

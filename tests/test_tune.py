@@ -38,7 +38,7 @@ def tune_cli(*args, timeout=400, **kw):
                           text=True, timeout=timeout, **kw)
 
 
-def test_impossible_resources_fail_before_any_trial(tmp_path):
+def test_impossible_resources_fail_before_any_trial(tmp_path, ray_address):
     out = tune_cli("--num-workers", "8", "--storage-path", str(tmp_path), timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("raymt.tune: error: --num-workers 8 x")
@@ -54,7 +54,7 @@ def trial_runs(sweep: Path) -> dict[str, list[dict]]:
     return runs
 
 
-def test_three_trial_sweep_then_interrupt_and_resume(tmp_path):
+def test_three_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
     sweep = tmp_path / "s"
     args = [*TINY_TRIAL, "--grid", "optim.lr=1e-3,3e-3,1e-2", "--scheduler", "fifo",
             "--storage-path", str(tmp_path), "--sweep-name", "s"]
