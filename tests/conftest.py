@@ -77,7 +77,7 @@ class RayHead:
 
 
 @pytest.fixture(scope="session")
-def ray_head() -> Iterator[RayHead]:
+def ray_head(tmp_path_factory) -> Iterator[RayHead]:
     """One Ray head (2 CPUs, dashboard for Ray Train's state API) for the whole session.
 
     Ray's start-up and shutdown cost seconds in every process that starts its own; drivers of
@@ -90,23 +90,26 @@ def ray_head() -> Iterator[RayHead]:
     temp_dir = Path(f"/tmp/rmt{secrets.token_hex(3)}")  # short: unix socket paths
     ports = {flag: free_port() for flag in ("port", "dashboard-port", "dashboard-agent-listen-port",
                                             "ray-client-server-port")}
+    log = tmp_path_factory.mktemp("ray_head") / "ray_start.log"
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus=2",
          "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--disable-usage-stats",
          f"--temp-dir={temp_dir}", *(f"--{flag}={port}" for flag, port in ports.items())],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env=env, start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         current = temp_dir / "ray_current_cluster"  # written once the head's GCS is up
         deadline = time.time() + 120
         while not (current.is_file() and current.read_text().strip()):
-            assert proc.poll() is None, f"ray start --head exited with {proc.returncode}"
+            assert proc.poll() is None, f"ray start --head exited with {proc.returncode}: {log.read_text()[-2000:]}"
             assert time.time() < deadline, "ray start --head did not come up in 120 s"
             time.sleep(0.2)
         head = RayHead(proc, current.read_text().strip())
-        os.environ["RAY_AUTH_MODE"] = "disabled"  # what the head runs with
+        # What the head runs with; no Ray Data usage poller (it queries a Prometheus that is not there).
+        os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
         yield head
     finally:
-        os.environ.pop("RAY_AUTH_MODE", None)
+        for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
+            os.environ.pop(key, None)
         for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):  # SIGKILL: what is left
             try:
                 os.killpg(proc.pid, sig)
