@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import psutil
 import pytest
 import torch
 
@@ -30,31 +31,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
-
-
-def cmdline(pid: int) -> str:
-    """A process's command line ('' once it is gone)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 class RayHead:
     """A `ray start --head` of this test session: its address and its processes."""
 
@@ -64,14 +40,25 @@ class RayHead:
     def __init__(self, proc: subprocess.Popen, address: str):
         self.proc, self.address = proc, address
 
+    def processes(self, *titles: str) -> list[int]:
+        """Pids of the head's processes whose title (`ray::Class`) is one of `titles`."""
+        found = []
+        for proc in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if " ".join(proc.cmdline()).startswith(titles):
+                    found.append(proc.pid)
+            except psutil.Error:  # gone meanwhile
+                pass
+        return found
+
     def train_workers(self) -> list[int]:
         """Pids of the Ray Train worker processes running on this head."""
-        return [p for p in descendants(self.proc.pid) if cmdline(p).startswith("ray::RayTrainWorker")]
+        return self.processes("ray::RayTrainWorker")
 
     def wait_idle(self, timeout: float = 60) -> None:
         """Block until no Ray Train actor of an earlier run is left (a killed driver's go with it)."""
         deadline = time.time() + timeout
-        while any(cmdline(p).startswith(self.TRAIN_ACTORS) for p in descendants(self.proc.pid)):
+        while self.processes(*self.TRAIN_ACTORS):
             assert time.time() < deadline, "Ray Train actors of an earlier test still run on the head"
             time.sleep(0.2)
 
