@@ -63,6 +63,37 @@ class RayHead:
             time.sleep(0.2)
 
 
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop a process started in a session of its own, and every process in its group."""
+    for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):  # SIGKILL: what is left
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait_s)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+
+
+def start_head(log: Path, env: dict) -> tuple[subprocess.Popen, Path]:
+    """`ray start --head --block` on free ports and a temp dir of its own; (process, temp dir)
+    once it has started, or an AssertionError with its log."""
+    temp_dir = Path(f"/tmp/rmt{secrets.token_hex(3)}")  # short: unix socket paths
+    ports = {flag: free_port() for flag in ("port", "dashboard-port", "dashboard-agent-listen-port",
+                                            "ray-client-server-port")}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus=2",
+         "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--disable-usage-stats",
+         f"--temp-dir={temp_dir}", *(f"--{flag}={port}" for flag, port in ports.items())],
+        env=env, start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 180
+    while "will now block forever" not in log.read_text():  # every Ray process is up
+        if proc.poll() is not None or time.time() > deadline:
+            stop_group(proc)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise AssertionError(f"ray start --head failed (rc {proc.returncode}): {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+    return proc, temp_dir
+
+
 @pytest.fixture(scope="session")
 def ray_head(tmp_path_factory) -> Iterator[RayHead]:
     """One Ray head (2 CPUs, dashboard for Ray Train's state API) for the whole session.
@@ -74,35 +105,23 @@ def ray_head(tmp_path_factory) -> Iterator[RayHead]:
     """
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
                RAY_DATA_LOG_LEVEL="WARNING", RAY_TRAIN_ENABLE_PRINT_PATCH="0")
-    temp_dir = Path(f"/tmp/rmt{secrets.token_hex(3)}")  # short: unix socket paths
-    ports = {flag: free_port() for flag in ("port", "dashboard-port", "dashboard-agent-listen-port",
-                                            "ray-client-server-port")}
-    log = tmp_path_factory.mktemp("ray_head") / "ray_start.log"
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus=2",
-         "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--disable-usage-stats",
-         f"--temp-dir={temp_dir}", *(f"--{flag}={port}" for flag, port in ports.items())],
-        env=env, start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    logs = tmp_path_factory.mktemp("ray_head")
+    for attempt in range(3):  # Ray gives its raylet 30 s to register: a busy machine may need another go
+        try:
+            proc, temp_dir = start_head(logs / f"ray_start_{attempt}.log", env)
+            break
+        except AssertionError:
+            if attempt == 2:
+                raise
     try:
-        current = temp_dir / "ray_current_cluster"  # written once the head's GCS is up
-        deadline = time.time() + 120
-        while not (current.is_file() and current.read_text().strip()):
-            assert proc.poll() is None, f"ray start --head exited with {proc.returncode}: {log.read_text()[-2000:]}"
-            assert time.time() < deadline, "ray start --head did not come up in 120 s"
-            time.sleep(0.2)
-        head = RayHead(proc, current.read_text().strip())
+        head = RayHead(proc, (temp_dir / "ray_current_cluster").read_text().strip())
         # What the head runs with; no Ray Data usage poller (it queries a Prometheus that is not there).
         os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
         yield head
     finally:
         for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
             os.environ.pop(key, None)
-        for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):  # SIGKILL: what is left
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=wait_s)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
+        stop_group(proc)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
