@@ -34,8 +34,6 @@ def free_port() -> int:
 class RayHead:
     """A `ray start --head` of this test session: its address and its processes."""
 
-    # Ray Train's actors of a run; none may outlive the test that started them.
-    TRAIN_ACTORS = ("ray::RayTrainWorker", "ray::TrainController")
 
     def __init__(self, proc: subprocess.Popen, address: str):
         self.proc, self.address = proc, address
@@ -55,11 +53,12 @@ class RayHead:
         """Pids of the Ray Train worker processes running on this head."""
         return self.processes("ray::RayTrainWorker")
 
-    def wait_idle(self, timeout: float = 60) -> None:
-        """Block until no Ray Train actor of an earlier run is left (a killed driver's go with it)."""
+    def wait_idle(self, timeout: float = 120) -> None:
+        """Block until no Ray Train worker of an earlier run holds CPUs (a killed driver's go with
+        it). An idle TrainController of this process's own runs may stay: it holds none."""
         deadline = time.time() + timeout
-        while self.processes(*self.TRAIN_ACTORS):
-            assert time.time() < deadline, "Ray Train actors of an earlier test still run on the head"
+        while self.train_workers():
+            assert time.time() < deadline, "Ray Train workers of an earlier test still run on the head"
             time.sleep(0.2)
 
 
