@@ -34,7 +34,6 @@ def free_port() -> int:
 class RayHead:
     """A `ray start --head` of this test session: its address and its processes."""
 
-
     def __init__(self, proc: subprocess.Popen, address: str):
         self.proc, self.address = proc, address
 
@@ -128,7 +127,7 @@ def ray_head(tmp_path_factory) -> Iterator[RayHead]:
 @pytest.fixture
 def ray_address(ray_head, monkeypatch) -> Iterator[RayHead]:
     """RAY_ADDRESS of the session's head for this test's drivers (subprocesses and notebooks);
-    afterwards, waits until the test's Ray Train actors are gone."""
+    before and after, waits until no Ray Train worker holds the head's CPUs."""
     monkeypatch.setenv("RAY_ADDRESS", ray_head.address)
     ray_head.wait_idle()
     yield ray_head
