@@ -175,6 +175,16 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def ray_processes(driver: int) -> list[int]:
+    """The processes of a driver's Ray: the local instance it started, or when it attached to a
+    running one (RAY_ADDRESS host:port, as in the test suite) that cluster's raylet on this machine."""
+    address = os.environ.get("RAY_ADDRESS")
+    commands = {int(p.parent.name): cmdline(int(p.parent.name)) for p in Path("/proc").glob("[0-9]*/cmdline")}
+    raylets = [pid for pid, cmd in commands.items() if address and cmd.split(" ", 1)[0].endswith("/raylet")
+               and f"--gcs-address={address} " in cmd]
+    return [p for root in (driver, *raylets) for p in descendants(root)]
+
+
 def num_checkpoints(run_dir: Path) -> int:
     """Checkpoints Ray Train has registered for the run (0 while its snapshot is missing or half-written)."""
     try:
@@ -258,7 +268,7 @@ def kill_a_worker_after_checkpoint(run_dir: Path, killed: dict) -> Callable:
             if proc.poll() is not None or time.monotonic() > deadline:
                 return
             time.sleep(0.2)
-        workers = [p for p in descendants(proc.pid) if "RayTrainWorker" in cmdline(p)]
+        workers = [p for p in ray_processes(proc.pid) if "RayTrainWorker" in cmdline(p)]
         if workers:
             os.kill(workers[0], signal.SIGKILL)
             killed.update(pid=workers[0], after_checkpoints=num_checkpoints(run_dir))

@@ -1,25 +1,146 @@
-"""Shared fixtures: tiny models and a local 2-CPU Ray cluster."""
+"""Shared fixtures: tiny models and one local 2-CPU Ray cluster for the session."""
 
 import os
 import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Iterator
 
+import psutil
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+# Ray Train's controller polls its workers every 2 s by default: each run's end (and a killed
+# worker) is noticed that much later. Train passes this variable on to its controller.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RayHead:
+    """A `ray start --head` of this test session: its address and its processes."""
+
+    def __init__(self, proc: subprocess.Popen, address: str):
+        self.proc, self.address = proc, address
+
+    def processes(self, *titles: str) -> list[int]:
+        """Pids of the head's processes whose title (`ray::Class`) is one of `titles`."""
+        found = []
+        for proc in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if " ".join(proc.cmdline()).startswith(titles):
+                    found.append(proc.pid)
+            except psutil.Error:  # gone meanwhile
+                pass
+        return found
+
+    def train_workers(self) -> list[int]:
+        """Pids of the Ray Train worker processes running on this head."""
+        return self.processes("ray::RayTrainWorker")
+
+    def wait_idle(self, timeout: float = 120) -> None:
+        """Block until no Ray Train worker of an earlier run holds CPUs (a killed driver's go with
+        it). An idle TrainController of this process's own runs may stay: it holds none."""
+        deadline = time.time() + timeout
+        while self.train_workers():
+            assert time.time() < deadline, "Ray Train workers of an earlier test still run on the head"
+            time.sleep(0.2)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop a process started in a session of its own, and every process in its group."""
+    for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):  # SIGKILL: what is left
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait_s)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+
+
+def start_head(log: Path, env: dict) -> tuple[subprocess.Popen, Path]:
+    """`ray start --head --block` on free ports and a temp dir of its own; (process, temp dir)
+    once it has started, or an AssertionError with its log."""
+    temp_dir = Path(f"/tmp/rmt{secrets.token_hex(3)}")  # short: unix socket paths
+    ports = {flag: free_port() for flag in ("port", "dashboard-port", "dashboard-agent-listen-port",
+                                            "ray-client-server-port")}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus=2",
+         "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--disable-usage-stats",
+         f"--temp-dir={temp_dir}", *(f"--{flag}={port}" for flag, port in ports.items())],
+        env=env, start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 180
+    while "will now block forever" not in log.read_text():  # every Ray process is up
+        if proc.poll() is not None or time.time() > deadline:
+            stop_group(proc)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise AssertionError(f"ray start --head failed (rc {proc.returncode}): {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+    return proc, temp_dir
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """One local Ray instance (2 CPUs) shared by the tests that need it."""
+def ray_head(tmp_path_factory) -> Iterator[RayHead]:
+    """One Ray head (2 CPUs, dashboard for Ray Train's state API) for the whole session.
+
+    Ray's start-up and shutdown cost seconds in every process that starts its own; drivers of
+    the tests connect to this one instead (RAY_ADDRESS, as under `ray job submit`). It runs in
+    its own process group on free ports and a temp dir of its own, and is stopped by its pid:
+    `ray stop` would stop every Ray of this user on the machine.
+    """
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               RAY_DATA_LOG_LEVEL="WARNING", RAY_TRAIN_ENABLE_PRINT_PATCH="0",
+               RAY_DASHBOARD_STARTUP_TIMEOUT_S="300")  # Ray's 60 s fails on a busy machine
+    logs = tmp_path_factory.mktemp("ray_head")
+    for attempt in range(3):  # Ray gives its raylet 30 s to register: a busy machine may need another go
+        try:
+            proc, temp_dir = start_head(logs / f"ray_start_{attempt}.log", env)
+            break
+        except AssertionError:
+            if attempt == 2:
+                raise
+    try:
+        head = RayHead(proc, (temp_dir / "ray_current_cluster").read_text().strip())
+        # What the head runs with; no Ray Data usage poller (it queries a Prometheus that is not there).
+        os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+        yield head
+    finally:
+        for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
+            os.environ.pop(key, None)
+        stop_group(proc)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_address(ray_head, monkeypatch) -> Iterator[RayHead]:
+    """RAY_ADDRESS of the session's head for this test's drivers (subprocesses and notebooks);
+    before and after, waits until no Ray Train worker holds the head's CPUs."""
+    monkeypatch.setenv("RAY_ADDRESS", ray_head.address)
+    ray_head.wait_idle()
+    yield ray_head
+    ray_head.wait_idle()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(ray_head):
+    """This process as a Ray driver on the session's head (2 CPUs)."""
     import ray
     from ray.data import DataContext
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    ray.init(address=ray_head.address, log_to_driver=True)
     DataContext.get_current().enable_progress_bars = False
     yield
     ray.shutdown()

@@ -5,7 +5,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import free_port
 from raymt import storage as raymt_storage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,12 +49,6 @@ def test_cluster_yaml_exposes_nothing_but_ssh():
     assert "--dashboard-host=127.0.0.1" in head and "0.0.0.0" not in head
     assert any("s3://" in c for c in config["setup_commands"])  # checkpoints in object storage
     assert any("torch" in c for c in config["setup_commands"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ray_cli(*args, env, timeout=120, check=True):

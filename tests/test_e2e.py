@@ -28,7 +28,7 @@ def run(args, **kw):
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, **kw)
 
 
-def test_train_resume_and_translate(tmp_path):
+def test_train_resume_and_translate(tmp_path, ray_address):
     out = run(["raymt.train", "--storage-path", str(tmp_path), "--name", "e2e", *TINY_RUN], timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "test BLEU" in out.stdout and "best checkpoint:" in out.stdout

@@ -109,10 +109,11 @@ def trained_pairs(run_dir) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory, ray_head):
     """An uninterrupted run: its final weights and the pairs it trained on at each step."""
     storage = tmp_path_factory.mktemp("reference")
-    out = subprocess.run(tiny_run(storage, "ref", STEPS), capture_output=True, text=True, timeout=400)
+    out = subprocess.run(tiny_run(storage, "ref", STEPS), capture_output=True, text=True, timeout=400,
+                         env=dict(os.environ, RAY_ADDRESS=ray_head.address))
     assert out.returncode == 0, out.stderr[-3000:]
     return final_weights(storage / "ref"), trained_pairs(storage / "ref")
 
@@ -138,15 +139,16 @@ def assert_same_as_reference(run_dir, reference) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_killed_driver_then_resume_continues_exactly(tmp_path, reference):
-    """SIGKILL the driver (and the local Ray it started) mid-epoch; --resume RUN finishes the run
-    with the parameters an uninterrupted run has."""
+def test_killed_driver_then_resume_continues_exactly(tmp_path, reference, ray_address):
+    """SIGKILL the driver mid-epoch; --resume RUN finishes the run with the parameters an
+    uninterrupted run has."""
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen(tiny_run(tmp_path, "killed", STEPS), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     wait_for_checkpoints(run_dir, 2, proc)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and every process of its local Ray
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    ray_address.wait_idle()  # Ray ends the dead driver's job: its controller, workers and CPUs
     states = {torch.load(p, weights_only=True)["step"]: p.parent
               for p in run_dir.glob("checkpoint_*/train_state.pt")}
     assert states and max(states) < STEPS
@@ -161,7 +163,7 @@ def test_killed_driver_then_resume_continues_exactly(tmp_path, reference):
 
 
 @pytest.mark.timeout(900)
-def test_killed_worker_restarts_at_the_exact_data_position(tmp_path, reference):
+def test_killed_worker_restarts_at_the_exact_data_position(tmp_path, reference, ray_address):
     """SIGKILL one training worker mid-epoch: FailureConfig restarts the group from the last
     checkpoint, and the run ends with the parameters of an uninterrupted run."""
     log = tmp_path / "train.log"
@@ -169,9 +171,9 @@ def test_killed_worker_restarts_at_the_exact_data_position(tmp_path, reference):
         proc = subprocess.Popen(tiny_run(tmp_path, "worker", STEPS, "--set", "train.max_failures=1"),
                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     wait_for_checkpoints(tmp_path / "worker", 1, proc)
-    pids = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True).stdout.split()
+    pids = ray_address.train_workers()
     assert pids, "no training worker process found"
-    os.kill(int(pids[0]), signal.SIGKILL)
+    os.kill(pids[0], signal.SIGKILL)
     proc.wait(timeout=400)
     out = log.read_text()
     assert proc.returncode == 0, out[-3000:]

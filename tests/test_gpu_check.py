@@ -13,7 +13,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
 @pytest.mark.timeout(1500)
-def test_tiny_gpu_check_on_cpu(tmp_path):
+def test_tiny_gpu_check_on_cpu(tmp_path, ray_address):
     out = tmp_path / "check"
     # Parts have their own timeouts; a busy shared machine gets 3x of them.
     run = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--tiny", "--out", str(out), "--timeout-scale", "3"],

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_quickstart_notebook_executes(tmp_path, monkeypatch):
+def test_quickstart_notebook_executes(tmp_path, monkeypatch, ray_address):
     import matplotlib.image
     import nbformat
     from nbclient import NotebookClient
@@ -17,7 +17,6 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYMT_NOTEBOOK_QUICK", "1")
     monkeypatch.setenv("RAYMT_NOTEBOOK_PLOTS", str(tmp_path / "plots"))
     monkeypatch.setenv("RAYMT_STORAGE_PATH", str(tmp_path / "runs"))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
     NotebookClient(nb, timeout=540, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()  # raises on error

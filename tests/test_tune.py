@@ -13,7 +13,8 @@ from raymt.tune import parse_space
 
 pytestmark = pytest.mark.timeout(600)
 
-TINY_TRIAL = ["--preset", "tiny", "--num-workers", "1", "--max-steps", "20",
+# Half a CPU per worker: two trials run at once on a 2-CPU cluster.
+TINY_TRIAL = ["--preset", "tiny", "--num-workers", "1", "--max-steps", "20", "--set", "train.cpus_per_worker=0.5",
               "--set", "train.eval_every=10", "--set", "train.log_every=10",
               "--set", "data.vocab_size=256", "--set", "data.builtin_train_size=600",
               "--set", "data.builtin_eval_size=30", "--set", "data.max_tokens=512"]
@@ -40,7 +41,7 @@ def tune_cli(*args, timeout=400, **kw):
                           text=True, timeout=timeout, **kw)
 
 
-def test_impossible_resources_fail_before_any_trial(tmp_path):
+def test_impossible_resources_fail_before_any_trial(tmp_path, ray_address):
     out = tune_cli("--num-workers", "8", "--storage-path", str(tmp_path), timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("raymt.tune: error: --num-workers 8 x")
@@ -56,7 +57,7 @@ def trial_runs(sweep: Path) -> dict[str, list[dict]]:
     return runs
 
 
-def test_three_trial_sweep_then_interrupt_and_resume(tmp_path):
+def test_three_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
     sweep = tmp_path / "s"
     args = [*TINY_TRIAL, "--grid", "optim.lr=1e-3,3e-3,1e-2", "--scheduler", "fifo",
             "--storage-path", str(tmp_path), "--sweep-name", "s"]
@@ -88,7 +89,7 @@ def test_three_trial_sweep_then_interrupt_and_resume(tmp_path):
 @pytest.mark.slow  # ~2.5 min: every exploit restarts Train runs
 def test_pbt_trial_continues_from_another_trials_checkpoint(tmp_path):
     out = tune_cli(*TINY_TRIAL, "--max-steps", "40", "--grid", "optim.lr=1e-4,1e-2",
-                   "--scheduler", "pbt", "--max-concurrent", "2", "--set", "train.cpus_per_worker=0.5",
+                   "--scheduler", "pbt", "--max-concurrent", "2",
                    "--storage-path", str(tmp_path), "--sweep-name", "pbt")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     runs = trial_runs(tmp_path / "pbt")
