@@ -13,8 +13,7 @@ from raymt.tune import parse_space
 
 pytestmark = pytest.mark.timeout(600)
 
-# Half a CPU per worker: two trials run at once on a 2-CPU cluster.
-TINY_TRIAL = ["--preset", "tiny", "--num-workers", "1", "--max-steps", "20", "--set", "train.cpus_per_worker=0.5",
+TINY_TRIAL = ["--preset", "tiny", "--num-workers", "1", "--max-steps", "20",
               "--set", "train.eval_every=10", "--set", "train.log_every=10",
               "--set", "data.vocab_size=256", "--set", "data.builtin_train_size=600",
               "--set", "data.builtin_eval_size=30", "--set", "data.max_tokens=512"]
@@ -89,7 +88,7 @@ def test_three_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
 @pytest.mark.slow  # ~2.5 min: every exploit restarts Train runs
 def test_pbt_trial_continues_from_another_trials_checkpoint(tmp_path):
     out = tune_cli(*TINY_TRIAL, "--max-steps", "40", "--grid", "optim.lr=1e-4,1e-2",
-                   "--scheduler", "pbt", "--max-concurrent", "2",
+                   "--scheduler", "pbt", "--max-concurrent", "2", "--set", "train.cpus_per_worker=0.5",
                    "--storage-path", str(tmp_path), "--sweep-name", "pbt")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     runs = trial_runs(tmp_path / "pbt")
