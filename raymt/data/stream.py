@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from raymt.batching import Batch, chunk_batches, collate_flat
 from raymt.config import DataConfig
 from raymt.data.format import COLUMNS, TOKEN_INDEX_ROWS, Files, Shard
-from raymt.data.text import filesystem
+from raymt.storage import filesystem
 
 
 @dataclass
