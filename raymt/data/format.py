@@ -35,9 +35,9 @@ TEST_DIR = "test"
 COLUMNS = ["src_ids", "tgt_ids"]
 # Rows per entry of a shard's token index (cumulative src + tgt tokens after every block).
 TOKEN_INDEX_ROWS = 1024
-# Ray Data gathers what a task yields into blocks of up to 128 MiB by default; a read task
-# whose slice holds many shards would then hold that much (and copies) at once. Small
-# blocks keep a task's memory independent of the corpus size (benchmarks/bench_data.py).
+# Ray Data gathers what a task yields into blocks of up to 128 MiB by default; a prepare
+# task would then hold that much (and copies) at once. Small blocks keep a task's memory
+# independent of the corpus size (benchmarks/bench_data.py).
 MAX_BLOCK_BYTES = 16 << 20
 
 
