@@ -200,6 +200,15 @@ class TrainConfig:
     eval_every: int = 400
     log_every: int = 50
     num_workers: int = 2
+    # Elastic training: start with as few as min_workers when the cluster has no room for
+    # num_workers, go on with fewer after a node is lost (needs max_failures), and grow
+    # back to num_workers as nodes return. optim.update_freq is raised on a smaller group to
+    # keep num_workers' global batch; an epoch in progress is shared out anew (every pair
+    # still once). None: a fixed group of num_workers.
+    min_workers: Optional[int] = None
+    # How often (seconds) an elastic run looks for room to grow; each resize restarts the
+    # group from the latest checkpoint.
+    resize_interval_s: float = 60.0
     use_gpu: bool = False
     # CPUs reserved per worker; None = the cluster's CPUs but one (raymt.cluster.plan), split evenly.
     cpus_per_worker: Optional[float] = None
@@ -238,6 +247,11 @@ class TrainConfig:
                 _positive(self, "train", name)
         _check(self.max_nonfinite_steps >= 0,
                f"train.max_nonfinite_steps={self.max_nonfinite_steps} must be >= 0")
+        if self.min_workers is not None:
+            _check(1 <= self.min_workers <= self.num_workers,
+                   f"train.min_workers={self.min_workers} must be between 1 and train.num_workers="
+                   f"{self.num_workers} (or unset for a fixed group)")
+        _check(self.resize_interval_s >= 0, f"train.resize_interval_s={self.resize_interval_s} must be >= 0")
         _check(self.max_failures >= -1, f"train.max_failures={self.max_failures} must be >= -1")
         _check(self.ddp_bucket_mb > 0, f"train.ddp_bucket_mb={self.ddp_bucket_mb} must be > 0")
         _check(self.profile_steps >= 0, f"train.profile_steps={self.profile_steps} must be >= 0 (0 = off)")

@@ -236,8 +236,15 @@ def write_run_files(cfg: Config, run_dir: str, tokenizer: Tokenizer) -> None:
 
 
 def scaling(cfg: Config) -> Plan:
-    """Resources per training worker and torch threads, checked against the cluster."""
-    return plan(cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker)
+    """Resources per training worker and torch threads, checked against the cluster.
+
+    An elastic group's workers take a fixed share each (train.cpus_per_worker, else one CPU),
+    not the cluster split by their number: the number changes; min_workers must fit now.
+    """
+    if cfg.train.min_workers is None:
+        return plan(cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker)
+    return plan(cfg.train.min_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker or 1.0,
+                what=f"train.min_workers={cfg.train.min_workers}", fix="lower train.min_workers")
 
 
 def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
@@ -254,6 +261,8 @@ def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
     from raymt.worker import train_loop_per_worker
 
     workers = scaling(cfg)
+    num_workers = cfg.train.num_workers if cfg.train.min_workers is None else (
+        cfg.train.min_workers, cfg.train.num_workers)
     # The resolved filesystem travels to every worker with its endpoint (raymt.storage).
     storage_fs, storage_fs_path = storage.filesystem(cfg.train.storage_path)
     valid_rows = corpus_format.eval_rows(valid, tokenizer, cfg.model.max_positions)
@@ -266,8 +275,9 @@ def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
             "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
             "init_full_state": init_full_state,
             "log_dir": log_dir},
-        scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
-                                     resources_per_worker=workers.resources()),
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=cfg.train.use_gpu,
+                                     resources_per_worker=workers.resources(),
+                                     elastic_resize_monitor_interval_s=cfg.train.resize_interval_s),
         torch_config=TorchConfig(backend="nccl" if cfg.train.use_gpu else "gloo"),
         run_config=RunConfig(
             name=cfg.train.name, storage_path=storage_fs_path, storage_filesystem=storage_fs,

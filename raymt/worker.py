@@ -21,7 +21,7 @@ from raymt.config import Config
 from raymt.metrics import MetricsLog
 from raymt.model import build_model
 from raymt.profiling import StepProfiler
-from raymt.data.stream import Position, TrainStream, restore_position
+from raymt.data.stream import Position, TrainStream, resume_point
 from raymt.tokenizer import Tokenizer
 from raymt.trainer import (Collective, Trainer, Update, autocast_for, collate_eval, compile_model,
                            evaluate, precision_line, restore_training, rng_state, set_rng_state, unwrap)
@@ -100,9 +100,10 @@ def _report(metrics: dict, loop: "WorkerLoop") -> None:
         ray.train.report(metrics)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        save_checkpoint(tmp, unwrap(loop.model), loop.cfg, loop.tokenizer, {
+        save_checkpoint(tmp, unwrap(loop.model), loop.run_cfg, loop.tokenizer, {
             "optimizer": loop.optimizer.state_dict(), "scheduler": loop.scheduler.state_dict(),
             "step": loop.step, "epoch": loop.epoch, "data_positions": [p for p, _ in parts],
+            "data_segment": loop.segment.to_dict() if loop.segment and loop.segment.epoch == loop.epoch else None,
             "rng_states": [r for _, r in parts]})
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
@@ -111,12 +112,13 @@ class WorkerLoop(Trainer):
     """One worker's model, data and state on Ray Train; `run` trains, evaluates and reports."""
 
     def __init__(self, loop_config: dict):
-        cfg = Config.from_dict(loop_config["config"])
+        self.run_cfg = Config.from_dict(loop_config["config"])  # as checkpoints store it
+        collective = TorchCollective() if dist.is_initialized() else Collective()
+        cfg = elastic_batch(self.run_cfg, collective.world_size, collective.rank == 0)
         self.tokenizer = Tokenizer(loop_config["spm_model"])
         torch.set_num_threads(loop_config["num_threads"])
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
         device = ray.train.torch.get_device()
-        collective = TorchCollective() if dist.is_initialized() else Collective()
         self.rank, self.world_size = collective.rank, collective.world_size
 
         weights, state, reset_lr = _read_checkpoint(cfg, loop_config)
@@ -131,13 +133,20 @@ class WorkerLoop(Trainer):
         super().__init__(cfg, model, optimizer, scheduler, device, state["step"], state["epoch"],
                          collective, autocast_for(device, cfg.train.bf16))
         self.train_files = loop_config["train_files"]
-        self.position = restore_position(state.get("data_positions"), self.rank, self.world_size,
-                                         self.epoch)
+        saved = state.get("data_positions")
+        self.position, self.segment = resume_point(
+            self.train_files, cfg.data, cfg.train.seed, self.epoch, saved, state.get("data_segment"),
+            self.rank, self.world_size)
+        if saved and len(saved) != self.world_size and self.is_rank0:
+            total = sum(f[1] for f in self.train_files)
+            left = self.segment.num_left() if self.segment else total
+            print(f"resized from {len(saved)} to {self.world_size} workers: they share the {left} pairs "
+                  f"left of epoch {self.epoch + 1} ({total - left} trained before; each pair once)", flush=True)
         rng_states = state.get("rng_states")
         if rng_states and len(rng_states) == self.world_size:  # dropout continues exactly
             set_rng_state(rng_states[self.rank])
-        else:  # each rank draws its own dropout masks
-            torch.manual_seed(cfg.train.seed * 1000 + self.rank + 1)
+        else:  # each rank draws its own dropout masks (after a resize: not those of step 0 again)
+            torch.manual_seed(cfg.train.seed * 1000 + self.rank + 1 + 7919 * self.step)
         # Logs are written locally and mirrored to the run's storage at every report when it is
         # remote; each rank fetches the files it appends to (a resumed run continues them).
         trace_name = f"trace-rank{self.rank}.tsv"
@@ -147,7 +156,10 @@ class WorkerLoop(Trainer):
         self.trace = None
         if cfg.train.trace_data and log_dir:  # each (re)start of the worker group: an attempt
             self.trace = open(log_dir / trace_name, "a")
-            self.trace.write(f"#start\t{self.step}\n")
+            # One id for every rank of this worker group (attempt), to tell apart the groups
+            # of a resized run: a later group undoes the steps after its checkpoint.
+            attempt = collective.all_gather_object(time.time())[0]
+            self.trace.write(f"#start\t{self.step}\t{attempt:.6f}\t{self.world_size}\n")
         self.stream = self.open_stream(self.position)  # reading starts while the rest sets up
         if self.is_rank0:
             print(precision_line(self.autocast, device) + (" (torch.compile)" if cfg.train.compile else ""),
@@ -199,7 +211,7 @@ class WorkerLoop(Trainer):
         """This worker's stream of the epoch `position` is in, reading ahead once started."""
         stream = TrainStream(self.train_files, self.cfg.data, self.cfg.train.seed, self.rank,
                              self.world_size, position, trace=self.trace is not None,
-                             pin_memory=self.device.type == "cuda")
+                             pin_memory=self.device.type == "cuda", segment=self.segment)
         return stream.start() if start else stream
 
     def mark(self) -> tuple[Position, list[str]]:
@@ -258,6 +270,21 @@ class WorkerLoop(Trainer):
             self.logs.sync()
         _report(metrics, self)
         self.evaluated = self.step
+
+
+def elastic_batch(cfg: Config, world_size: int, verbose: bool = False) -> Config:
+    """The config with optim.update_freq scaled so that a resized elastic group keeps the
+    global batch of train.num_workers workers (and so the learning-rate schedule's meaning)."""
+    if cfg.train.min_workers is None or world_size == cfg.train.num_workers:
+        return cfg
+    wanted = cfg.optim.update_freq * cfg.train.num_workers
+    update_freq = -(-wanted // world_size)  # rounded up: never a smaller batch than the recipe's
+    if verbose:
+        print(f"{world_size} of {cfg.train.num_workers} workers: optim.update_freq "
+              f"{cfg.optim.update_freq} -> {update_freq} keeps the global batch"
+              + ("" if wanted % world_size == 0 else f" ({world_size * update_freq}/{wanted} of it)"),
+              flush=True)
+    return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, update_freq=update_freq))
 
 
 def train_loop_per_worker(loop_config: dict) -> None:

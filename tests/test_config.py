@@ -37,6 +37,7 @@ def test_cli_sources_layer_in_order(tmp_path):
     ({"optim.lr": "fast"}, "optim.lr='fast' is not a valid float"),
     ({"model.dropout": "1.5"}, r"model.dropout=1.5 must be in \[0, 1\)"),
     ({"train.num_workers": "0"}, "train.num_workers=0 must be > 0"),
+    ({"train.min_workers": "3"}, "train.min_workers=3 must be between 1 and train.num_workers=2"),
     ({"data.src_lang": "xx"}, "not in the built-in corpus"),
     ({"model.activation": "swish"}, "must be one of relu, gelu"),
 ])

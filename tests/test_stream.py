@@ -11,7 +11,8 @@ import torch
 from raymt.batching import collate, collate_flat
 from raymt.config import DataConfig
 from raymt.data.format import Shard, token_index
-from raymt.data.stream import Position, TrainStream, epoch_slice, flat, restore_position, skip_rows
+from raymt.data.stream import (Position, Segment, TrainStream, epoch_slice, flat, restore_position,
+                               resume_point, skip_rows)
 
 
 def write_shards(tmp_path, sizes, seed=0):
@@ -79,10 +80,13 @@ def test_collate_flat_matches_collate():
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
-def stream(files, rank, world_size, position, num_epochs=1, **data):
-    cfg = DataConfig(max_tokens=64, max_len=10, window_rows=50, shuffle_buffer_rows=120, **data)
+CFG = dict(max_tokens=64, max_len=10, window_rows=50, shuffle_buffer_rows=120)
+
+
+def stream(files, rank, world_size, position, num_epochs=1, segment=None, **data):
+    cfg = DataConfig(**CFG, **data)
     return TrainStream(files, cfg, seed=3, rank=rank, world_size=world_size, position=position,
-                       num_epochs=num_epochs)
+                       num_epochs=num_epochs, segment=segment)
 
 
 def test_streams_see_each_pair_once_and_repeat_exactly(tmp_path):
@@ -141,3 +145,55 @@ def test_a_stream_over_epochs_is_the_epochs_one_after_another(tmp_path):
     assert position.epoch == 4
     tail = [batch_pairs(b) for b in stream(files, 0, 2, position)]
     assert tail == [p for p, _ in each[-4:]]
+
+
+def take(s, n):
+    """The pairs of up to n batches of stream s, then close it."""
+    out = []
+    for b in s:
+        out += batch_pairs(b)
+        if (n := n - 1) == 0:
+            break
+    s.close()
+    return out
+
+
+@pytest.mark.parametrize("steps", [(0, 3, 1), (5, 1, 0), (9, 4, 2), (40, 40, 40)])
+def test_resized_epoch_trains_every_pair_once(tmp_path, steps):
+    """2 workers take some batches, 3 go on from their checkpoint, then 1 finishes the epoch:
+    every pair of the epoch is trained exactly once (elastic training)."""
+    files, pairs = write_shards(tmp_path, [230, 41, 180], seed=4)
+    kept = Counter(p for p in pairs if len(p[0]) <= 10 and len(p[1]) <= 10)
+    seen, state = Counter(), {"data_positions": None, "data_segment": None}
+    for world_size, n in zip((2, 3, 1), steps):
+        positions, segment = [], None
+        for rank in range(world_size):
+            position, segment = resume_point(files, DataConfig(**CFG), 3, 0, state["data_positions"],
+                                             state["data_segment"], rank, world_size)
+            s = stream(files, rank, world_size, position, segment=segment)
+            seen.update(take(s, n) if world_size > 1 else [p for b in s for p in batch_pairs(b)])
+            positions.append(s.position.to_dict())
+        # as a checkpoint stores and loads them
+        path = tmp_path / f"state{world_size}.pt"
+        torch.save({"data_positions": positions, "data_segment": segment and segment.to_dict()}, path)
+        state = torch.load(path, weights_only=True)
+    assert seen == kept
+
+
+def test_a_resized_epoch_resumes_exactly_at_the_same_size(tmp_path):
+    files, _ = write_shards(tmp_path, [300, 90], seed=5)
+    saved = [Position(0, 1, 2).to_dict(), Position(0, 0, 3).to_dict()]
+    _, segment = resume_point(files, DataConfig(**CFG), 3, 0, saved, None, 0, 3)
+    assert segment.generation == 1 and segment.done
+    full = [batch_pairs(b) for b in stream(files, 2, 3, Position(0), segment=segment)]
+    first = stream(files, 2, 3, Position(0), segment=segment)
+    head = take(first, 4)
+    saved = [Position(0).to_dict(), Position(0).to_dict(), first.position.to_dict()]
+    position, again = resume_point(files, DataConfig(**CFG), 3, 0, saved, segment.to_dict(), 2, 3)
+    assert again == segment
+    tail = [p for b in stream(files, 2, 3, position, segment=again) for p in batch_pairs(b)]
+    assert head + tail == [p for b in full for p in b]
+    # Nothing trained yet: the epoch starts over at the new size, without a segment.
+    assert resume_point(files, DataConfig(**CFG), 3, 0, [Position(0).to_dict()] * 2, None, 0, 3) == (Position(0), None)
+    # The next epoch ignores the segment.
+    assert stream(files, 0, 3, Position(1), segment=segment).segment_of(1) is None

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raymt.batching import collate
-from raymt.config import Config, tiny
+from raymt.config import Config, apply_overrides, tiny
 from raymt.model import build_model
 from raymt.trainer import Trainer, compile_model, restore_training, rng_state, set_rng_state, train_step
 from tiny_checkpoint import one_thread  # noqa: F401
@@ -235,3 +235,17 @@ def test_compiled_model_does_not_recompile_per_batch():
     assert 0 < first <= 4, compiled
     trainer.train_epoch(padded(16, 50))  # another epoch, other shapes: nothing new to compile
     assert len(compiled) == first, compiled
+
+
+def test_a_smaller_elastic_group_keeps_the_global_batch(capsys):
+    """Fewer workers than train.num_workers raise optim.update_freq (rounded up); a fixed
+    group, or the full elastic one, keeps the config as it is."""
+    from raymt.worker import elastic_batch
+
+    cfg = apply_overrides(Config(), {"train.num_workers": "4", "train.min_workers": "1",
+                                     "optim.update_freq": "2"})
+    assert [elastic_batch(cfg, w).optim.update_freq for w in (4, 2, 1, 3)] == [2, 4, 8, 3]
+    elastic_batch(cfg, 3, verbose=True)
+    assert "3 of 4 workers: optim.update_freq 2 -> 3 keeps the global batch (9/8 of it)" in capsys.readouterr().out
+    fixed = apply_overrides(Config(), {"train.num_workers": "4"})
+    assert elastic_batch(fixed, 2) is fixed

@@ -20,6 +20,12 @@ the epoch from the shards (local or object storage, through pyarrow) instead:
 
 So a pair is seen exactly once per epoch, batch composition depends only on the seed and
 the epoch, and a resumed run neither repeats nor skips pairs.
+
+When a checkpoint written by N workers is resumed by M (elastic training: Ray Train
+restarts a smaller group after a node is lost, a larger one when nodes return), the epoch's
+remaining rows become a `Segment`: the old workers' unread rows, minus the pairs of the
+batches they had already taken from their current chunks. The M workers share the segment
+in equal row slices, so the resized epoch still trains every pair exactly once.
 """
 
 from __future__ import annotations
@@ -54,24 +60,68 @@ class Position:
         return asdict(self)
 
 
-def epoch_slice(files: Files, seed: int, epoch: int, rank: int,
-                world_size: int) -> list[tuple[str, int, int]]:
-    """This worker's rows of the epoch as (path, first row, end row) per file, in read order."""
+@dataclass
+class Segment:
+    """The rest of an epoch whose worker group changed size mid-way (elastic training).
+
+    `reads` hold the rows the epoch had left when the group was resized, in order; `done`
+    the positions (in the concatenation of `reads`) of pairs trained before the resize,
+    which the new group skips. The new group cuts `reads` into equal row slices, one per
+    worker, each cut into chunks and batches as usual with `generation` in the seeds.
+    """
+
+    epoch: int
+    generation: int  # resizes so far in this epoch
+    reads: list[tuple[str, int, int]]
+    done: list[int]  # sorted
+
+    def to_dict(self) -> dict:
+        """Plain lists and ints, as stored in a checkpoint."""
+        return {"epoch": self.epoch, "generation": self.generation,
+                "reads": [list(r) for r in self.reads], "done": list(self.done)}
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> Optional["Segment"]:
+        """The segment a checkpoint stored, or None."""
+        if not d:
+            return None
+        return cls(int(d["epoch"]), int(d["generation"]), [tuple(r) for r in d["reads"]],
+                   [int(i) for i in d["done"]])
+
+    def num_left(self) -> int:
+        """Pairs of the segment still to train."""
+        return sum(e - s for _, s, e in self.reads) - len(self.done)
+
+    def bounds(self, rank: int, world_size: int) -> tuple[int, int]:
+        """This worker's rows [lo, hi) of the segment."""
+        return row_bounds(sum(e - s for _, s, e in self.reads), rank, world_size)
+
+
+def epoch_reads(files: Files, seed: int, epoch: int) -> list[tuple[str, int, int]]:
+    """Every row of the epoch as (path, first row, end row) per file, in read order."""
+    files = [Shard(*f) for f in files]
+    order = np.random.default_rng([seed, epoch, 7919]).permutation(len(files))
+    return [(files[i].path, 0, files[i].num_pairs) for i in order if files[i].num_pairs]
+
+
+def slice_bounds(files: Files, seed: int, epoch: int, rank: int, world_size: int) -> tuple[int, int]:
+    """This worker's rows of the epoch, as [lo, hi) in epoch order: equal shares of tokens."""
     files = [Shard(*f) for f in files]
     order = np.random.default_rng([seed, epoch, 7919]).permutation(len(files))
     if all(f.token_index for f in files if f.num_pairs):
-        lo, hi = (_token_cut(files, order, k, world_size) for k in (rank, rank + 1))
-    else:
-        total = sum(f.num_pairs for f in files)
-        lo, hi = total * rank // world_size, total * (rank + 1) // world_size
-    out, offset = [], 0
-    for i in order:
-        path, num_rows, _ = files[i]
-        start, end = max(lo - offset, 0), min(hi - offset, num_rows)
-        if start < end:
-            out.append((path, start, end))
-        offset += num_rows
-    return out
+        return _token_cut(files, order, rank, world_size), _token_cut(files, order, rank + 1, world_size)
+    return row_bounds(sum(f.num_pairs for f in files), rank, world_size)
+
+
+def row_bounds(num_rows: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rows [lo, hi) of `rank` when `num_rows` are cut into `world_size` equal slices."""
+    return num_rows * rank // world_size, num_rows * (rank + 1) // world_size
+
+
+def epoch_slice(files: Files, seed: int, epoch: int, rank: int,
+                world_size: int) -> list[tuple[str, int, int]]:
+    """This worker's rows of the epoch as (path, first row, end row) per file, in read order."""
+    return sub_plan(epoch_reads(files, seed, epoch), *slice_bounds(files, seed, epoch, rank, world_size))
 
 
 def _token_cut(files: list[Shard], order: np.ndarray, k: int, world_size: int) -> int:
@@ -107,6 +157,17 @@ def skip_rows(plan: list[tuple[str, int, int]], num_rows: int) -> list[tuple[str
             continue
         out.append((path, start + num_rows, end))
         num_rows = 0
+    return out
+
+
+def sub_plan(plan: list[tuple[str, int, int]], lo: int, hi: int) -> list[tuple[str, int, int]]:
+    """Rows [lo, hi) of the plan's concatenated rows, as reads."""
+    out, offset = [], 0
+    for path, start, end in plan:
+        a, b = max(lo - offset, 0), min(hi - offset, end - start)
+        if a < b:
+            out.append((path, start + a, start + b))
+        offset += end - start
     return out
 
 
@@ -181,11 +242,12 @@ class TrainStream:
 
     def __init__(self, files: Files, cfg: DataConfig, seed: int, rank: int, world_size: int,
                  position: Position, trace: bool = False, prefetch: int = 16, pin_memory: bool = False,
-                 num_epochs: int = 1):
+                 num_epochs: int = 1, segment: Optional[Segment] = None):
         self.cfg, self.seed, self.rank, self.world_size = cfg, seed, rank, world_size
         self.files, self.num_epochs = files, num_epochs
         self.pin_memory = pin_memory  # page-locked batches for asynchronous copies to a GPU
         self.position = position
+        self.segment = segment  # the rest of an epoch after a resize (elastic training)
         self.chunk_rows = cfg.shuffle_buffer_rows or cfg.window_rows
         self.plan = self.epoch_plan(position.epoch, skip_chunks=position.chunk)
         self.trace = trace
@@ -241,8 +303,16 @@ class TrainStream:
 
     def epoch_plan(self, epoch: int, skip_chunks: int = 0) -> list[tuple[str, int, int]]:
         """This worker's (path, first row, end row) reads of `epoch`, without its first chunks."""
-        plan = epoch_slice(self.files, self.seed, epoch, self.rank, self.world_size)
+        segment = self.segment_of(epoch)
+        if segment is None:
+            plan = epoch_slice(self.files, self.seed, epoch, self.rank, self.world_size)
+        else:
+            plan = sub_plan(segment.reads, *segment.bounds(self.rank, self.world_size))
         return skip_rows(plan, skip_chunks * self.chunk_rows)
+
+    def segment_of(self, epoch: int) -> Optional[Segment]:
+        """The segment `epoch` continues from a resize, if any."""
+        return self.segment if self.segment is not None and self.segment.epoch == epoch else None
 
     def _batches(self) -> Iterator[tuple[Batch, Position, list[str]]]:
         """(batch, position after it, pair digests) for the rest of the stream's epochs."""
@@ -250,11 +320,18 @@ class TrainStream:
         chunk_index, skip = self.position.chunk, self.position.batches
         for epoch in range(first, end):
             plan = self.plan if epoch == first else self.epoch_plan(epoch)
+            segment = self.segment_of(epoch)
+            # Pairs a resized epoch trained before the resize, numbered from this slice's start.
+            done = np.asarray(segment.done if segment else [], dtype=np.int64)
+            done -= segment.bounds(self.rank, self.world_size)[0] if segment else 0
             read = _ReadAhead(read_plan(plan))
             try:
                 for table in chunks(iter(read), self.chunk_rows):
                     src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
-                    for b, idx in enumerate(self.cut(src, tgt, epoch, chunk_index)[skip:], start=skip):
+                    base = chunk_index * self.chunk_rows
+                    excluded = done[np.searchsorted(done, base):np.searchsorted(done, base + len(table))] - base
+                    rng = chunk_rng(self.seed, epoch, self.rank, chunk_index, segment)
+                    for b, idx in enumerate(cut_chunk(src, tgt, self.cfg, rng, excluded)[skip:], start=skip):
                         hashes = pair_hashes(src, tgt, idx) if self.trace else []
                         batch = collate_flat(src, tgt, idx, self.cfg.pad_multiple)
                         yield ((batch.pin_memory() if self.pin_memory else batch),
@@ -264,17 +341,23 @@ class TrainStream:
                 read.close()
             chunk_index = 0
 
-    def cut(self, src, tgt, epoch: int, chunk_index: int) -> list[np.ndarray]:
-        """The chunk's batches; pairs longer than data.max_len are dropped."""
-        src_lens, tgt_lens = np.diff(src[1]), np.diff(tgt[1])
-        keep = np.flatnonzero((src_lens > 0) & (tgt_lens > 0) & (src_lens <= self.cfg.max_len)
-                              & (tgt_lens <= self.cfg.max_len))
-        rng = np.random.default_rng([self.seed, epoch, self.rank, chunk_index])
-        batches = chunk_batches(src_lens[keep] + 1, tgt_lens[keep] + 1, self.cfg.window_rows,
-                                self.cfg.max_tokens, rng, shuffle=self.cfg.shuffle_buffer_rows > 0,
-                                pad_multiple=self.cfg.pad_multiple)
-        return [keep[b] for b in batches]
 
+def chunk_rng(seed: int, epoch: int, rank: int, chunk_index: int,
+              segment: Optional[Segment] = None) -> np.random.Generator:
+    """The generator that shuffles and cuts one chunk of a worker's slice."""
+    return np.random.default_rng([seed, epoch, rank, chunk_index] + ([segment.generation] if segment else []))
+
+
+def cut_chunk(src, tgt, cfg: DataConfig, rng: np.random.Generator,
+              excluded: np.ndarray = np.zeros(0, dtype=np.int64)) -> list[np.ndarray]:
+    """A chunk's batches (row indices); pairs longer than data.max_len and `excluded` rows are dropped."""
+    src_lens, tgt_lens = np.diff(src[1]), np.diff(tgt[1])
+    ok = (src_lens > 0) & (tgt_lens > 0) & (src_lens <= cfg.max_len) & (tgt_lens <= cfg.max_len)
+    ok[excluded] = False
+    keep = np.flatnonzero(ok)
+    batches = chunk_batches(src_lens[keep] + 1, tgt_lens[keep] + 1, cfg.window_rows, cfg.max_tokens,
+                            rng, shuffle=cfg.shuffle_buffer_rows > 0, pad_multiple=cfg.pad_multiple)
+    return [keep[b] for b in batches]
 
 
 def put_unless_stopping(q: queue.Queue, stopping: threading.Event, item) -> bool:
@@ -330,13 +413,60 @@ class _ReadAhead:
 
 def restore_position(saved: Optional[list], rank: int, world_size: int, epoch: int) -> Position:
     """This rank's saved position, or the start of `epoch` when none fits this world size."""
-    if not saved:
-        return Position(epoch)
-    if len(saved) != world_size:
-        if rank == 0:
-            print(f"the checkpoint was written by {len(saved)} workers, this run has {world_size}: "
-                  f"epoch {epoch + 1} starts over (exact resume needs the same number of workers)",
-                  flush=True)
+    if not saved or len(saved) != world_size:
         return Position(epoch)
     position = Position(**saved[rank])
     return position if position.epoch == epoch else Position(epoch)
+
+
+def resume_point(files: Files, cfg: DataConfig, seed: int, epoch: int, saved: Optional[list],
+                 segment: Optional[dict], rank: int, world_size: int) -> tuple[Position, Optional[Segment]]:
+    """Where a worker's stream starts from a checkpoint's positions (and segment): the saved
+    position, or, when the checkpoint was written by a group of another size, the start of a
+    segment holding what the epoch has left (`resize_segment`)."""
+    segment = Segment.from_dict(segment)
+    if saved and len(saved) != world_size:
+        return Position(epoch), resize_segment(files, cfg, seed, epoch, saved, segment)
+    return restore_position(saved, rank, world_size, epoch), segment
+
+
+def resize_segment(files: Files, cfg: DataConfig, seed: int, epoch: int, saved: list[dict],
+                   segment: Optional[Segment]) -> Optional[Segment]:
+    """What `epoch` has left after the `len(saved)` workers stopped at `saved` positions, for a
+    group of another size; None when none of it was trained (the epoch starts over).
+
+    Each old worker trained the first chunks of its slice and the first batches of the next
+    one; that chunk is read again and cut as it was, to learn which pairs those batches held.
+    """
+    world_size, chunk_rows = len(saved), cfg.shuffle_buffer_rows or cfg.window_rows
+    segment = segment if segment is not None and segment.epoch == epoch else None
+    if segment is None:
+        reads, done = epoch_reads(files, seed, epoch), set()
+        bounds = [slice_bounds(files, seed, epoch, r, world_size) for r in range(world_size)]
+    else:
+        reads, done = segment.reads, set(segment.done)
+        bounds = [segment.bounds(r, world_size) for r in range(world_size)]
+    left, trained = [], False  # [lo, hi) rows still to train, per old worker
+    for rank, ((lo, hi), p) in enumerate(zip(bounds, (Position(**p) for p in saved))):
+        if p.epoch != epoch:  # this worker had not started the epoch
+            p = Position(epoch)
+        start = lo + p.chunk * chunk_rows
+        trained |= start > lo or p.batches > 0
+        if p.batches:
+            end = min(start + chunk_rows, hi)
+            table = pa.concat_tables(read_plan(sub_plan(reads, start, end)))
+            excluded = np.asarray(sorted(i - start for i in done if start <= i < end), dtype=np.int64)
+            rng = chunk_rng(seed, epoch, rank, p.chunk, segment)
+            batches = cut_chunk(flat(table.column("src_ids")), flat(table.column("tgt_ids")), cfg,
+                                rng, excluded)
+            done.update(start + int(i) for idx in batches[:p.batches] for i in idx)
+        if start < hi:
+            left.append((start, hi))
+    if not trained:
+        return segment
+    new_reads, new_done, offset = [], [], 0
+    for lo, hi in left:
+        new_reads += sub_plan(reads, lo, hi)
+        new_done += [offset + i - lo for i in sorted(done) if lo <= i < hi]
+        offset += hi - lo
+    return Segment(epoch, (segment.generation if segment else 0) + 1, new_reads, new_done)
