@@ -105,12 +105,15 @@ def test_two_node_ray_job_submit(tmp_path, request, where):
                 "--max-steps", "20", "--storage-path", storage, "--name", "job",
                 "--set", "train.eval_every=20", "--set", "data.vocab_size=256",
                 "--set", "data.builtin_train_size=800", "--set", "data.builtin_eval_size=40",
-                "--set", "decode.beam=1", env=env, timeout=480, check=False)
+                "--set", "decode.beam=1", "--set", "train.trace_data=true", env=env, timeout=480, check=False)
             if "No available agent to submit job" not in out.stdout + out.stderr:
                 break
             time.sleep(3)
+        (tmp_path / "job.out").write_text(out.stdout + out.stderr)
         assert out.returncode == 0 and "succeeded" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
-        assert "world_rank=1" in out.stdout
+        # Both workers wrote their data traces through the run's storage (rank 1's included).
+        logs = f"{storage}/job/logs"
+        assert all(raymt_storage.exists(f"{logs}/trace-rank{r}.tsv") for r in (0, 1)), raymt_storage.listdir(logs)
         summary = json.loads(raymt_storage.read_bytes(f"{storage}/job/summary.json"))
         assert raymt_storage.exists(f"{summary['best_checkpoint']}/model.pt")
         assert raymt_storage.exists(f"{storage}/job/logs/metrics.csv")
