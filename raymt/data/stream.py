@@ -88,13 +88,18 @@ class Segment:
         return cls(int(d["epoch"]), int(d["generation"]), [tuple(r) for r in d["reads"]],
                    [int(i) for i in d["done"]])
 
+    @property
+    def num_rows(self) -> int:
+        """Rows of the segment, trained before the resize or not."""
+        return sum(e - s for _, s, e in self.reads)
+
     def num_left(self) -> int:
         """Pairs of the segment still to train."""
-        return sum(e - s for _, s, e in self.reads) - len(self.done)
+        return self.num_rows - len(self.done)
 
     def bounds(self, rank: int, world_size: int) -> tuple[int, int]:
         """This worker's rows [lo, hi) of the segment."""
-        return row_bounds(sum(e - s for _, s, e in self.reads), rank, world_size)
+        return row_bounds(self.num_rows, rank, world_size)
 
 
 def epoch_reads(files: Files, seed: int, epoch: int) -> list[tuple[str, int, int]]:
@@ -464,9 +469,9 @@ def resize_segment(files: Files, cfg: DataConfig, seed: int, epoch: int, saved: 
             left.append((start, hi))
     if not trained:
         return segment
-    new_reads, new_done, offset = [], [], 0
+    new_reads, new_done, offset, done = [], [], 0, sorted(done)
     for lo, hi in left:
         new_reads += sub_plan(reads, lo, hi)
-        new_done += [offset + i - lo for i in sorted(done) if lo <= i < hi]
+        new_done += [offset + i - lo for i in done if lo <= i < hi]
         offset += hi - lo
     return Segment(epoch, (segment.generation if segment else 0) + 1, new_reads, new_done)
