@@ -332,9 +332,9 @@ def run(cfg: Config, resume_dir: Optional[str] = None, init_checkpoint: Optional
     t0 = time.time()
     cfg = finalize(cfg)
     run_dir = run_location(cfg)
-    cfg, run_data = plan_data(cfg, run_dir, resume_dir, init_checkpoint)
-    if init_checkpoint is not None:
+    if init_checkpoint is not None:  # before plan_data, which may generate the built-in corpus
         check_shape(cfg, init_checkpoint)
+    cfg, run_data = plan_data(cfg, run_dir, resume_dir, init_checkpoint)
     check_writable(run_dir)
     init_ray(dashboard=True, verbose=verbose)
     scaling(cfg)  # more workers or GPUs than the cluster has: one line, before any data work

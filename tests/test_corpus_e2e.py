@@ -1,4 +1,4 @@
-"""A named corpus fetched over HTTP (127.0.0.1), prepared with Ray Data, then trained on."""
+"""A named corpus fetched over HTTP (127.0.0.1), prepared with Ray Data, ready for a run."""
 
 import dataclasses
 
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.timeout(600),
                                  reason="needs ../shared/data/multi30k")]
 
 
-def test_prepare_multi30k_over_http_then_train(ray_cluster, tmp_path, monkeypatch, capsys):
+def test_prepare_multi30k_over_http_for_a_run(ray_cluster, tmp_path, monkeypatch, capsys):
     # The local copy holds test_2016_flickr only; upstream also has the 2017 sets.
     spec = download.DATASETS["multi30k"]
     monkeypatch.setitem(download.DATASETS, "multi30k", dataclasses.replace(
@@ -33,12 +33,11 @@ def test_prepare_multi30k_over_http_then_train(ray_cluster, tmp_path, monkeypatc
     assert manifest["splits"]["train"]["input_pairs"] == 29000
     assert manifest["splits"]["test"]["test_2016_flickr"]["num_pairs"] == 1000
 
-    from raymt.train import run
+    # A run on it takes the validation and the first test set from the manifest (training
+    # on a prepared corpus itself runs in test_gpu_check and test_storage).
+    from raymt.train import plan_data
 
-    cfg = apply_overrides(Config(model=tiny()), {
-        "data.corpus": str(out), "train.max_steps": 20, "train.eval_every": 20,
-        "train.log_every": 10, "decode.beam": 1, "train.storage_path": str(tmp_path / "runs"),
-        "train.name": "m30k"})
-    summary = run(cfg)
-    assert summary["valid"]["valid_bleu"] >= 0 and 0 <= summary["test"]["chrf"] <= 100
-    assert summary["start_step"] == 10
+    cfg = apply_overrides(Config(model=tiny()), {"data.corpus": str(out)})
+    cfg, run_data = plan_data(cfg, tmp_path / "runs" / "m30k", None, None)
+    assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("en", "de") and run_data.sources is None
+    assert {k: len(v[0]) for k, v in run_data.eval_sets.items()} == {"valid": 1014, "test": 1000}

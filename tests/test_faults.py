@@ -62,29 +62,34 @@ def tiny_run(storage, name: str, max_steps: int, *extra: str) -> list[str]:
             "--set", "data.builtin_eval_size=30", "--set", "data.max_tokens=256", *extra]
 
 
-def wait_for_checkpoints(run_dir, count: int, proc, timeout: float = 300) -> None:
-    """Block until Ray Train has registered `count` checkpoints in the run's snapshot."""
+def wait_until(value, proc, timeout: float = 300):
+    """Poll `value()` until it is truthy and return it; fail if the run ends or time runs out."""
     deadline = time.time() + timeout
-    snapshot = run_dir / "checkpoint_manager_snapshot.json"
-    while registered_checkpoints(snapshot) < count:
-        assert time.time() < deadline and proc.poll() is None, "no checkpoint before the kill"
+    while not (got := value()):
+        assert time.time() < deadline and proc.poll() is None, "the run ended before the fault"
         time.sleep(0.2)
+    return got
 
 
-def registered_checkpoints(snapshot) -> int:
-    """Checkpoints in Ray Train's snapshot; 0 while it is missing or half-written."""
+def checkpoint_steps(run_dir) -> list[int]:
+    """Steps of the checkpoints in Ray Train's snapshot; [] while it is missing or half-written."""
     try:  # Ray rewrites the file in place: a read can see it empty or cut short
-        return len(json.loads(snapshot.read_text())["checkpoint_results"])
+        snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
-        return 0
+        return []
+    return [r["metrics"]["step"] for r in snapshot["checkpoint_results"]]
+
+
+def group_starts(run_dir) -> list[int]:
+    """The step at which each attempt of the worker group started (rank 0's trace)."""
+    trace = run_dir / "logs" / "trace-rank0.tsv"
+    lines = trace.read_text().split("\n")[:-1] if trace.exists() else []  # whole lines only
+    return [int(line.split("\t")[1]) for line in lines if line.startswith("#start")]
 
 
 def final_weights(run_dir) -> dict:
     """The weights of the run's checkpoint at its last step."""
-    for state in run_dir.glob("checkpoint_*/train_state.pt"):
-        if torch.load(state, weights_only=True)["step"] == STEPS:
-            return torch.load(state.parent / "model.pt", weights_only=True)
-    raise AssertionError(f"no checkpoint at step {STEPS} in {run_dir}")
+    return torch.load(checkpoint_at(run_dir, STEPS) / "model.pt", weights_only=True)
 
 
 def trained_pairs(run_dir) -> dict:
@@ -139,45 +144,42 @@ def assert_same_as_reference(run_dir, reference) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_killed_driver_then_resume_continues_exactly(tmp_path, reference, ray_address):
-    """SIGKILL the driver mid-epoch; --resume RUN finishes the run with the parameters an
-    uninterrupted run has."""
-    run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(tiny_run(tmp_path, "killed", STEPS), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    wait_for_checkpoints(run_dir, 2, proc)
+def test_killed_worker_then_killed_driver_resume_exactly(tmp_path, reference, ray_address):
+    """SIGKILL a training worker mid-epoch: FailureConfig restarts the group from the last
+    checkpoint. Then SIGKILL the driver: `--resume RUN` finishes the run. It ends with the
+    parameters of an uninterrupted run, each pair trained once at the same step."""
+    run_dir = tmp_path / "faults"
+    proc = subprocess.Popen(tiny_run(tmp_path, "faults", STEPS, "--set", "train.max_failures=1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_until(lambda: checkpoint_steps(run_dir), proc)
+    pids = ray_address.train_workers()
+    assert pids, "no training worker process found"
+    os.kill(pids[0], signal.SIGKILL)
+    # The new worker group started from a checkpoint written in the middle of an epoch.
+    restart = wait_until(lambda: group_starts(run_dir)[1:], proc)[0]
+    assert 0 < restart < STEPS
+    assert_mid_epoch(checkpoint_at(run_dir, restart))
+
+    wait_until(lambda: max(checkpoint_steps(run_dir)) > restart, proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     ray_address.wait_idle()  # Ray ends the dead driver's job: its controller, workers and CPUs
-    states = {torch.load(p, weights_only=True)["step"]: p.parent
-              for p in run_dir.glob("checkpoint_*/train_state.pt")}
-    assert states and max(states) < STEPS
-    assert_mid_epoch(states[max(states)])
+    latest = max(checkpoint_steps(run_dir))
+    assert restart < latest < STEPS
+    assert_mid_epoch(checkpoint_at(run_dir, latest))
 
     out = subprocess.run([sys.executable, "-m", "raymt.train", "--resume", str(run_dir)],
                          capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     logged = [int(m) for m in re.findall(r"step (\d+)/", out.stdout + out.stderr)]
-    assert logged and min(logged) > 20  # it did not start over (a fresh run logs step 20 first)
+    assert logged and min(logged) > latest  # it went on from the latest checkpoint
+    assert group_starts(run_dir) == [0, restart, latest]
     assert_same_as_reference(run_dir, reference)
 
 
-@pytest.mark.timeout(900)
-def test_killed_worker_restarts_at_the_exact_data_position(tmp_path, reference, ray_address):
-    """SIGKILL one training worker mid-epoch: FailureConfig restarts the group from the last
-    checkpoint, and the run ends with the parameters of an uninterrupted run."""
-    log = tmp_path / "train.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen(tiny_run(tmp_path, "worker", STEPS, "--set", "train.max_failures=1"),
-                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_for_checkpoints(tmp_path / "worker", 1, proc)
-    pids = ray_address.train_workers()
-    assert pids, "no training worker process found"
-    os.kill(pids[0], signal.SIGKILL)
-    proc.wait(timeout=400)
-    out = log.read_text()
-    assert proc.returncode == 0, out[-3000:]
-    resumed = re.search(r"resuming at step \d+ from (\S+)", out)
-    assert resumed, out[-3000:]  # the new worker group started from a checkpoint
-    assert_mid_epoch(Path(resumed.group(1)))
-    assert_same_as_reference(tmp_path / "worker", reference)
+def checkpoint_at(run_dir, step: int) -> Path:
+    """The run's checkpoint directory written at `step`."""
+    for state in run_dir.glob("checkpoint_*/train_state.pt"):
+        if torch.load(state, weights_only=True)["step"] == step:
+            return state.parent
+    raise AssertionError(f"no checkpoint at step {step} in {run_dir}")

@@ -264,6 +264,29 @@ def test_pairs_source_with_a_given_tokenizer(ray_cluster, tmp_path):
     assert decoded_train(tmp_path / "c") == Counter(pairs)
 
 
+def test_in_memory_pairs_prepared_in_the_driver_equal_ray_datas(ray_cluster, tmp_path, monkeypatch):
+    """Both passes in the driver (few in-memory pairs) write what Ray Data's tasks write: the
+    same SentencePiece model, counts, rows in order and shards."""
+    pairs = mirrored(300) + mirrored(20) + [("x " * 60, "y"), ("", "z"), ("a b", "b a " * 9)]
+    src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
+    cfg = PrepareConfig(vocab_size=120, shard_pairs=100, dedup=True, max_len=40)
+
+    def prepared(out: Path) -> tuple:
+        manifest = prepare.prepare_corpus(cfg, str(out), [prepare.Source("pairs", pairs=(src, tgt))],
+                                          [prepare.Source("pairs", pairs=(src[:5], tgt[:5]))])
+        rows = [pq.read_table(path).to_pylist() for path, _, _ in corpus_format.train_files(str(out), manifest)]
+        return manifest["splits"], manifest["sp_model_sha256"], rows
+
+    assert prepare._in_driver([{"kind": "pairs", "pairs": (src, tgt)}])
+    here = prepared(tmp_path / "here")
+    monkeypatch.setattr(prepare, "DRIVER_PAIRS", 0)
+    assert not prepare._in_driver([{"kind": "pairs", "pairs": (src, tgt)}])
+    assert prepared(tmp_path / "ray") == here
+    dropped = here[0]["train"]["dropped"]
+    assert dropped["duplicate"] == 20 and dropped["empty"] == 1 and dropped["too_long"] + dropped["ratio"] == 2
+    assert [len(rows) for rows in here[2]] == [100, 100, 100]
+
+
 def test_specs_and_manifest_errors(tmp_path):
     cfg = PrepareConfig()
     write_lines(tmp_path / "x.en.zst", ["a"])  # not really zstd: only the name is resolved here

@@ -1,4 +1,4 @@
-"""`python -m raymt.tune`: search-space errors, a 3-trial sweep, resume, PBT exploit."""
+"""`python -m raymt.tune`: search-space errors, a 2-trial sweep, resume, PBT exploit."""
 
 import json
 import signal
@@ -56,9 +56,10 @@ def trial_runs(sweep: Path) -> dict[str, list[dict]]:
     return runs
 
 
-def test_three_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
+def test_two_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
     sweep = tmp_path / "s"
-    args = [*TINY_TRIAL, "--grid", "optim.lr=1e-3,3e-3,1e-2", "--scheduler", "fifo",
+    # One trial at a time: the first has finished and the second not when the sweep is stopped.
+    args = [*TINY_TRIAL, "--grid", "optim.lr=1e-3,1e-2", "--scheduler", "fifo", "--max-concurrent", "1",
             "--storage-path", str(tmp_path), "--sweep-name", "s"]
     proc = subprocess.Popen([sys.executable, "-m", "raymt.tune", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -69,16 +70,16 @@ def test_three_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
     proc.send_signal(signal.SIGINT)  # Tune saves its state and stops
     proc.wait(timeout=120)
     finished = {t: len(r) for t, r in trial_runs(sweep).items()}
-    assert 1 <= len(finished) < 3
+    assert len(finished) == 1
 
     out = tune_cli("--resume-sweep", str(sweep), *TINY_TRIAL)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     runs = trial_runs(sweep)
-    assert len(runs) == 3
+    assert len(runs) == 2
     for trial, count in finished.items():
-        assert len(runs[trial]) == count  # finished trials were not rerun
+        assert len(runs[trial]) == count  # the finished trial was not rerun
     result = json.loads((sweep / "results.json").read_text())
-    assert [r["status"] for r in result["table"]] == ["completed"] * 3
+    assert [r["status"] for r in result["table"]] == ["completed"] * 2
     bleus = [r["valid_bleu"] for r in result["table"]]
     assert bleus == sorted(bleus, reverse=True)
     assert (Path(result["best"]["checkpoint"]) / "model.pt").is_file()

@@ -5,7 +5,8 @@ The layout of a prepared corpus is `raymt.data.format`.
 Training pairs go through two Ray Data passes and never sit in memory as a whole: the
 first reads and cleans every input and keeps a bottom-k hash sample for SentencePiece;
 the second reads again, tokenizes in parallel tasks, drops by length, ratio and (optional)
-duplicates, and writes the shards. Everything is written to a sibling temporary directory
+duplicates, and writes the shards. Up to DRIVER_PAIRS pairs given in memory (the built-in
+corpus) take the same two passes in the driver, without Ray Data. Everything is written to a sibling temporary directory
 that is renamed into place at the end, so an output directory is never left half-written;
 an output URI (s3://...) is built in a local temporary directory and uploaded, manifest last.
 """
@@ -55,6 +56,10 @@ ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
 # Pairs per Ray Data block: big enough to amortize a task, small enough to spread a corpus
 # over many tasks and to keep each task's memory flat.
 BLOCK_ROWS = 20_000
+# In-memory pairs up to this many (the built-in corpus, a notebook's lists) are prepared in
+# the driver: they are in its memory already, and starting Ray Data's tasks and actors takes
+# longer than tokenizing them (benchmarks/NOTES.md, "Preparing in-memory pairs").
+DRIVER_PAIRS = 100_000
 # Counts that both passes make (the second re-reads the inputs: they must not have changed).
 READ_COUNTS = ("input", "invalid_utf8", "empty", "too_long_chars")
 TEST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -382,6 +387,9 @@ class _Tally:
 
 def _report(tally: Any, key: tuple, counts: dict) -> None:
     """Send counts to the tally actor and wait, so they are in before the dataset finishes."""
+    if isinstance(tally, _Tally):  # the passes run in the driver
+        tally.put(key, counts)
+        return
     import ray
 
     ray.get(tally.put.remote(key, dict(counts)))
@@ -529,16 +537,34 @@ def _sample(cfg: PrepareConfig, specs: list[dict]) -> tuple[list[str], Counter]:
         _sample_inputs, batch_size=1, batch_format="pyarrow",
         fn_kwargs={"specs": specs, "options": dataclasses.asdict(cfg), "k": k},
         label_selector=_driver_node())
+    return _merge_samples(ds.iter_batches(batch_size=None, batch_format="pyarrow"), k)
+
+
+def _merge_samples(batches: Iterator[pa.Table], k: int) -> tuple[list[str], Counter]:
+    """The k pairs with the smallest hashes over every input's sample (src then tgt), and the counts."""
     heap: list = []
     members: set[int] = set()
     counts: Counter = Counter()
-    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+    for batch in batches:
         for row in batch.to_pylist():
             counts.update(json.loads(row["counts"]))
             for h, s, t in zip(row["h"], row["src"], row["tgt"]):
                 _offer(heap, members, k, h, (s, t))
     pairs = [pair for _, pair in sorted((-neg, pair) for neg, pair in heap)]  # by hash: deterministic
     return [s for s, _ in pairs] + [t for _, t in pairs], counts
+
+
+def _in_driver(specs: list[dict]) -> bool:
+    """Whether the training inputs are few in-memory pairs, prepared without Ray Data."""
+    return all(spec["kind"] == "pairs" for spec in specs) and \
+        sum(len(spec["pairs"][0]) for spec in specs) <= DRIVER_PAIRS
+
+
+def _sample_here(cfg: PrepareConfig, specs: list[dict]) -> tuple[list[str], Counter]:
+    """Pass 1 in the driver (`_in_driver` inputs): the same sample and counts as `_sample`."""
+    inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
+    sampled = _sample_inputs(inputs, specs, dataclasses.asdict(cfg), cfg.sp_sample_size)
+    return _merge_samples(iter([sampled]), cfg.sp_sample_size)
 
 
 def _shard_names():
@@ -584,6 +610,24 @@ def _write_train(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, trai
     ds.write_parquet(str(train_dir), min_rows_per_file=cfg.shard_pairs,
                      max_rows_per_file=cfg.shard_pairs, filename_provider=_shard_names(),
                      ray_remote_args={"label_selector": _driver_node()})
+
+
+def _write_train_here(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, train_dir: Path,
+                      tally: _Tally) -> None:
+    """Pass 2 in the driver (`_in_driver` inputs): the pairs and files `_write_train` writes."""
+    options = dataclasses.asdict(cfg)
+    inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
+    read = list(_read_inputs(inputs, specs, options, tally))
+    read = pa.concat_tables(read) if read else pa.table({"src": [], "tgt": []})
+    dedup = _Dedup() if cfg.dedup else None
+    blocks = []
+    for lo in range(0, len(read), BLOCK_ROWS):
+        block = _tokenize_block(read.slice(lo, BLOCK_ROWS), model_proto, options, tally)
+        blocks.append(dedup(block, tally) if dedup else block)
+    kept = pa.concat_tables(blocks) if blocks else pa.table({c: [] for c in COLUMNS})
+    train_dir.mkdir(parents=True)
+    for i, lo in enumerate(range(0, len(kept), cfg.shard_pairs)):  # named as _name_shards expects
+        pq.write_table(kept.slice(lo, cfg.shard_pairs), train_dir / f"driver_000000-{i}.parquet")
 
 
 def _name_shards(train_dir: Path, shard_pairs: int) -> list[dict]:
@@ -639,22 +683,28 @@ def _train_split(cfg: PrepareConfig, specs: list[dict], tokenizer: Optional[Toke
     import ray
 
     first = None
+    here = _in_driver(specs)
     if tokenizer is None:
         _progress(f"reading {len(specs)} training input(s) and sampling for SentencePiece")
-        sentences, first = _sample(cfg, specs)
+        sentences, first = (_sample_here if here else _sample)(cfg, specs)
         if not sentences:
             raise _all_dropped(first["input"], first)
         _progress(f"training SentencePiece ({cfg.sp_model_type}, {cfg.vocab_size} pieces) on "
                   f"{len(sentences) // 2} pairs")
         tokenizer = train_tokenizer(sentences, cfg.vocab_size, cfg.sp_model_type,
                                     sample_size=len(sentences), seed=cfg.seed, num_threads=machine_cpus())
-    tally = ray.remote(num_cpus=0)(_Tally).remote()
-    try:
-        _progress("tokenizing and writing training shards")
-        _write_train(cfg, specs, tokenizer.model_proto, tmp / TRAIN_DIR, tally)
-        counts = ray.get(tally.total.remote())
-    finally:
-        ray.kill(tally)
+    _progress("tokenizing and writing training shards")
+    if here:
+        tally = _Tally()
+        _write_train_here(cfg, specs, tokenizer.model_proto, tmp / TRAIN_DIR, tally)
+        counts = tally.total()
+    else:
+        tally = ray.remote(num_cpus=0)(_Tally).remote()
+        try:
+            _write_train(cfg, specs, tokenizer.model_proto, tmp / TRAIN_DIR, tally)
+            counts = ray.get(tally.total.remote())
+        finally:
+            ray.kill(tally)
     if first is not None and any(first.get(c, 0) != counts.get(c, 0) for c in READ_COUNTS):
         raise ValueError("the training inputs changed while they were being prepared: run again")
     dropped = {rule: counts.get(rule, 0) for rule in DROP_RULES}
