@@ -59,7 +59,7 @@ BLOCK_ROWS = 20_000
 # In-memory pairs up to this many (the built-in corpus, a notebook's lists) are prepared in
 # the driver: they are in its memory already, and starting Ray Data's tasks and actors takes
 # longer than tokenizing them (benchmarks/NOTES.md, "Preparing in-memory pairs").
-DRIVER_PAIRS = 100_000
+DRIVER_PAIRS = 50_000
 # Counts that both passes make (the second re-reads the inputs: they must not have changed).
 READ_COUNTS = ("input", "invalid_utf8", "empty", "too_long_chars")
 TEST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
