@@ -6,9 +6,10 @@ Training pairs go through two Ray Data passes and never sit in memory as a whole
 first reads and cleans every input and keeps a bottom-k hash sample for SentencePiece;
 the second reads again, tokenizes in parallel tasks, drops by length, ratio and (optional)
 duplicates, and writes the shards. Up to DRIVER_PAIRS pairs given in memory (the built-in
-corpus) take the same two passes in the driver, without Ray Data. Everything is written to a sibling temporary directory
-that is renamed into place at the end, so an output directory is never left half-written;
-an output URI (s3://...) is built in a local temporary directory and uploaded, manifest last.
+corpus) take the same two passes in the driver, without Ray Data. Everything is written to
+a sibling temporary directory that is renamed into place at the end, so an output
+directory is never left half-written; an output URI (s3://...) is built in a local
+temporary directory and uploaded, manifest last.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
 BLOCK_ROWS = 20_000
 # In-memory pairs up to this many (the built-in corpus, a notebook's lists) are prepared in
 # the driver: they are in its memory already, and starting Ray Data's tasks and actors takes
-# longer than tokenizing them (benchmarks/NOTES.md, "Preparing in-memory pairs").
+# longer than tokenizing them (benchmarks/NOTES.md, "The test suite's time").
 DRIVER_PAIRS = 50_000
 # Counts that both passes make (the second re-reads the inputs: they must not have changed).
 READ_COUNTS = ("input", "invalid_utf8", "empty", "too_long_chars")
