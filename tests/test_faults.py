@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from raymt.batching import collate
+from raymt.checkpoint import RAY_SNAPSHOT_FILE
 from raymt.config import Config, tiny
 from raymt.model import Transformer
 from raymt.optim import make_optimizer
@@ -74,7 +75,7 @@ def wait_until(value, proc, timeout: float = 300):
 def checkpoint_steps(run_dir) -> list[int]:
     """Steps of the checkpoints in Ray Train's snapshot; [] while it is missing or half-written."""
     try:  # Ray rewrites the file in place: a read can see it empty or cut short
-        snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+        snapshot = json.loads((run_dir / RAY_SNAPSHOT_FILE).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return []
     return [r["metrics"]["step"] for r in snapshot["checkpoint_results"]]
