@@ -22,6 +22,11 @@ os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
 # Ray Train's controller polls its workers every 2 s by default: each run's end (and a killed
 # worker) is noticed that much later. Train passes this variable on to its controller.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+# Two of the helper actors a Train run starts, each a new process importing Ray (1-3 s a run on
+# 2 cores, benchmarks/NOTES.md): a watcher for nodes being drained (no test drains one) and the
+# Prometheus metrics of the controller and workers (nothing scrapes them here).
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
 
 
 def free_port() -> int:
@@ -169,6 +174,46 @@ def tiny_model():
 
     torch.manual_seed(0)
     return Transformer(tiny(), vocab_size=64).eval()
+
+
+# The tiny 2-worker run that test_e2e checks and test_faults interrupts: dropout on (so that
+# restored RNG states matter), a checkpoint and a validation every 20 steps, data traced.
+REFERENCE_STEPS = 80
+
+
+def tiny_run(storage, name: str, max_steps: int, *extra: str) -> list[str]:
+    """The command of a tiny 2-worker `python -m raymt.train` run named `name` under `storage`."""
+    return [sys.executable, "-m", "raymt.train", "--storage-path", str(storage), "--name", name,
+            "--preset", "tiny", "--num-workers", "2", "--max-steps", str(max_steps),
+            "--set", "train.eval_every=20", "--set", "train.log_every=10",
+            "--set", "model.dropout=0.1", "--set", "train.trace_data=true",
+            "--set", "data.vocab_size=256", "--set", "data.builtin_train_size=800",
+            "--set", "data.builtin_eval_size=30", "--set", "data.max_tokens=256",
+            "--set", "optim.warmup_steps=20", "--set", "decode.beam=2", *extra]
+
+
+class ReferenceRun:
+    """An uninterrupted `tiny_run`: its console, its directory, and a copy of that directory as
+    the run left it (a test may go on training the run; the copy stays as it finished)."""
+
+    def __init__(self, out: subprocess.CompletedProcess, run_dir: Path, finished: Path):
+        self.stdout, self.stderr, self.returncode = out.stdout, out.stderr, out.returncode
+        self.dir, self.finished = run_dir, finished
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory, ray_head) -> ReferenceRun:
+    """One uninterrupted `tiny_run` of REFERENCE_STEPS steps for the session: test_e2e checks
+    its outputs and resumes it, test_faults compares interrupted runs with it (a Ray Train run
+    costs ~20 s here, benchmarks/NOTES.md)."""
+    storage = tmp_path_factory.mktemp("reference")
+    ray_head.wait_idle()
+    out = subprocess.run(tiny_run(storage, "ref", REFERENCE_STEPS), capture_output=True, text=True,
+                         timeout=400, env=dict(os.environ, RAY_ADDRESS=ray_head.address))
+    finished = storage / "ref-as-finished"
+    if out.returncode == 0:
+        shutil.copytree(storage / "ref", finished)
+    return ReferenceRun(out, storage / "ref", finished)
 
 
 from s3 import s3_bucket  # noqa: E402,F401 (session fixture: a local S3 server, tests/s3.py)

@@ -1,4 +1,4 @@
-"""End to end: `python -m raymt.train` on 2 workers, then `python -m raymt.translate`."""
+"""End to end: `python -m raymt.train` on 2 workers, `--resume`, then `python -m raymt.translate`."""
 
 import json
 import subprocess
@@ -7,13 +7,6 @@ import sys
 import pytest
 
 pytestmark = pytest.mark.timeout(600)
-
-TINY_RUN = ["--preset", "tiny", "--num-workers", "2", "--max-steps", "40",
-            "--set", "train.eval_every=20", "--set", "train.log_every=10",
-            "--set", "data.vocab_size=512", "--set", "data.builtin_train_size=1500",
-            "--set", "data.builtin_eval_size=60", "--set", "data.max_tokens=512",
-            "--set", "optim.warmup_steps=20", "--set", "decode.beam=2"]
-
 
 # Ray's internal chatter that a default run keeps in Ray's log files (raymt.cluster.init_ray).
 RAY_CHATTER = ["gcs_actor_scheduler.cc", "Failed to kill actor", "worker processes have been started",
@@ -28,28 +21,30 @@ def run(args, **kw):
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, **kw)
 
 
-def test_train_resume_and_translate(tmp_path, ray_address):
-    out = run(["raymt.train", "--storage-path", str(tmp_path), "--name", "e2e", *TINY_RUN], timeout=400)
+def test_train_resume_and_translate(tmp_path, reference_run, ray_address):
+    """The session's reference run (conftest.tiny_run, 2 workers, 80 steps): its console,
+    summary, metrics and plots; then `--resume RUN` goes on to 90 steps; then translate."""
+    out, run_dir = reference_run, reference_run.dir
     assert out.returncode == 0, out.stderr[-3000:]
     assert "test BLEU" in out.stdout and "best checkpoint:" in out.stdout
-    summary = json.loads((tmp_path / "e2e" / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert 0 <= summary["test"]["bleu"] <= 100 and "nrefs:1" in summary["test"]["bleu_signature"]
     console = out.stdout + out.stderr
-    assert "step 40/40" in console and "forward pass in" in console  # rank 0's prints still arrive
+    assert "step 80/80" in console and "forward pass in" in console  # rank 0's prints still arrive
     assert [p for p in RAY_CHATTER if p in console] == [], console[-3000:]
-    check_live_metrics(tmp_path / "e2e" / "logs")
-    plots = tmp_path / "e2e" / "plots"
+    check_live_metrics(run_dir / "logs")
+    plots = run_dir / "plots"
     assert sorted(p.name for p in plots.iterdir()) == ["curves_step.png", "curves_time.png"]
     first_plot = (plots / "curves_step.png").stat().st_mtime_ns
 
-    # --resume RUN continues from the latest checkpoint (step 40) to the new max_steps.
-    out = run(["raymt.train", "--resume", str(tmp_path / "e2e"), "--max-steps", "50"], timeout=400)
+    # --resume RUN continues from the latest checkpoint (step 80) to the new max_steps.
+    out = run(["raymt.train", "--resume", str(run_dir), "--max-steps", "90"], timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     logs = out.stdout + out.stderr
-    assert "step 50/50" in logs and "step 10/50" not in logs
+    assert "step 90/90" in logs and "step 10/90" not in logs
     assert (plots / "curves_step.png").stat().st_mtime_ns > first_plot  # redrawn with both segments
 
-    ckpt = json.loads((tmp_path / "e2e" / "summary.json").read_text())["best_checkpoint"]
+    ckpt = json.loads((run_dir / "summary.json").read_text())["best_checkpoint"]
     out = run(["raymt.translate", "--checkpoint", ckpt, "--beam", "3",
                "Germany and March 3, 2021", "Monday, July 4, 1999"], timeout=120)
     assert out.returncode == 0, out.stderr
@@ -69,14 +64,14 @@ def check_live_metrics(log_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     rows = list(csv.DictReader((log_dir / "metrics.csv").open()))
-    assert [int(r["step"]) for r in rows] == [10, 20, 30, 40]
-    assert rows[1]["valid_bleu"] != "" and rows[0]["valid_bleu"] == ""
+    assert [int(r["step"]) for r in rows] == list(range(10, 81, 10))
+    assert [r["step"] for r in rows if r["valid_bleu"] != ""] == ["20", "40", "60", "80"]
     events = EventAccumulator(str(log_dir / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "train/lr", "train/tokens_per_s", "valid/bleu", "valid/loss"} <= tags
-    assert [e.step for e in events.Scalars("valid/bleu")] == [20, 40]
-    assert [e.step for e in events.Scalars("train/loss")] == [10, 20, 30, 40]
+    assert [e.step for e in events.Scalars("valid/bleu")] == [20, 40, 60, 80]
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(10, 81, 10))
 
 
 def test_translate_bad_checkpoint_is_one_line(tmp_path):

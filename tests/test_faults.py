@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import REFERENCE_STEPS, tiny_run
 from raymt.batching import collate
 from raymt.checkpoint import RAY_SNAPSHOT_FILE
 from raymt.config import Config, tiny
@@ -50,17 +51,7 @@ def test_nonfinite_update_is_skipped_then_training_goes_on(fused):
     assert all(state["step"].item() == 1 for state in optimizer.state.values())
 
 
-STEPS = 80
-
-
-def tiny_run(storage, name: str, max_steps: int, *extra: str) -> list[str]:
-    """A tiny 2-worker run with dropout, checkpointing every 20 steps, tracing its data."""
-    return [sys.executable, "-m", "raymt.train", "--storage-path", str(storage), "--name", name,
-            "--preset", "tiny", "--num-workers", "2", "--max-steps", str(max_steps),
-            "--set", "train.eval_every=20", "--set", "train.log_every=20",
-            "--set", "model.dropout=0.1", "--set", "train.trace_data=true",
-            "--set", "data.vocab_size=256", "--set", "data.builtin_train_size=800",
-            "--set", "data.builtin_eval_size=30", "--set", "data.max_tokens=256", *extra]
+STEPS = REFERENCE_STEPS
 
 
 def wait_until(value, proc, timeout: float = 300):
@@ -115,13 +106,11 @@ def trained_pairs(run_dir) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, ray_head):
-    """An uninterrupted run: its final weights and the pairs it trained on at each step."""
-    storage = tmp_path_factory.mktemp("reference")
-    out = subprocess.run(tiny_run(storage, "ref", STEPS), capture_output=True, text=True, timeout=400,
-                         env=dict(os.environ, RAY_ADDRESS=ray_head.address))
-    assert out.returncode == 0, out.stderr[-3000:]
-    return final_weights(storage / "ref"), trained_pairs(storage / "ref")
+def reference(reference_run):
+    """The session's uninterrupted run as it finished: its final weights and the pairs it
+    trained on at each step."""
+    assert reference_run.returncode == 0, reference_run.stderr[-3000:]
+    return final_weights(reference_run.finished), trained_pairs(reference_run.finished)
 
 
 def assert_mid_epoch(checkpoint) -> None:

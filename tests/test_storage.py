@@ -22,7 +22,8 @@ from raymt.data import prepare
 from raymt.data.builtin import generate
 from test_bad_input import error_line
 from test_export import plant_malicious_pickle
-from test_faults import STEPS, assert_mid_epoch, assert_same_as_reference, final_weights, tiny_run, trained_pairs
+from conftest import REFERENCE_STEPS as STEPS, tiny_run
+from test_faults import assert_mid_epoch, assert_same_as_reference, final_weights, trained_pairs
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(900)
