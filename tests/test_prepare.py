@@ -264,27 +264,51 @@ def test_pairs_source_with_a_given_tokenizer(ray_cluster, tmp_path):
     assert decoded_train(tmp_path / "c") == Counter(pairs)
 
 
-def test_in_memory_pairs_prepared_in_the_driver_equal_ray_datas(ray_cluster, tmp_path, monkeypatch):
-    """Both passes in the driver (few in-memory pairs) write what Ray Data's tasks write: the
-    same SentencePiece model, counts, rows in order and shards."""
+def equivalence_inputs(tmp_path: Path, kind: str) -> list[prepare.Source]:
+    """Training inputs with pairs of every cleaning rule: in memory, or in four files of every
+    kind (gzipped text with an invalid line, TSV.xz, JSONL.zst, Parquet) holding copies."""
     pairs = mirrored(300) + mirrored(20) + [("x " * 60, "y"), ("", "z"), ("a b", "b a " * 9)]
-    src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
-    cfg = PrepareConfig(vocab_size=120, shard_pairs=100, dedup=True, max_len=40)
+    if kind == "pairs":
+        return [prepare.Source("pairs", pairs=([s for s, _ in pairs], [t for _, t in pairs]))]
+    prefix = write_prefix(tmp_path / "train", pairs[:200], "gz")
+    with gzip.open(f"{prefix}.en.gz", "ab") as f:
+        f.write(b"caf\xe9 latin-1\n")  # invalid UTF-8, dropped and counted (skip_invalid)
+    with gzip.open(f"{prefix}.de.gz", "ab") as f:
+        f.write(b"kaffee\n")
+    sources = [prepare.Source("text", paths=(f"{prefix}.en.gz", f"{prefix}.de.gz"))]
+    for part, table_kind in zip((pairs[150:250], pairs[250:], pairs[:40]), ("tsv", "jsonl", "parquet")):
+        (tmp_path / table_kind).mkdir()
+        flags = write_table_input(tmp_path / table_kind, table_kind, part)
+        cols = flags[flags.index("--src-col") + 1:][::2] if "--src-col" in flags else [None, None]
+        sources.append(prepare.Source(table_kind, paths=(flags[1],), src_col=cols[0], tgt_col=cols[1]))
+    return sources
+
+
+@pytest.mark.parametrize("kind", ["pairs", "files"])
+def test_small_inputs_prepared_in_the_driver_equal_ray_datas(ray_cluster, tmp_path, monkeypatch, kind):
+    """Both passes in the driver (small inputs: `prepare.in_driver`) write what Ray Data's tasks
+    write: the same SentencePiece model, counts, rows in order and shards."""
+    cfg = PrepareConfig(vocab_size=120, shard_pairs=100, dedup=True, max_len=40, skip_invalid=True)
+    train, valid = equivalence_inputs(tmp_path, kind), [prepare.Source("pairs", pairs=(["a"], ["b"]))]
 
     def prepared(out: Path) -> tuple:
-        manifest = prepare.prepare_corpus(cfg, str(out), [prepare.Source("pairs", pairs=(src, tgt))],
-                                          [prepare.Source("pairs", pairs=(src[:5], tgt[:5]))])
+        manifest = prepare.prepare_corpus(cfg, str(out), train, valid)
         rows = [pq.read_table(path).to_pylist() for path, _, _ in corpus_format.train_files(str(out), manifest)]
         return manifest["splits"], manifest["sp_model_sha256"], rows
 
-    assert prepare._in_driver([{"kind": "pairs", "pairs": (src, tgt)}])
+    assert prepare.in_driver(prepare.check_sources(cfg, train, valid))
     here = prepared(tmp_path / "here")
     monkeypatch.setattr(prepare, "DRIVER_PAIRS", 0)
-    assert not prepare._in_driver([{"kind": "pairs", "pairs": (src, tgt)}])
+    monkeypatch.setattr(prepare, "DRIVER_BYTES", 0)
+    assert not prepare.in_driver(prepare.check_sources(cfg, train, valid))
     assert prepared(tmp_path / "ray") == here
     dropped = here[0]["train"]["dropped"]
-    assert dropped["duplicate"] == 20 and dropped["empty"] == 1 and dropped["too_long"] + dropped["ratio"] == 2
-    assert [len(rows) for rows in here[2]] == [100, 100, 100]
+    if kind == "pairs":
+        assert dropped["duplicate"] == 20 and dropped["empty"] == 1 and dropped["too_long"] + dropped["ratio"] == 2
+        assert [len(rows) for rows in here[2]] == [100, 100, 100]
+    else:  # pairs 150-199 and 0-39 come twice: the second copies are dropped, in input order
+        assert dropped["invalid_utf8"] == 1 and dropped["duplicate"] == 20 + 50 + 40
+        assert here[0]["train"]["num_pairs"] == 300
 
 
 def test_specs_and_manifest_errors(tmp_path):

@@ -24,7 +24,7 @@ UNITS = ("length-kilometer", "length-meter", "mass-kilogram", "duration-hour",
          "duration-minute", "volume-liter", "duration-day", "length-centimeter")
 CURRENCIES = ("EUR", "USD", "GBP", "JPY", "CHF")
 
-Phrase = Callable[[random.Random], dict[str, str]]
+Phrase = Callable[[random.Random, tuple[str, ...]], dict[str, str]]
 
 
 def _codes(kind: str) -> list[str]:
@@ -35,53 +35,58 @@ def _codes(kind: str) -> list[str]:
 
 _TERRITORIES = [c for c in _codes("territories") if len(c) == 2]
 _LANGUAGES = [c for c in _codes("languages") if len(c) == 2]
+_LOCALES = {lang: Locale.parse(lang) for lang in LANGS}  # parsed once: a quarter of the time otherwise
+
+# Each phrase draws from `rng` the same way whichever `langs` it formats, so a pair of languages
+# gets the same sentences as the other pairs, and formatting only the two asked for halves the
+# time (24,000 pairs, the default training set, in ~3 s instead of ~8 here).
 
 
-def _country(rng: random.Random) -> dict[str, str]:
+def _country(rng: random.Random, langs: tuple[str, ...]) -> dict[str, str]:
     code = rng.choice(_TERRITORIES)
-    return {lang: Locale.parse(lang).territories[code] for lang in LANGS}
+    return {lang: _LOCALES[lang].territories[code] for lang in langs}
 
 
-def _language(rng: random.Random) -> dict[str, str]:
+def _language(rng: random.Random, langs: tuple[str, ...]) -> dict[str, str]:
     code = rng.choice(_LANGUAGES)
-    return {lang: Locale.parse(lang).languages[code] for lang in LANGS}
+    return {lang: _LOCALES[lang].languages[code] for lang in langs}
 
 
-def _date(rng: random.Random) -> dict[str, str]:
+def _date(rng: random.Random, langs: tuple[str, ...]) -> dict[str, str]:
     day = dt.date(1950, 1, 1) + dt.timedelta(days=rng.randrange(365 * 100))
     width = rng.choice(("full", "long"))
-    return {lang: format_date(day, width, locale=lang) for lang in LANGS}
+    return {lang: format_date(day, width, locale=_LOCALES[lang]) for lang in langs}
 
 
-def _time(rng: random.Random) -> dict[str, str]:
+def _time(rng: random.Random, langs: tuple[str, ...]) -> dict[str, str]:
     t = dt.time(rng.randrange(24), rng.randrange(0, 60, 5))
-    return {lang: format_time(t, "short", locale=lang) for lang in LANGS}
+    return {lang: format_time(t, "short", locale=_LOCALES[lang]) for lang in langs}
 
 
-def _quantity(rng: random.Random) -> dict[str, str]:
+def _quantity(rng: random.Random, langs: tuple[str, ...]) -> dict[str, str]:
     n = rng.choice((rng.randrange(2, 20), rng.randrange(20, 100), rng.randrange(100, 1000)))
     unit = rng.choice(UNITS)
     # Format the digits (to get the plural form right), then spell the number out.
-    return {lang: format_unit(n, unit, length="long", locale=lang).replace(
-        str(n), num2words(n, lang=lang), 1) for lang in LANGS}
+    return {lang: format_unit(n, unit, length="long", locale=_LOCALES[lang]).replace(
+        str(n), num2words(n, lang=lang), 1) for lang in langs}
 
 
-def _money(rng: random.Random) -> dict[str, str]:
+def _money(rng: random.Random, langs: tuple[str, ...]) -> dict[str, str]:
     amount = rng.randrange(1, 100000) / 100
     currency = rng.choice(CURRENCIES)
-    return {lang: format_currency(amount, currency, locale=lang) for lang in LANGS}
+    return {lang: format_currency(amount, currency, locale=_LOCALES[lang]) for lang in langs}
 
 
 PHRASES: tuple[Phrase, ...] = (_country, _language, _date, _time, _quantity, _money)
 
 
-def sentence(rng: random.Random) -> dict[str, str]:
-    """One sentence in every corpus language: a CLDR list of 1-3 random phrases."""
-    phrases = [rng.choice(PHRASES)(rng) for _ in range(rng.choice((1, 2, 2, 3)))]
+def sentence(rng: random.Random, langs: tuple[str, ...] = LANGS) -> dict[str, str]:
+    """One sentence in each of `langs`: a CLDR list of 1-3 random phrases."""
+    phrases = [rng.choice(PHRASES)(rng, langs) for _ in range(rng.choice((1, 2, 2, 3)))]
     # CLDR puts (narrow) no-break spaces in times and amounts; plain spaces keep the
     # text identical after SentencePiece's NFKC normalization.
-    return {lang: format_list([p[lang] for p in phrases], locale=lang).replace("\u202f", " ")
-            .replace("\xa0", " ") for lang in LANGS}
+    return {lang: format_list([p[lang] for p in phrases], locale=_LOCALES[lang]).replace("\u202f", " ")
+            .replace("\xa0", " ") for lang in langs}
 
 
 def generate(num_pairs: int, src_lang: str, tgt_lang: str, seed: int) -> tuple[list[str], list[str]]:
@@ -92,7 +97,7 @@ def generate(num_pairs: int, src_lang: str, tgt_lang: str, seed: int) -> tuple[l
     rng = random.Random(seed)
     src, tgt = [], []
     for _ in range(num_pairs):
-        s = sentence(rng)
+        s = sentence(rng, (src_lang, tgt_lang))
         src.append(s[src_lang])
         tgt.append(s[tgt_lang])
     return src, tgt

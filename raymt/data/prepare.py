@@ -5,8 +5,9 @@ The layout of a prepared corpus is `raymt.data.format`.
 Training pairs go through two Ray Data passes and never sit in memory as a whole: the
 first reads and cleans every input and keeps a bottom-k hash sample for SentencePiece;
 the second reads again, tokenizes in parallel tasks, drops by length, ratio and (optional)
-duplicates, and writes the shards. Up to DRIVER_PAIRS pairs given in memory (the built-in
-corpus) take the same two passes in the driver, without Ray Data. Everything is written to
+duplicates, and writes the shards. Small inputs (up to DRIVER_PAIRS pairs given in memory,
+such as the built-in corpus, and files of up to DRIVER_BYTES in all, such as Multi30k) take
+the same two passes in the driver, without Ray Data. Everything is written to
 a sibling temporary directory that is renamed into place at the end, so an output
 directory is never left half-written; an output URI (s3://...) is built in a local
 temporary directory and uploaded, manifest last.
@@ -57,10 +58,11 @@ ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
 # Pairs per Ray Data block: big enough to amortize a task, small enough to spread a corpus
 # over many tasks and to keep each task's memory flat.
 BLOCK_ROWS = 20_000
-# In-memory pairs up to this many (the built-in corpus, a notebook's lists) are prepared in
-# the driver: they are in its memory already, and starting Ray Data's tasks and actors takes
+# Training inputs up to these sizes (the built-in corpus, a notebook's lists, Multi30k's 1.2 MB
+# of gzipped text) are prepared in the driver: starting Ray Data's tasks and actors takes
 # longer than tokenizing them (benchmarks/NOTES.md, "The test suite's time").
-DRIVER_PAIRS = 50_000
+DRIVER_PAIRS = 50_000  # pairs given in memory
+DRIVER_BYTES = 2 << 20  # bytes of input files, as stored (compressed or not)
 # Counts that both passes make (the second re-reads the inputs: they must not have changed).
 READ_COUNTS = ("input", "invalid_utf8", "empty", "too_long_chars")
 TEST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -555,14 +557,17 @@ def _merge_samples(batches: Iterator[pa.Table], k: int) -> tuple[list[str], Coun
     return [s for s, _ in pairs] + [t for _, t in pairs], counts
 
 
-def _in_driver(specs: list[dict]) -> bool:
-    """Whether the training inputs are few in-memory pairs, prepared without Ray Data."""
-    return all(spec["kind"] == "pairs" for spec in specs) and \
-        sum(len(spec["pairs"][0]) for spec in specs) <= DRIVER_PAIRS
+def in_driver(inputs: list[dict]) -> bool:
+    """Whether the training inputs (`check_sources`' descriptions) are small enough to prepare in
+    the driver, without Ray Data."""
+    train = [i for i in inputs if i["split"] == "train"]
+    pairs = sum(i["num_pairs"] for i in train if i["kind"] == "pairs")
+    size = sum(f["size"] for i in train for f in i.get("files", []))
+    return pairs <= DRIVER_PAIRS and size <= DRIVER_BYTES
 
 
 def _sample_here(cfg: PrepareConfig, specs: list[dict]) -> tuple[list[str], Counter]:
-    """Pass 1 in the driver (`_in_driver` inputs): the same sample and counts as `_sample`."""
+    """Pass 1 in the driver (`in_driver` inputs): the same sample and counts as `_sample`."""
     inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
     sampled = _sample_inputs(inputs, specs, dataclasses.asdict(cfg), cfg.sp_sample_size)
     return _merge_samples(iter([sampled]), cfg.sp_sample_size)
@@ -615,7 +620,7 @@ def _write_train(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, trai
 
 def _write_train_here(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, train_dir: Path,
                       tally: _Tally) -> None:
-    """Pass 2 in the driver (`_in_driver` inputs): the pairs and files `_write_train` writes."""
+    """Pass 2 in the driver (`in_driver` inputs): the pairs and files `_write_train` writes."""
     options = dataclasses.asdict(cfg)
     inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
     read = list(_read_inputs(inputs, specs, options, tally))
@@ -679,12 +684,12 @@ def _all_dropped(total: int, counts: dict) -> ValueError:
 
 
 def _train_split(cfg: PrepareConfig, specs: list[dict], tokenizer: Optional[Tokenizer],
-                 tmp: Path) -> tuple[dict, Tokenizer]:
-    """Both passes over the training inputs; the manifest's train entry and the tokenizer."""
+                 tmp: Path, here: bool) -> tuple[dict, Tokenizer]:
+    """Both passes over the training inputs (in the driver when `here`, else with Ray Data); the
+    manifest's train entry and the tokenizer."""
     import ray
 
     first = None
-    here = _in_driver(specs)
     if tokenizer is None:
         _progress(f"reading {len(specs)} training input(s) and sampling for SentencePiece")
         sentences, first = (_sample_here if here else _sample)(cfg, specs)
@@ -871,7 +876,8 @@ def _user_error(err: BaseException) -> Optional[ValueError]:
 def prepare_corpus(cfg: PrepareConfig, out: str, train: list[Source], valid: list[Source],
                    test: Optional[dict[str, list[Source]]] = None, tokenizer: Optional[Tokenizer] = None,
                    overwrite: bool = False, command: Optional[str] = None) -> dict:
-    """Prepare a corpus directory; returns the manifest dict. Starts Ray (ray.init) if needed."""
+    """Prepare a corpus directory; returns the manifest dict. Starts Ray (ray.init) for inputs
+    too large to prepare in the driver (`in_driver`)."""
     t0 = time.time()
     out = storage.normalize(out)
     inputs = check_sources(cfg, train, valid, test)
@@ -880,10 +886,12 @@ def prepare_corpus(cfg: PrepareConfig, out: str, train: list[Source], valid: lis
     if manifest is not None:
         print(f"prepare: {out} already prepared (same inputs and options)", flush=True)
         return manifest
-    init_ray()
+    here = in_driver(inputs)
+    if not here:
+        init_ray()
     tmp = _staging(out)
     try:
-        manifest = _build(cfg, tmp, train, valid, test or {}, tokenizer)
+        manifest = _build(cfg, tmp, train, valid, test or {}, tokenizer, here)
         manifest.update(options=dataclasses.asdict(cfg), inputs=inputs, fingerprint=fp,
                         command=command, created=datetime.datetime.now(datetime.timezone.utc)
                         .isoformat(timespec="seconds"), raymt_version=raymt.__version__)
@@ -901,8 +909,9 @@ def prepare_corpus(cfg: PrepareConfig, out: str, train: list[Source], valid: lis
 
 
 def _build(cfg: PrepareConfig, tmp: Path, train: list[Source], valid: list[Source],
-           test: dict[str, list[Source]], tokenizer: Optional[Tokenizer]) -> dict:
-    """Write every file of the corpus into `tmp`; the manifest without its bookkeeping fields."""
+           test: dict[str, list[Source]], tokenizer: Optional[Tokenizer], here: bool) -> dict:
+    """Write every file of the corpus into `tmp` (training pairs in the driver when `here`); the
+    manifest without its bookkeeping fields."""
     # The small sets first: their errors come before the long passes.
     splits: dict[str, Any] = {"valid": {"path": VALID_FILE,
                                         "num_pairs": _eval_split(cfg, valid, tmp / VALID_FILE)}}
@@ -911,8 +920,8 @@ def _build(cfg: PrepareConfig, tmp: Path, train: list[Source], valid: list[Sourc
         path = f"{TEST_DIR}/{name}.parquet"
         tests[name] = {"path": path, "num_pairs": _eval_split(cfg, sources, tmp / path)}
     specs = [_task_spec(s, cfg) for s in train]
-    with _ray_data_settings():
-        splits["train"], tokenizer = _train_split(cfg, specs, tokenizer, tmp)
+    with contextlib.nullcontext() if here else _ray_data_settings():
+        splits["train"], tokenizer = _train_split(cfg, specs, tokenizer, tmp, here)
     splits["test"] = tests
     (tmp / SPM_FILE).write_bytes(tokenizer.model_proto)
     return {"format": FORMAT, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
