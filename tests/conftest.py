@@ -106,7 +106,9 @@ def ray_head(tmp_path_factory) -> Iterator[RayHead]:
     its own process group on free ports and a temp dir of its own, and is stopped by its pid:
     `ray stop` would stop every Ray of this user on the machine.
     """
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+    import s3
+
+    env = dict(os.environ, **s3.ENV, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
                RAY_DATA_LOG_LEVEL="WARNING", RAY_TRAIN_ENABLE_PRINT_PATCH="0",
                RAY_DASHBOARD_STARTUP_TIMEOUT_S="300")  # Ray's 60 s fails on a busy machine
     logs = tmp_path_factory.mktemp("ray_head")

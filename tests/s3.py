@@ -1,8 +1,9 @@
 """A real S3-compatible server (moto's server mode) on 127.0.0.1 for the tests.
 
 raymt reaches it exactly as it reaches AWS: pyarrow's S3FileSystem, pointed at it by
-AWS_ENDPOINT_URL and credentials in the environment (set before any Ray starts, so every
-Ray worker and subprocess inherits them). Nothing is patched.
+AWS_ENDPOINT_URL and credentials in the environment. The session's Ray head starts with
+them (ENV, on a port chosen before any Ray starts), so its workers reach the bucket as
+the tests' drivers do. Nothing is patched.
 """
 
 import os
@@ -11,8 +12,6 @@ import socket
 import pytest
 
 BUCKET = "raymt-test"
-ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 
 
 def free_port() -> int:
@@ -22,16 +21,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+PORT = free_port()  # the server's, known before it starts: the Ray head's env points at it
+ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+       "AWS_ENDPOINT_URL": f"http://127.0.0.1:{PORT}"}
+
+
 @pytest.fixture(scope="session")
 def s3_bucket():
     """s3://BUCKET on a moto server started for this session; AWS_* variables set meanwhile."""
     server_module = pytest.importorskip("moto.server", reason="pip install 'moto[server]' (the test extra)")
     import pyarrow.fs as pafs
 
-    port = free_port()
-    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=PORT, verbose=False)
     server.start()
-    env = {**ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    env = ENV
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     fs = pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], allow_bucket_creation=True)

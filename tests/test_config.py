@@ -1,8 +1,5 @@
 """Configuration: one home for defaults, presets, overrides, one-line errors before Ray."""
 
-import subprocess
-import sys
-
 import pytest
 
 from raymt.config import Config, apply_overrides, base, parse_set_args, preset
@@ -85,13 +82,25 @@ def test_bad_preset_and_set_syntax():
     (["--preset", "huge"], "unknown preset"),
     (["--train", "/nonexistent/corpus", "--valid", "/nonexistent/val"], "missing file /nonexistent/corpus.en"),
 ])
-def test_cli_errors_are_one_line_before_ray(argv, message, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "raymt.train", "--storage-path", str(tmp_path), *argv],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], out.stderr
-    assert "ray" not in out.stdout.lower()
+def test_cli_errors_are_one_line_before_ray(argv, message, tmp_path, capsys, monkeypatch):
+    import ray
+
+    from raymt import train
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started before the error")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.setattr(train, "init_ray", no_ray)
+    try:
+        status = train.main(["--storage-path", str(tmp_path), *argv])
+    except SystemExit as exit_:  # argparse's own errors
+        status = exit_.code
+    out = capsys.readouterr()
+    assert status == 2
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.err
+    assert "ray" not in out.out.lower()
 
 
 def test_gpu_and_compiled_runs_get_device_defaults_unless_set(tmp_path):

@@ -94,9 +94,9 @@ def test_checkpoint_uris_for_translate_export_average(prefix, tmp_path, capsys):
     assert not marker.exists()
 
 
-def test_evaluate_checkpoint_and_test_set_uris(prefix, tmp_path):
-    """evaluate --checkpoint s3://... --test s3://...: the driver and the decoding actor each
-    load the checkpoint from the bucket (actors in a Ray started by the CLI, with the env)."""
+def test_evaluate_checkpoint_and_test_set_uris(prefix, tmp_path, ray_address):
+    """evaluate --checkpoint s3://... --test s3://...: the driver and the decoding actor (on the
+    session's head) each load the checkpoint from the bucket."""
     storage.upload_dir(make_checkpoint(tmp_path / "ckpt", seed=4), f"{prefix}/ckpt")
     test_prefix = upload_pairs(f"{prefix}/raw/test", 6, seed=3)
     out = tmp_path / "eval"
@@ -146,7 +146,7 @@ def run_cli(args: list, cwd, timeout: int = 600) -> str:
     return out.stdout + out.stderr
 
 
-def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys):
+def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
     """--train/--valid/--test URIs, storage_path on S3: the corpus prepared in the run, config,
     tokenizer, metrics, event file and checkpoints all land in the bucket and nothing in the
     working directory; a resume would reuse the corpus; the checkpoints translate and average
