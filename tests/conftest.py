@@ -195,27 +195,23 @@ def tiny_run(storage, name: str, max_steps: int, *extra: str) -> list[str]:
 
 
 class ReferenceRun:
-    """An uninterrupted `tiny_run`: its console, its directory, and a copy of that directory as
-    the run left it (a test may go on training the run; the copy stays as it finished)."""
+    """An uninterrupted `tiny_run`: its console and its directory."""
 
-    def __init__(self, out: subprocess.CompletedProcess, run_dir: Path, finished: Path):
+    def __init__(self, out: subprocess.CompletedProcess, run_dir: Path):
         self.stdout, self.stderr, self.returncode = out.stdout, out.stderr, out.returncode
-        self.dir, self.finished = run_dir, finished
+        self.dir = run_dir
 
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory, ray_head) -> ReferenceRun:
     """One uninterrupted `tiny_run` of REFERENCE_STEPS steps for the session: test_e2e checks
-    its outputs and resumes it, test_faults compares interrupted runs with it (a Ray Train run
-    costs ~20 s here, benchmarks/NOTES.md)."""
+    its outputs, test_faults compares interrupted runs with it (a Ray Train run costs ~20 s
+    here, benchmarks/NOTES.md). Nobody trains it further."""
     storage = tmp_path_factory.mktemp("reference")
     ray_head.wait_idle()
     out = subprocess.run(tiny_run(storage, "ref", REFERENCE_STEPS), capture_output=True, text=True,
                          timeout=400, env=dict(os.environ, RAY_ADDRESS=ray_head.address))
-    finished = storage / "ref-as-finished"
-    if out.returncode == 0:
-        shutil.copytree(storage / "ref", finished)
-    return ReferenceRun(out, storage / "ref", finished)
+    return ReferenceRun(out, storage / "ref")
 
 
 from s3 import s3_bucket  # noqa: E402,F401 (session fixture: a local S3 server, tests/s3.py)

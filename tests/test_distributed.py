@@ -83,6 +83,8 @@ def fit_two_workers(tmp_path, cfg, src_parts, tgt_parts):
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 
+@pytest.mark.slow  # ~20 s: a 2-worker Ray Train run (CI runs it: .ci/run)
+@pytest.mark.ci
 def test_two_workers_match_one_process_on_the_union(ray_cluster, tmp_path):
     """Gradient equivalence, split-output equivalence and lockstep under uneven shards."""
     cfg = Config(model=tiny())

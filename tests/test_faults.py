@@ -107,10 +107,9 @@ def trained_pairs(run_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def reference(reference_run):
-    """The session's uninterrupted run as it finished: its final weights and the pairs it
-    trained on at each step."""
+    """The session's uninterrupted run: its final weights and the pairs it trained on at each step."""
     assert reference_run.returncode == 0, reference_run.stderr[-3000:]
-    return final_weights(reference_run.finished), trained_pairs(reference_run.finished)
+    return final_weights(reference_run.dir), trained_pairs(reference_run.dir)
 
 
 def assert_mid_epoch(checkpoint) -> None:
@@ -121,23 +120,27 @@ def assert_mid_epoch(checkpoint) -> None:
 
 
 def assert_same_as_reference(run_dir, reference) -> None:
-    """Identical final parameters, and exactly the same pairs at every step and in every epoch."""
+    """Identical parameters at step STEPS, and exactly the same pairs at every step up to it and
+    in every epoch (a run resumed with a larger --max-steps goes on after it)."""
     weights, pairs = reference
     got = final_weights(run_dir)
     assert got.keys() == weights.keys()
     for name, value in weights.items():
         assert torch.equal(got[name], value), name
-    seen = trained_pairs(run_dir)
+    seen = {key: rows for key, rows in trained_pairs(run_dir).items() if key[1] <= STEPS}
     assert seen == pairs
     per_epoch = lambda p: Counter((e, d) for rows in p.values() for e, d in rows)
     assert per_epoch(seen) == per_epoch(pairs)
 
 
+@pytest.mark.slow  # ~75 s: a run killed twice and resumed (CI runs it: .ci/run)
+@pytest.mark.ci
 @pytest.mark.timeout(900)
 def test_killed_worker_then_killed_driver_resume_exactly(tmp_path, reference, ray_address):
     """SIGKILL a training worker mid-epoch: FailureConfig restarts the group from the last
-    checkpoint. Then SIGKILL the driver: `--resume RUN` finishes the run. It ends with the
-    parameters of an uninterrupted run, each pair trained once at the same step."""
+    checkpoint. Then SIGKILL the driver: `--resume RUN --max-steps 90` finishes the run and goes
+    on. At step 80 it has the parameters of an uninterrupted run, each pair trained once at the
+    same step."""
     run_dir = tmp_path / "faults"
     proc = subprocess.Popen(tiny_run(tmp_path, "faults", STEPS, "--set", "train.max_failures=1"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -158,12 +161,14 @@ def test_killed_worker_then_killed_driver_resume_exactly(tmp_path, reference, ra
     assert restart < latest < STEPS
     assert_mid_epoch(checkpoint_at(run_dir, latest))
 
-    out = subprocess.run([sys.executable, "-m", "raymt.train", "--resume", str(run_dir)],
-                         capture_output=True, text=True, timeout=400)
+    # --resume RUN with a larger --max-steps: on from the latest checkpoint, past the old end.
+    out = subprocess.run([sys.executable, "-m", "raymt.train", "--resume", str(run_dir),
+                          "--max-steps", str(STEPS + 10)], capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     logged = [int(m) for m in re.findall(r"step (\d+)/", out.stdout + out.stderr)]
-    assert logged and min(logged) > latest  # it went on from the latest checkpoint
+    assert logged and min(logged) > latest and f"step {STEPS + 10}/{STEPS + 10}" in out.stdout + out.stderr
     assert group_starts(run_dir) == [0, restart, latest]
+    assert sorted(p.name for p in (run_dir / "plots").iterdir()) == ["curves_step.png", "curves_time.png"]
     assert_same_as_reference(run_dir, reference)
 
 

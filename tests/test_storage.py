@@ -146,6 +146,8 @@ def run_cli(args: list, cwd, timeout: int = 600) -> str:
     return out.stdout + out.stderr
 
 
+@pytest.mark.slow  # ~35 s: a 2-worker run on the bucket (CI runs it: .ci/run)
+@pytest.mark.ci
 def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
     """--train/--valid/--test URIs, storage_path on S3: the corpus prepared in the run, config,
     tokenizer, metrics, event file and checkpoints all land in the bucket and nothing in the

@@ -1,4 +1,4 @@
-"""`python -m raymt.tune`: search-space errors, a 2-trial sweep, resume, PBT exploit."""
+"""`python -m raymt.tune`: search-space errors, a 2-trial sweep; slow: a sweep resumed, PBT."""
 
 import json
 import signal
@@ -56,6 +56,22 @@ def trial_runs(sweep: Path) -> dict[str, list[dict]]:
     return runs
 
 
+def test_two_trial_sweep_on_half_a_cpu_each(tmp_path, ray_address):
+    """`python -m raymt.tune` end to end: two 1-worker trials at once, each on half a CPU."""
+    out = tune_cli(*TINY_TRIAL, "--grid", "optim.lr=1e-3,1e-2", "--scheduler", "fifo",
+                   "--set", "train.cpus_per_worker=0.5", "--storage-path", str(tmp_path), "--sweep-name", "s")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    runs = trial_runs(tmp_path / "s")
+    assert len(runs) == 2 and all(len(r) == 1 and "valid_bleu" in r[0]["valid"] for r in runs.values()), runs
+    result = json.loads((tmp_path / "s" / "results.json").read_text())
+    assert [r["status"] for r in result["table"]] == ["completed"] * 2
+    assert sorted(r["optim.lr"] for r in result["table"]) == [1e-3, 1e-2]
+    assert (Path(result["best"]["checkpoint"]) / "model.pt").is_file()
+    assert "best checkpoint:" in out.stdout
+
+
+@pytest.mark.slow  # ~1 min: three Train runs one after another (CI runs it: .ci/run)
+@pytest.mark.ci
 def test_two_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
     sweep = tmp_path / "s"
     # One trial at a time: the first has finished and the second not when the sweep is stopped.
@@ -113,6 +129,8 @@ def test_a_sweep_with_failed_trials_exits_1(capsys):
                                                "files are listed in Tune's table above")
 
 
+@pytest.mark.slow  # PBT's case (the PBT test is slow too)
+@pytest.mark.ci
 def test_a_trial_continuing_at_its_last_step_ends_with_a_checkpoint(ray_cluster, tmp_path):
     """PBT may hand a trial a donor checkpoint at max_steps: it reports it instead of failing."""
     import torch
