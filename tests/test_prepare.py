@@ -15,7 +15,6 @@ from raymt.data import format as corpus_format
 from raymt.data import prepare
 from raymt.data.__main__ import main
 
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
          "sigma tau upsilon phi chi psi omega").split()
 SMALL = ["--vocab-size", "80", "--sp-model-type", "bpe"]  # tiny vocabulary: seconds per corpus
@@ -369,23 +368,6 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
                            "two test sets are named 'extra'")]:
         with pytest.raises(ValueError, match=message):
             sources(*argv)
-
-
-@pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason="needs ../shared/data/multi30k")
-def test_multi30k_cli(ray_cluster, tmp_path, capsys):
-    out = tmp_path / "multi30k"
-    status, stdout, err = run_cli(capsys, "--out", str(out), "--train", str(MULTI30K / "train"),
-                                  "--valid", str(MULTI30K / "val"), "--test", str(MULTI30K / "test_2016_flickr"),
-                                  "--vocab-size", "2000", "--shard-pairs", "10000")
-    assert status == 0, err
-    manifest = corpus_format.read_manifest(str(out))
-    train = manifest["splits"]["train"]
-    assert train["input_pairs"] == 29000 and train["num_pairs"] > 28900
-    sizes = [f.num_pairs for f in corpus_format.train_files(str(out), manifest)]
-    assert sum(sizes) == train["num_pairs"] and max(sizes) == 10000 and len(sizes) <= 4
-    assert manifest["splits"]["valid"]["num_pairs"] == 1014
-    assert manifest["splits"]["test"]["test_2016_flickr"]["num_pairs"] == 1000
-    assert 1000 < manifest["vocab_size"] <= 2000
 
 
 def test_train_run_prepares_with_the_data_cleaning_options(ray_cluster, tmp_path):

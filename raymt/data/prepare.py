@@ -1,4 +1,4 @@
-"""Raw parallel corpora -> a training-ready corpus directory, with Ray Data end to end.
+"""Raw parallel corpora -> a training-ready corpus directory, with Ray Data or, when small, in the driver.
 
 The layout of a prepared corpus is `raymt.data.format`.
 
