@@ -35,10 +35,9 @@ def s3_bucket():
 
     server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=PORT, verbose=False)
     server.start()
-    env = ENV
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    fs = pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], allow_bucket_creation=True)
+    saved = {k: os.environ.get(k) for k in ENV}
+    os.environ.update(ENV)
+    fs = pafs.S3FileSystem(endpoint_override=ENV["AWS_ENDPOINT_URL"], allow_bucket_creation=True)
     fs.create_dir(BUCKET)
     try:
         yield f"s3://{BUCKET}"
