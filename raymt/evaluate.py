@@ -189,7 +189,7 @@ def write_report(args: argparse.Namespace, sets: dict[str, Pairs], results: list
         hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         (out_dir / f"{name}.{args.tgt_lang}.scores").write_text("".join(f"{s:.6f}\n" for s, _ in scored))
         report["test_sets"][name] = {"num_sentences": len(hyps), "hypotheses": str(hyp_path),
-                                     **metrics.score(hyps, refs, extra=True)}
+                                     **metrics.score(hyps, refs, extra=True, lang=args.tgt_lang)}
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
     return report
 

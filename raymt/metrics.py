@@ -7,33 +7,57 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from importlib.metadata import version
+
 import sacrebleu
 
 
 def _metrics(extra: bool) -> dict:
     """sacreBLEU metrics by name: BLEU and chrF; with `extra` TER and lowercased 13a BLEU too."""
     metrics = {"bleu": sacrebleu.metrics.BLEU(), "chrf": sacrebleu.metrics.CHRF()}
-    if extra:  # bleu_lc: the closest sacreBLEU equivalent of papers' tokenized, lowercased BLEU
+    if extra:
         metrics |= {"ter": sacrebleu.metrics.TER(),
                     "bleu_lc": sacrebleu.metrics.BLEU(tokenize="13a", lowercase=True)}
     return metrics
 
 
-def score(hyps: list[str], refs: list[str], extra: bool = False) -> dict:
+def moses_tokenized(lines: list[str], lang: str) -> list[str]:
+    """`lines` Moses-tokenized (sacremoses, the Perl tokenizer's port) and lowercased."""
+    from sacremoses import MosesTokenizer  # only the test score needs it
+
+    tokenizer = MosesTokenizer(lang=lang)
+    return [tokenizer.tokenize(line, escape=False, return_str=True).lower() for line in lines]
+
+
+def papers_bleu(hyps: list[str], refs: list[str], lang: str) -> tuple[float, str]:
+    """(BLEU, signature) in the papers' form: multi-bleu.perl's BLEU (no smoothing) on
+    Moses-tokenized, lowercased hypotheses and references, as Multi30k papers report it."""
+    # multi-bleu and fairseq's scorer split on whitespace and do not smooth: sacreBLEU's
+    # BLEU with tokenize="none" and smooth_method="none" is the same formula.
+    bleu = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
+    value = bleu.corpus_score(moses_tokenized(hyps, lang), [moses_tokenized(refs, lang)]).score
+    return value, (f"nrefs:1|case:lc|tok:moses-{lang}|smooth:none|sacremoses:{version('sacremoses')}"
+                   f"|sacrebleu:{sacrebleu.__version__}")
+
+
+def score(hyps: list[str], refs: list[str], extra: bool = False, lang: str = "en") -> dict:
     """The one scorer: corpus scores on detokenized text, each with its sacreBLEU signature.
 
-    Keys: bleu, chrf, bleu_signature, chrf_signature; with `extra` also ter, bleu_lc and
-    their *_signature.
+    Keys: bleu, chrf, bleu_signature, chrf_signature; with `extra` also ter, bleu_lc (13a,
+    lowercased) and bleu_tok (`papers_bleu` with the Moses rules of `lang`, the target
+    language) and their *_signature.
     """
     out: dict = {}
     for name, metric in _metrics(extra).items():
         out[name] = metric.corpus_score(hyps, [refs]).score
         out[f"{name}_signature"] = str(metric.get_signature())
+    if extra:
+        out[PAPERS_BLEU], out[f"{PAPERS_BLEU}_signature"] = papers_bleu(hyps, refs, lang)
     return out
 
 
-# The `score(..., extra=True)` key printed beside sacreBLEU: 13a-tokenized, lowercased BLEU.
-PAPERS_BLEU = "bleu_lc"
+# The `score(..., extra=True)` key printed beside sacreBLEU: Moses-tokenized, lowercased BLEU.
+PAPERS_BLEU = "bleu_tok"
 
 
 def score_lines(name: str, scores: dict, checkpoint: str, beam: int, length_penalty: float,
@@ -41,16 +65,17 @@ def score_lines(name: str, scores: dict, checkpoint: str, beam: int, length_pena
     """How a test score is printed (raymt.train and raymt.evaluate): the scores, the weights and
     decoding they come from, and every sacreBLEU signature.
 
-    `scores` is `score(..., extra=True)`'s; its `bleu_lc` (sacreBLEU's 13a tokenizer,
-    lowercased) is the closest sacreBLEU form of papers' tokenized lowercased BLEU.
+    `scores` is `score(..., extra=True)`'s; its `bleu_tok` is papers' tokenized lowercased BLEU
+    (Moses tokenizer, multi-bleu).
     """
     sentences = f", {num_sentences} sentences" if num_sentences is not None else ""
     ter = f", TER {scores['ter']:.2f}" if "ter" in scores else ""
     lines = [f"{name} BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}{ter} (sacreBLEU{sentences}); "
-             f"tokenized lowercased BLEU {scores[PAPERS_BLEU]:.2f} (13a, lowercase; papers' form)",
+             f"tokenized lowercased BLEU {scores[PAPERS_BLEU]:.2f} (Moses tokenizer, lowercase, "
+             "multi-bleu; papers' form)",
              f"  checkpoint {checkpoint}; beam {beam}, length penalty {length_penalty:g}"]
-    labels = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER", PAPERS_BLEU: "BLEU-lc"}
-    lines += [f"  {label + ':':<8} {scores[key + '_signature']}" for key, label in labels.items()
+    labels = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER", "bleu_lc": "BLEU-lc", PAPERS_BLEU: "BLEU-tok"}
+    lines += [f"  {label + ':':<9} {scores[key + '_signature']}" for key, label in labels.items()
               if key + "_signature" in scores]
     return lines
 

@@ -301,7 +301,8 @@ def test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: O
     """Beam-search the test set on the driver with the best checkpoint and score it; the
     scores say which checkpoint (`shown`: its storage path) and how it was decoded."""
     model, tokenizer, _ = load_model(checkpoint)
-    scores = score(translate(model, tokenizer, pairs[0], cfg.decode), pairs[1], extra=True)
+    scores = score(translate(model, tokenizer, pairs[0], cfg.decode), pairs[1], extra=True,
+                   lang=cfg.data.tgt_lang)
     return {**scores, "checkpoint": describe_checkpoint(checkpoint, shown), "num_sentences": len(pairs[0]),
             "beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty}
 

@@ -3,9 +3,13 @@
 signature, and the papers' tokenized lowercased BLEU beside sacreBLEU's."""
 
 import json
+import math
+from collections import Counter
+
+import pytest
 
 from raymt import average, evaluate, train
-from raymt.metrics import score, score_lines
+from raymt.metrics import moses_tokenized, papers_bleu, score, score_lines
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 HYPS = ["Ein Mann fährt Fahrrad .", "Zwei Hunde spielen im Schnee."]
@@ -17,14 +21,49 @@ def test_score_lines_state_scores_checkpoint_decoding_and_signatures():
     lines = score_lines("test_2016_flickr", scores, "runs/r/checkpoint_1 (step 40, not averaged)", 5, 0.6, 2)
     assert lines[0] == (f"test_2016_flickr BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}, "
                         f"TER {scores['ter']:.2f} (sacreBLEU, 2 sentences); tokenized lowercased BLEU "
-                        f"{scores['bleu_lc']:.2f} (13a, lowercase; papers' form)")
+                        f"{scores['bleu_tok']:.2f} (Moses tokenizer, lowercase, multi-bleu; papers' form)")
     assert scores["bleu_lc"] > scores["bleu"]  # "zwei" matches "Zwei" once lowercased
     assert lines[1] == "  checkpoint runs/r/checkpoint_1 (step 40, not averaged); beam 5, length penalty 0.6"
     signatures = dict(line.split(None, 1) for line in lines[2:])
     assert signatures == {"BLEU:": scores["bleu_signature"], "chrF:": scores["chrf_signature"],
-                          "TER:": scores["ter_signature"], "BLEU-lc:": scores["bleu_lc_signature"]}
+                          "TER:": scores["ter_signature"], "BLEU-lc:": scores["bleu_lc_signature"],
+                          "BLEU-tok:": scores["bleu_tok_signature"]}
     assert "case:mixed" in signatures["BLEU:"] and "tok:13a" in signatures["BLEU:"]
     assert "case:lc" in signatures["BLEU-lc:"] and "tok:13a" in signatures["BLEU-lc:"]
+    assert "tok:moses-en" in signatures["BLEU-tok:"] and "smooth:none" in signatures["BLEU-tok:"]
+
+
+def multi_bleu(hyps: list[str], refs: list[str]) -> float:
+    """multi-bleu.perl's corpus BLEU on whitespace tokens, written out: clipped 1-4-gram
+    precisions, their geometric mean, the brevity penalty; no smoothing."""
+    matches, totals, hyp_len, ref_len = [0] * 4, [0] * 4, 0, 0
+    for hyp, ref in zip(hyps, refs):
+        h, r = hyp.split(), ref.split()
+        hyp_len, ref_len = hyp_len + len(h), ref_len + len(r)
+        for n in range(1, 5):
+            grams = lambda words: Counter(tuple(words[i:i + n]) for i in range(len(words) - n + 1))  # noqa: E731
+            hyp_grams, ref_grams = grams(h), grams(r)
+            matches[n - 1] += sum(min(c, ref_grams[g]) for g, c in hyp_grams.items())
+            totals[n - 1] += max(len(h) - n + 1, 0)
+    if min(matches) == 0:
+        return 0.0
+    log_precision = sum(math.log(m / t) for m, t in zip(matches, totals)) / 4
+    brevity = min(0.0, 1 - ref_len / hyp_len)
+    return 100 * math.exp(log_precision + brevity)
+
+
+def test_papers_bleu_is_multi_bleu_on_moses_tokenized_lowercased_text():
+    hyps = ["Ein Mann, der auf einem Fahrrad fährt.", "Zwei Hunde spielen im \"Schnee\"!",
+            "Eine Frau mit rotem Hut sitzt am Tisch."]
+    refs = ["Ein Mann fährt auf einem Fahrrad.", "zwei Hunde spielen im Schnee!",
+            "Eine Frau mit einem roten Hut sitzt an einem Tisch."]
+    value, signature = papers_bleu(hyps, refs, "de")
+    tokenized = moses_tokenized(hyps, "de")
+    # The Moses rules split punctuation and quotes off words, and everything is lowercased.
+    assert tokenized[1] == 'zwei hunde spielen im " schnee " !'
+    assert value == pytest.approx(multi_bleu(tokenized, moses_tokenized(refs, "de")), abs=1e-9)
+    assert value != pytest.approx(score(hyps, refs)["bleu"])  # not sacreBLEU's detokenized form
+    assert "tok:moses-de" in signature
 
 
 def test_a_checkpoint_is_described_by_its_step_or_by_what_it_averages(tmp_path):
