@@ -185,13 +185,15 @@ def test_flags_group_by_pair_and_origin():
     assert corpora == [CorpusSpec("en", "de", ("a", "b"), valid="va", test=("t1", "t2")),
                        CorpusSpec("de", "en", ("c",), valid="vb"),
                        CorpusSpec("en", "de", ("s3://x/bt",), "bt")]
+    both = corpora_from_flags(["en-de:m30k", "de-en:m30k"], [], ["en-de:val", "de-en:val"], [], ("en", "de"))
+    assert [(c.pair, c.train) for c in both] == [("en-de", ("m30k",)), ("de-en", ("m30k",))]  # one prefix, two directions
 
 
 @pytest.mark.parametrize("flags, message", [
     ((["en-de:a", "en-fr:b"], [], ["en-de:v"], []), "pair en-fr has no validation set: pass --valid en-fr:PREFIX"),
     ((["en-de:a"], [], ["en-de:v", "en-fr:w"], []), "--valid en-fr:... names a pair with no --train or --bt data"),
     ((["en-de:a"], [], ["v", "en-de:w"], []), "--valid is given 2 times for en-de"),
-    ((["en-de:a"], ["en-de:a"], ["v"], []), "a is in two corpora"),
+    ((["en-de:a"], ["en-de:a"], ["v"], []), r"a \(en-de\) is in two corpora of one pair"),
 ])
 def test_flags_reject_mistakes(flags, message):
     with pytest.raises(ValueError, match=message):

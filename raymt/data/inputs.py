@@ -209,7 +209,7 @@ def single_pair(src_lang: str, tgt_lang: str, train: Optional[str], valid: Optio
 
 
 def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> None:
-    """One-line errors for duplicate corpora, a file in two corpora, built-in languages and
+    """One-line errors for duplicate corpora, a file in two corpora of a pair, built-in languages and
     validation sets: with `need_valid`, each pair trained from files has exactly one (the
     built-in corpus brings its own)."""
     _check(bool(corpora), "no training corpus: pass --train SRC-TGT:PATH or a [[data.corpora]] table")
@@ -217,9 +217,11 @@ def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> Non
     duplicates = sorted({n for n in names if names.count(n) > 1})
     _check(not duplicates, f"corpus {', '.join(duplicates)} is given twice: give one per pair and "
                            "origin, listing all its files in train = [...]")
-    files = [f for c in corpora for f in c.train]
-    twice = sorted({f for f in files if files.count(f) > 1})
-    _check(not twice, f"{', '.join(twice)} is in two corpora: each file trains one corpus")
+    # A prefix may serve both directions (en-de and de-en), not two corpora of one pair.
+    files = [(c.pair, f) for c in corpora for f in c.train]
+    twice = sorted({f"{f} ({p})" for p, f in files if files.count((p, f)) > 1})
+    _check(not twice, f"{', '.join(twice)} is in two corpora of one pair: real and back-translated "
+                      "pairs come from different files")
     for c in corpora:
         for lang in (c.src_lang, c.tgt_lang) if c.builtin else ():
             _check(lang in BUILTIN_LANGS, f"corpus {c.name}: language {lang!r} is not in the built-in "
