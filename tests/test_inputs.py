@@ -47,6 +47,7 @@ def test_epoch_rows_at_temperature_one_are_each_corpus_once():
 
 def test_allocate_sums_exactly_and_gives_every_corpus_a_row():
     assert allocate(10, [1 / 3, 1 / 3, 1 / 3]) == [4, 3, 3]  # largest remainders, ties to the lower index
+    assert allocate(10, [0.14, 0.86]) == [1, 9]  # 1.4 and 8.6: the larger remainder gets the row
     assert allocate(10, [0.25, 0.75]) == [3, 7]
     assert allocate(10, [0.75, 0.25]) == [8, 2]
     assert allocate(100, [0.999999, 0.000001]) == [100, 1]  # at least one row each

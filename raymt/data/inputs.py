@@ -73,7 +73,8 @@ class CorpusSpec:
         _check_lang(self.tgt_lang, f"{where}: tgt_lang")
         _check(self.src_lang != self.tgt_lang,
                f"{where}: src_lang and tgt_lang are both {self.src_lang!r}: pick two languages")
-        _check(self.origin in ORIGINS, f"{where}: origin={self.origin!r} must be one of {', '.join(ORIGINS)}")
+        _check(self.origin in ORIGINS,
+               f"{where}: origin={self.origin!r} must be one of {', '.join(ORIGINS)}")
         _check(isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0,
                f"{where}: weight={self.weight!r} must be a number > 0")
         # Tables and flags may give one string or a list; the spec holds tuples.
@@ -157,24 +158,28 @@ def corpora_from_flags(train: Sequence[str], bt: Sequence[str], valid: Sequence[
         for spec in specs:
             pair, location = split_spec(spec, flag)
             grouped.setdefault((*(pair or default_pair), origin), []).append(location)
-    evals = {"valid": _eval_specs(valid, "--valid", default_pair), "test": _eval_specs(test, "--test", default_pair)}
+    evals = {"valid": _eval_specs(valid, "--valid", default_pair),
+             "test": _eval_specs(test, "--test", default_pair)}
     for kind, by_pair in evals.items():
         for pair in by_pair:
             _check(any(key[:2] == pair for key in grouped),
-                   f"--{kind} {'-'.join(pair)}:... names a pair with no --train or --bt data: drop it or add its data")
+                   f"--{kind} {'-'.join(pair)}:... names a pair with no --train or --bt data: "
+                   "drop it or add its data")
     corpora, seen = [], set()
     for (src, tgt, origin), locations in grouped.items():
         first = (src, tgt) not in seen
         seen.add((src, tgt))
         valid_specs = evals["valid"].get((src, tgt), []) if first else []
-        _check(len(valid_specs) <= 1, f"--valid is given {len(valid_specs)} times for {src}-{tgt}: one per pair")
+        _check(len(valid_specs) <= 1,
+               f"--valid is given {len(valid_specs)} times for {src}-{tgt}: one per pair")
         corpora.append(CorpusSpec(src, tgt, tuple(locations), origin, valid=(valid_specs or [None])[0],
                                   test=tuple(evals["test"].get((src, tgt), [])) if first else ()))
     check_corpora(corpora)
     return corpora
 
 
-def _eval_specs(specs: Sequence[str], flag: str, default_pair: tuple[str, str]) -> dict[tuple[str, str], list[str]]:
+def _eval_specs(specs: Sequence[str], flag: str,
+                default_pair: tuple[str, str]) -> dict[tuple[str, str], list[str]]:
     """Locations of --valid/--test SPECs by pair, in order."""
     by_pair: dict[tuple[str, str], list[str]] = {}
     for spec in specs:
@@ -193,9 +198,11 @@ def corpora_from_tables(tables: Any, where: str = "data.corpora") -> list[Corpus
     corpora = []
     for i, table in enumerate(tables):
         unknown = sorted(set(table) - set(TABLE_KEYS))
-        _check(not unknown, f"{where}[{i}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(TABLE_KEYS)}")
+        _check(not unknown,
+               f"{where}[{i}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(TABLE_KEYS)}")
         missing = [k for k in ("src_lang", "tgt_lang") if k not in table]
-        _check(not missing, f"{where}[{i}]: {' and '.join(missing)} missing: every corpus names its languages")
+        _check(not missing,
+               f"{where}[{i}]: {' and '.join(missing)} missing: every corpus names its languages")
         corpora.append(CorpusSpec(**table))
     check_corpora(corpora)
     return corpora
@@ -231,7 +238,8 @@ def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> Non
         given = [c.valid for c in of_pair if c.valid is not None]
         _check(len(given) <= 1, f"pair {pair} has {len(given)} validation sets: give one per pair")
         _check(given or not need_valid or any(c.builtin for c in of_pair),
-               f"pair {pair} has no validation set: pass --valid {pair}:PREFIX (or valid = ... in its table)")
+               f"pair {pair} has no validation set: pass --valid {pair}:PREFIX "
+               "(or valid = ... in its table)")
 
 
 # ---------------------------------------------------------------- tags
