@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from raymt.config import DataConfig
-from raymt.data.inputs import (BT_TAG, CorpusSpec, Piece, allocate, check_corpora, corpora_from_flags,
+from raymt.data.inputs import (BT_TAG, CorpusSpec, Piece, allocate, as_single_pair, check_corpora,
+                               corpora_from_flags, sample_sizes,
                                corpora_from_tables, decode_tags, epoch_pieces, epoch_rows, iter_pieces,
                                lang_tag, parse_pairs, reserved_pieces, sampling_probs, single_pair,
                                source_tags, split_spec, stream_ranges)
@@ -51,6 +52,13 @@ def test_allocate_sums_exactly_and_gives_every_corpus_a_row():
     assert allocate(10, [0.25, 0.75]) == [3, 7]
     assert allocate(10, [0.75, 0.25]) == [8, 2]
     assert allocate(100, [0.999999, 0.000001]) == [100, 1]  # at least one row each
+
+
+def test_sentencepiece_sample_is_balanced_by_the_temperature():
+    assert sample_sizes([5_000_000], 200_000, 5.0) == [200_000]  # one corpus: today's sample
+    assert sample_sizes([150_000, 50_000], 200_000, 1.0) == [150_000, 50_000]
+    big, small = sample_sizes([1_000_000, 10_000], 200_000, 5.0)
+    assert small == 10_000 and big == 200_000 - round(200_000 * sampling_probs([1_000_000, 10_000], 5.0)[1])
 
 
 @pytest.mark.parametrize("args, message", [
@@ -235,6 +243,19 @@ def test_single_pair_config_is_one_corpus():
     assert corpora == [CorpusSpec("fr", "es", ("tr",), valid="va", test=("te",))]
     check_corpora(corpora)
     assert reserved_pieces(corpora) == []  # no tag: the SentencePiece model stays as today's
+    assert as_single_pair(corpora) == {"data.src_lang": "fr", "data.tgt_lang": "es", "data.train": "tr",
+                                       "data.valid": "va", "data.test": "te"}
+    assert as_single_pair([builtin])["data.train"] is None
+
+
+def test_only_one_real_corpus_of_one_file_maps_back_to_todays_fields():
+    flags = corpora_from_flags(["en-de:x"], [], ["en-de:v"], [], ("fr", "es"))
+    assert as_single_pair(flags) == {"data.src_lang": "en", "data.tgt_lang": "de", "data.train": "x",
+                                     "data.valid": "v", "data.test": None}
+    assert as_single_pair(corpora_from_flags(["x"], ["y"], ["v"], [], ("en", "de"))) is None  # + bt
+    assert as_single_pair(corpora_from_flags(["x", "y"], [], ["v"], [], ("en", "de"))) is None  # 2 files
+    assert as_single_pair(corpora_from_flags(["en-de:x", "de-en:x"], [], ["en-de:v", "de-en:v"], [],
+                                             ("en", "de"))) is None
     assert epoch_rows([1234], 5.0) == [1234]
 
 

@@ -215,6 +215,18 @@ def single_pair(src_lang: str, tgt_lang: str, train: Optional[str], valid: Optio
                        test=(test,) if test else ())]
 
 
+def as_single_pair(corpora: Sequence[CorpusSpec]) -> Optional[dict[str, Optional[str]]]:
+    """The data.* fields of today's config for corpora that are one real corpus of at most one
+    file and one test set (then a run is exactly today's); None when they need data.corpora."""
+    if len(corpora) != 1:
+        return None
+    (c,) = corpora
+    if c.origin != "real" or len(c.train) > 1 or len(c.test) > 1:
+        return None
+    return {"data.src_lang": c.src_lang, "data.tgt_lang": c.tgt_lang, "data.valid": c.valid,
+            "data.train": (c.train or (None,))[0], "data.test": (c.test or (None,))[0]}
+
+
 def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> None:
     """One-line errors for duplicate corpora, a file in two corpora of a pair, built-in languages and
     validation sets: with `need_valid`, each pair trained from files has exactly one (the
@@ -310,6 +322,14 @@ def allocate(total: int, probs: Sequence[float]) -> list[int]:
     for i in order[:total - int(counts.sum())]:
         counts[i] += 1
     return [max(int(c), 1) for c in counts]
+
+
+def sample_sizes(counts: Sequence[int], sample_pairs: int, temperature: float,
+                 weights: Optional[Sequence[float]] = None) -> list[int]:
+    """Pairs of each corpus in the SentencePiece sample: `sample_pairs` split by the training
+    temperature, each at most its corpus's `counts` (one corpus: min(sample_pairs, n), today's)."""
+    shares = allocate(sample_pairs, sampling_probs(counts, temperature, weights))
+    return [min(k, n) for k, n in zip(shares, counts)]
 
 
 def epoch_rows(sizes: Sequence[int], temperature: float,
