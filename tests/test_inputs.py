@@ -4,6 +4,7 @@ Fast unit tests, no Ray: the functions are pure (docs/design-inputs.md).
 """
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -195,7 +196,8 @@ def test_flags_group_by_pair_and_origin():
                        CorpusSpec("de", "en", ("c",), valid="vb"),
                        CorpusSpec("en", "de", ("s3://x/bt",), "bt")]
     both = corpora_from_flags(["en-de:m30k", "de-en:m30k"], [], ["en-de:val", "de-en:val"], [], ("en", "de"))
-    assert [(c.pair, c.train) for c in both] == [("en-de", ("m30k",)), ("de-en", ("m30k",))]  # one prefix, two directions
+    # One prefix, two directions.
+    assert [(c.pair, c.train) for c in both] == [("en-de", ("m30k",)), ("de-en", ("m30k",))]
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -225,7 +227,8 @@ def test_tables_give_corpora():
     ([{"src_lang": "en", "tgt_lang": "de", "train": "x", "valid": "v"},
       {"src_lang": "en", "tgt_lang": "de", "train": "y"}], "corpus en-de is given twice"),
     ([{"src_lang": "en", "tgt_lang": "de", "train": "x", "valid": "v"},
-      {"src_lang": "en", "tgt_lang": "de", "train": "y", "origin": "bt", "valid": "w"}], "pair en-de has 2 validation sets"),
+      {"src_lang": "en", "tgt_lang": "de", "train": "y", "origin": "bt", "valid": "w"}],
+     "pair en-de has 2 validation sets"),
     ([{"src_lang": "en", "tgt_lang": "ja"}], "language 'ja' is not in the built-in corpus"),
     ([], "non-empty list of tables"),
 ])
@@ -285,3 +288,98 @@ def test_decode_tags_check_the_target_language():
         decode_tags("es", ["de", "fr"], ["<2de>", "<2fr>"])
     with pytest.raises(ValueError, match="--tgt-lang en: .* into de;"):
         decode_tags("en", ["de"], [])
+
+
+# ---------------------------------------------------------------- the design's claim, end to end
+
+
+def _write_corpora(directory, sizes: list[int]) -> tuple[list[list], dict[str, int]]:
+    """Two Parquet shards per corpus whose sources name (corpus, row id); each shard's first row id."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raymt.data.format import Shard
+
+    corpora, first = [], {}
+    for i, n in enumerate(sizes):
+        corpora.append([])
+        for lo, hi in ((0, n // 2), (n // 2, n)):
+            path, ids = str(directory / f"c{i}-{lo}.parquet"), range(lo, hi)
+            src = [[5 + i, 100 + r] + [7] * (r % 5) for r in ids]  # lengths 2-6
+            pq.write_table(pa.table({"src_ids": pa.array(src, pa.list_(pa.int32())),
+                                     "tgt_ids": pa.array([[9, 100 + r] for r in ids], pa.list_(pa.int32()))}),
+                           path, row_group_size=20)
+            corpora[i].append(Shard(path, hi - lo))
+            first[path] = lo
+    return corpora, first
+
+
+class _MixedPlan:
+    """Section 4 of docs/design-inputs.md over `corpora`: each epoch's reads, and what they hold."""
+
+    def __init__(self, corpora: list[list], first: dict[str, int], rows: list[int], piece_rows: int):
+        self.corpora, self.first, self.rows, self.piece_rows = corpora, first, rows, piece_rows
+        self.sizes = [sum(s.num_pairs for s in shards) for shards in corpora]
+
+    def corpus_reads(self, seed: int, i: int, k: int) -> list[tuple[str, int, int]]:
+        """Corpus i's epoch k: its shards in the permutation [seed, k, 7919, i]."""
+        order = np.random.default_rng([seed, k, 7919, i]).permutation(len(self.corpora[i]))
+        return [(self.corpora[i][j].path, 0, self.corpora[i][j].num_pairs) for j in order]
+
+    def epoch_reads(self, files, seed: int, epoch: int) -> list[tuple[str, int, int]]:
+        """The mixed epoch's plan (stands in for raymt.data.stream.epoch_reads)."""
+        from raymt.data.stream import sub_plan
+
+        return [read for p in epoch_pieces(self.rows, seed, epoch, self.piece_rows)
+                for k, a, b in stream_ranges(self.sizes[p.corpus], p.lo, p.hi)
+                for read in sub_plan(self.corpus_reads(seed, p.corpus, k), a, b)]
+
+    def planned(self, seed: int, epoch: int) -> Counter:
+        """(corpus, row id) of each corpus's stream window [epoch r_i, (epoch + 1) r_i)."""
+        from raymt.data.stream import sub_plan
+
+        return Counter((i, self.first[path] + x) for i, r in enumerate(self.rows)
+                       for k, a, b in stream_ranges(self.sizes[i], epoch * r, (epoch + 1) * r)
+                       for path, s, e in sub_plan(self.corpus_reads(seed, i, k), a, b) for x in range(s, e))
+
+
+def test_mixed_plan_through_todays_stream_is_exact(tmp_path, monkeypatch):
+    """With only `epoch_reads` and `slice_bounds` giving the mixed plan, today's TrainStream,
+    resume and elastic resize train each planned row once, and each pair once per corpus epoch."""
+    from raymt.data import stream
+
+    sizes, seed = [300, 70, 45], 7
+    corpora, first = _write_corpora(tmp_path, sizes)
+    plan = _MixedPlan(corpora, first, epoch_rows(sizes, 5.0), piece_rows=16)
+    monkeypatch.setattr(stream, "epoch_reads", plan.epoch_reads)
+    monkeypatch.setattr(stream, "slice_bounds", lambda files, s, e, rank, world: stream.row_bounds(
+        sum(plan.rows), rank, world))
+    cfg = DataConfig(window_rows=32, shuffle_buffer_rows=32, max_tokens=64, max_len=20)
+
+    def run(rank, world, position, segment=None, stop=None):
+        s = stream.TrainStream(corpora, cfg, seed, rank, world, position, segment=segment)
+        out = []
+        for batch in s:
+            out.append(([(int(c) - 5, int(r) - 100) for c, r in batch.src[:, :2].tolist()], s.position))
+            if len(out) == stop:
+                break
+        s.close()
+        return out
+
+    def trained(*runs):
+        return Counter(pair for batches in runs for pairs, _ in batches for pair in pairs)
+
+    for epoch in range(3):  # each planned row once across 2 workers
+        both = trained(run(0, 2, stream.Position(epoch)), run(1, 2, stream.Position(epoch)))
+        assert both == plan.planned(seed, epoch)
+    full = run(1, 2, stream.Position(2))
+    for j in (1, len(full) // 2):  # resumed from a batch's position: the same remaining batches
+        assert run(1, 2, full[j - 1][1]) == full[j:]
+    old = [run(0, 2, stream.Position(1), stop=4), run(1, 2, stream.Position(1), stop=7)]
+    saved = [batches[-1][1].to_dict() for batches in old]
+    new = [run(r, 3, *stream.resume_point(corpora, cfg, seed, 1, saved, None, r, 3)) for r in range(3)]
+    assert trained(*old, *new) == plan.planned(seed, 1)  # resized from 2 workers to 3 mid-epoch
+    for i, n in enumerate(sizes):  # windows tile each corpus's stream: each pair once per corpus epoch
+        seen = Counter(row for epoch in range(6) for (c, row), m in plan.planned(seed, epoch).items()
+                       if c == i for _ in range(m))
+        assert len(seen) == n and set(seen.values()) <= {6 * plan.rows[i] // n, -(-6 * plan.rows[i] // n)}
