@@ -9,8 +9,7 @@ from pathlib import Path
 import raymt
 
 PLAIN = ["model", "decoding", "tokenizer", "batching", "checkpoint", "config", "optim", "metrics",
-         "export", "average", "profiling", "storage", "data", "data.builtin", "data.text", "data.format", "data.stream", "trainer", "plot",
-         "data.inputs"]
+         "export", "average", "profiling", "storage", "data", "data.builtin", "data.text", "data.format", "data.stream", "trainer", "plot", "data.inputs"]
 
 
 def module_path(module: str) -> Path:
