@@ -1,0 +1,389 @@
+"""Training inputs that carry their languages and origin: corpus specs, tags, temperature mixing.
+
+Groundwork for multilingual training (issue 30) and back-translation (issue 29), designed in
+docs/design-inputs.md. Plain Python and numpy: the functions here are pure, so the driver,
+`raymt data prepare` and every worker compute the same mix from the same (seed, epoch).
+
+- `CorpusSpec`: one training corpus, its languages (`src_lang` -> `tgt_lang`), its files, its
+  origin ("real" pairs, or "bt": synthetic sources made by back-translation), a weight, and
+  its validation/test sets; parsed from `--train en-de:PREFIX` / `--bt SPEC` flags or from
+  `[[data.corpora]]` tables; today's single-pair `DataConfig` is a list of one.
+- Reserved tag pieces: `<2de>` target-language tags (Johnson et al. 2017) and `<BT>` on
+  back-translated sources (Caswell et al. 2019).
+- Temperature mixing: p_i ~ (w_i n_i)^(1/T), each epoch's rows per corpus, and the epoch's
+  schedule of pieces, drawn from (seed, epoch) only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from raymt.config import BUILTIN_LANGS
+from raymt.data.format import TOKEN_INDEX_ROWS
+
+ORIGINS = ("real", "bt")
+BT_TAG = "<BT>"
+# Rows of one piece of the epoch's mixed schedule: the token index's block, so that a
+# worker's token share of a mixed epoch is cut at known counts.
+PIECE_ROWS = TOKEN_INDEX_ROWS
+# Mixes the epoch's pieces; 7919 already orders the shards (raymt.data.stream.epoch_reads).
+MIX_STREAM = 7927
+# A language code of the short SRC-TGT form: no '-', which separates the two (pt_BR, eng_Latn).
+SHORT_LANG = r"[A-Za-z][A-Za-z0-9_]*"
+PAIR = re.compile(rf"^({SHORT_LANG})-({SHORT_LANG})$")
+
+
+def _check(ok: bool, message: str) -> None:
+    """Raise a one-line ValueError for a user mistake when `ok` is false."""
+    if not ok:
+        raise ValueError(message)
+
+
+def _check_lang(lang: Any, where: str) -> None:
+    """A language code as `PrepareConfig` accepts it: letters, digits, '-' or '_'."""
+    _check(isinstance(lang, str) and bool(lang) and lang.replace("-", "").replace("_", "").isalnum(),
+           f"{where}={lang!r} must be a language code such as en or pt_BR")
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """One training corpus: its languages, files, origin and weight, and its pair's eval sets."""
+
+    src_lang: str
+    tgt_lang: str
+    # Prefixes or files as `--train` takes them (raymt.data.prepare.source_from_spec);
+    # () means the built-in corpus (generated for these languages).
+    train: tuple[str, ...] = ()
+    # "real" pairs, or "bt": sources made by back-translating real target-side text.
+    origin: str = "real"
+    # Multiplies the corpus's size before the temperature: 2 at T=1 = the corpus twice per epoch.
+    weight: float = 1.0
+    # The pair's validation set (one per pair, on one of its corpora) and test sets.
+    valid: Optional[str] = None
+    test: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"corpus {self.src_lang}-{self.tgt_lang}"
+        _check_lang(self.src_lang, f"{where}: src_lang")
+        _check_lang(self.tgt_lang, f"{where}: tgt_lang")
+        _check(self.src_lang != self.tgt_lang,
+               f"{where}: src_lang and tgt_lang are both {self.src_lang!r}: pick two languages")
+        _check(self.origin in ORIGINS,
+               f"{where}: origin={self.origin!r} must be one of {', '.join(ORIGINS)}")
+        _check(isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0,
+               f"{where}: weight={self.weight!r} must be a number > 0")
+        # Tables and flags may give one string or a list; the spec holds tuples.
+        object.__setattr__(self, "train", _paths(self.train, f"{where}: train"))
+        object.__setattr__(self, "test", _paths(self.test, f"{where}: test"))
+        _check(self.valid is None or (isinstance(self.valid, str) and bool(self.valid)),
+               f"{where}: valid={self.valid!r} must be a prefix or file")
+        _check(self.origin == "real" or bool(self.train),
+               f"{where}: a back-translated corpus needs files: pass --bt {self.pair}:PATH")
+        _check(len(set(self.train)) == len(self.train),
+               f"{where}: a file is listed twice in train={list(self.train)}: list each once")
+
+    @property
+    def pair(self) -> str:
+        """"en-de": the direction this corpus trains."""
+        return f"{self.src_lang}-{self.tgt_lang}"
+
+    @property
+    def name(self) -> str:
+        """"en-de", or "en-de.bt" for back-translated pairs: its directory and its summary row."""
+        return self.pair if self.origin == "real" else f"{self.pair}.{self.origin}"
+
+    @property
+    def builtin(self) -> bool:
+        """Whether the pairs come from the built-in corpus."""
+        return not self.train
+
+
+def _paths(value: Any, where: str) -> tuple[str, ...]:
+    """A tuple of non-empty strings from one string or a list of them."""
+    items = (value,) if isinstance(value, str) else value
+    _check(isinstance(items, (list, tuple)) and all(isinstance(v, str) and v for v in items),
+           f"{where}={value!r} must be a path or a list of paths")
+    return tuple(items)
+
+
+# ---------------------------------------------------------------- flags and tables
+
+
+def parse_pair(text: str, where: str) -> tuple[str, str]:
+    """("en", "de") from "en-de"; a one-line ValueError naming `where` otherwise."""
+    match = PAIR.match(text)
+    _check(match is not None and match.group(1) != match.group(2),
+           f"{where}: {text!r} is not a language pair: write SRC-TGT with two different codes, "
+           "e.g. en-de (use pt_BR, not pt-BR)")
+    return match.group(1), match.group(2)
+
+
+def parse_pairs(text: str, where: str = "--pairs") -> list[tuple[str, str]]:
+    """The pairs of "en-de,en-fr,de-en" (`--pairs` of the built-in corpus), each once."""
+    pairs = [parse_pair(p.strip(), where) for p in text.split(",")]
+    duplicates = sorted({f"{s}-{t}" for s, t in pairs if pairs.count((s, t)) > 1})
+    _check(not duplicates, f"{where}: {', '.join(duplicates)} given twice: list each pair once")
+    return pairs
+
+
+def split_spec(spec: str, flag: str) -> tuple[Optional[tuple[str, str]], str]:
+    """(pair or None, location) of a flag's SPEC: "en-de:PREFIX", or a bare PREFIX/file/URI.
+
+    Text before the first ':' is a pair unless it holds a '/' or starts a URI ("s3://");
+    so a local path with a ':' in its first component is written ./name:rest.
+    """
+    head, sep, rest = spec.partition(":")
+    if not sep or "/" in head or rest.startswith("//"):
+        _check(bool(spec), f"{flag}: empty SPEC: pass a prefix, a file or SRC-TGT:PATH")
+        return None, spec
+    pair = parse_pair(head, f"{flag} {spec}")
+    _check(bool(rest), f"{flag} {spec}: nothing after '{head}:': write {head}:PATH")
+    return pair, rest
+
+
+def corpora_from_flags(train: Sequence[str], bt: Sequence[str], valid: Sequence[str],
+                       test: Sequence[str], default_pair: tuple[str, str]) -> list[CorpusSpec]:
+    """Corpora of repeated --train/--bt/--valid/--test SPECs, in order; a bare SPEC is `default_pair`'s.
+
+    Specs of one pair and origin are one corpus (as repeated --train is today); a pair's
+    --valid and --test go to its first corpus.
+    """
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for origin, flag, specs in (("real", "--train", train), ("bt", "--bt", bt)):
+        for spec in specs:
+            pair, location = split_spec(spec, flag)
+            grouped.setdefault((*(pair or default_pair), origin), []).append(location)
+    evals = {"valid": _eval_specs(valid, "--valid", default_pair),
+             "test": _eval_specs(test, "--test", default_pair)}
+    for kind, by_pair in evals.items():
+        for pair in by_pair:
+            _check(any(key[:2] == pair for key in grouped),
+                   f"--{kind} {'-'.join(pair)}:... names a pair with no --train or --bt data: "
+                   "drop it or add its data")
+    corpora, seen = [], set()
+    for (src, tgt, origin), locations in grouped.items():
+        first = (src, tgt) not in seen
+        seen.add((src, tgt))
+        valid_specs = evals["valid"].get((src, tgt), []) if first else []
+        _check(len(valid_specs) <= 1,
+               f"--valid is given {len(valid_specs)} times for {src}-{tgt}: one per pair")
+        corpora.append(CorpusSpec(src, tgt, tuple(locations), origin, valid=(valid_specs or [None])[0],
+                                  test=tuple(evals["test"].get((src, tgt), [])) if first else ()))
+    check_corpora(corpora)
+    return corpora
+
+
+def _eval_specs(specs: Sequence[str], flag: str,
+                default_pair: tuple[str, str]) -> dict[tuple[str, str], list[str]]:
+    """Locations of --valid/--test SPECs by pair, in order."""
+    by_pair: dict[tuple[str, str], list[str]] = {}
+    for spec in specs:
+        pair, location = split_spec(spec, flag)
+        by_pair.setdefault(pair or default_pair, []).append(location)
+    return by_pair
+
+
+TABLE_KEYS = tuple(f.name for f in fields(CorpusSpec))
+
+
+def corpora_from_tables(tables: Any, where: str = "data.corpora") -> list[CorpusSpec]:
+    """Corpora of `[[data.corpora]]` TOML tables (dicts with CorpusSpec's fields), checked."""
+    _check(isinstance(tables, list) and all(isinstance(t, dict) for t in tables) and bool(tables),
+           f"{where} must be a non-empty list of tables ([[data.corpora]] in TOML)")
+    corpora = []
+    for i, table in enumerate(tables):
+        unknown = sorted(set(table) - set(TABLE_KEYS))
+        _check(not unknown,
+               f"{where}[{i}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(TABLE_KEYS)}")
+        missing = [k for k in ("src_lang", "tgt_lang") if k not in table]
+        _check(not missing,
+               f"{where}[{i}]: {' and '.join(missing)} missing: every corpus names its languages")
+        corpora.append(CorpusSpec(**table))
+    check_corpora(corpora)
+    return corpora
+
+
+def single_pair(src_lang: str, tgt_lang: str, train: Optional[str], valid: Optional[str],
+                test: Optional[str]) -> list[CorpusSpec]:
+    """Today's data.src_lang/tgt_lang/train/valid/test as the one corpus they describe."""
+    return [CorpusSpec(src_lang, tgt_lang, (train,) if train else (), valid=valid,
+                       test=(test,) if test else ())]
+
+
+def as_single_pair(corpora: Sequence[CorpusSpec]) -> Optional[dict[str, Optional[str]]]:
+    """The data.* fields of today's config for corpora that are one real corpus of at most one
+    file and one test set (then a run is exactly today's); None when they need data.corpora."""
+    if len(corpora) != 1:
+        return None
+    (c,) = corpora
+    if c.origin != "real" or len(c.train) > 1 or len(c.test) > 1:
+        return None
+    return {"data.src_lang": c.src_lang, "data.tgt_lang": c.tgt_lang, "data.valid": c.valid,
+            "data.train": (c.train or (None,))[0], "data.test": (c.test or (None,))[0]}
+
+
+def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> None:
+    """One-line errors for duplicate corpora, a file in two corpora of a pair, built-in languages and
+    validation sets: with `need_valid`, each pair trained from files has exactly one (the
+    built-in corpus brings its own)."""
+    _check(bool(corpora), "no training corpus: pass --train SRC-TGT:PATH or a [[data.corpora]] table")
+    names = [c.name for c in corpora]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    _check(not duplicates, f"corpus {', '.join(duplicates)} is given twice: give one per pair and "
+                           "origin, listing all its files in train = [...]")
+    # A prefix may serve both directions (en-de and de-en), not two corpora of one pair.
+    files = [(c.pair, f) for c in corpora for f in c.train]
+    twice = sorted({f"{f} ({p})" for p, f in files if files.count((p, f)) > 1})
+    _check(not twice, f"{', '.join(twice)} is in two corpora of one pair: real and back-translated "
+                      "pairs come from different files")
+    for c in corpora:
+        for lang in (c.src_lang, c.tgt_lang) if c.builtin else ():
+            _check(lang in BUILTIN_LANGS, f"corpus {c.name}: language {lang!r} is not in the built-in "
+                                          f"corpus ({', '.join(BUILTIN_LANGS)}); pass files for it")
+    for pair in dict.fromkeys(c.pair for c in corpora):
+        of_pair = [c for c in corpora if c.pair == pair]
+        given = [c.valid for c in of_pair if c.valid is not None]
+        _check(len(given) <= 1, f"pair {pair} has {len(given)} validation sets: give one per pair")
+        _check(given or not need_valid or any(c.builtin for c in of_pair),
+               f"pair {pair} has no validation set: pass --valid {pair}:PREFIX "
+               "(or valid = ... in its table)")
+
+
+# ---------------------------------------------------------------- tags
+
+
+def lang_tag(lang: str) -> str:
+    """The target-language tag piece: "<2de>" for "de" (Johnson et al. 2017)."""
+    _check_lang(lang, "tag language")
+    return f"<2{lang}>"
+
+
+def target_langs(corpora: Sequence[CorpusSpec]) -> list[str]:
+    """The languages the corpora translate into, sorted."""
+    return sorted({c.tgt_lang for c in corpora})
+
+
+def reserved_pieces(corpora: Sequence[CorpusSpec], bt_tag: bool = True) -> list[str]:
+    """The tag pieces to reserve in SentencePiece (control symbols, never split, never made from
+    text), in id order: a `<2xx>` tag per target language when there are several, then `<BT>`
+    when a corpus is back-translated and `bt_tag`. A single real pair reserves none."""
+    langs = target_langs(corpora)
+    pieces = [lang_tag(lang) for lang in langs] if len(langs) > 1 else []
+    return pieces + ([BT_TAG] if bt_tag and any(c.origin == "bt" for c in corpora) else [])
+
+
+def source_tags(corpus: CorpusSpec, reserved: Sequence[str]) -> list[str]:
+    """The pieces put before each source of `corpus`: its target tag, then `<BT>`, where reserved."""
+    tags = [lang_tag(corpus.tgt_lang)] if lang_tag(corpus.tgt_lang) in reserved else []
+    return tags + ([BT_TAG] if corpus.origin == "bt" and BT_TAG in reserved else [])
+
+
+def decode_tags(tgt_lang: Optional[str], trained: Sequence[str], reserved: Sequence[str]) -> list[str]:
+    """The pieces before a source at inference (translate, evaluate, backtranslate): the model's
+    tag for `tgt_lang` (--tgt-lang); one-line errors when it is missing or not trained."""
+    tagged = any(p.startswith("<2") for p in reserved)
+    if tgt_lang is None:
+        _check(not tagged, f"this model translates into {', '.join(trained)}: pass --tgt-lang")
+        return []
+    _check(tgt_lang in trained, f"--tgt-lang {tgt_lang}: this model was trained to translate into "
+                                f"{', '.join(trained)}; pick one of them")
+    return [lang_tag(tgt_lang)] if tagged else []
+
+
+# ---------------------------------------------------------------- temperature mixing
+
+
+def sampling_probs(sizes: Sequence[int], temperature: float,
+                   weights: Optional[Sequence[float]] = None) -> np.ndarray:
+    """p_i ~ (w_i n_i)^(1/T), normalized: T=1 proportional to size, larger T flatter, inf uniform."""
+    _check(temperature > 0, f"data.temperature={temperature!r} must be > 0 (1 = proportional)")
+    _check(len(sizes) > 0 and all(n > 0 for n in sizes),
+           f"corpus sizes {list(sizes)} must be > 0: a corpus that cleaning emptied cannot be sampled")
+    weights = [1.0] * len(sizes) if weights is None else weights
+    _check(len(weights) == len(sizes) and all(w > 0 for w in weights),
+           f"corpus weights {list(weights)} must be > 0, one per corpus")
+    weighted = np.asarray(sizes, dtype=np.float64) * np.asarray(weights, dtype=np.float64)
+    # Powers of shares, not of sizes: (n / max n)^(1/T) stays in (0, 1] for any n and T.
+    powered = (weighted / weighted.max()) ** (1.0 / temperature)
+    return powered / powered.sum()
+
+
+def allocate(total: int, probs: Sequence[float]) -> list[int]:
+    """`total` split by `probs` into integers that sum to it (largest remainders, ties to the
+    lower index), each at least 1 (so every corpus appears in every epoch)."""
+    exact = np.asarray(probs, dtype=np.float64) * total
+    counts = np.floor(exact).astype(np.int64)
+    order = sorted(range(len(counts)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[:total - int(counts.sum())]:
+        counts[i] += 1
+    return [max(int(c), 1) for c in counts]
+
+
+def sample_sizes(counts: Sequence[int], sample_pairs: int, temperature: float,
+                 weights: Optional[Sequence[float]] = None) -> list[int]:
+    """Pairs of each corpus in the SentencePiece sample: `sample_pairs` split by the training
+    temperature, each at most its corpus's `counts` (one corpus: min(sample_pairs, n), today's)."""
+    shares = allocate(sample_pairs, sampling_probs(counts, temperature, weights))
+    return [min(k, n) for k, n in zip(shares, counts)]
+
+
+def epoch_rows(sizes: Sequence[int], temperature: float,
+               weights: Optional[Sequence[float]] = None) -> list[int]:
+    """Rows each corpus gives every epoch: the epoch holds sum(w_i n_i) rows split by
+    `sampling_probs`; at T=1 with weights 1 that is each corpus once (r_i = n_i)."""
+    weights = [1.0] * len(sizes) if weights is None else list(weights)
+    total = round(sum(n * w for n, w in zip(sizes, weights)))
+    return allocate(total, sampling_probs(sizes, temperature, weights))
+
+
+class Piece(NamedTuple):
+    """Rows [lo, hi) of one corpus's stream (its epochs one after another) in an epoch's schedule."""
+
+    corpus: int
+    lo: int
+    hi: int
+
+
+def epoch_pieces(rows: Sequence[int], seed: int, epoch: int, piece_rows: int = PIECE_ROWS) -> list[Piece]:
+    """Epoch `epoch`'s read order: corpus i's stream rows [epoch r_i, (epoch + 1) r_i) cut into
+    m_i pieces of `piece_rows`, interleaved so that every stretch of the schedule holds the
+    epoch's mix (a worker's contiguous slice too): piece j of corpus i goes at (j + u_i) / m_i,
+    with offsets u_i in [0, 1) drawn from (seed, epoch) only. One corpus: its rows in order."""
+    counts = [math.ceil(r / piece_rows) for r in rows]
+    offsets = np.random.default_rng([seed, epoch, MIX_STREAM]).random(len(rows))
+    corpus = np.repeat(np.arange(len(rows)), counts)
+    index = np.concatenate([np.arange(m) for m in counts])
+    at = (index + offsets[corpus]) / np.asarray(counts)[corpus]
+    order = np.lexsort((corpus, at))  # by position, ties to the lower corpus
+    pieces = []
+    for i, j in zip(corpus[order].tolist(), index[order].tolist()):
+        lo = epoch * rows[i] + j * piece_rows
+        pieces.append(Piece(i, lo, min(lo + piece_rows, (epoch + 1) * rows[i])))
+    return pieces
+
+
+def iter_pieces(rows: Sequence[int], seed: int, epoch: int = 0, piece: int = 0,
+                num_epochs: int = 1, piece_rows: int = PIECE_ROWS) -> Iterator[tuple[int, int, Piece]]:
+    """(epoch, index, piece) from piece `piece` of `epoch` on, for `num_epochs` epochs: a run
+    resumed at any (epoch, piece) continues exactly where an uninterrupted one would."""
+    for e in range(epoch, epoch + num_epochs):
+        schedule = epoch_pieces(rows, seed, e, piece_rows)
+        for k in range(piece if e == epoch else 0, len(schedule)):
+            yield e, k, schedule[k]
+
+
+def stream_ranges(num_pairs: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """Stream rows [lo, hi) of a corpus of `num_pairs` pairs as (corpus epoch, first row, end row)."""
+    assert 0 <= lo <= hi and num_pairs > 0, (num_pairs, lo, hi)
+    out = []
+    while lo < hi:
+        k, start = divmod(lo, num_pairs)
+        end = min(num_pairs, start + hi - lo)
+        out.append((k, start, end))
+        lo += end - start
+    return out
