@@ -143,6 +143,7 @@ def collate_flat(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.n
     else:  # both sides round up to a multiple of the rung, which is the rung itself
         shape = ladder.shape(int(max(src_lens.max(), tgt_lens.max())) + 1)
         multiple = shape[1]
+        assert len(idx) <= shape[0], "batches are cut with the ladder's max_tokens"
     batch = Batch(src=torch.from_numpy(_padded(src_tokens, src_lens, None, EOS_ID, multiple)),
                   tgt_in=torch.from_numpy(_padded(tgt_tokens, tgt_lens, BOS_ID, None, multiple)),
                   tgt_out=torch.from_numpy(_padded(tgt_tokens, tgt_lens, None, EOS_ID, multiple)),

@@ -368,11 +368,11 @@ def device_defaults(cfg: "Config") -> dict[str, Any]:
 
     On a GPU: 32k-token batches per worker (16k for models wider than base, whose
     activations are twice as large; lower it with --set data.max_tokens on small cards), a
-    width ladder of 8 with row counts on a shape ladder (`GPU_SHAPE_BUCKETS` widths: few
-    (B, S, T) shapes an epoch), and the paper's schedule for batches of that size: warmup 4000 steps
+    width ladder of 8, and the paper's schedule for batches of that size: warmup 4000 steps
     (a quarter of a shorter run) and the peak lr d_model^-0.5 * 4000^-0.5 (7.0e-4 for base,
     4.9e-4 for big; the CPU defaults' 3e-3 is for the 128-wide default model on 2k-token
-    batches). Compiled runs also get both ladders, so shapes repeat.
+    batches). Compiled runs also get the ladder, so shapes repeat; both get row counts on a
+    ladder of `GPU_SHAPE_BUCKETS` widths too, so an epoch has few (B, S, T) shapes.
     """
     out: dict[str, Any] = {}
     if cfg.train.use_gpu:

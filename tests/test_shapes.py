@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raymt.batching import ShapeLadder, chunk_batches
-from raymt.config import DataConfig, tiny
+from raymt.config import Config, DataConfig, ModelConfig, tiny
 from raymt.data.stream import Position, TrainStream, restore_position
 from raymt.model import Transformer
 from raymt.optim import loss_sum, make_optimizer
 from raymt.tokenizer import EOS_ID, PAD_ID
 from raymt.train import build_config, parse_args
-from raymt.trainer import train_step
+from raymt.trainer import compile_model, train_step
 
 VOCAB = 64
 
@@ -37,7 +37,8 @@ def write_shard(path, src_lens, tgt_lens, seed=0) -> list[tuple[str, int]]:
 
     def column(lens):
         values = pa.array(rng.integers(4, VOCAB, int(lens.sum())).astype(np.int32))
-        return pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)), values)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+        return pa.ListArray.from_arrays(offsets, values)
 
     pq.write_table(pa.table({"src_ids": column(src_lens), "tgt_ids": column(tgt_lens)}), path,
                    row_group_size=8192)
@@ -91,6 +92,37 @@ def test_the_dummy_batch_of_an_idle_worker_has_a_shape_of_the_ladder():
     assert rows == cfg.data.max_tokens // width  # a rung of the ladder: (max_tokens // width, width)
     assert float(total) == 0.0 and float(applied) == 1.0
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_a_compiled_model_compiles_nothing_new_for_the_dummy_batch(tmp_path):
+    """The old one-token dummy batch (rows 1, a size torch.compile specializes) recompiled
+    when a worker ran out at an epoch's end; on the ladder it is a shape already handled."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+
+    src_lens, tgt_lens = wmt_like(150, seed=4)
+    files = write_shard(tmp_path / "part.parquet", np.minimum(src_lens, 30), np.minimum(tgt_lens, 30))
+    one_layer = ModelConfig(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1,
+                            dropout=0.0)  # little to trace
+    cfg = Config(model=one_layer, data=DataConfig(max_tokens=512, max_len=30, pad_multiple=8, shape_buckets=4))
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, vocab_size=VOCAB)
+    optimizer = make_optimizer(model, cfg.optim)
+    compiled = compile_model(model, backend=counting_backend)
+    shapes = set()
+    for batch in TrainStream(files, cfg.data, seed=0, rank=0, world_size=1, position=Position(0)):
+        train_step(compiled, optimizer, [batch], batch.num_tokens, cfg)
+        shapes.add(batch.src.shape)
+        if len(shapes) == 3:  # torch.compile has made rows and widths dynamic by now
+            break
+    assert graphs and len(shapes) == 3, (graphs, shapes)
+    before = len(graphs)
+    train_step(compiled, optimizer, [], 1, cfg)  # this worker ran out: the dummy step
+    assert len(graphs) == before, graphs
 
 
 def test_padding_rows_and_columns_change_no_loss_or_token_count(tmp_path):
