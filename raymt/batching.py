@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from raymt.config import DataConfig
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -43,6 +44,43 @@ class Batch:
 def round_up(width: int, multiple: int) -> int:
     """`width` rounded up to a multiple of `multiple` (the shape ladder of padded batches)."""
     return -(-width // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class ShapeLadder:
+    """The (rows, width) shapes training batches take when data.shape_buckets > 0.
+
+    Each batch pads src and tgt to the same width, the smallest rung that holds its longest
+    row, and pads its row count with all-PAD rows to max_tokens // width: an epoch then has
+    at most len(widths) distinct (B, S, T) shapes, so torch.compile and cuBLAS/SDPA plans
+    see a fixed set however the lengths fall.
+    """
+
+    widths: tuple[int, ...]  # increasing multiples of data.pad_multiple
+    max_tokens: int
+
+    @classmethod
+    def from_config(cls, cfg: DataConfig) -> Optional["ShapeLadder"]:
+        """The ladder of `cfg` (None when data.shape_buckets is 0: widths and rows are free)."""
+        if cfg.shape_buckets == 0:
+            return None
+        # Widths + 1 (EOS on src, BOS/EOS on tgt) of kept pairs reach max_len + 1.
+        top = round_up(cfg.max_len + 1, cfg.pad_multiple)
+        geometric = np.geomspace(cfg.pad_multiple, top, cfg.shape_buckets)
+        widths = np.unique(round_up(np.round(geometric).astype(np.int64), cfg.pad_multiple))
+        return cls(tuple(int(w) for w in widths), cfg.max_tokens)
+
+    def width(self, longest: np.ndarray) -> np.ndarray:
+        """The rung of each width (a row longer than the top rung keeps its own rounded width)."""
+        widths = np.asarray(self.widths)
+        i = np.searchsorted(widths, longest)
+        return np.where(i < len(widths), widths[np.minimum(i, len(widths) - 1)],
+                        round_up(np.asarray(longest), self.widths[0]))
+
+    def shape(self, longest: int) -> tuple[int, int]:
+        """(rows, width) of a batch whose longest row (src or tgt, EOS/BOS included) is `longest`."""
+        width = int(self.width(np.asarray([longest]))[0])
+        return max(1, self.max_tokens // width), width
 
 
 def _pad_flat(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray, prefix: Optional[int] = None,
@@ -94,20 +132,52 @@ def collate(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]) 
 
 
 def collate_flat(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray],
-                 idx: np.ndarray, pad_multiple: int = 1) -> Batch:
+                 idx: np.ndarray, pad_multiple: int = 1, ladder: Optional[ShapeLadder] = None) -> Batch:
     """Like `collate`, from (values, offsets) of raw source and target ids: EOS/BOS are added
-    here, and both widths are rounded up to a multiple of `pad_multiple`."""
+    here, and both widths are rounded up to a multiple of `pad_multiple`, or with a `ladder`
+    padded to its (rows, width) shape."""
+    src_tokens, src_lens = _gather(*src, idx)
     tgt_tokens, tgt_lens = _gather(*tgt, idx)
-    return Batch(src=torch.from_numpy(_padded(*_gather(*src, idx), None, EOS_ID, pad_multiple)),
-                 tgt_in=torch.from_numpy(_padded(tgt_tokens, tgt_lens, BOS_ID, None, pad_multiple)),
-                 tgt_out=torch.from_numpy(_padded(tgt_tokens, tgt_lens, None, EOS_ID, pad_multiple)),
-                 tgt_tokens=len(tgt_tokens) + len(idx))  # + EOS per row
+    if ladder is None:
+        shape, multiple = None, pad_multiple
+    else:  # both sides round up to a multiple of the rung, which is the rung itself
+        shape = ladder.shape(int(max(src_lens.max(), tgt_lens.max())) + 1)
+        multiple = shape[1]
+        assert len(idx) <= shape[0], "batches are cut with the ladder's max_tokens"
+    batch = Batch(src=torch.from_numpy(_padded(src_tokens, src_lens, None, EOS_ID, multiple)),
+                  tgt_in=torch.from_numpy(_padded(tgt_tokens, tgt_lens, BOS_ID, None, multiple)),
+                  tgt_out=torch.from_numpy(_padded(tgt_tokens, tgt_lens, None, EOS_ID, multiple)),
+                  tgt_tokens=len(tgt_tokens) + len(idx))  # + EOS per row
+    return batch if shape is None else pad_rows(batch, shape[0])
+
+
+def padding_rows(rows: int, src_width: int, tgt_width: int) -> Batch:
+    """`rows` zero-weight rows: src EOS then PAD (each row attends to one key, so attention
+    stays finite), tgt_in BOS then PAD, tgt_out all PAD (no loss, no target tokens)."""
+    src = torch.full((rows, src_width), PAD_ID, dtype=torch.long)
+    src[:, 0] = EOS_ID
+    tgt_in = torch.full((rows, tgt_width), PAD_ID, dtype=torch.long)
+    tgt_in[:, 0] = BOS_ID
+    return Batch(src, tgt_in, torch.full((rows, tgt_width), PAD_ID, dtype=torch.long), tgt_tokens=0)
+
+
+def pad_rows(batch: Batch, rows: int) -> Batch:
+    """`batch` with `padding_rows` appended up to `rows` rows (the loss and token count ignore them)."""
+    extra = rows - batch.src.shape[0]
+    if extra <= 0:
+        return batch
+    fill = padding_rows(extra, batch.src.shape[1], batch.tgt_in.shape[1])
+    return Batch(*(torch.cat([a, b]) for a, b in zip((batch.src, batch.tgt_in, batch.tgt_out),
+                                                      (fill.src, fill.tgt_in, fill.tgt_out))),
+                 tgt_tokens=batch.tgt_tokens)
 
 
 def token_budget_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
-                         rng: np.random.Generator, pad_multiple: int = 1) -> list[np.ndarray]:
+                         rng: np.random.Generator, pad_multiple: int = 1,
+                         ladder: Optional[ShapeLadder] = None) -> list[np.ndarray]:
     """Cut one window of rows into batches whose padded size rows * width <= max_tokens, where
-    width is the longest row rounded up to a multiple of `pad_multiple`.
+    width is the longest row rounded up to a multiple of `pad_multiple` (or to a rung of
+    `ladder`: then a batch takes as many rows as its rung's row count allows).
 
     Rows are sorted by their longer side, then source, then target length (ties at random):
     a batch's rows then share both lengths as far as the window allows, which pads less
@@ -117,7 +187,8 @@ def token_budget_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens:
     """
     longest = np.maximum(src_lens, tgt_lens)
     order = np.lexsort((rng.random(len(longest)), tgt_lens, src_lens, longest))  # last key first
-    width = round_up(longest[order].astype(np.int64), pad_multiple)  # non-decreasing
+    longest = longest[order].astype(np.int64)
+    width = round_up(longest, pad_multiple) if ladder is None else ladder.width(longest)  # non-decreasing
     batches = [order[lo:hi] for lo, hi in budget_cuts(width, max_tokens)]
     rng.shuffle(batches)
     return batches
@@ -139,7 +210,8 @@ def budget_cuts(width: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
 
 
 def chunk_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, window_rows: int, max_tokens: int,
-                  rng: np.random.Generator, shuffle: bool = True, pad_multiple: int = 1) -> list[np.ndarray]:
+                  rng: np.random.Generator, shuffle: bool = True, pad_multiple: int = 1,
+                  ladder: Optional[ShapeLadder] = None) -> list[np.ndarray]:
     """Token-budget batches (row indices) of one chunk: rows permuted, cut into length-sorted
     windows, batches of every window shuffled together. Lengths include EOS/BOS."""
     order = rng.permutation(len(src_lens)) if shuffle else np.arange(len(src_lens))
@@ -147,6 +219,6 @@ def chunk_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, window_rows: int, 
     for start in range(0, len(order), window_rows):
         rows = order[start:start + window_rows]
         batches += [rows[b] for b in token_budget_batches(src_lens[rows], tgt_lens[rows], max_tokens, rng,
-                                                          pad_multiple)]
+                                                          pad_multiple, ladder)]
     rng.shuffle(batches)
     return batches

@@ -122,6 +122,13 @@ class DataConfig(CorpusOptions):
     # short sentences a ladder of 8 pads ~16% more); GPU and compiled runs get 8
     # (`device_defaults`).
     pad_multiple: int = 1
+    # Training batch shapes from a ladder of this many widths (multiples of pad_multiple,
+    # geometric up to max_len + 1), each with a fixed row count max_tokens // width: src and
+    # tgt pad to the batch's rung and short batches get all-PAD rows (no loss), so an epoch
+    # has at most this many (B, S, T) shapes, the zero-weight dummy batch included
+    # (batching.ShapeLadder). 0: widths and rows are free, the CPU default (fewer padded
+    # tokens); GPU and compiled runs get GPU_SHAPE_BUCKETS (`device_defaults`).
+    shape_buckets: int = 0
     shuffle_buffer_rows: int = 16384
     eval_batch_size: int = 64
 
@@ -139,6 +146,9 @@ class DataConfig(CorpusOptions):
         _check(self.max_tokens >= self.max_len + 2,
                f"data.max_tokens={self.max_tokens} must be at least data.max_len + 2 = "
                f"{self.max_len + 2} so that every kept sentence fits in a batch")
+        _check(self.shape_buckets == 0 or self.shape_buckets >= 2,
+               f"data.shape_buckets={self.shape_buckets} must be 0 (free shapes) or at least 2 "
+               f"(a ladder from data.pad_multiple to data.max_len + 1; GPU runs get {GPU_SHAPE_BUCKETS})")
         _check(self.shuffle_buffer_rows >= 0,
                f"data.shuffle_buffer_rows={self.shuffle_buffer_rows} must be >= 0")
         _check(self.corpus is None or self.train is None,
@@ -346,6 +356,9 @@ def _renamed(d: dict) -> dict:
 # Per-worker token budget on a GPU: a 2,048-token batch leaves a GPU launch-bound (an H200
 # was busy ~7.4 of 43.6 ms per base step); 32k tokens ran base at ~452k tok/s there.
 GPU_MAX_TOKENS = 32768
+# Widths in the batch shape ladder of GPU and compiled runs (data.shape_buckets): on WMT-like
+# lengths (max_len 200, 32k-token batches, widths 8..208) 11 rungs, each one (B, S, T).
+GPU_SHAPE_BUCKETS = 12
 # The paper's warmup at ~25k target tokens per update (Vaswani et al. 2017).
 PAPER_WARMUP_STEPS = 4000
 
@@ -358,7 +371,8 @@ def device_defaults(cfg: "Config") -> dict[str, Any]:
     width ladder of 8, and the paper's schedule for batches of that size: warmup 4000 steps
     (a quarter of a shorter run) and the peak lr d_model^-0.5 * 4000^-0.5 (7.0e-4 for base,
     4.9e-4 for big; the CPU defaults' 3e-3 is for the 128-wide default model on 2k-token
-    batches). Compiled runs also get the ladder, so shapes repeat.
+    batches). Compiled runs also get the ladder, so shapes repeat; both get row counts on a
+    ladder of `GPU_SHAPE_BUCKETS` widths too, so an epoch has few (B, S, T) shapes.
     """
     out: dict[str, Any] = {}
     if cfg.train.use_gpu:
@@ -367,6 +381,7 @@ def device_defaults(cfg: "Config") -> dict[str, Any]:
         out["optim.lr"] = float(f"{(cfg.model.d_model * PAPER_WARMUP_STEPS) ** -0.5:.2g}")
     if cfg.train.use_gpu or cfg.train.compile:
         out["data.pad_multiple"] = 8
+        out["data.shape_buckets"] = GPU_SHAPE_BUCKETS
     return out
 
 

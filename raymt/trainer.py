@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 import torch
 from torch.profiler import record_function
 
-from raymt.batching import Batch, collate
-from raymt.config import Config
+from raymt.batching import Batch, ShapeLadder, collate, padding_rows
+from raymt.config import Config, DataConfig
 from raymt.decoding import DecodeOptions, decode
 from raymt.metrics import score
 from raymt.model import Transformer
@@ -208,9 +208,15 @@ def lockstep(batches: Iterable[Batch], update_freq: int, device: torch.device,
             pending.wait()
 
 
-def _dummy_batch(device: torch.device) -> Batch:
-    """A one-token batch whose zero-weighted loss lets an idle worker join the all-reduce."""
-    return collate([[EOS_ID]], [[BOS_ID]]).to(device)
+def _dummy_batch(device: torch.device, data: DataConfig) -> Batch:
+    """A zero-weighted batch that lets an idle worker join the all-reduce: with a shape ladder,
+    all-PAD rows of its narrowest rung (on the ladder, so no new compiled shape, and the
+    cheapest attention of any rung), else one token."""
+    ladder = ShapeLadder.from_config(data)
+    if ladder is None:
+        return collate([[EOS_ID]], [[BOS_ID]]).to(device)
+    rows, width = ladder.shape(1)
+    return padding_rows(rows, width, width).to(device)
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: list[Batch],
@@ -228,7 +234,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: 
     model.train()
     scale = world_size / global_tokens if group else 0.0  # host numbers: no device sync
     device = next(model.parameters()).device
-    micro = group or [_dummy_batch(device)]
+    micro = group or [_dummy_batch(device, cfg.data)]
     total = torch.zeros((), device=device)
     for i, batch in enumerate(micro):
         last = i == len(micro) - 1

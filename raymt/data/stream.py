@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raymt.batching import Batch, chunk_batches, collate_flat
+from raymt.batching import Batch, ShapeLadder, chunk_batches, collate_flat
 from raymt.config import DataConfig
 from raymt.data.format import COLUMNS, TOKEN_INDEX_ROWS, Files, Shard
 from raymt.storage import filesystem
@@ -323,6 +323,7 @@ class TrainStream:
         """(batch, position after it, pair digests) for the rest of the stream's epochs."""
         first, end = self.position.epoch, self.position.epoch + self.num_epochs
         chunk_index, skip = self.position.chunk, self.position.batches
+        ladder = ShapeLadder.from_config(self.cfg)
         for epoch in range(first, end):
             plan = self.plan if epoch == first else self.epoch_plan(epoch)
             segment = self.segment_of(epoch)
@@ -338,7 +339,7 @@ class TrainStream:
                     rng = chunk_rng(self.seed, epoch, self.rank, chunk_index, segment)
                     for b, idx in enumerate(cut_chunk(src, tgt, self.cfg, rng, excluded)[skip:], start=skip):
                         hashes = pair_hashes(src, tgt, idx) if self.trace else []
-                        batch = collate_flat(src, tgt, idx, self.cfg.pad_multiple)
+                        batch = collate_flat(src, tgt, idx, self.cfg.pad_multiple, ladder)
                         yield ((batch.pin_memory() if self.pin_memory else batch),
                                Position(epoch, chunk_index, b + 1), hashes)
                     chunk_index, skip = chunk_index + 1, 0
@@ -361,7 +362,8 @@ def cut_chunk(src, tgt, cfg: DataConfig, rng: np.random.Generator,
     ok[excluded] = False
     keep = np.flatnonzero(ok)
     batches = chunk_batches(src_lens[keep] + 1, tgt_lens[keep] + 1, cfg.window_rows, cfg.max_tokens,
-                            rng, shuffle=cfg.shuffle_buffer_rows > 0, pad_multiple=cfg.pad_multiple)
+                            rng, shuffle=cfg.shuffle_buffer_rows > 0, pad_multiple=cfg.pad_multiple,
+                            ladder=ShapeLadder.from_config(cfg))
     return [keep[b] for b in batches]
 
 
