@@ -328,8 +328,8 @@ def restore_rng(rng_states: Optional[list], rank: int, world_size: int, device: 
     if rng_states and len(rng_states) == world_size:
         if set_rng_state(rng_states[rank], device, cuda):
             return  # dropout continues exactly
-        print(f"rank {rank}: the checkpoint holds no RNG state for {device} (an older checkpoint saved "
-              "with fewer GPUs visible): dropout is reseeded, as after a resize", flush=True)
+        print(f"rank {rank}: the checkpoint holds no RNG state for {device} (saved on a CPU, or by an older "
+              "raymt that saw fewer GPUs): dropout is reseeded, as after a resize", flush=True)
     # Each rank draws its own dropout masks (after a resize: not those of step 0 again).
     torch.manual_seed(seed * 1000 + rank + 1 + 7919 * step)
 
@@ -340,8 +340,8 @@ def out_of_memory_hint(step: int, cfg: Config, gpu_bytes: Optional[int]) -> str:
     gpu = f" (GPU {gpu_bytes / 2**30:.0f} GiB)" if gpu_bytes else ""
     where = f"CUDA out of memory at step {step} with data.max_tokens={max_tokens} per worker{gpu}"
     if max_tokens // 2 < smallest:  # config.py's lower bound: one pair of data.max_len must fit
-        return (f"{where}: it cannot go below data.max_len + 2 = {smallest}; lower data.max_len "
-                "(longer pairs are dropped) or train a smaller model")
+        return (f"{where}: data.max_tokens cannot go below data.max_len + 2 = {smallest}; lower "
+                "data.max_len (longer pairs are dropped) or train a smaller model")
     return (f"{where}: retry with --set data.max_tokens={max_tokens // 2} "
             f"--set optim.update_freq={2 * update_freq} (same global batch)")
 
