@@ -3,7 +3,6 @@ without buffer broadcasts, bf16 gradient compression, CUDA out-of-memory as one 
 memory in metrics.csv (fake CUDA functions stand in for a GPU)."""
 
 import csv
-import os
 import pickle
 import re
 import warnings
@@ -29,6 +28,7 @@ VOCAB = 64
 
 
 def cuda(index: int) -> torch.device:
+    """The `index`-th visible GPU (a device object only: nothing runs on it)."""
     return torch.device("cuda", index)
 
 
@@ -106,7 +106,7 @@ def test_ddp_kwargs_leave_buffers_alone_and_keep_the_bucket_size():
     assert list(sync.values()) == [False], kwargs
 
 
-def _ddp_worker(rank: int, init_file: str, kwargs: dict, out: str) -> None:
+def _ddp_worker(rank: int, init_file: str, kwargs: dict, out_dir: str) -> None:
     """One of two gloo processes: after DDP wraps the model, rank 1's `positions` differs; forward."""
     import torch.distributed as dist
 
@@ -120,26 +120,16 @@ def _ddp_worker(rank: int, init_file: str, kwargs: dict, out: str) -> None:
     model.positions.add_(rank)  # a rank-local change: a broadcast from rank 0 would undo it
     batch = collate([[5, 6, 3]], [[7, 8]])
     ddp(batch.src, batch.tgt_in).sum().backward()
-    torch.save({"positions_sum": model.positions.sum(), "warnings": [str(w.message) for w in caught]}, out)
+    torch.save({"positions_sum": model.positions.sum(), "warnings": [str(w.message) for w in caught]},
+               Path(out_dir) / f"r{rank}.pt")
     dist.destroy_process_group()
 
 
 def test_ddp_does_not_broadcast_buffers_before_forward(tmp_path):
     """A real 2-process gloo DDP with the worker's kwargs: rank 1's buffer survives a forward."""
-    ctx = torch.multiprocessing.get_context("spawn")
-    env = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env])  # children import this file
     kwargs = ddp_kwargs(Config(model=tiny()))
-    try:
-        procs = [ctx.Process(target=_ddp_worker, args=(r, str(tmp_path / "init"), kwargs, str(tmp_path / f"r{r}.pt")))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=240)
-    finally:
-        os.environ["PYTHONPATH"] = env
-    assert [p.exitcode for p in procs] == [0, 0]
+    # Children import this module to find _ddp_worker (spawn gives them this sys.path); raises if one fails.
+    torch.multiprocessing.spawn(_ddp_worker, args=(str(tmp_path / "init"), kwargs, str(tmp_path)), nprocs=2)
     r0, r1 = (torch.load(tmp_path / f"r{r}.pt", weights_only=True) for r in range(2))
     table = tiny().max_positions * tiny().d_model
     torch.testing.assert_close(r1["positions_sum"], r0["positions_sum"] + table)  # not overwritten
