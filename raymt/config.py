@@ -238,6 +238,9 @@ class TrainConfig:
     trace_data: bool = False
     # DDP gradient bucket size in MB (torch's default 25): all-reduce starts per full bucket.
     ddp_bucket_mb: float = 25.0
+    # All-reduce gradients in bf16 (half the bytes) when several workers train: for multi-node
+    # runs whose network is the bottleneck. NCCL (GPU) only; gradients lose precision.
+    grad_compression: bool = False
     # torch.profiler over this many steps after the first log interval, on every rank:
     # logs/profile-rank<r>.txt (time per step part, top operators) and .json (Chrome trace).
     profile_steps: int = 0

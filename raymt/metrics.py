@@ -81,7 +81,8 @@ def score_lines(name: str, scores: dict, checkpoint: str, beam: int, length_pena
 
 
 CSV_COLUMNS = ("step", "epoch", "time_s", "train_loss", "lr", "tokens_per_s",
-               "valid_loss", "valid_bleu", "valid_chrf", "skipped_steps", "data_share", "peak_rss_mb")
+               "valid_loss", "valid_bleu", "valid_chrf", "skipped_steps", "data_share", "peak_rss_mb",
+               "peak_gpu_mb")
 
 
 class MetricsLog:
@@ -93,9 +94,10 @@ class MetricsLog:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / "metrics.csv"
-        new = not path.exists()  # a resumed run appends
+        new = not path.exists()  # a resumed run appends, in the columns its file has (older: fewer)
+        columns = CSV_COLUMNS if new else path.read_text().partition("\n")[0].split(",")
         self.csv = path.open("a", newline="")
-        self.rows = csv.DictWriter(self.csv, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        self.rows = csv.DictWriter(self.csv, fieldnames=columns, extrasaction="ignore")
         if new:
             self.rows.writeheader()
         self.tensorboard = SummaryWriter(str(self.directory / "tensorboard"))
@@ -111,7 +113,7 @@ class MetricsLog:
             split, _, name = key.partition("_")
             if split in ("train", "valid"):
                 self.tensorboard.add_scalar(f"{split}/{name}", value, step)
-            elif key in ("lr", "tokens_per_s", "data_share", "peak_rss_mb"):
+            elif key in ("lr", "tokens_per_s", "data_share", "peak_rss_mb", "peak_gpu_mb"):
                 self.tensorboard.add_scalar(f"train/{key}", value, step)
         self.tensorboard.flush()
 

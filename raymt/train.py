@@ -380,14 +380,26 @@ def _last_step(metrics_csv: Optional[bytes]) -> Optional[int]:
     return steps[-1] if steps else None
 
 
+def worker_value_error(err: BaseException) -> Optional[ValueError]:
+    """The one-line error (a ValueError) a training worker raised, of the lowest rank, if the run
+    failed with one (Ray Train's WorkerGroupError carries each failed rank's exception)."""
+    from ray.train import WorkerGroupError
+
+    failures = err.worker_failures if isinstance(err, WorkerGroupError) else {}
+    return next((failures[rank] for rank in sorted(failures) if isinstance(failures[rank], ValueError)), None)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
     args = parse_args(argv)
     try:
         cfg, resume_dir, init_checkpoint = resolve_resume(args)
         summary = run(cfg, resume_dir, init_checkpoint, verbose=args.verbose)
-    except ValueError as err:
-        print(f"raymt.train: error: {err}", file=sys.stderr)
+    except Exception as err:  # a worker's one-line error (CUDA out of memory) arrives wrapped by Ray
+        user_error = err if isinstance(err, ValueError) else worker_value_error(err)
+        if user_error is None:
+            raise
+        print(f"raymt.train: error: {user_error}", file=sys.stderr)
         return 2
     print_summary(summary)
     return 0

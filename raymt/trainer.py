@@ -143,21 +143,34 @@ def restore_training(model: torch.nn.Module, cfg: Config, weights: Optional[dict
     return model, optimizer, scheduler
 
 
-def rng_state(cuda=torch.cuda) -> dict:
-    """This process's CPU RNG state and, where CUDA is available, every GPU's."""
+def rng_state(device: torch.device, cuda=torch.cuda) -> dict:
+    """This process's CPU RNG state and, on a GPU, that of `device` alone (not every visible GPU's)."""
     state = {"cpu": torch.get_rng_state()}
-    if cuda.is_available():
-        state["cuda"] = cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda"] = cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict | torch.Tensor, cuda=torch.cuda) -> None:
-    """Restore `rng_state()`'s result (a bare tensor: an older checkpoint's CPU state)."""
+def set_rng_state(state: dict | torch.Tensor, device: torch.device, cuda=torch.cuda) -> bool:
+    """Restore `rng_state()`'s result on `device`; False when it holds no state for `device`.
+
+    Only `device`'s generator is set: workers sharing a node's GPUs leave each other's alone.
+    Older checkpoints hold a bare CPU tensor, or a list of every GPU the saving worker saw
+    (its own at its device index): the entry at this device's index is used if there is one.
+    """
     if isinstance(state, torch.Tensor):
         state = {"cpu": state}
     torch.set_rng_state(state["cpu"])
-    if "cuda" in state and cuda.is_available():
-        cuda.set_rng_state_all(state["cuda"])
+    if device.type != "cuda":
+        return True
+    saved = state.get("cuda")
+    if isinstance(saved, list):  # get_rng_state_all() of an older checkpoint
+        index = device.index or 0
+        saved = saved[index] if index < len(saved) else None
+    if saved is None:  # saved on the CPU, or on fewer GPUs than this device's index
+        return False
+    cuda.set_rng_state(saved, device)
+    return True
 
 
 # ---------------------------------------------------------------- the step
@@ -314,6 +327,7 @@ class Progress:
         self.num_skipped = 0
         self.last_step = start_step  # the step the interval began after
         self.last: Optional[dict] = None
+        self.note: Callable[[], str] = lambda: ""  # the progress line's end (a GPU worker's memory)
 
     def update(self, loss: torch.Tensor, applied: torch.Tensor, num_tokens: int) -> None:
         """Add one update's summed loss (this worker), applied flag and global token count."""
@@ -344,7 +358,7 @@ class Progress:
                 eta = max(0.0, min(eta, 60 * self.cfg.train.max_minutes - (now - self.t0)))
             print(f"step {step}/{self.cfg.train.max_steps} | epoch {epoch + 1} | "
                   f"loss {metrics['train_loss']:.3f} | lr {lr:.2e} | "
-                  f"{tokens_per_s / 1000:.1f}k tok/s | eta {eta / 60:.1f} min", flush=True)
+                  f"{tokens_per_s / 1000:.1f}k tok/s | eta {eta / 60:.1f} min{self.note()}", flush=True)
             if skipped:
                 print(f"steps {self.last_step + 1}-{step}: {int(skipped)} updates "
                       f"skipped (non-finite loss or gradient; {self.num_skipped} in all)", flush=True)

@@ -4,18 +4,22 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import resource
 import tempfile
 import time
-from typing import Optional
+from typing import Any, Callable, Iterable, Optional
 
 import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from raymt import storage
+from raymt.batching import Batch
 from raymt.checkpoint import load_train_state, load_weights, save_checkpoint
 from raymt.config import Config
 from raymt.metrics import MetricsLog
@@ -92,10 +96,10 @@ def _read_checkpoint(cfg: Config, loop_config: dict) -> tuple[Optional[dict], Op
 def _report(metrics: dict, loop: "WorkerLoop") -> None:
     """Every rank reports (a barrier); only rank 0 writes and attaches the checkpoint.
 
-    The checkpoint holds every rank's data position and RNG states (CPU and CUDA), so that
+    The checkpoint holds every rank's data position and RNG states (CPU and its GPU's), so that
     a restart continues each worker's stream and dropout exactly where they were.
     """
-    parts = loop.collective.all_gather_object((loop.position.to_dict(), rng_state()))
+    parts = loop.collective.all_gather_object((loop.position.to_dict(), rng_state(loop.device)))
     if not loop.is_rank0:
         ray.train.report(metrics)
         return
@@ -122,9 +126,7 @@ class WorkerLoop(Trainer):
         self.rank, self.world_size = collective.rank, collective.world_size
 
         weights, state, reset_lr = _read_checkpoint(cfg, loop_config)
-        # DDP over gloo (CPU) or nccl (GPU); smaller buckets start all-reducing earlier in backward.
-        place = lambda m: ray.train.torch.prepare_model(m, parallel_strategy_kwargs={  # noqa: E731
-            "bucket_cap_mb": cfg.train.ddp_bucket_mb, "gradient_as_bucket_view": True})
+        place = lambda m: place_model(m, cfg, collective.world_size)  # noqa: E731
         model, optimizer, scheduler = restore_training(
             build_model(cfg.model, self.tokenizer.vocab_size), cfg, weights, state, place, reset_lr)
         if cfg.train.compile:
@@ -142,11 +144,7 @@ class WorkerLoop(Trainer):
             left = self.segment.num_left() if self.segment else total
             print(f"resized from {len(saved)} to {self.world_size} workers: they share the {left} pairs "
                   f"left of epoch {self.epoch + 1} ({total - left} trained before; each pair once)", flush=True)
-        rng_states = state.get("rng_states")
-        if rng_states and len(rng_states) == self.world_size:  # dropout continues exactly
-            set_rng_state(rng_states[self.rank])
-        else:  # each rank draws its own dropout masks (after a resize: not those of step 0 again)
-            torch.manual_seed(cfg.train.seed * 1000 + self.rank + 1 + 7919 * self.step)
+        restore_rng(state.get("rng_states"), self.rank, self.world_size, device, cfg.train.seed, self.step)
         # Logs are written locally and mirrored to the run's storage at every report when it is
         # remote; each rank fetches the files it appends to (a resumed run continues them).
         trace_name = f"trace-rank{self.rank}.tsv"
@@ -161,6 +159,7 @@ class WorkerLoop(Trainer):
             attempt = collective.all_gather_object(time.time())[0]
             self.trace.write(f"#start\t{self.step}\t{attempt:.6f}\t{self.world_size}\n")
         self.stream = self.open_stream(self.position)  # reading starts while the rest sets up
+        self.progress.note = self.progress_note
         if self.is_rank0:
             print(precision_line(self.autocast, device) + (" (torch.compile)" if cfg.train.compile else ""),
                   flush=True)
@@ -214,6 +213,15 @@ class WorkerLoop(Trainer):
                              pin_memory=self.device.type == "cuda", segment=self.segment)
         return stream.start() if start else stream
 
+    def train_epoch(self, batches: Iterable[Batch], mark: Callable[[], Any] = lambda: None) -> bool:
+        """Trainer.train_epoch; a CUDA out-of-memory becomes one line naming the token budget to try."""
+        try:
+            return super().train_epoch(batches, mark)
+        except torch.cuda.OutOfMemoryError as err:  # the driver prints a worker's ValueError as one line
+            cuda = self.device.type == "cuda"
+            gpu_bytes = torch.cuda.get_device_properties(self.device).total_memory if cuda else None
+            raise ValueError(out_of_memory_hint(self.step + 1, self.run_cfg, gpu_bytes)) from err
+
     def mark(self) -> tuple[Position, list[str]]:
         """Right after an update's batches are read: the stream position and traced pairs.
 
@@ -247,18 +255,33 @@ class WorkerLoop(Trainer):
         return metrics
 
     def usage(self) -> dict:
-        """Share of the loop spent waiting for data, and this worker's peak resident memory."""
+        """Share of the loop spent waiting for data, this worker's peak resident memory and, on a
+        GPU, the peak of the memory its tensors took there."""
         waited = self.data_s + self.stream.busy_s
         training = time.perf_counter() - self.loop_t0 - self.eval_s  # validation excluded
-        return {"data_share": waited / max(training, 1e-9),
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        usage = {"data_share": waited / max(training, 1e-9),
+                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        if self.device.type == "cuda":  # allocator statistics: read on the host, no device sync
+            usage["peak_gpu_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        return usage
+
+    def progress_note(self) -> str:
+        """The end of rank 0's progress line: on a GPU, the peak memory its tensors took there."""
+        if self.device.type != "cuda":
+            return ""
+        return f" | peak GPU {torch.cuda.max_memory_allocated(self.device) / 2**30:.1f} GiB"
 
     def evaluate_and_report(self) -> None:
         """Validate on the whole dev set, report to Ray Train with a checkpoint from rank 0."""
         metrics = super().log_train()
         t0 = time.perf_counter()
-        metrics.update(evaluate(self.model, self.valid_loader, self.tokenizer, self.valid["refs"],
-                                self.opts, self.collective))
+        try:
+            metrics.update(evaluate(self.model, self.valid_loader, self.tokenizer, self.valid["refs"],
+                                    self.opts, self.collective))
+        except torch.cuda.OutOfMemoryError as err:
+            size = self.run_cfg.data.eval_batch_size
+            raise ValueError(f"CUDA out of memory validating at step {self.step} with data.eval_batch_size="
+                             f"{size}: retry with --set data.eval_batch_size={max(1, size // 2)}") from err
         self.eval_s += time.perf_counter() - t0
         metrics.update(step=self.step, **self.usage())
         if self.is_rank0:
@@ -270,6 +293,57 @@ class WorkerLoop(Trainer):
             self.logs.sync()
         _report(metrics, self)
         self.evaluated = self.step
+
+
+# torch 2.13 renamed DDP's broadcast_buffers (deprecated, with a warning) to forward_sync_buffers.
+_BUFFER_SYNC = next(k for k in ("forward_sync_buffers", "broadcast_buffers")
+                    if k in inspect.signature(DistributedDataParallel).parameters)
+
+
+def ddp_kwargs(cfg: Config) -> dict:
+    """The DistributedDataParallel arguments prepare_model gets."""
+    # Smaller buckets start all-reducing earlier in backward. No buffer needs syncing: the only
+    # one, the sinusoid table `positions`, is computed alike on every rank, and syncing would
+    # broadcast it from rank 0 before every forward.
+    return {"bucket_cap_mb": cfg.train.ddp_bucket_mb, "gradient_as_bucket_view": True, _BUFFER_SYNC: False}
+
+
+def place_model(model: torch.nn.Module, cfg: Config, world_size: int) -> torch.nn.Module:
+    """The model on this worker's device, in DDP (gloo on CPUs, NCCL on GPUs) when there are several."""
+    model = ray.train.torch.prepare_model(model, parallel_strategy_kwargs=ddp_kwargs(cfg))
+    compress_gradients(model, cfg, world_size)
+    return model
+
+
+def compress_gradients(model: torch.nn.Module, cfg: Config, world_size: int) -> None:
+    """With train.grad_compression and several workers, all-reduce gradients in bf16 (half the bytes)."""
+    if cfg.train.grad_compression and world_size > 1:  # one worker: no DDP, nothing to reduce
+        # NCCL only (torch refuses it on gloo); each bucket is cast to bf16, summed, cast back.
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+
+
+def restore_rng(rng_states: Optional[list], rank: int, world_size: int, device: torch.device,
+                seed: int, step: int, cuda=torch.cuda) -> None:
+    """Continue this rank's dropout streams from a checkpoint's RNG states, else reseed them."""
+    if rng_states and len(rng_states) == world_size:
+        if set_rng_state(rng_states[rank], device, cuda):
+            return  # dropout continues exactly
+        print(f"rank {rank}: the checkpoint holds no RNG state for {device} (saved on a CPU, or by an older "
+              "raymt that saw fewer GPUs): dropout is reseeded, as after a resize", flush=True)
+    # Each rank draws its own dropout masks (after a resize: not those of step 0 again).
+    torch.manual_seed(seed * 1000 + rank + 1 + 7919 * step)
+
+
+def out_of_memory_hint(step: int, cfg: Config, gpu_bytes: Optional[int]) -> str:
+    """The one line a CUDA out-of-memory in training step `step` becomes: the token budget to try."""
+    max_tokens, update_freq, smallest = cfg.data.max_tokens, cfg.optim.update_freq, cfg.data.max_len + 2
+    gpu = f" (GPU {gpu_bytes / 2**30:.0f} GiB)" if gpu_bytes else ""
+    where = f"CUDA out of memory at step {step} with data.max_tokens={max_tokens} per worker{gpu}"
+    if max_tokens // 2 < smallest:  # config.py's lower bound: one pair of data.max_len must fit
+        return (f"{where}: data.max_tokens cannot go below data.max_len + 2 = {smallest}; lower "
+                "data.max_len (longer pairs are dropped) or train a smaller model")
+    return (f"{where}: retry with --set data.max_tokens={max_tokens // 2} "
+            f"--set optim.update_freq={2 * update_freq} (same global batch)")
 
 
 def elastic_batch(cfg: Config, world_size: int, verbose: bool = False) -> Config:
