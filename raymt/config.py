@@ -236,6 +236,10 @@ class TrainConfig:
     compile: bool = False
     # Beam of the validation BLEU during training (1 = greedy); the test set's is decode.beam.
     valid_beam: int = 1
+    # On a cluster that autoscales (cluster.yaml's GPU nodes start at min_workers: 0), how long
+    # the driver waits for the autoscaler to bring up the workers' GPUs or CPUs before it gives
+    # up with one line (raymt.cluster.grow); a fixed cluster fails at once. 0: never wait.
+    autoscale_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
         _positive(self, "train", "max_steps", "eval_every", "log_every", "num_workers",
@@ -255,6 +259,8 @@ class TrainConfig:
         _check(self.max_failures >= -1, f"train.max_failures={self.max_failures} must be >= -1")
         _check(self.ddp_bucket_mb > 0, f"train.ddp_bucket_mb={self.ddp_bucket_mb} must be > 0")
         _check(self.profile_steps >= 0, f"train.profile_steps={self.profile_steps} must be >= 0 (0 = off)")
+        _check(self.autoscale_timeout_s >= 0,
+               f"train.autoscale_timeout_s={self.autoscale_timeout_s} must be >= 0 (0 = never wait)")
 
 
 @dataclass

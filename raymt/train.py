@@ -16,7 +16,7 @@ from raymt import storage
 from raymt.average import describe_checkpoint
 from raymt.checkpoint import (MODEL_FILE, RAY_SNAPSHOT_FILE, SAFETENSORS_FILE, SPM_FILE, load_config,
                               load_model)
-from raymt.cluster import Plan, init_ray, plan, train_logging
+from raymt.cluster import Plan, init_ray, plan, release_request, train_logging
 from raymt.config import (Config, apply_overrides, device_defaults, flatten, load_file, parse_set_args,
                           preset)
 from raymt.data import builtin, text
@@ -239,12 +239,15 @@ def scaling(cfg: Config) -> Plan:
     """Resources per training worker and torch threads, checked against the cluster.
 
     An elastic group's workers take a fixed share each (train.cpus_per_worker, else one CPU),
-    not the cluster split by their number: the number changes; min_workers must fit now.
+    not the cluster split by their number: the number changes; min_workers must fit now. An
+    autoscaling cluster is asked to grow first (up to train.autoscale_timeout_s).
     """
+    grow = cfg.train.autoscale_timeout_s  # an autoscaling cluster gets time to grow
     if cfg.train.min_workers is None:
-        return plan(cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker)
+        return plan(cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker, grow_timeout_s=grow)
     return plan(cfg.train.min_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker or 1.0,
-                what=f"train.min_workers={cfg.train.min_workers}", fix="lower train.min_workers")
+                what=f"train.min_workers={cfg.train.min_workers}", fix="lower train.min_workers",
+                grow_timeout_s=grow)
 
 
 def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
@@ -337,11 +340,14 @@ def run(cfg: Config, resume_dir: Optional[str] = None, init_checkpoint: Optional
     cfg, run_data = plan_data(cfg, run_dir, resume_dir, init_checkpoint)
     check_writable(run_dir)
     init_ray(dashboard=True, verbose=verbose)
-    scaling(cfg)  # more workers or GPUs than the cluster has: one line, before any data work
-    train_files, tokenizer = materialize(cfg, run_data)
-    write_run_files(cfg, run_dir, tokenizer)
-    result = fit(cfg, train_files, run_data.eval_sets["valid"], tokenizer, init_checkpoint,
-                 storage.join(run_dir, "logs"), callbacks, init_full_state, verbose)
+    scaling(cfg)  # more workers or GPUs than the cluster has (or grows to): one line, before any data work
+    try:
+        train_files, tokenizer = materialize(cfg, run_data)
+        write_run_files(cfg, run_dir, tokenizer)
+        result = fit(cfg, train_files, run_data.eval_sets["valid"], tokenizer, init_checkpoint,
+                     storage.join(run_dir, "logs"), callbacks, init_full_state, verbose)
+    finally:
+        release_request()  # nodes the plan asked for may go when idle
     best = best_checkpoint(result)
     metrics_csv = storage.join(run_dir, METRICS_CSV)
     summary = {"run_dir": run_dir, "best_checkpoint": storage.join(run_dir, Path(best.path).name),
