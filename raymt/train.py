@@ -304,9 +304,36 @@ def test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: O
     """Beam-search the test set on the driver with the best checkpoint and score it; the
     scores say which checkpoint (`shown`: its storage path) and how it was decoded."""
     model, tokenizer, _ = load_model(checkpoint)
-    scores = score(translate(model, tokenizer, pairs[0], cfg.decode), pairs[1], extra=True)
+    return _test_summary(translate(model, tokenizer, pairs[0], cfg.decode), pairs, cfg, checkpoint, shown)
+
+
+def cluster_test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: str) -> dict:
+    """Beam-search the test set through raymt.evaluate's actor pool with the run's resources (one
+    GPU per actor, as many actors as training workers), not on the driver; score it as `test_scores`.
+
+    `shown` (the checkpoint's storage path or URI) is what the actors load: every node reads it.
+    """
+    from raymt.evaluate import translate_on_cluster
+
+    [scored] = translate_on_cluster(shown, [pairs[0]], cfg.decode, num_actors=cfg.train.num_workers,
+                                    batch_size=cfg.data.eval_batch_size, use_gpu=True)
+    return _test_summary([hyp for _, hyp in scored], pairs, cfg, checkpoint, shown)
+
+
+def _test_summary(hyps: list[str], pairs: text.Pairs, cfg: Config, checkpoint: str | Path,
+                  shown: Optional[str]) -> dict:
+    """The test set's scores, which checkpoint (`shown`) and how it was decoded."""
+    scores = score(hyps, pairs[1], extra=True)
     return {**scores, "checkpoint": describe_checkpoint(checkpoint, shown), "num_sentences": len(pairs[0]),
             "beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty}
+
+
+def score_test_set(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: str) -> dict:
+    """The test set's scores: decoded on the run's GPUs (`cluster_test_scores`) when its workers had
+    them, else on the driver's CPUs (`test_scores`: no actor start-up, faster for small CPU runs)."""
+    if cfg.train.use_gpu:
+        return cluster_test_scores(checkpoint, pairs, cfg, shown)
+    return test_scores(checkpoint, pairs, cfg, shown)
 
 
 def finalize(cfg: Config) -> Config:
@@ -357,7 +384,8 @@ def run(cfg: Config, resume_dir: Optional[str] = None, init_checkpoint: Optional
                "valid": {k: v for k, v in result.metrics.items() if k.startswith("valid_")}}
     if score_test and "test" in run_data.eval_sets:
         with best.as_directory() as directory:  # downloads from remote storage if needed
-            summary["test"] = test_scores(directory, run_data.eval_sets["test"], cfg, best.path)
+            summary["test"] = score_test_set(directory, run_data.eval_sets["test"], cfg,
+                                             summary["best_checkpoint"])
     summary["wall_time_s"] = round(time.time() - t0, 1)
     # Plots and summary.json are made in a local mirror of the run directory (itself when local).
     files = storage.MirroredDir(run_dir, fetch=(METRICS_CSV,))
