@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from raymt import storage
 from raymt.average import describe_checkpoint
 from raymt.checkpoint import (MODEL_FILE, RAY_SNAPSHOT_FILE, SAFETENSORS_FILE, SPM_FILE, load_config,
                               load_model)
 from raymt.cluster import Plan, init_ray, plan, release_request, train_logging
-from raymt.config import (Config, apply_overrides, device_defaults, flatten, load_file, parse_set_args,
-                          preset)
+from raymt.config import (SCHEDULE_FIELDS, Config, apply_overrides, device_defaults, flatten, load_file,
+                          parse_set_args, preset, schedule_line)
 from raymt.data import builtin, text
 from raymt.data import format as corpus_format
 from raymt.decoding import translate
@@ -59,11 +60,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_run: bool = True) -> Config:
+def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_run: bool = True,
+                 cluster_gpus: Optional[Callable[[], int]] = None, from_checkpoint: bool = False) -> Config:
     """Defaults < device defaults < preset < config file < flags < --set, validated field by field.
 
     A new run on a GPU (or compiled) gets `device_defaults` for the fields the config file,
-    flags and --set leave alone; a resumed run keeps its saved values (its batches stay the same).
+    flags and --set leave alone: with `cluster_gpus` (how many GPUs the cluster has) one
+    worker per GPU unless --num-workers is given. A resumed run keeps its saved values (its
+    batches stay the same); a run started `from_checkpoint` (`base` is its config) keeps
+    the checkpoint's batch schedule (`SCHEDULE_FIELDS`) unless it is set here.
     """
     cfg = base or Config()
     if args.preset:
@@ -78,18 +83,34 @@ def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_ru
     cfg = apply_overrides(cfg, given)
     if not new_run:
         return cfg
-    defaults = {k: v for k, v in device_defaults(cfg).items() if k not in given}
-    return apply_overrides(cfg, defaults)
+    num_gpus = None
+    if cfg.train.use_gpu and "train.num_workers" not in given and cluster_gpus is not None:
+        num_gpus = cluster_gpus()
+        if num_gpus < 1:
+            raise ValueError("--gpu: the cluster has no GPU now; pass --num-workers N (an autoscaling "
+                             "cluster then adds GPU nodes for N workers) or drop --gpu")
+    kept = set(SCHEDULE_FIELDS) if from_checkpoint else set()
+    return apply_overrides(cfg, device_defaults(cfg, set(given) | kept, num_gpus))
 
 
-def resolve_resume(args: argparse.Namespace) -> tuple[Config, Optional[str], Optional[str]]:
+def count_cluster_gpus(verbose: bool = False) -> int:
+    """The GPUs of the cluster the run attaches to (starting Ray here if need be)."""
+    import ray
+
+    init_ray(dashboard=True, verbose=verbose)
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def resolve_resume(args: argparse.Namespace, cluster_gpus: Optional[Callable[[], int]] = None,
+                   ) -> tuple[Config, Optional[str], Optional[str]]:
     """(config, run directory to continue, checkpoint to initialize from); locations are
-    absolute local paths or URIs."""
+    absolute local paths or URIs. `cluster_gpus` as in `build_config`."""
     if not args.resume:
-        return build_config(args), None, None
+        return build_config(args, cluster_gpus=cluster_gpus), None, None
     location = storage.normalize(args.resume)
     if any(storage.exists(storage.join(location, f)) for f in (MODEL_FILE, SAFETENSORS_FILE)):
-        return build_config(args, load_config(location)[0]), None, location  # new run from weights
+        return build_config(args, load_config(location)[0], cluster_gpus=cluster_gpus,  # new run from weights
+                            from_checkpoint=True), None, location
     saved = storage.optional_bytes(storage.join(location, RUN_CONFIG))
     if saved is None:
         raise ValueError(f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) "
@@ -361,6 +382,8 @@ def run(cfg: Config, resume_dir: Optional[str] = None, init_checkpoint: Optional
     """
     t0 = time.time()
     cfg = finalize(cfg)
+    if cfg.train.use_gpu:
+        print(schedule_line(cfg), flush=True)
     run_dir = run_location(cfg)
     if init_checkpoint is not None:  # before plan_data, which may generate the built-in corpus
         check_shape(cfg, init_checkpoint)
@@ -417,7 +440,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
     args = parse_args(argv)
     try:
-        cfg, resume_dir, init_checkpoint = resolve_resume(args)
+        cfg, resume_dir, init_checkpoint = resolve_resume(args, functools.partial(count_cluster_gpus, args.verbose))
         summary = run(cfg, resume_dir, init_checkpoint, verbose=args.verbose)
     except ValueError as err:
         print(f"raymt.train: error: {err}", file=sys.stderr)
