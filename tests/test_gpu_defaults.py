@@ -1,12 +1,16 @@
 """What a GPU run gets without asking: its test set decoded on GPUs, workers, step budget and a batch schedule."""
 
+import re
+import shlex
+from pathlib import Path
+
 import pytest
 import ray.data
+from tiny_checkpoint import make_checkpoint, write_pairs
 
 from raymt import cluster, evaluate, train
 from raymt.data.builtin import generate
 from raymt.train import build_config, parse_args
-from tiny_checkpoint import make_checkpoint
 
 
 class FakeDataset:
@@ -127,13 +131,9 @@ def test_run_from_a_checkpoint_keeps_its_batch_schedule(tmp_path):
 def test_cluster_docs_command_peaks_its_lr(tmp_path):
     """docs/cluster.md's training command: its warmup ends well inside its run (issue 27: warmup
     4000 with max_steps 400 peaked the lr at a tenth)."""
-    import re
-    import shlex
-    from pathlib import Path
-
     doc = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
-    command = re.search(r"ray job submit .*? -- python -m raymt\.train (.*?)\n(?!\s+--)", doc.replace("\\\n", " "), re.S)
-    argv = [a for a in shlex.split(command.group(1)) if a != "--"]
+    command = re.search(r"ray job submit .* -- python -m raymt\.train (.*)", doc.replace("\\\n", " "))
+    argv = shlex.split(command.group(1))
     argv = [a.replace("s3://<bucket>/corpora/wmt14-en-de", str(tmp_path)) for a in argv]
     cfg = build_config(parse_args(argv))
     assert cfg.train.use_gpu and cfg.train.num_workers == 16
@@ -142,8 +142,6 @@ def test_cluster_docs_command_peaks_its_lr(tmp_path):
 
 def test_evaluate_gpu_uses_one_actor_per_gpu(tmp_path, monkeypatch):
     """`raymt evaluate --gpu` on a 1-GPU box: 1 actor, not 2 it cannot place."""
-    from tiny_checkpoint import write_pairs
-
     checkpoint = make_checkpoint(tmp_path / "ck")
     prefix = write_pairs(tmp_path / "test", 4, seed=2)
     seen = {}
