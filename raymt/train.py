@@ -17,7 +17,7 @@ from raymt import storage
 from raymt.average import describe_checkpoint
 from raymt.checkpoint import (MODEL_FILE, RAY_SNAPSHOT_FILE, SAFETENSORS_FILE, SPM_FILE, load_config,
                               load_model)
-from raymt.cluster import Plan, init_ray, plan, release_request, train_logging
+from raymt.cluster import Plan, RayCluster, init_ray, plan, release_request, train_logging
 from raymt.config import (SCHEDULE_FIELDS, Config, apply_overrides, device_defaults, flatten, load_file,
                           parse_set_args, preset, schedule_line)
 from raymt.data import builtin, text
@@ -333,10 +333,12 @@ def cluster_test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, 
     GPU per actor, as many actors as training workers), not on the driver; score it as `test_scores`.
 
     `shown` (the checkpoint's storage path or URI) is what the actors load: every node reads it.
+    An elastic run that lost nodes decodes on the GPUs left.
     """
     from raymt.evaluate import translate_on_cluster
 
-    [scored] = translate_on_cluster(shown, [pairs[0]], cfg.decode, num_actors=cfg.train.num_workers,
+    num_actors = max(1, min(cfg.train.num_workers, int(RayCluster().resources().get("GPU", 0))))
+    [scored] = translate_on_cluster(shown, [pairs[0]], cfg.decode, num_actors=num_actors,
                                     batch_size=cfg.data.eval_batch_size, use_gpu=True)
     return _test_summary([hyp for _, hyp in scored], pairs, cfg, checkpoint, shown)
 

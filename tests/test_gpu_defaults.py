@@ -51,6 +51,9 @@ def test_gpu_run_decodes_its_test_set_on_an_actor_pool_of_gpus_not_on_the_driver
     assert seen["fn_constructor_kwargs"]["checkpoint"] == str(stored)  # not the driver's copy
     assert scores["num_sentences"] == 20 and scores["beam"] == cfg.decode.beam
     assert scores["checkpoint"].startswith(f"{stored} (step 7")
+    monkeypatch.setattr(cluster.RayCluster, "resources", lambda self: {"CPU": 16.0, "GPU": 2.0})
+    train.score_test_set(checkpoint, (src, tgt), cfg, str(stored))  # an elastic run that lost a node
+    assert seen["compute"].min_size == 2
 
 
 def test_cpu_run_keeps_decoding_its_test_set_on_the_driver(tmp_path, monkeypatch):
