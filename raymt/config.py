@@ -10,7 +10,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 ACTIVATIONS = ("relu", "gelu")
 SP_MODEL_TYPES = ("unigram", "bpe")
@@ -362,8 +362,8 @@ GPU_EVAL_EVERY = 1000
 PAPER_BATCH_TOKENS = 25000
 PAPER_WARMUP_STEPS = 4000
 # The lr grows with the square root of the global batch up to this factor (reached at 4x
-# the paper's batch): Ott et al. 2018 trained big at 1e-3, twice the paper's 4.9e-4, with
-# 400k-token batches; more diverges there.
+# the paper's batch): Ott et al. 2018 trained big at 1e-3, about twice the paper's 4.9e-4,
+# with ~400k-token batches (16x the paper's), the largest lr reported for such batches.
 MAX_LR_SCALE = 2.0
 # A run's batch schedule: a run started from a checkpoint's weights keeps the checkpoint's.
 SCHEDULE_FIELDS = ("data.max_tokens", "optim.update_freq", "optim.lr", "optim.warmup_steps")
@@ -408,8 +408,7 @@ def _short_e(x: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def device_defaults(cfg: "Config", given: frozenset | set | dict = frozenset(),
-                    num_gpus: Optional[int] = None) -> dict[str, Any]:
+def device_defaults(cfg: "Config", given: Collection[str] = (), num_gpus: Optional[int] = None) -> dict[str, Any]:
     """Values a GPU or compiled run gets for the fields its user did not set (not in `given`).
 
     On a GPU: one worker per GPU of the cluster (`num_gpus`, when known), 32k-token batches per

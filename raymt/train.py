@@ -95,10 +95,8 @@ def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_ru
 
 def count_cluster_gpus(verbose: bool = False) -> int:
     """The GPUs of the cluster the run attaches to (starting Ray here if need be)."""
-    import ray
-
     init_ray(dashboard=True, verbose=verbose)
-    return int(ray.cluster_resources().get("GPU", 0))
+    return int(RayCluster().resources().get("GPU", 0))
 
 
 def resolve_resume(args: argparse.Namespace, cluster_gpus: Optional[Callable[[], int]] = None,
