@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -43,19 +45,23 @@ class Plan:
 
 def plan(num: int, use_gpu: bool = False, cpus_each: Optional[float] = None,
          total: Optional[dict] = None, whole_cpus: bool = False,
-         what: Optional[str] = None, fix: str = "lower --num-workers") -> Plan:
+         what: Optional[str] = None, fix: str = "lower --num-workers",
+         grow_timeout_s: float = 0.0, cluster: Optional["RayCluster"] = None) -> Plan:
     """Resources for `num` workers beside Ray Data's CPU; a one-line ValueError if they do not fit.
 
     The CPUs left after Ray Data's share go to the group, split evenly; `whole_cpus` prefers
     one CPU per worker when the budget allows it, so that several groups (Tune trials) run
     at once. `what` (default "train.num_workers=N") and `fix` name the user's setting in
-    the error message.
+    the error message. When the live cluster is short and can grow (an autoscaler with node
+    types of its own), up to `grow_timeout_s` is spent asking its autoscaler for the
+    workers' bundles (`grow`); a fixed cluster, or 0 (the default), fails at once.
     """
     what = what or f"train.num_workers={num}"
     if total is None:
-        import ray
-
-        total = ray.cluster_resources()
+        cluster = cluster or RayCluster()
+        total = cluster.resources()
+        if grow_timeout_s > 0 and _short(num, use_gpu, cpus_each, total) and cluster.can_grow():
+            total = grow(cluster, num, use_gpu, cpus_each, grow_timeout_s, what, fix)
     num_cpus, num_gpus = total.get("CPU", 0), total.get("GPU", 0)
     if use_gpu and num > num_gpus:
         raise ValueError(f"{what} with --gpu needs {num} GPUs; the cluster has {num_gpus:g}: "
@@ -70,6 +76,112 @@ def plan(num: int, use_gpu: bool = False, cpus_each: Optional[float] = None,
                          f"{num_cpus:g} CPUs leave {budget:g} after Ray Data's share: {fix}")
     fits = int(num_gpus // num) if use_gpu else int(budget // (num * cpus))
     return Plan(cpus=cpus, gpus=1 if use_gpu else 0, num_threads=max(1, int(cpus)), fits=max(1, fits))
+
+
+def _short(num: int, use_gpu: bool, cpus_each: Optional[float], total: dict) -> bool:
+    """True when `total` cannot hold `num` workers (GPUs, or CPUs beside Ray Data's share)."""
+    if use_gpu:
+        return num > total.get("GPU", 0)
+    num_cpus = total.get("CPU", 0)
+    return (cpus_each or MIN_CPUS_PER_WORKER) * num > num_cpus - data_cpus(num_cpus)
+
+
+# ---------------------------------------------------------------- autoscaling clusters
+
+# How often `grow` looks at the cluster, and how often it prints its progress line.
+GROW_POLL_S = 5.0
+GROW_PRINT_S = 30.0
+
+
+class RayCluster:
+    """What `plan` asks of the running Ray cluster; tests pass a fake with the same methods."""
+
+    def resources(self) -> dict:
+        """The cluster's total resources now ({"CPU": 16.0, "GPU": 8.0, ...})."""
+        import ray
+
+        return ray.cluster_resources()
+
+    def can_grow(self) -> bool:
+        """True when an autoscaler with a cluster config runs (`ray up`, KubeRay, Ray's fake
+        multi-node provider). Every head runs one, but without a config it is read-only and
+        names each node's type after the node itself (`node_<id>`); a configured one names
+        types after its config (cluster.yaml's `head_cpu`, `gpu_8x`)."""
+        return any(node_type != f"node_{node_id}" for node_id, node_type in self._node_types().items())
+
+    def _node_types(self) -> dict[str, str]:
+        """Node id -> the autoscaler's node type name (autoscaler v1 or v2); empty when none reports."""
+        from ray.autoscaler.v2.utils import is_autoscaler_v2
+
+        if is_autoscaler_v2():
+            import ray
+            from ray.autoscaler.v2.sdk import get_cluster_status
+
+            status = get_cluster_status(ray.get_runtime_context().gcs_address)
+            return {n.node_id: n.ray_node_type_name for n in status.active_nodes + status.idle_nodes
+                    if n.node_id and n.ray_node_type_name}
+        from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        raw = _internal_kv_get(DEBUG_AUTOSCALING_STATUS)
+        report = json.loads(raw).get("autoscaler_report") if raw else None
+        return (report or {}).get("node_type_mapping") or {}
+
+    def request(self, bundles: list[dict]) -> None:
+        """Ask the autoscaler for room for `bundles` (replaces the last request; [] withdraws it)."""
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=bundles)
+
+    def now(self) -> float:
+        """Seconds on a monotonic clock."""
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        """Wait between two looks at the cluster."""
+        time.sleep(seconds)
+
+
+def _minutes(seconds: float) -> str:
+    """Seconds as M:SS."""
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+def grow(cluster: RayCluster, num: int, use_gpu: bool, cpus_each: Optional[float], timeout_s: float,
+         what: str, fix: str) -> dict:
+    """Ask the autoscaler for `num` workers' bundles and wait until they are up; the new totals.
+
+    A line every GROW_PRINT_S says how far it got; past `timeout_s`, a one-line ValueError.
+    The request stays until `release_request` (Ray Train's own placement group keeps the nodes busy).
+    """
+    if use_gpu:  # one GPU and one CPU per worker (plan's GPU worker)
+        bundles, unit, need = [{"CPU": 1.0, "GPU": 1.0}] * num, "GPU", float(num)
+    else:  # the workers' CPUs and Ray Data's
+        bundles = [{"CPU": float(cpus_each or 1.0)}] * num + [{"CPU": 1.0}]
+        unit, need = "CPU", sum(b["CPU"] for b in bundles)
+    cluster.request(bundles)
+    start, printed = cluster.now(), None
+    while True:
+        total = cluster.resources()
+        if not _short(num, use_gpu, cpus_each, total):
+            return total
+        elapsed, have = cluster.now() - start, total.get(unit, 0)
+        if elapsed >= timeout_s:
+            raise ValueError(f"{what}: the autoscaler brought {have:g}/{need:g} {unit}s up in "
+                             f"{_minutes(timeout_s)} (train.autoscale_timeout_s): check the node types' "
+                             f"max_workers and the cloud's quota, raise train.autoscale_timeout_s, or {fix}")
+        if printed is None or elapsed - printed >= GROW_PRINT_S:
+            print(f"waiting for the autoscaler: {have:g}/{need:g} {unit}s up, {_minutes(elapsed)} of at "
+                  f"most {_minutes(timeout_s)} (train.autoscale_timeout_s)", flush=True)
+            printed = elapsed
+        cluster.sleep(min(GROW_POLL_S, max(0.0, timeout_s - elapsed)))
+
+
+def release_request(cluster: Optional[RayCluster] = None) -> None:
+    """Withdraw this job's request to the autoscaler, so that idle nodes may go (no-op without one)."""
+    cluster = cluster or RayCluster()
+    if cluster.can_grow():
+        cluster.request([])
 
 
 # Ray's own loggers: on the console only their warnings and errors, minus known chatter.

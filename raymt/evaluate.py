@@ -27,12 +27,14 @@ import torch
 from raymt import metrics, storage
 from raymt.average import describe_checkpoint
 from raymt.checkpoint import check_checkpoint, load_model, local_checkpoint
-from raymt.cluster import Plan, init_ray, plan
+from raymt.cluster import Plan, RayCluster, init_ray, plan
 from raymt.data.text import Pairs, read_parallel
 from raymt.decoding import DecodeOptions, decode_ids, encode_sources, length_batches
 from raymt.tokenizer import Tokenizer
 
 REPORT_FILE = "report.json"
+# Decoding actors on CPU when --num-actors is not given (with --gpu: one per GPU of the cluster).
+CPU_ACTORS = 2
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -45,7 +47,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--src-lang", help="source language suffix (default: the checkpoint's data.src_lang)")
     p.add_argument("--tgt-lang", help="target language suffix (default: the checkpoint's data.tgt_lang)")
     p.add_argument("--output-dir", default="evaluation", help="hypotheses and report.json go here")
-    p.add_argument("--num-actors", type=int, default=2, help="decoding actors (model replicas)")
+    p.add_argument("--num-actors", type=int,
+                   help=f"decoding actors (model replicas); default {CPU_ACTORS}, with --gpu one per GPU of the cluster")
     p.add_argument("--gpu", action="store_true", help="one GPU per actor")
     p.add_argument("--cpus-per-actor", type=float,
                    help="CPUs reserved per actor (default: the CPUs Ray Data leaves, split among the actors; 1 with --gpu)")
@@ -114,8 +117,18 @@ def actor_plan(num_actors: int, use_gpu: bool, cpus_per_actor: Optional[float],
                 fix="lower --num-actors or --cpus-per-actor")
 
 
+def default_actors(use_gpu: bool, cluster: Optional[RayCluster] = None) -> int:
+    """Actors when --num-actors is not given: one per GPU of the cluster with --gpu, else CPU_ACTORS."""
+    if not use_gpu:
+        return CPU_ACTORS
+    num_gpus = int((cluster or RayCluster()).resources().get("GPU", 0))
+    if num_gpus < 1:
+        raise ValueError("--gpu: the cluster has no GPU now; pass --num-actors N or drop --gpu")
+    return num_gpus
+
+
 def translate_on_cluster(checkpoint: str, sources: Sequence[Sequence[str]], opts: DecodeOptions,
-                         num_actors: int = 2, batch_size: int = 64, use_gpu: bool = False,
+                         num_actors: int = CPU_ACTORS, batch_size: int = 64, use_gpu: bool = False,
                          cpus_per_actor: Optional[float] = None) -> list[list[tuple[float, str]]]:
     """Decode several lists of sentences on the running Ray cluster: (score, hyp) per sentence, input order."""
     import ray.data
@@ -150,7 +163,7 @@ def print_table(report: dict) -> None:
 
 def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOptions]:
     """Everything that can be wrong with the command line, checked before Ray starts."""
-    if args.num_actors < 1:
+    if args.num_actors is not None and args.num_actors < 1:
         raise ValueError(f"--num-actors {args.num_actors} must be >= 1")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
@@ -204,6 +217,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     started = init_ray(args.num_cpus, verbose=args.verbose)
     try:
+        args.num_actors = args.num_actors or default_actors(args.gpu)
         actor_plan(args.num_actors, args.gpu, args.cpus_per_actor)  # one line if they cannot all be placed
         t0 = time.time()
         results = translate_on_cluster(args.checkpoint, [pairs[0] for pairs in sets.values()], opts,

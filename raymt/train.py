@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from raymt import storage
 from raymt.average import describe_checkpoint
 from raymt.checkpoint import (MODEL_FILE, RAY_SNAPSHOT_FILE, SAFETENSORS_FILE, SPM_FILE, load_config,
                               load_model)
-from raymt.cluster import Plan, init_ray, plan, train_logging
-from raymt.config import (Config, apply_overrides, device_defaults, flatten, load_file, parse_set_args,
-                          preset)
+from raymt.cluster import Plan, RayCluster, init_ray, plan, release_request, train_logging
+from raymt.config import (SCHEDULE_FIELDS, Config, apply_overrides, device_defaults, flatten, load_file,
+                          parse_set_args, preset, schedule_line)
 from raymt.data import builtin, text
 from raymt.data import format as corpus_format
 from raymt.decoding import translate
@@ -59,11 +60,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_run: bool = True) -> Config:
+def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_run: bool = True,
+                 cluster_gpus: Optional[Callable[[], int]] = None, from_checkpoint: bool = False) -> Config:
     """Defaults < device defaults < preset < config file < flags < --set, validated field by field.
 
     A new run on a GPU (or compiled) gets `device_defaults` for the fields the config file,
-    flags and --set leave alone; a resumed run keeps its saved values (its batches stay the same).
+    flags and --set leave alone: with `cluster_gpus` (how many GPUs the cluster has) one
+    worker per GPU unless --num-workers is given. A resumed run keeps its saved values (its
+    batches stay the same); a run started `from_checkpoint` (`base` is its config) keeps
+    the checkpoint's batch schedule (`SCHEDULE_FIELDS`) unless it is set here.
     """
     cfg = base or Config()
     if args.preset:
@@ -78,18 +83,32 @@ def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_ru
     cfg = apply_overrides(cfg, given)
     if not new_run:
         return cfg
-    defaults = {k: v for k, v in device_defaults(cfg).items() if k not in given}
-    return apply_overrides(cfg, defaults)
+    num_gpus = None
+    if cfg.train.use_gpu and "train.num_workers" not in given and cluster_gpus is not None:
+        num_gpus = cluster_gpus()
+        if num_gpus < 1:
+            raise ValueError("--gpu: the cluster has no GPU now; pass --num-workers N (an autoscaling "
+                             "cluster then adds GPU nodes for N workers) or drop --gpu")
+    kept = set(SCHEDULE_FIELDS) if from_checkpoint else set()
+    return apply_overrides(cfg, device_defaults(cfg, set(given) | kept, num_gpus))
 
 
-def resolve_resume(args: argparse.Namespace) -> tuple[Config, Optional[str], Optional[str]]:
+def count_cluster_gpus(verbose: bool = False) -> int:
+    """The GPUs of the cluster the run attaches to (starting Ray here if need be)."""
+    init_ray(dashboard=True, verbose=verbose)
+    return int(RayCluster().resources().get("GPU", 0))
+
+
+def resolve_resume(args: argparse.Namespace, cluster_gpus: Optional[Callable[[], int]] = None,
+                   ) -> tuple[Config, Optional[str], Optional[str]]:
     """(config, run directory to continue, checkpoint to initialize from); locations are
-    absolute local paths or URIs."""
+    absolute local paths or URIs. `cluster_gpus` as in `build_config`."""
     if not args.resume:
-        return build_config(args), None, None
+        return build_config(args, cluster_gpus=cluster_gpus), None, None
     location = storage.normalize(args.resume)
     if any(storage.exists(storage.join(location, f)) for f in (MODEL_FILE, SAFETENSORS_FILE)):
-        return build_config(args, load_config(location)[0]), None, location  # new run from weights
+        return build_config(args, load_config(location)[0], cluster_gpus=cluster_gpus,  # new run from weights
+                            from_checkpoint=True), None, location
     saved = storage.optional_bytes(storage.join(location, RUN_CONFIG))
     if saved is None:
         raise ValueError(f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) "
@@ -239,12 +258,15 @@ def scaling(cfg: Config) -> Plan:
     """Resources per training worker and torch threads, checked against the cluster.
 
     An elastic group's workers take a fixed share each (train.cpus_per_worker, else one CPU),
-    not the cluster split by their number: the number changes; min_workers must fit now.
+    not the cluster split by their number: the number changes; min_workers must fit now. An
+    autoscaling cluster is asked to grow first (up to train.autoscale_timeout_s).
     """
+    grow = cfg.train.autoscale_timeout_s  # an autoscaling cluster gets time to grow
     if cfg.train.min_workers is None:
-        return plan(cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker)
+        return plan(cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker, grow_timeout_s=grow)
     return plan(cfg.train.min_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker or 1.0,
-                what=f"train.min_workers={cfg.train.min_workers}", fix="lower train.min_workers")
+                what=f"train.min_workers={cfg.train.min_workers}", fix="lower train.min_workers",
+                grow_timeout_s=grow)
 
 
 def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
@@ -301,10 +323,38 @@ def test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: O
     """Beam-search the test set on the driver with the best checkpoint and score it; the
     scores say which checkpoint (`shown`: its storage path) and how it was decoded."""
     model, tokenizer, _ = load_model(checkpoint)
-    scores = score(translate(model, tokenizer, pairs[0], cfg.decode), pairs[1], extra=True,
-                   lang=cfg.data.tgt_lang)
+    return _test_summary(translate(model, tokenizer, pairs[0], cfg.decode), pairs, cfg, checkpoint, shown)
+
+
+def cluster_test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: str) -> dict:
+    """Beam-search the test set through raymt.evaluate's actor pool with the run's resources (one
+    GPU per actor, as many actors as training workers), not on the driver; score it as `test_scores`.
+
+    `shown` (the checkpoint's storage path or URI) is what the actors load: every node reads it.
+    An elastic run that lost nodes decodes on the GPUs left.
+    """
+    from raymt.evaluate import translate_on_cluster
+
+    num_actors = max(1, min(cfg.train.num_workers, int(RayCluster().resources().get("GPU", 0))))
+    [scored] = translate_on_cluster(shown, [pairs[0]], cfg.decode, num_actors=num_actors,
+                                    batch_size=cfg.data.eval_batch_size, use_gpu=True)
+    return _test_summary([hyp for _, hyp in scored], pairs, cfg, checkpoint, shown)
+
+
+def _test_summary(hyps: list[str], pairs: text.Pairs, cfg: Config, checkpoint: str | Path,
+                  shown: Optional[str]) -> dict:
+    """The test set's scores, which checkpoint (`shown`) and how it was decoded."""
+    scores = score(hyps, pairs[1], extra=True, lang=cfg.data.tgt_lang)
     return {**scores, "checkpoint": describe_checkpoint(checkpoint, shown), "num_sentences": len(pairs[0]),
             "beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty}
+
+
+def score_test_set(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: str) -> dict:
+    """The test set's scores: decoded on the run's GPUs (`cluster_test_scores`) when its workers had
+    them, else on the driver's CPUs (`test_scores`: no actor start-up, faster for small CPU runs)."""
+    if cfg.train.use_gpu:
+        return cluster_test_scores(checkpoint, pairs, cfg, shown)
+    return test_scores(checkpoint, pairs, cfg, shown)
 
 
 def finalize(cfg: Config) -> Config:
@@ -332,17 +382,22 @@ def run(cfg: Config, resume_dir: Optional[str] = None, init_checkpoint: Optional
     """
     t0 = time.time()
     cfg = finalize(cfg)
+    if cfg.train.use_gpu:
+        print(schedule_line(cfg), flush=True)
     run_dir = run_location(cfg)
     if init_checkpoint is not None:  # before plan_data, which may generate the built-in corpus
         check_shape(cfg, init_checkpoint)
     cfg, run_data = plan_data(cfg, run_dir, resume_dir, init_checkpoint)
     check_writable(run_dir)
     init_ray(dashboard=True, verbose=verbose)
-    scaling(cfg)  # more workers or GPUs than the cluster has: one line, before any data work
-    train_files, tokenizer = materialize(cfg, run_data)
-    write_run_files(cfg, run_dir, tokenizer)
-    result = fit(cfg, train_files, run_data.eval_sets["valid"], tokenizer, init_checkpoint,
-                 storage.join(run_dir, "logs"), callbacks, init_full_state, verbose)
+    scaling(cfg)  # more workers or GPUs than the cluster has (or grows to): one line, before any data work
+    try:
+        train_files, tokenizer = materialize(cfg, run_data)
+        write_run_files(cfg, run_dir, tokenizer)
+        result = fit(cfg, train_files, run_data.eval_sets["valid"], tokenizer, init_checkpoint,
+                     storage.join(run_dir, "logs"), callbacks, init_full_state, verbose)
+    finally:
+        release_request()  # nodes the plan asked for may go when idle
     best = best_checkpoint(result)
     metrics_csv = storage.join(run_dir, METRICS_CSV)
     summary = {"run_dir": run_dir, "best_checkpoint": storage.join(run_dir, Path(best.path).name),
@@ -352,7 +407,8 @@ def run(cfg: Config, resume_dir: Optional[str] = None, init_checkpoint: Optional
                "valid": {k: v for k, v in result.metrics.items() if k.startswith("valid_")}}
     if score_test and "test" in run_data.eval_sets:
         with best.as_directory() as directory:  # downloads from remote storage if needed
-            summary["test"] = test_scores(directory, run_data.eval_sets["test"], cfg, best.path)
+            summary["test"] = score_test_set(directory, run_data.eval_sets["test"], cfg,
+                                             summary["best_checkpoint"])
     summary["wall_time_s"] = round(time.time() - t0, 1)
     # Plots and summary.json are made in a local mirror of the run directory (itself when local).
     files = storage.MirroredDir(run_dir, fetch=(METRICS_CSV,))
@@ -393,7 +449,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
     args = parse_args(argv)
     try:
-        cfg, resume_dir, init_checkpoint = resolve_resume(args)
+        cfg, resume_dir, init_checkpoint = resolve_resume(args, functools.partial(count_cluster_gpus, args.verbose))
         summary = run(cfg, resume_dir, init_checkpoint, verbose=args.verbose)
     except Exception as err:  # a worker's one-line error (CUDA out of memory) arrives wrapped by Ray
         user_error = err if isinstance(err, ValueError) else worker_value_error(err)

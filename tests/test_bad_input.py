@@ -73,7 +73,8 @@ def test_unwritable_storage_path(tmp_path, capsys):
 
 @pytest.mark.parametrize("flags, expected", [
     (["--num-workers", "8"], "train.num_workers=8 x 0.25 CPUs needs 2 CPUs"),
-    (["--gpu"], "with --gpu needs 2 GPUs; the cluster has 0")])
+    (["--gpu", "--num-workers", "2"], "with --gpu needs 2 GPUs; the cluster has 0"),
+    (["--gpu"], "--gpu: the cluster has no GPU now; pass --num-workers N")])  # one worker per GPU: none
 def test_more_workers_or_gpus_than_the_cluster_has(ray_cluster, tmp_path, capsys, flags, expected):
     assert train.main([*TINY, *flags, "--storage-path", str(tmp_path / "runs")]) == 2
     assert expected in error_line(capsys, "raymt.train")

@@ -108,11 +108,12 @@ def test_gpu_and_compiled_runs_get_device_defaults_unless_set(tmp_path):
     assert (cpu.data.max_tokens, cpu.data.pad_multiple) == (2048, 1)  # CPU: nothing changes
     gpu = build_config(parse_args(["--gpu"]))
     assert (gpu.data.max_tokens, gpu.data.pad_multiple) == (GPU_MAX_TOKENS, 8)
-    assert (gpu.optim.lr, gpu.optim.warmup_steps) == (1.4e-3, 100)  # 128 wide, 400 steps
+    # 128 wide, 2 workers x 32k tokens: the paper's 1.4e-3 x sqrt(65536 / 25000) (config.batch_schedule)
+    assert (gpu.optim.lr, gpu.optim.warmup_steps) == (2.3e-3, 4000)
     big = build_config(parse_args(["--gpu", "--preset", "big", "--max-steps", "100000"]))
     assert big.data.max_tokens == GPU_MAX_TOKENS // 2
-    assert (big.optim.lr, big.optim.warmup_steps) == (4.9e-4, 4000)  # the paper's schedule
-    base = build_config(parse_args(["--gpu", "--preset", "base", "--set", "optim.lr=1e-3"]))
+    assert (big.optim.lr, big.optim.warmup_steps) == (5.7e-4, 4000)  # the paper's 4.9e-4 x sqrt(32768 / 25000)
+    base = build_config(parse_args(["--gpu", "--preset", "base", "--set", "optim.lr=1e-3", "--max-steps", "400"]))
     assert (base.optim.lr, base.optim.warmup_steps) == (1e-3, 100)  # what the user set wins
     f = tmp_path / "c.toml"
     f.write_text("[data]\nmax_tokens = 4096\n")

@@ -101,7 +101,8 @@ def test_bad_input_is_one_line_before_ray(files, case, tmp_path, monkeypatch, er
 
 
 @pytest.mark.parametrize("flags, message", [(["--num-actors", "5"], "needs 1.25 CPUs but the cluster's 2 CPUs"),
-                                            (["--gpu"], "needs 2 GPUs; the cluster has 0")])
+                                            (["--gpu", "--num-actors", "2"], "needs 2 GPUs; the cluster has 0"),
+                                            (["--gpu"], "--gpu: the cluster has no GPU now; pass --num-actors N")])
 def test_actors_that_cannot_be_placed_are_one_line(ray_cluster, files, tmp_path, flags, message, err_lines):
     args = ["--checkpoint", str(files["checkpoint"]), "--test", str(files["a"]), "--output-dir", str(tmp_path)]
     assert evaluate.main(args + flags) == 2

@@ -1,0 +1,186 @@
+"""Autoscaling clusters: the planner asks Ray's autoscaler to grow and waits, boundedly, instead of refusing."""
+
+import time
+
+import pytest
+
+from raymt import train
+from raymt.cluster import RayCluster, plan, release_request
+
+
+class FakeCluster(RayCluster):
+    """A cluster whose autoscaler adds one 8-GPU node every `node_every_s` seconds of fake time
+    after a request, up to `max_nodes`; `autoscaler=False` is a fixed cluster."""
+
+    def __init__(self, autoscaler=True, max_nodes=4, node_every_s=60.0, gpus_per_node=8):
+        self.autoscaler, self.max_nodes, self.node_every_s = autoscaler, max_nodes, node_every_s
+        self.gpus_per_node, self.clock, self.requests, self.requested_at = gpus_per_node, 0.0, [], None
+
+    def resources(self):
+        nodes = 0
+        if self.requested_at is not None and self.requests[-1]:
+            wanted = -(-sum(b.get("GPU", 0) for b in self.requests[-1]) // self.gpus_per_node)
+            grown = int((self.clock - self.requested_at) // self.node_every_s)
+            nodes = min(grown, wanted, self.max_nodes)
+        return {"CPU": 16.0 + 96.0 * nodes, "GPU": float(self.gpus_per_node * nodes)}
+
+    def _node_types(self):  # what Ray's autoscaler reports: a configured head, or a read-only one
+        return {"aa01": "head_cpu"} if self.autoscaler else {"aa01": "node_aa01"}
+
+    def request(self, bundles):
+        self.requests.append(list(bundles))
+        self.requested_at = self.clock
+
+    def now(self):
+        return self.clock
+
+    def sleep(self, seconds):
+        self.clock += seconds
+
+
+def test_autoscaling_cluster_grows_to_the_request_and_prints_progress(capsys):
+    """docs/cluster.md's step 5: 16 GPU workers on a cluster with a CPU head and no GPU node yet."""
+    cluster = FakeCluster(node_every_s=70)
+    workers = plan(16, use_gpu=True, grow_timeout_s=900, cluster=cluster)
+    assert workers.resources() == {"CPU": 1.0, "GPU": 1}
+    assert cluster.requests == [[{"CPU": 1.0, "GPU": 1.0}] * 16]  # one bundle per worker
+    assert 140 <= cluster.clock < 150  # two nodes at 70 s each, looked at every 5 s
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "waiting for the autoscaler: 0/16 GPUs up, 0:00 of at most 15:00 (train.autoscale_timeout_s)"
+    assert "8/16 GPUs up, 2:00 of" in lines[-1] and len(lines) == 5  # a line every 30 s, not every poll
+
+
+def test_autoscaling_cluster_that_cannot_grow_enough_times_out_with_one_line(capsys):
+    cluster = FakeCluster(max_nodes=1)
+    with pytest.raises(ValueError) as err:
+        plan(16, use_gpu=True, grow_timeout_s=600, cluster=cluster)
+    message = str(err.value)
+    assert "\n" not in message and cluster.clock == 600  # bounded: stops at the timeout
+    assert "the autoscaler brought 8/16 GPUs up in 10:00 (train.autoscale_timeout_s)" in message
+    assert "lower --num-workers" in message
+
+
+def test_fixed_cluster_refuses_at_once_without_asking():
+    cluster = FakeCluster(autoscaler=False)
+    with pytest.raises(ValueError, match="needs 16 GPUs; the cluster has 0: lower --num-workers or drop --gpu"):
+        plan(16, use_gpu=True, grow_timeout_s=900, cluster=cluster)
+    assert cluster.requests == [] and cluster.clock == 0
+
+
+def test_cpu_workers_grow_too_and_no_wait_when_they_fit():
+    cluster = FakeCluster(gpus_per_node=0)  # CPU nodes: 96 CPUs each once asked
+    cluster.resources = lambda: {"CPU": 16.0 + (96.0 if cluster.requests else 0.0)}
+    workers = plan(32, cpus_each=2.0, grow_timeout_s=900, cluster=cluster)
+    assert workers.cpus == 2.0 and cluster.requests == [[{"CPU": 2.0}] * 32 + [{"CPU": 1.0}]]
+    fits = FakeCluster()
+    plan(2, cpus_each=1.0, grow_timeout_s=900, cluster=fits)
+    assert fits.requests == []  # the cluster has room: the autoscaler is not asked
+
+
+def test_train_waits_for_the_autoscaler_with_its_timeout(monkeypatch):
+    """The run's planner passes train.autoscale_timeout_s (0: refuse at once, as before)."""
+    seen = {}
+    monkeypatch.setattr(train, "plan", lambda *a, **kw: seen.setdefault("grow", kw["grow_timeout_s"]))
+    train.scaling(train.build_config(train.parse_args(["--gpu", "--num-workers", "16"])))
+    assert seen["grow"] == 900
+
+
+def test_release_withdraws_the_request_only_where_an_autoscaler_runs():
+    grown, fixed = FakeCluster(), FakeCluster(autoscaler=False)
+    release_request(grown)
+    release_request(fixed)
+    assert grown.requests == [[]] and fixed.requests == []
+
+
+def test_read_only_autoscaler_of_a_plain_head_cannot_grow(ray_cluster):
+    """Every `ray start --head` runs a read-only autoscaler; it names node types after the nodes."""
+    cluster = RayCluster()
+    for _ in range(60):  # its first report comes within one update (5 s) of the head's start
+        if cluster._node_types():
+            break
+        time.sleep(0.5)
+    assert cluster._node_types() and cluster.can_grow() is False
+
+
+def fake_autoscaling_config(gcs_address: str) -> dict:
+    """A cluster config for Ray's fake multi-node provider (nodes are local raylets): a 1-CPU head,
+    up to one 2-CPU node and one node with a (fake) GPU, all from zero (cluster.yaml's min_workers: 0).
+    The provider is loaded as an external one: the wheel lacks its example.yaml of defaults."""
+    return {
+        "cluster_name": "raymt-fake", "max_workers": 2, "upscaling_speed": 1.0, "idle_timeout_minutes": 1,
+        "provider": {"type": "external", "gcs_address": gcs_address,
+                     "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
+                     "disable_launch_config_check": True, "disable_node_updaters": True, "use_node_id_as_ip": True},
+        "auth": {"ssh_user": "ray"},
+        "available_node_types": {
+            "ray.head.default": {"resources": {"CPU": 1}, "node_config": {}, "max_workers": 0},
+            "cpu_2x": {"resources": {"CPU": 2}, "node_config": {}, "min_workers": 0, "max_workers": 1},
+            "gpu_1x": {"resources": {"CPU": 1, "GPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": 1}},
+        "head_node_type": "ray.head.default",
+        **{key: [] for key in ("cluster_synced_files", "rsync_exclude", "rsync_filter", "initialization_commands",
+                               "setup_commands", "head_setup_commands", "worker_setup_commands",
+                               "head_start_ray_commands", "worker_start_ray_commands")},
+        "file_mounts": {}, "file_mounts_sync_continuously": False}
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.timeout(900)
+def test_docs_cluster_flow_against_rays_fake_autoscaler(tmp_path):
+    """docs/cluster.md's step 5, shrunk: a driver attached by RAY_ADDRESS (as under `ray job submit`)
+    asks for more than the head has; Ray's autoscaler (fake multi-node provider) adds the nodes.
+    GPUs are only a resource here: the --gpu request is planned (no CUDA), the training is on CPUs."""
+    import json
+    import os
+    import secrets
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    from conftest import ROOT, free_port, stop_group, tiny_run
+
+    port = free_port()
+    config = tmp_path / "autoscaler.json"
+    config.write_text(json.dumps(fake_autoscaling_config(f"127.0.0.1:{port}")))
+    temp_dir, log = Path(f"/tmp/rmt{secrets.token_hex(3)}"), tmp_path / "head.log"
+    env = dict(os.environ, RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1", RAY_AUTH_MODE="disabled",
+               RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_ENABLE_PRINT_PATCH="0")
+    head = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus=1", f"--port={port}",
+         f"--dashboard-port={free_port()}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+         f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
+         "--disable-usage-stats", f"--temp-dir={temp_dir}", f"--autoscaling-config={config}"],
+        env=env, start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    driver_env = dict(env, RAY_ADDRESS=f"127.0.0.1:{port}", PYTHONPATH=str(ROOT))
+    try:
+        deadline = time.time() + 180
+        while "will now block forever" not in log.read_text():
+            assert head.poll() is None and time.time() < deadline, log.read_text()[-2000:]
+            time.sleep(0.5)
+        # --gpu: 1 GPU worker on a cluster with none; the autoscaler adds the gpu_1x node
+        out = subprocess.run([sys.executable, "-c", "import ray; ray.init(); from raymt.cluster import plan; "
+                              "print(plan(1, use_gpu=True, grow_timeout_s=240).resources())"],
+                             env=driver_env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        assert "waiting for the autoscaler: 0/1 GPUs up, 0:00 of at most 4:00" in out.stdout
+        assert "{'CPU': 1.0, 'GPU': 1}" in out.stdout
+        # a training run whose 2 workers x 1 CPU (and Ray Data's CPU) need the cpu_2x node too
+        storage = tmp_path / "runs"
+        command = tiny_run(storage, "grown", 10, "--set", "train.cpus_per_worker=1",
+                           "--set", "train.autoscale_timeout_s=240")
+        out = subprocess.run(command, env=driver_env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "waiting for the autoscaler:" in out.stdout and "CPUs up" in out.stdout
+        assert json.loads((storage / "grown" / "summary.json").read_text())["best_checkpoint"]
+    finally:
+        processes = psutil.Process(head.pid).children(recursive=True)  # the fake nodes' raylets too
+        stop_group(head)
+        for proc in processes:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        shutil.rmtree(temp_dir, ignore_errors=True)
