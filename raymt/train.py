@@ -24,6 +24,7 @@ from raymt.data import format as corpus_format
 from raymt.decoding import translate
 from raymt.metrics import score, score_lines
 from raymt.plot import after_training as plot_learning_curves
+from raymt.precision import for_inference
 from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
@@ -301,7 +302,9 @@ def test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: O
     """Beam-search the test set on the driver with the best checkpoint and score it; the
     scores say which checkpoint (`shown`: its storage path) and how it was decoded."""
     model, tokenizer, _ = load_model(checkpoint)
-    scores = score(translate(model, tokenizer, pairs[0], cfg.decode), pairs[1], extra=True)
+    with for_inference(next(model.parameters()).device, cfg, tokenizer.vocab_size).apply().autocast():
+        hyps = translate(model, tokenizer, pairs[0], cfg.decode)
+    scores = score(hyps, pairs[1], extra=True)
     return {**scores, "checkpoint": describe_checkpoint(checkpoint, shown), "num_sentences": len(pairs[0]),
             "beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty}
 

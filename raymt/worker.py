@@ -20,11 +20,12 @@ from raymt.checkpoint import load_train_state, load_weights, save_checkpoint
 from raymt.config import Config
 from raymt.metrics import MetricsLog
 from raymt.model import build_model
+from raymt.precision import for_training
 from raymt.profiling import StepProfiler
 from raymt.data.stream import Position, TrainStream, resume_point
 from raymt.tokenizer import Tokenizer
-from raymt.trainer import (Collective, Trainer, Update, autocast_for, collate_eval, compile_model,
-                           evaluate, precision_line, restore_training, rng_state, set_rng_state, unwrap)
+from raymt.trainer import (Collective, Trainer, Update, collate_eval, compile_model, evaluate,
+                           restore_training, rng_state, set_rng_state, unwrap)
 
 
 class TorchCollective(Collective):
@@ -104,7 +105,8 @@ def _report(metrics: dict, loop: "WorkerLoop") -> None:
             "optimizer": loop.optimizer.state_dict(), "scheduler": loop.scheduler.state_dict(),
             "step": loop.step, "epoch": loop.epoch, "data_positions": [p for p, _ in parts],
             "data_segment": loop.segment.to_dict() if loop.segment and loop.segment.epoch == loop.epoch else None,
-            "rng_states": [r for _, r in parts]})
+            "rng_states": [r for _, r in parts],
+            "grad_scaler": loop.scaler.state_dict() if loop.scaler else None})
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
@@ -121,17 +123,21 @@ class WorkerLoop(Trainer):
         device = ray.train.torch.get_device()
         self.rank, self.world_size = collective.rank, collective.world_size
 
+        # Rank 0 chooses (on a CPU it may time a probe) and every rank takes its choice.
+        precision = for_training(device, cfg, self.tokenizer.vocab_size) if collective.rank == 0 else None
+        self.precision = collective.all_gather_object(precision)[0].apply()
+        scaler = self.precision.grad_scaler()  # fp16 only
         weights, state, reset_lr = _read_checkpoint(cfg, loop_config)
         # DDP over gloo (CPU) or nccl (GPU); smaller buckets start all-reducing earlier in backward.
         place = lambda m: ray.train.torch.prepare_model(m, parallel_strategy_kwargs={  # noqa: E731
             "bucket_cap_mb": cfg.train.ddp_bucket_mb, "gradient_as_bucket_view": True})
         model, optimizer, scheduler = restore_training(
-            build_model(cfg.model, self.tokenizer.vocab_size), cfg, weights, state, place, reset_lr)
+            build_model(cfg.model, self.tokenizer.vocab_size), cfg, weights, state, place, reset_lr, scaler)
         if cfg.train.compile:
             model = compile_model(model)
         state = state or {"step": 0, "epoch": 0}
         super().__init__(cfg, model, optimizer, scheduler, device, state["step"], state["epoch"],
-                         collective, autocast_for(device, cfg.train.bf16))
+                         collective, self.precision.autocast, scaler)
         self.train_files = loop_config["train_files"]
         saved = state.get("data_positions")
         self.position, self.segment = resume_point(
@@ -162,7 +168,7 @@ class WorkerLoop(Trainer):
             self.trace.write(f"#start\t{self.step}\t{attempt:.6f}\t{self.world_size}\n")
         self.stream = self.open_stream(self.position)  # reading starts while the rest sets up
         if self.is_rank0:
-            print(precision_line(self.autocast, device) + (" (torch.compile)" if cfg.train.compile else ""),
+            print(self.precision.line(device) + (" (torch.compile)" if cfg.train.compile else ""),
                   flush=True)
 
         self.valid = loop_config["valid"]
@@ -258,7 +264,7 @@ class WorkerLoop(Trainer):
         metrics = super().log_train()
         t0 = time.perf_counter()
         metrics.update(evaluate(self.model, self.valid_loader, self.tokenizer, self.valid["refs"],
-                                self.opts, self.collective))
+                                self.opts, self.collective, self.autocast))
         self.eval_s += time.perf_counter() - t0
         metrics.update(step=self.step, **self.usage())
         if self.is_rank0:
