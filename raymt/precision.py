@@ -31,15 +31,17 @@ from typing import Callable, ContextManager, Optional
 
 import torch
 
+from raymt.batching import collate
 from raymt.config import Config, ModelConfig
 from raymt.model import build_model
-from raymt.optim import loss_sum
+from raymt.optim import make_optimizer
+from raymt.trainer import train_step
 
 CACHE_ENV = "RAYMT_PRECISION_CACHE"
 # bf16 rounds activations to 8 mantissa bits: on a CPU it has to buy at least this much speed.
 BF16_MIN_SPEEDUP = 1.05
 PROBE_BUDGET_S = 1.5  # the CPU probe's timed part; its two warm-up passes come on top
-PROBE_ROW_LEN = 32  # tokens per source and target row of the probe's batch
+PROBE_ROW_LEN = 20  # tokens per source and target row of the probe's batch (a sentence's)
 
 
 @dataclass(frozen=True)
@@ -183,22 +185,21 @@ def write_cache(key: str, speedup: float) -> None:
 
 
 def measure_bf16_speedup(cfg: Config, vocab_size: int, budget_s: float = PROBE_BUDGET_S) -> float:
-    """bf16-autocast speed / fp32 speed of forward+backward of the run's model shape on the CPU,
-    on a batch of data.max_tokens tokens, timed in alternation (fastest pass of each)."""
+    """bf16-autocast speed / fp32 speed of the run's training step (forward, backward, clip,
+    AdamW) for its model shape on the CPU, on a batch of data.max_tokens tokens, timed in
+    alternation (the fastest pass of each)."""
     with torch.random.fork_rng(devices=[]):  # the run's weights and dropout stay as without a probe
         torch.manual_seed(0)
-        model = build_model(cfg.model, vocab_size).train()
-        length = min(PROBE_ROW_LEN, cfg.data.max_len + 2)
-        rows = max(1, cfg.data.max_tokens // length)
-        src = torch.randint(4, vocab_size, (rows, length))  # ids above the special ones
-        tgt = torch.randint(4, vocab_size, (rows, length + 1))
+        model = build_model(cfg.model, vocab_size)
+        optimizer = make_optimizer(model, cfg.optim)
+        length = min(PROBE_ROW_LEN, cfg.data.max_len)
+        rows = max(1, cfg.data.max_tokens // (length + 1))
+        ids = torch.randint(4, vocab_size, (2, rows, length)).tolist()  # ids above the special ones
+        batch = collate(ids[0], ids[1])
 
         def seconds(dtype: Optional[torch.dtype]) -> float:
             t0 = time.perf_counter()
-            with Precision("cpu", dtype).autocast():
-                logits = model(src, tgt[:, :-1])
-            loss_sum(logits, tgt[:, 1:], cfg.optim.label_smoothing).backward()
-            model.zero_grad(set_to_none=True)
+            train_step(model, optimizer, [batch], batch.num_tokens, cfg, Precision("cpu", dtype).autocast)
             return time.perf_counter() - t0
 
         warm = seconds(None) + seconds(torch.bfloat16)  # allocations, oneDNN kernel set-up

@@ -228,3 +228,17 @@ def test_validation_runs_its_forward_passes_and_decoding_under_autocast():
     seen.clear()
     evaluate(model, loader, tok, ["eins zwei", "drei"], opts)  # fp32 by default
     assert seen and all(not enabled and dtype == torch.float32 for enabled, dtype in seen)
+
+
+def test_profile_step_records_what_it_measured_and_the_start_up_line_agrees(monkeypatch, cache):
+    from benchmarks import profile_step
+
+    for module in (precision, profile_step):
+        monkeypatch.setattr(module, "native_bf16", lambda device: True)
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size: pytest.fail("probed"))
+    cfg = Config()
+    line = profile_step.record_cpu_bf16(cfg, VOCAB, {"raymt": [1000.0, 1010.0], "cpu-bf16": [970.0, 980.0]})
+    assert line == ("precision: forward pass in fp32 on cpu "
+                    "(bf16 measured 0.97x fp32 for this model; cached; bf16 needs 1.05x)")
+    assert for_training(CPU, cfg, VOCAB).line(CPU) == line  # what a run of this model prints
+    assert profile_step.record_cpu_bf16(cfg, VOCAB, {"raymt": [1000.0]}) is None  # bf16 not compared
