@@ -42,6 +42,7 @@ CACHE_ENV = "RAYMT_PRECISION_CACHE"
 BF16_MIN_SPEEDUP = 1.05
 PROBE_BUDGET_S = 1.5  # the CPU probe's timed part; its two warm-up passes come on top
 PROBE_ROW_LEN = 20  # tokens per source and target row of the probe's batch (a sentence's)
+PROBE_MAX_TOKENS = 2048  # the probe's batch: data.max_tokens, at most this (a pass stays short)
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def hardware_dtype(device: torch.device) -> Optional[torch.dtype]:
 def autocast_for(device: torch.device, bf16: bool) -> Callable[[], ContextManager]:
     """The hardware's own autocast, unmeasured (benchmarks comparing a fixed precision)."""
     dtype = hardware_dtype(device) if bf16 else None
-    return Precision(device.type, dtype).autocast
+    return contextlib.nullcontext if dtype is None else Precision(device.type, dtype).autocast
 
 
 def _tf32(device: torch.device, wanted: bool) -> tuple[bool, str]:
@@ -186,14 +187,14 @@ def write_cache(key: str, speedup: float) -> None:
 
 def measure_bf16_speedup(cfg: Config, vocab_size: int, budget_s: float = PROBE_BUDGET_S) -> float:
     """bf16-autocast speed / fp32 speed of the run's training step (forward, backward, clip,
-    AdamW) for its model shape on the CPU, on a batch of data.max_tokens tokens, timed in
-    alternation (the fastest pass of each)."""
+    AdamW) for its model shape on the CPU, on a batch of data.max_tokens tokens (at most
+    PROBE_MAX_TOKENS), timed in alternation (the fastest pass of each)."""
     with torch.random.fork_rng(devices=[]):  # the run's weights and dropout stay as without a probe
         torch.manual_seed(0)
         model = build_model(cfg.model, vocab_size)
         optimizer = make_optimizer(model, cfg.optim)
         length = min(PROBE_ROW_LEN, cfg.data.max_len)
-        rows = max(1, cfg.data.max_tokens // (length + 1))
+        rows = max(1, min(cfg.data.max_tokens, PROBE_MAX_TOKENS) // (length + 1))
         ids = torch.randint(4, vocab_size, (2, rows, length)).tolist()  # ids above the special ones
         batch = collate(ids[0], ids[1])
 
@@ -203,7 +204,7 @@ def measure_bf16_speedup(cfg: Config, vocab_size: int, budget_s: float = PROBE_B
             return time.perf_counter() - t0
 
         warm = seconds(None) + seconds(torch.bfloat16)  # allocations, oneDNN kernel set-up
-        reps = max(2, min(5, int(budget_s / max(warm, 1e-3))))
+        reps = max(1, min(5, int(budget_s / max(warm, 1e-3))))  # one each for a model too big to time more
         fp32, bf16 = zip(*[(seconds(None), seconds(torch.bfloat16)) for _ in range(reps)])
     return min(fp32) / min(bf16)
 
