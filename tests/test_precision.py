@@ -242,3 +242,37 @@ def test_profile_step_records_what_it_measured_and_the_start_up_line_agrees(monk
                     "(bf16 measured 0.97x fp32 for this model; cached; bf16 needs 1.05x)")
     assert for_training(CPU, cfg, VOCAB).line(CPU) == line  # what a run of this model prints
     assert profile_step.record_cpu_bf16(cfg, VOCAB, {"raymt": [1000.0]}) is None  # bf16 not compared
+
+
+def test_translate_evaluate_and_the_test_set_decode_in_the_choice_for_inference(monkeypatch, cache, tmp_path):
+    """raymt.translate, raymt.evaluate's actor and the test-set decode of raymt.train autocast
+    as for_inference says: here bf16 on a CPU whose cached probe found it pays for this model."""
+    import numpy as np
+
+    from raymt import evaluate as evaluate_module, train, translate
+    from raymt.checkpoint import load_model
+    from tiny_checkpoint import make_checkpoint
+
+    checkpoint = make_checkpoint(tmp_path / "checkpoint")
+    _, tok, cfg = load_model(checkpoint)
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    precision.write_cache(precision.probe_key(cfg.model, tok.vocab_size), 2.0)
+    seen = []
+
+    def spy(module, name: str) -> None:
+        real = getattr(module, name)
+
+        def wrapped(*args, **kwargs):
+            seen.append((name, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, name, wrapped)
+
+    spy(translate, "translate_nbest")
+    spy(train, "translate")
+    spy(evaluate_module, "decode_ids")
+    assert translate.main(["--checkpoint", str(checkpoint), "--beam", "1", "--device", "cpu", "hello"]) == 0
+    train.test_scores(checkpoint, (["hello"], ["hallo"]), cfg)
+    actor = evaluate_module.BatchTranslator(str(checkpoint), {"beam": 1}, "cpu", 1)
+    actor({"set": [0], "index": [np.array([0])], "lengths": [np.array([3])], "src_ids": [np.array([5, 6, 3])]})
+    assert [name for name, _, _ in seen] == ["translate_nbest", "translate", "decode_ids"]
+    assert all(enabled and dtype == torch.bfloat16 for _, enabled, dtype in seen), seen
