@@ -4,9 +4,9 @@ Training (`for_training`), with `train.bf16` (low precision allowed) on:
 - a GPU with bf16 units (compute capability >= 8.0): bf16 autocast, no loss scaling;
 - an older GPU (V100, T4): fp16 autocast with `torch.amp.GradScaler` (dynamic loss scaling);
 - a CPU with bf16 units (AVX512-BF16, AMX): bf16 autocast only where it pays: a short timed
-  probe of forward+backward of the run's model shape, fp32 against bf16, cached per machine
-  and model shape in a JSON file (`$RAYMT_PRECISION_CACHE`, default
-  ~/.cache/raymt/precision.json);
+  probe of the training step (forward, backward, AdamW) of the run's model shape, fp32
+  against bf16, cached per machine and model shape in a JSON file (`$RAYMT_PRECISION_CACHE`,
+  default ~/.cache/raymt/precision.json);
 - any other CPU: fp32.
 `train.bf16=false` means fp32 everywhere. Weights, loss and optimizer stay fp32 throughout.
 TF32 (fp32 matmuls and convolutions on tensor cores) is on for GPUs of compute capability
@@ -40,7 +40,7 @@ from raymt.trainer import train_step
 CACHE_ENV = "RAYMT_PRECISION_CACHE"
 # bf16 rounds activations to 8 mantissa bits: on a CPU it has to buy at least this much speed.
 BF16_MIN_SPEEDUP = 1.05
-PROBE_BUDGET_S = 1.5  # the CPU probe's timed part; its two warm-up passes come on top
+PROBE_BUDGET_S = 1.5  # the CPU probe's timed part; a warm-up pass of each precision comes on top
 PROBE_ROW_LEN = 20  # tokens per source and target row of the probe's batch (a sentence's)
 PROBE_MAX_TOKENS = 2048  # the probe's batch: data.max_tokens, at most this (a pass stays short)
 
