@@ -10,8 +10,11 @@ alternation (A B A B), so the ratio is measured side by side:
 `--compare torch-dropout` builds the model with nn.Dropout instead of raymt's CPU masks;
 `fused-adamw` uses AdamW(fused=True) on CPU; `compile` wraps the model in
 torch.compile(dynamic=True) (its compile time is reported apart, not in tokens/s);
-`cpu-bf16` runs forward under torch.autocast("cpu", bfloat16) (AVX512-BF16/AMX units);
-`cpu-bf16+compile` both (raymt's default precision on such a CPU, compiled).
+`cpu-bf16` runs forward under torch.autocast("cpu", bfloat16) (AVX512-BF16/AMX units) against
+the fp32 `raymt` row; on a CPU with bf16 units its ratio is recorded as this machine's probe
+result for the model shape (raymt.precision's cache), so a run of this model then trains in what
+was measured faster and its first log line prints what this script prints;
+`cpu-bf16+compile` both (bf16 on such a CPU, compiled).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from raymt import model as model_module  # noqa: E402
 from raymt.batching import Batch, chunk_batches, collate_flat  # noqa: E402
 from raymt.config import Config, DataConfig, preset  # noqa: E402
 from raymt.optim import make_optimizer  # noqa: E402
+from raymt.precision import for_training, native_bf16, probe_key, write_cache  # noqa: E402
 from raymt.data.stream import flat  # noqa: E402
 from raymt.tokenizer import Tokenizer  # noqa: E402
 from raymt.trainer import train_step  # noqa: E402
@@ -105,6 +109,17 @@ def tokens_per_s(model, optimizer, batches: list[Batch], cfg: Config,
     return num_tokens / (time.perf_counter() - t0), loss / num_tokens
 
 
+def record_cpu_bf16(cfg: Config, vocab_size: int, rates: dict[str, list[float]]) -> Optional[str]:
+    """Record the measured cpu-bf16 / fp32 ratio as raymt's probe result for this CPU and model
+    shape (CPUs with bf16 units); the precision line a run of it then prints, else None."""
+    cpu = torch.device("cpu")
+    if "cpu-bf16" not in rates or not native_bf16(cpu):
+        return None
+    write_cache(probe_key(cfg.model, vocab_size),
+                statistics.median(rates["cpu-bf16"]) / statistics.median(rates["raymt"]))
+    return for_training(cpu, cfg, vocab_size).line(cpu)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Measure raymt and each change side by side; optionally profile raymt's step."""
     args = parse_args(argv)
@@ -134,6 +149,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name, (_, _, warm_s, _) in setups.items():
         rate = statistics.median(rates[name])
         print(f"| {name} | {rate:.0f} | {rate / base:.3f} | {warm_s:.1f} | {losses[name]:.4f} |")
+    line = record_cpu_bf16(cfg, vocab, rates)
+    if line:
+        print(f"recorded for raymt's runs of this model on this CPU: {line}")
     if args.profile:
         from torch.profiler import profile
 

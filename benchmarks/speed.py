@@ -175,7 +175,7 @@ def _sync(device: str) -> None:
 
 def autocast_for(device: str) -> Callable:
     """raymt's own choice: bf16 autocast on GPU and on CPUs with bf16 units, else none."""
-    from raymt.trainer import autocast_for as raymt_autocast
+    from raymt.precision import autocast_for as raymt_autocast
 
     return raymt_autocast(torch.device(device), True)
 

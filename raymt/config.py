@@ -222,9 +222,13 @@ class TrainConfig:
     use_gpu: bool = False
     # CPUs reserved per worker; None = the cluster's CPUs but one (raymt.cluster.plan), split evenly.
     cpus_per_worker: Optional[float] = None
-    # bf16 autocast of the forward pass, on GPU and on CPUs with bf16 units (AVX512-BF16,
-    # AMX), where it is faster than fp32; fp32 elsewhere.
+    # Low precision allowed (raymt.precision): bf16 autocast on GPUs with bf16 units, fp16
+    # with dynamic loss scaling on older GPUs (V100, T4), bf16 on CPUs with bf16 units
+    # (AVX512-BF16, AMX) where a short timed probe finds it faster for the model; else fp32.
+    # false: fp32 everywhere.
     bf16: bool = True
+    # TF32 tensor cores for fp32 matmuls and convolutions on GPUs of compute capability >= 8.0.
+    tf32: bool = True
     seed: int = 1
     # Run directories and checkpoints: a local path, or s3://, gs://, ... shared by all nodes.
     storage_path: str = field(default_factory=lambda: os.environ.get("RAYMT_STORAGE_PATH", "runs"))

@@ -30,6 +30,7 @@ from raymt.checkpoint import check_checkpoint, load_model, local_checkpoint
 from raymt.cluster import Plan, RayCluster, init_ray, plan
 from raymt.data.text import Pairs, read_parallel
 from raymt.decoding import DecodeOptions, decode_ids, encode_sources, length_batches
+from raymt.precision import for_inference
 from raymt.tokenizer import Tokenizer
 
 REPORT_FILE = "report.json"
@@ -92,15 +93,17 @@ class BatchTranslator:
 
     def __init__(self, checkpoint: str, opts: dict, device: str, num_threads: int):
         torch.set_num_threads(num_threads)
-        self.model, self.tokenizer, _ = load_model(checkpoint, device)
+        self.model, self.tokenizer, cfg = load_model(checkpoint, device)
         self.opts, self.device = DecodeOptions(**opts), device
+        self.autocast = for_inference(device, cfg, self.tokenizer.vocab_size).apply().autocast
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Planned batches in, one output row per sentence (set, index, hyp, score) out."""
         out: dict[str, list] = {"set": [], "index": [], "hyp": [], "score": []}
         for set_id, index, lengths, flat in zip(batch["set"], batch["index"], batch["lengths"], batch["src_ids"]):
             sources = [ids.tolist() for ids in np.split(np.asarray(flat), np.cumsum(lengths)[:-1])]
-            hyps = decode_ids(self.model, self.tokenizer, sources, self.opts, 1, self.device)
+            with self.autocast():
+                hyps = decode_ids(self.model, self.tokenizer, sources, self.opts, 1, self.device)
             for i, [(score, text)] in zip(index, hyps):
                 out["set"].append(int(set_id))
                 out["index"].append(int(i))

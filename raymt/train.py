@@ -25,6 +25,7 @@ from raymt.data import format as corpus_format
 from raymt.decoding import translate
 from raymt.metrics import score, score_lines
 from raymt.plot import after_training as plot_learning_curves
+from raymt.precision import for_inference
 from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
@@ -323,7 +324,9 @@ def test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: O
     """Beam-search the test set on the driver with the best checkpoint and score it; the
     scores say which checkpoint (`shown`: its storage path) and how it was decoded."""
     model, tokenizer, _ = load_model(checkpoint)
-    return _test_summary(translate(model, tokenizer, pairs[0], cfg.decode), pairs, cfg, checkpoint, shown)
+    with for_inference(next(model.parameters()).device, cfg, tokenizer.vocab_size).apply().autocast():
+        hyps = translate(model, tokenizer, pairs[0], cfg.decode)
+    return _test_summary(hyps, pairs, cfg, checkpoint, shown)
 
 
 def cluster_test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: str) -> dict:

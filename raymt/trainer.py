@@ -1,4 +1,4 @@
-"""The training loop in plain PyTorch: step, lockstep, validation, progress, precision, restore.
+"""The training loop in plain PyTorch: step, lockstep, validation, progress, restore.
 
 No Ray and no `torch.distributed` here: collective operations go through a `Collective`
 (this module's single-process one by default; `raymt.worker` passes the torch.distributed
@@ -8,7 +8,8 @@ The step never waits for the device (no `.item()`, `bool(tensor)`, `.tolist()`, 
 - the loss, the count of skipped updates and the longest run of them stay on the device
   and are read once per log interval (`Progress.log`);
 - a non-finite gradient norm skips the update inside fused AdamW (its `found_inf` input,
-  as `torch.amp.GradScaler` uses it) instead of a host-side `if`;
+  as `torch.amp.GradScaler` uses it) instead of a host-side `if`; with fp16's loss scaler
+  (raymt.precision) the scale backs off and grows on the device too;
 - the global target token count that normalizes the loss comes from a CPU all-reduce of
   host-side counts issued one update ahead (`lockstep`), never from a device tensor.
 
@@ -22,9 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import re
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 import torch
@@ -78,31 +77,7 @@ def unwrap(model: torch.nn.Module) -> Transformer:
     return getattr(model, "module", model)
 
 
-# ---------------------------------------------------------------- precision
-
-
-def native_bf16(device: torch.device) -> bool:
-    """True on GPUs with bf16 units, and on CPUs with them (AVX512-BF16 or AMX), where bf16 pays."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: stay in fp32
-        return False
-    return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo) is not None
-
-
-def autocast_for(device: torch.device, bf16: bool):
-    """A factory of the forward pass's autocast context: bf16 where asked and native, else none."""
-    if bf16 and native_bf16(device):
-        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext
-
-
-def precision_line(autocast, device: torch.device) -> str:
-    """The log line naming the precision the forward pass runs in."""
-    bf16 = autocast is not contextlib.nullcontext
-    return f"forward pass in {'bf16 autocast' if bf16 else 'fp32'} on {device}"
+# ---------------------------------------------------------------- compilation
 
 
 def compile_model(model: torch.nn.Module, backend: str | Callable = "inductor") -> torch.nn.Module:
@@ -117,8 +92,9 @@ def compile_model(model: torch.nn.Module, backend: str | Callable = "inductor") 
 
 def restore_training(model: torch.nn.Module, cfg: Config, weights: Optional[dict],
                      train_state: Optional[dict], place: Callable[[torch.nn.Module], torch.nn.Module],
-                     reset_lr: bool = False):
-    """Load weights, put the model on its device (`place`), then build and restore the optimizer.
+                     reset_lr: bool = False, scaler: Optional[torch.amp.GradScaler] = None):
+    """Load weights, put the model on its device (`place`), then build and restore the optimizer
+    (and fp16's loss `scaler`, where the run has one and the checkpoint saved one).
 
     The optimizer comes after `place` so that its state (and fused kernels) live on the
     parameters' device; built before, a GPU resume crashes ("exp_avgs is on cpu").
@@ -136,6 +112,8 @@ def restore_training(model: torch.nn.Module, cfg: Config, weights: Optional[dict
                                  for g in saved["param_groups"]]
         optimizer.load_state_dict(saved)  # moves the state to each parameter's device
         scheduler.load_state_dict(train_state["scheduler"])
+        if scaler is not None and train_state.get("grad_scaler"):  # none: saved by a bf16/fp32 run
+            scaler.load_state_dict(train_state["grad_scaler"])
     if reset_lr:
         scheduler.base_lrs = [cfg.optim.lr] * len(scheduler.base_lrs)
         for group, lr in zip(optimizer.param_groups, scheduler.base_lrs):
@@ -234,7 +212,8 @@ def _dummy_batch(device: torch.device, data: DataConfig) -> Batch:
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: list[Batch],
                global_tokens: int, cfg: Config, autocast=contextlib.nullcontext,
-               world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+               world_size: int = 1, scaler: Optional[torch.amp.GradScaler] = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """One update on the mean loss over every target token of the global batch.
 
     DDP averages gradients over workers, so each worker scales its summed loss by
@@ -243,6 +222,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: 
     0.0): an update whose gradient norm is not finite is skipped. After DDP's all-reduce
     every worker holds the same gradients, so all workers skip together. With a fused
     optimizer (make_optimizer's) the skip happens on the device; others wait for the check.
+    With fp16's `scaler` the loss is scaled before backward and the gradients unscaled before
+    clipping; an overflow is such a non-finite norm (skipped, counted) and backs the scale off.
     """
     model.train()
     scale = world_size / global_tokens if group else 0.0  # host numbers: no device sync
@@ -258,11 +239,14 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: 
                     logits = model(batch.src, batch.tgt_in)
                 loss = loss_sum(logits, batch.tgt_out, cfg.optim.label_smoothing)
             with record_function("raymt.backward"):  # with DDP: the all-reduce it does not hide
-                (loss * scale).backward()
+                scaled = loss * scale
+                (scaled if scaler is None else scaler.scale(scaled)).backward()
         if group:
             total += loss.detach()
     max_norm = cfg.optim.clip_norm if cfg.optim.clip_norm > 0 else float("inf")
     with record_function("raymt.clip"):
+        if scaler is not None:  # true gradients to clip; notes inf/nan per device for update()
+            scaler.unscale_(optimizer)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         found_inf = (~torch.isfinite(norm)).float()  # () on the device
     with record_function("raymt.optimizer"):
@@ -272,6 +256,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: 
             del optimizer.found_inf
         elif not found_inf:  # waits for the device
             optimizer.step()
+        if scaler is not None:  # halve the scale after an overflow, grow it after clean steps
+            scaler.update()
         optimizer.zero_grad(set_to_none=True)
     return total, 1.0 - found_inf
 
@@ -288,15 +274,19 @@ def collate_eval(rows: list[dict]) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader: Iterable[dict], tokenizer: Tokenizer, refs: list[str],
-             opts: DecodeOptions, collective: Collective = SINGLE) -> dict:
-    """Loss, BLEU and chrF (with signatures) of every worker's share, each row counted once."""
+             opts: DecodeOptions, collective: Collective = SINGLE,
+             autocast: Callable[[], Any] = contextlib.nullcontext) -> dict:
+    """Loss, BLEU and chrF (with signatures) of every worker's share, each row counted once;
+    forward passes and decoding under `autocast` (training's precision)."""
     net = unwrap(model)
     net.eval()
     rows = []
     for batch in loader:
-        nll = row_nll(net(batch["src"], batch["tgt_in"]), batch["tgt_out"])
+        with autocast():
+            nll = row_nll(net(batch["src"], batch["tgt_in"]), batch["tgt_out"])  # fp32 (B,)
+            ids = decode(net, batch["src"], opts)
         num_tokens = (batch["tgt_out"] != PAD_ID).sum(1)
-        hyps = [tokenizer.decode(h) for h in decode(net, batch["src"], opts)]
+        hyps = [tokenizer.decode(h) for h in ids]
         rows += zip(batch["index"].tolist(), nll.tolist(), num_tokens.tolist(), hyps)
     parts = collective.all_gather_object(rows)
     # A DistributedSampler pads shares to equal size by repeating rows: keep one of each.
@@ -382,10 +372,11 @@ class Trainer:
 
     def __init__(self, cfg: Config, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler, device: torch.device, step: int = 0, epoch: int = 0,
-                 collective: Collective = SINGLE, autocast=contextlib.nullcontext):
+                 collective: Collective = SINGLE, autocast=contextlib.nullcontext,
+                 scaler: Optional[torch.amp.GradScaler] = None):
         self.cfg, self.model, self.optimizer, self.scheduler = cfg, model, optimizer, scheduler
         self.device, self.step, self.epoch, self.collective = device, step, epoch, collective
-        self.autocast = autocast
+        self.autocast, self.scaler = autocast, scaler  # fp16's loss scaler, else None
         self.is_rank0 = collective.rank == 0
         self.progress = Progress(cfg, step, device, collective, self.is_rank0)
         minutes = cfg.train.max_minutes
@@ -402,7 +393,7 @@ class Trainer:
                                self.late, mark):
             self.before_step(update)
             loss, applied = train_step(self.model, self.optimizer, update.batches, update.num_tokens,
-                                       cfg, self.autocast, self.collective.world_size)
+                                       cfg, self.autocast, self.collective.world_size, self.scaler)
             self.progress.update(loss, applied, update.num_tokens)
             self.scheduler.step()
             self.step += 1

@@ -12,6 +12,7 @@ import torch
 from raymt.checkpoint import load_model
 from raymt.decoding import DecodeOptions, translate_nbest
 from raymt.metrics import score
+from raymt.precision import for_inference
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -47,7 +48,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                              temperature=args.temperature, top_k=args.top_k, seed=args.seed)  # validates
         if not 1 <= args.n_best <= opts.beam:
             raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
-        model, tokenizer, _ = load_model(args.checkpoint, args.device)
+        model, tokenizer, cfg = load_model(args.checkpoint, args.device)
         sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
         refs = None
         if args.ref:
@@ -60,7 +61,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as err:
         print(f"raymt.translate: error: {err}", file=sys.stderr)
         return 2
-    nbest = translate_nbest(model, tokenizer, sentences, opts, args.n_best, args.batch_size, args.device)
+    with for_inference(args.device, cfg, tokenizer.vocab_size).apply().autocast():  # the run's precision
+        nbest = translate_nbest(model, tokenizer, sentences, opts, args.n_best, args.batch_size, args.device)
     hyps = [h[0][1] for h in nbest]
     for i, hyp_list in enumerate(nbest):
         if args.n_best == 1:

@@ -24,11 +24,12 @@ from raymt.checkpoint import load_train_state, load_weights, save_checkpoint
 from raymt.config import Config
 from raymt.metrics import MetricsLog
 from raymt.model import build_model
+from raymt.precision import for_training
 from raymt.profiling import StepProfiler
 from raymt.data.stream import Position, TrainStream, resume_point
 from raymt.tokenizer import Tokenizer
-from raymt.trainer import (Collective, Trainer, Update, autocast_for, collate_eval, compile_model,
-                           evaluate, precision_line, restore_training, rng_state, set_rng_state, unwrap)
+from raymt.trainer import (Collective, Trainer, Update, collate_eval, compile_model, evaluate,
+                           restore_training, rng_state, set_rng_state, unwrap)
 
 
 class TorchCollective(Collective):
@@ -108,7 +109,8 @@ def _report(metrics: dict, loop: "WorkerLoop") -> None:
             "optimizer": loop.optimizer.state_dict(), "scheduler": loop.scheduler.state_dict(),
             "step": loop.step, "epoch": loop.epoch, "data_positions": [p for p, _ in parts],
             "data_segment": loop.segment.to_dict() if loop.segment and loop.segment.epoch == loop.epoch else None,
-            "rng_states": [r for _, r in parts]})
+            "rng_states": [r for _, r in parts],
+            "grad_scaler": loop.scaler.state_dict() if loop.scaler else None})
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
@@ -125,15 +127,19 @@ class WorkerLoop(Trainer):
         device = ray.train.torch.get_device()
         self.rank, self.world_size = collective.rank, collective.world_size
 
+        # Rank 0 chooses (on a CPU it may time a probe) and every rank takes its choice.
+        precision = for_training(device, cfg, self.tokenizer.vocab_size) if collective.rank == 0 else None
+        self.precision = collective.all_gather_object(precision)[0].apply()
+        scaler = self.precision.grad_scaler()  # fp16 only
         weights, state, reset_lr = _read_checkpoint(cfg, loop_config)
         place = lambda m: place_model(m, cfg, collective.world_size)  # noqa: E731
         model, optimizer, scheduler = restore_training(
-            build_model(cfg.model, self.tokenizer.vocab_size), cfg, weights, state, place, reset_lr)
+            build_model(cfg.model, self.tokenizer.vocab_size), cfg, weights, state, place, reset_lr, scaler)
         if cfg.train.compile:
             model = compile_model(model)
         state = state or {"step": 0, "epoch": 0}
         super().__init__(cfg, model, optimizer, scheduler, device, state["step"], state["epoch"],
-                         collective, autocast_for(device, cfg.train.bf16))
+                         collective, self.precision.autocast, scaler)
         self.train_files = loop_config["train_files"]
         saved = state.get("data_positions")
         self.position, self.segment = resume_point(
@@ -161,7 +167,7 @@ class WorkerLoop(Trainer):
         self.stream = self.open_stream(self.position)  # reading starts while the rest sets up
         self.progress.note = self.progress_note
         if self.is_rank0:
-            print(precision_line(self.autocast, device) + (" (torch.compile)" if cfg.train.compile else ""),
+            print(self.precision.line(device) + (" (torch.compile)" if cfg.train.compile else ""),
                   flush=True)
 
         self.valid = loop_config["valid"]
@@ -277,7 +283,7 @@ class WorkerLoop(Trainer):
         t0 = time.perf_counter()
         try:
             metrics.update(evaluate(self.model, self.valid_loader, self.tokenizer, self.valid["refs"],
-                                    self.opts, self.collective))
+                                    self.opts, self.collective, self.autocast))
         except torch.cuda.OutOfMemoryError as err:
             size = self.run_cfg.data.eval_batch_size
             raise ValueError(f"CUDA out of memory validating at step {self.step} with data.eval_batch_size="

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -27,6 +28,9 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 # Prometheus metrics of the controller and workers (nothing scrapes them here).
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
+# The timed CPU bf16 probe's results (raymt.precision): a file of this session's, not the user's
+# ~/.cache, so that no earlier measurement changes a test run's precision.
+os.environ.setdefault("RAYMT_PRECISION_CACHE", os.path.join(tempfile.mkdtemp(prefix="raymt-precision-"), "cache.json"))
 
 
 def free_port() -> int:

@@ -9,7 +9,8 @@ from pathlib import Path
 import raymt
 
 PLAIN = ["model", "decoding", "tokenizer", "batching", "checkpoint", "config", "optim", "metrics",
-         "export", "average", "profiling", "storage", "data", "data.builtin", "data.text", "data.format", "data.stream", "trainer", "plot", "data.inputs"]
+         "export", "average", "profiling", "storage", "data", "data.builtin", "data.text", "data.format", "data.stream", "trainer", "plot", "data.inputs",
+         "precision"]
 
 
 def module_path(module: str) -> Path:

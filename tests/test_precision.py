@@ -1,28 +1,278 @@
-"""train.bf16: autocast where the hardware has bf16 units, fp32 elsewhere."""
+"""raymt.precision: bf16 where the hardware has it and it pays, fp16 with loss scaling on older
+GPUs, TF32 on Ampere and later, autocast in validation and decoding, the first log line.
 
-import contextlib
+There is no GPU here: the GPU choices are checked against a faked device capability."""
+
 import re
+import types
 from pathlib import Path
 
+import pytest
 import torch
 
-from raymt import trainer
-from raymt.trainer import autocast_for, native_bf16
+from raymt import precision
+from raymt.checkpoint import load_train_state
+from raymt.config import Config, DecodeOptions, tiny
+from raymt.model import build_model
+from raymt.optim import inverse_sqrt, make_optimizer
+from raymt.precision import for_inference, for_training, native_bf16
+from raymt.trainer import Trainer, collate_eval, evaluate, restore_training, train_step
+from test_trainer import VOCAB, batches, count_host_syncs, small_config
+from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
+
+CUDA = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A GPU of the given compute capability: bf16 units from 8.0 on (A100), none before (V100, T4)."""
+    def install(major: int, minor: int = 0):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: major >= 8)
+    return install
+
+
+@pytest.fixture
+def tf32_flags():
+    """Put the process's TF32 flags back as they were."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path) -> Path:
+    """The CPU probe's cache in a temp dir."""
+    path = tmp_path / "precision.json"
+    monkeypatch.setenv(precision.CACHE_ENV, str(path))
+    return path
 
 
 def test_cpu_bf16_follows_the_cpu_flags():
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     expected = re.search(r"\b(avx512_bf16|amx_bf16)\b", flags) is not None
-    assert native_bf16(torch.device("cpu")) == expected
+    assert native_bf16(CPU) == expected
 
 
-def test_autocast_only_where_asked_and_native(monkeypatch):
-    cpu = torch.device("cpu")
-    assert autocast_for(cpu, bf16=False) is contextlib.nullcontext
-    monkeypatch.setattr(trainer, "native_bf16", lambda device: False)
-    assert autocast_for(cpu, bf16=True) is contextlib.nullcontext
-    monkeypatch.setattr(trainer, "native_bf16", lambda device: True)
-    layer = torch.nn.Linear(8, 8)
-    with autocast_for(cpu, bf16=True)():
-        assert layer(torch.randn(2, 8)).dtype == torch.bfloat16
-    assert layer(torch.randn(2, 8)).dtype == torch.float32
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled, but CUDA is not available")
+def test_a_gpu_without_bf16_trains_in_fp16_with_a_grad_scaler(fake_gpu):
+    fake_gpu(7, 0)  # V100
+    chosen = for_training(CUDA, Config(), VOCAB)
+    assert chosen.dtype == torch.float16
+    assert isinstance(chosen.grad_scaler(), torch.amp.GradScaler)
+    assert chosen.line(CUDA) == ("precision: forward pass in fp16 autocast (fp32 weights), TF32 off, dynamic "
+                                 "loss scaling (GradScaler) on cuda:0 (no bf16 units; no TF32 before compute "
+                                 "capability 8.0; this GPU has 7.0)")
+    inference = for_inference(CUDA, Config(), VOCAB)
+    assert inference.dtype == torch.float16  # decoding needs no scaler, but the same dtype
+
+
+def test_ampere_trains_in_bf16_with_tf32_unless_turned_off(fake_gpu, tf32_flags):
+    fake_gpu(8, 0)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    chosen = for_training(CUDA, Config(), VOCAB).apply()
+    assert chosen.dtype == torch.bfloat16 and chosen.grad_scaler() is None
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    assert chosen.line(CUDA) == "precision: forward pass in bf16 autocast (fp32 weights), TF32 on, no loss scaling on cuda:0"
+
+    cfg = Config()
+    cfg.train.bf16, cfg.train.tf32 = False, False
+    off = for_training(CUDA, cfg, VOCAB).apply()
+    assert off.dtype is None and not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert off.line(CUDA).endswith("fp32, TF32 off, no loss scaling on cuda:0 (train.bf16=false; train.tf32=false)")
+    cfg.train.tf32 = True  # an H100 told train.bf16=false still gets TF32 GEMMs
+    assert for_training(CUDA, cfg, VOCAB).apply().tf32 and torch.backends.cuda.matmul.allow_tf32
+
+
+def test_the_cpu_probe_rejects_bf16_where_it_measures_slower(monkeypatch, cache):
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    measured = []
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size: measured.append(1) or 0.97)
+    cfg = Config()
+    slower = for_training(CPU, cfg, VOCAB)
+    assert slower.dtype is None and slower.autocast().__class__.__name__ == "nullcontext"
+    assert slower.line(CPU) == ("precision: forward pass in fp32 on cpu "
+                                "(bf16 measured 0.97x fp32 for this model; bf16 needs 1.05x)")
+    again = for_training(CPU, cfg, VOCAB)  # the cache answers: no second probe
+    assert measured == [1] and "0.97x fp32 for this model; cached" in again.line(CPU)
+    assert for_inference(CPU, cfg, VOCAB).dtype is None
+
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size: 1.46)
+    wider = Config()
+    wider.model.d_model, wider.model.d_ff = 256, 1024  # another shape: measured apart
+    faster = for_training(CPU, wider, VOCAB)
+    assert faster.dtype == torch.bfloat16 and faster.grad_scaler() is None
+    assert faster.line(CPU) == "precision: forward pass in bf16 autocast (fp32 weights) on cpu (bf16 measured 1.46x fp32 for this model)"
+    assert for_inference(CPU, wider, VOCAB).dtype == torch.bfloat16  # the cached result, no probe
+
+    cfg.train.bf16 = False  # keeps forcing fp32, without a probe
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size: pytest.fail("probed"))
+    assert for_training(CPU, cfg, VOCAB).line(CPU) == "precision: forward pass in fp32 on cpu (train.bf16=false)"
+    other = Config()
+    other.model.num_decoder_layers = 3  # no cached result: inference decodes in fp32, never probes
+    assert for_inference(CPU, other, VOCAB).dtype is None
+
+
+def test_the_probe_times_both_precisions_and_leaves_the_rng_alone(cache):
+    cfg = Config(model=tiny())
+    cfg.data.max_tokens = 256
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    speedup, cached = precision.cpu_bf16_speedup(cfg, VOCAB)
+    assert speedup > 0 and not cached
+    assert torch.equal(torch.get_rng_state(), state)  # the run's initial weights and dropout unchanged
+    assert precision.cpu_bf16_speedup(cfg, VOCAB) == (round(speedup, 3), True)
+
+
+FP16 = precision.Precision("cpu", torch.float16)  # CPU autocast has fp16 too: the GPU path's twin
+
+
+def overflowing_scaler() -> torch.amp.GradScaler:
+    """A loss scaler whose first scale overflows fp16 gradients, and backs off to 16 after."""
+    return torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, backoff_factor=2.0 ** -20)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_an_overflow_under_loss_scaling_skips_the_update_and_is_counted(fused, monkeypatch):
+    cfg = small_config(max_steps=4, log_every=2, eval_every=1000)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, VOCAB)
+    optimizer = make_optimizer(model, cfg.optim, fused=fused)  # fused: skips on the device
+    scheduler = inverse_sqrt(optimizer, cfg.optim.warmup_steps)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    scaler = overflowing_scaler()
+    batch = batches(1)[0]
+    loss, applied = train_step(model, optimizer, [batch], batch.num_tokens, cfg, FP16.autocast, scaler=scaler)
+    assert applied.item() == 0.0 and scaler.get_scale() == 16.0
+    for name, value in model.state_dict().items():  # skipped: nothing changed
+        assert torch.equal(value, before[name]), name
+
+    trainer = Trainer(cfg, model, optimizer, scheduler, CPU, autocast=FP16.autocast, scaler=overflowing_scaler())
+    data = batches(6)
+    calls = count_host_syncs(monkeypatch) if fused else []
+    assert trainer.train_epoch(data)
+    monkeypatch.undo()
+    assert len(calls) <= 4 // 2, calls  # the scaler adds no host sync to the step
+    assert trainer.progress.last["skipped_steps"] == 1 and trainer.progress.num_skipped == 1
+    assert trainer.scaler.get_scale() == 16.0
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_a_scaled_step_equals_the_unscaled_one():
+    """The gradients are unscaled before clipping and the step: the loss scale changes nothing."""
+    cfg = small_config()
+    results = []
+    for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)):
+        torch.manual_seed(0)
+        model, optimizer, _ = restore_training(build_model(cfg.model, VOCAB), cfg, None, None, lambda m: m)
+        for batch in batches(3):
+            assert train_step(model, optimizer, [batch], batch.num_tokens, cfg, scaler=scaler)[1].item() == 1.0
+        results.append(model.state_dict())
+    for name, value in results[0].items():
+        torch.testing.assert_close(results[1][name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_the_loss_scale_is_checkpointed_and_restored(monkeypatch, tmp_path):
+    """The worker's report saves the scaler's state; restore_training loads it on resume."""
+    import ray.train
+
+    from raymt import worker
+
+    cfg = small_config()
+    torch.manual_seed(0)
+    tok = tokenizer()
+    model, optimizer, scheduler = restore_training(build_model(cfg.model, tok.vocab_size), cfg, None, None,
+                                                   lambda m: m)
+    scaler = overflowing_scaler()
+    batch = batches(1)[0]
+    train_step(model, optimizer, [batch], batch.num_tokens, cfg, FP16.autocast, scaler=scaler)
+    saved = {}
+    monkeypatch.setattr(ray.train, "report", lambda metrics, checkpoint=None:
+                        saved.update(load_train_state(checkpoint.path)))
+    loop = types.SimpleNamespace(
+        collective=worker.Collective(), is_rank0=True, model=model, run_cfg=cfg, tokenizer=tok,
+        optimizer=optimizer, scheduler=scheduler, step=1, epoch=0, segment=None, scaler=scaler,
+        position=types.SimpleNamespace(to_dict=lambda: {}))
+    worker._report({}, loop)
+    assert saved["grad_scaler"]["scale"] == 16.0
+
+    resumed = torch.amp.GradScaler("cpu")
+    restore_training(build_model(cfg.model, tok.vocab_size), cfg, model.state_dict(), saved, lambda m: m,
+                     scaler=resumed)
+    assert resumed.get_scale() == 16.0
+    fresh = torch.amp.GradScaler("cpu")  # a checkpoint of a bf16 run has no scaler state
+    restore_training(build_model(cfg.model, tok.vocab_size), cfg, None, {**saved, "grad_scaler": None},
+                     lambda m: m, scaler=fresh)
+    assert fresh.get_scale() == 2.0 ** 16
+
+
+def test_validation_runs_its_forward_passes_and_decoding_under_autocast():
+    cfg = Config(model=tiny())
+    tok = tokenizer()
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tok.vocab_size)
+    seen = []  # every linear layer's call, of the loss's forward pass and of decoding's steps
+    for layer in model.modules():
+        if isinstance(layer, torch.nn.Linear):
+            layer.register_forward_hook(
+                lambda module, args, out: seen.append((torch.is_autocast_enabled("cpu"), out.dtype)))
+    src = [tok.encode(s) for s in ("one two", "three")]
+    rows = [{"index": i, "src_ids": s + [3], "tgt_ids": s} for i, s in enumerate(src)]
+    loader = [collate_eval(rows)]
+    opts = DecodeOptions(beam=1, max_len_a=0, max_len_b=3)
+    bf16 = precision.Precision("cpu", torch.bfloat16)
+    metrics = evaluate(model, loader, tok, ["eins zwei", "drei"], opts, autocast=bf16.autocast)
+    assert seen and all(enabled and dtype == torch.bfloat16 for enabled, dtype in seen), seen
+    assert metrics["valid_loss"] > 0
+    seen.clear()
+    evaluate(model, loader, tok, ["eins zwei", "drei"], opts)  # fp32 by default
+    assert seen and all(not enabled and dtype == torch.float32 for enabled, dtype in seen)
+
+
+def test_profile_step_records_what_it_measured_and_the_start_up_line_agrees(monkeypatch, cache):
+    from benchmarks import profile_step
+
+    for module in (precision, profile_step):
+        monkeypatch.setattr(module, "native_bf16", lambda device: True)
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size: pytest.fail("probed"))
+    cfg = Config()
+    line = profile_step.record_cpu_bf16(cfg, VOCAB, {"raymt": [1000.0, 1010.0], "cpu-bf16": [970.0, 980.0]})
+    assert line == ("precision: forward pass in fp32 on cpu "
+                    "(bf16 measured 0.97x fp32 for this model; cached; bf16 needs 1.05x)")
+    assert for_training(CPU, cfg, VOCAB).line(CPU) == line  # what a run of this model prints
+    assert profile_step.record_cpu_bf16(cfg, VOCAB, {"raymt": [1000.0]}) is None  # bf16 not compared
+
+
+def test_translate_evaluate_and_the_test_set_decode_in_the_choice_for_inference(monkeypatch, cache, tmp_path):
+    """raymt.translate, raymt.evaluate's actor and the test-set decode of raymt.train autocast
+    as for_inference says: here bf16 on a CPU whose cached probe found it pays for this model."""
+    import numpy as np
+
+    from raymt import evaluate as evaluate_module, train, translate
+    from raymt.checkpoint import load_model
+    from tiny_checkpoint import make_checkpoint
+
+    checkpoint = make_checkpoint(tmp_path / "checkpoint")
+    _, tok, cfg = load_model(checkpoint)
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    precision.write_cache(precision.probe_key(cfg.model, tok.vocab_size), 2.0)
+    seen = []
+
+    def spy(module, name: str) -> None:
+        real = getattr(module, name)
+
+        def wrapped(*args, **kwargs):
+            seen.append((name, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, name, wrapped)
+
+    spy(translate, "translate_nbest")
+    spy(train, "translate")
+    spy(evaluate_module, "decode_ids")
+    assert translate.main(["--checkpoint", str(checkpoint), "--beam", "1", "--device", "cpu", "hello"]) == 0
+    train.test_scores(checkpoint, (["hello"], ["hallo"]), cfg)
+    actor = evaluate_module.BatchTranslator(str(checkpoint), {"beam": 1}, "cpu", 1)
+    actor({"set": [0], "index": [np.array([0])], "lengths": [np.array([3])], "src_ids": [np.array([5, 6, 3])]})
+    assert [name for name, _, _ in seen] == ["translate_nbest", "translate", "decode_ids"]
+    assert all(enabled and dtype == torch.bfloat16 for _, enabled, dtype in seen), seen

@@ -17,7 +17,8 @@ from raymt.data.builtin import generate
 from raymt.model import build_model
 from raymt.tokenizer import EOS_ID
 from raymt.train import build_config, parse_args
-from raymt.trainer import Trainer, autocast_for, restore_training
+from raymt.precision import autocast_for
+from raymt.trainer import Trainer, restore_training
 from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
 
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"
