@@ -119,11 +119,13 @@ def test_two_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
 
 @pytest.mark.slow  # ~3 min: two Ray nodes, and every exploit restarts Train runs (CI runs it)
 @pytest.mark.ci
+@pytest.mark.timeout(1200)
 def test_pbt_on_two_nodes_hands_checkpoints_over_through_storage(tmp_path, monkeypatch):
     """PBT where each trial actor and its training workers are on different nodes: a trial
     continuing another's checkpoint gets it from the sweep's storage, not from a temp dir on
     the trial actor's node (which the workers' node cannot read)."""
     from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
 
     from conftest import free_port
 
@@ -142,21 +144,25 @@ def test_pbt_on_two_nodes_hands_checkpoints_over_through_storage(tmp_path, monke
                        "--scheduler", "pbt", "--max-concurrent", "2", "--set", "train.cpus_per_worker=0.5",
                        "--storage-path", str(tmp_path), "--sweep-name", "pbt", timeout=900,
                        env={**os.environ, "RAY_ADDRESS": cluster.address})
+        actors = list_actors(address=cluster.address, limit=10000, raise_on_missing_output=False)
     finally:
         cluster.shutdown()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # Tune's trial actors (its ImplicitFunc class) and the Train workers ran on different nodes.
+    nodes = lambda cls: {a.node_id for a in actors if a.class_name == cls and a.node_id}  # noqa: E731
+    assert nodes("ImplicitFunc") and nodes("RayTrainWorker")
+    assert not nodes("ImplicitFunc") & nodes("RayTrainWorker"), actors
     runs = trial_runs(tmp_path / "pbt")
     continued = [r for rs in runs.values() for r in rs if r.get("init_checkpoint")]
-    assert continued, "no trial was restarted from a checkpoint"
-    for run in continued:
+    for run in continued:  # exploits, and trials PBT paused and resumed from their own checkpoint
         handed = Path(run["init_checkpoint"])
         # On the sweep's storage (today's code: a temp dir on the trial actor's node).
         assert handed.is_relative_to(tmp_path / "pbt" / "trials") and not handed.is_relative_to(trial_node_tmp)
-        assert (handed / "model.pt").is_file()
-        own = Path(run["run_dir"]).name.rsplit("-", 1)[0]
-        assert handed.name.startswith("init-from-run_trial_") and own not in handed.name  # another trial's
+        assert (handed / "model.pt").is_file() and handed.name.startswith("init-from-run_trial_")
         # It kept the donor's step (and optimizer and weights): a fresh run logs step 10 first.
         assert run["start_step"] > 10
+    own = lambda run: Path(run["run_dir"]).name.rsplit("-", 1)[0]  # noqa: E731
+    assert any(own(run) not in Path(run["init_checkpoint"]).name for run in continued), "no trial continued another's"
 
 
 def test_a_trial_hands_its_workers_a_checkpoint_on_the_runs_storage(ray_cluster, tmp_path, monkeypatch):
