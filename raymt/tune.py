@@ -374,7 +374,7 @@ def run_sweep(cfg: Config, space: dict, scheduler: str = "asha", searcher: str =
                     # PBT clones checkpoints between trials: keep enough of them around.
                     num_to_keep=4 if scheduler == "pbt" else 2, checkpoint_score_attribute=metric,
                     checkpoint_score_order=METRICS[metric])))
-    return summarize(tuner.fit(), metric, sweep_dir)
+    return summarize(tuner.fit(), metric, sweep_dir, early_stopping=scheduler == "asha")
 
 
 def connect(verbose: bool) -> None:
@@ -441,8 +441,9 @@ def shared_corpus(cfg: Config, sweep_dir: Path) -> Config:
     return apply_overrides(cfg, {"data.corpus": run_data.corpus, "data.train": None})
 
 
-def summarize(results, metric: str, sweep_dir: Path) -> dict:
-    """One row per trial (its best metric, last step, status, checkpoint), best first."""
+def summarize(results, metric: str, sweep_dir: Path, early_stopping: bool = True) -> dict:
+    """One row per trial (its best metric, last step, status, checkpoint), best first, and
+    with `early_stopping` (ASHA) the steps it saved."""
     mode = METRICS[metric]
     rows, max_steps = [], 0
     for result in results:
@@ -463,7 +464,7 @@ def summarize(results, metric: str, sweep_dir: Path) -> dict:
     rows.sort(key=lambda r: (metric not in r, sign * r.get(metric, 0)))
     summary = {"sweep_dir": str(sweep_dir), "metric": metric, "table": rows,
                "best": rows[0] if rows and metric in rows[0] else None,
-               "steps": steps_saved(rows, max_steps)}
+               "steps": steps_saved(rows, max_steps) if early_stopping else None}
     (sweep_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str))
     _write_csv(rows, sweep_dir / "results.csv")
     return summary

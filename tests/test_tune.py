@@ -117,7 +117,7 @@ def test_two_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
     assert "best checkpoint:" in out.stdout
 
 
-@pytest.mark.slow  # ~3 min: two Ray nodes, and every exploit restarts Train runs (CI runs it)
+@pytest.mark.slow  # 3-10 min: two Ray nodes, and every exploit restarts Train runs (CI runs it)
 @pytest.mark.ci
 @pytest.mark.timeout(1200)
 def test_pbt_on_two_nodes_hands_checkpoints_over_through_storage(tmp_path, monkeypatch):
@@ -359,6 +359,9 @@ def test_the_table_says_stopped_and_what_early_stopping_saved(tmp_path, capsys):
     assert "early stopping saved 300 of 900 steps (33%): 2 of 3 trials stopped" in out
     assert "best checkpoint: /sweep/t0/checkpoint_000001" in out
     assert json.loads((tmp_path / "results.json").read_text())["steps"] == {"saved": 300, "total": 900, "stopped": 2}
+    print_table(summarize([fake_result("t0", 2e-3, [100, 200, 300], [20, 50, 75])], "valid_bleu", tmp_path,
+                          early_stopping=False))  # PBT, FIFO
+    assert "early stopping" not in capsys.readouterr().out
 
 
 def test_one_console_line_per_trial_result(capsys):
