@@ -199,6 +199,47 @@ def test_a_trial_hands_its_workers_a_checkpoint_on_the_runs_storage(ray_cluster,
     assert (Path(path) / "model.pt").read_bytes() == b"weights"
 
 
+def test_a_stopped_trial_leaves_no_traceback_when_its_actor_ends(ray_cluster, tmp_path, monkeypatch):
+    """Tune stops a trial (`tune.report` raises SystemExit), then ends its actor, and with it the
+    trial's queue, while the Train run's thread is still finishing: that thread makes no Ray call
+    after `run` (its end marker used to raise ActorDiedError on a successful sweep's console)."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    import ray
+    import ray.tune
+
+    import raymt.train
+    from raymt.config import Config, TrainConfig
+    from raymt.tune import run_trial
+
+    errors, stopped = [], threading.Event()
+
+    def fake_run(cfg, init_checkpoint=None, callbacks=(), **kw):
+        callbacks[0].after_report(None, [{"step": 100}], None)
+        assert stopped.wait(60)
+        ray.kill(callbacks[0].queue.actor)  # the trial actor's end takes the queue it owns
+
+    def fake_report(metrics, checkpoint=None):
+        stopped.set()
+        raise SystemExit(0)  # what Tune's session does when it stops a trial
+
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    monkeypatch.setattr(raymt.train, "run", fake_run)
+    monkeypatch.setattr(ray.tune, "get_checkpoint", lambda: None)
+    monkeypatch.setattr(ray.tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "cd_00000"))
+    monkeypatch.setattr(ray.tune, "report", fake_report)
+    base = Config(train=TrainConfig(storage_path=str(tmp_path)))
+    with pytest.raises(SystemExit):
+        run_trial({"base": base.to_dict()})
+    deadline = time.time() + 60
+    while any(t.name.endswith("(train)") for t in threading.enumerate()):  # the Train run's thread
+        assert time.time() < deadline
+        time.sleep(0.1)
+    assert errors == []
+
+
 def test_a_sweep_with_failed_trials_exits_1(capsys):
     from raymt.tune import exit_status
 
