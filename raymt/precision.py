@@ -67,7 +67,10 @@ class Precision:
 
     def grad_scaler(self) -> Optional[torch.amp.GradScaler]:
         """A dynamic loss scaler where fp16 needs one (its gradients underflow), else None."""
-        return torch.amp.GradScaler(self.device_type) if self.dtype == torch.float16 else None
+        # fairseq's initial scale (--fp16-init-scale 128): torch's 2**16 overflows for the first
+        # steps of a Transformer, and each overflow is a skipped update that counts towards
+        # train.max_nonfinite_steps; the scale grows from 128 after 2000 clean updates.
+        return torch.amp.GradScaler(self.device_type, init_scale=128.0) if self.dtype == torch.float16 else None
 
     def apply(self) -> "Precision":
         """Set this process's TF32 flags as chosen (CUDA only); returns self."""

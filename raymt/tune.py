@@ -12,9 +12,10 @@ import typing
 from pathlib import Path
 from typing import Any, Optional
 
+from raymt import storage
 from raymt.config import Config, CorpusOptions, apply_overrides
-from raymt.cluster import init_ray, plan
-from raymt.train import build_config, finalize, flag_parser
+from raymt.cluster import _quiet_env, init_ray, plan
+from raymt.train import build_config, finalize, flag_parser, run_location
 
 SCHEDULERS = ("asha", "pbt", "fifo")
 SEARCHERS = ("random", "optuna")
@@ -75,7 +76,7 @@ def parse_space(search: list[str], grid: list[str]) -> dict[str, Any]:
         key, sep, values = item.partition("=")
         if not sep or not values:
             raise ValueError(f"--grid {item!r} must look like section.field=v1,v2,...")
-        space[key] = tune.grid_search([_typed(key, v) for v in values.split(",")])
+        space[key] = tune.grid_search(spread([_typed(key, v) for v in values.split(",")]))
     for item in search:
         key, sep, spec = item.partition("=")
         kind, _, args = spec.partition(":")
@@ -88,6 +89,22 @@ def parse_space(search: list[str], grid: list[str]) -> dict[str, Any]:
         raise ValueError(f"--search/--grid {', '.join(shared)}: a sweep prepares its corpus once for "
                          "every trial; run one sweep per value with --set (e.g. --set data.vocab_size=N)")
     return space
+
+
+def spread(values: list) -> list:
+    """Numbers in the order that covers their range soonest: the median, the extremes, then
+    the midpoints of the widest gaps. Trials mostly run one after another, and ASHA stops a
+    trial only when it is worse than those before it at a rung: in ascending order each new
+    learning rate may beat the last and none is stopped. Other values keep their order."""
+    if len(values) < 3 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return list(values)
+    ordered = sorted(values)
+    picked = list(dict.fromkeys([len(ordered) // 2, 0, len(ordered) - 1]))
+    while len(picked) < len(ordered):
+        done = sorted(picked)
+        gaps = sorted((a - b, (a + b) // 2) for a, b in zip(done, done[1:]) if b - a > 1)
+        picked += [middle for _, middle in gaps]  # widest gap first, then left to right
+    return [ordered[i] for i in picked]
 
 
 def _distribution(key: str, kind: str, args: str):
@@ -134,13 +151,31 @@ def forward_callback(queue):
     return type("ForwardReports", (_Forward, UserCallback), {})(queue)
 
 
+def handoff(checkpoint, cfg: Config) -> str:
+    """Copy a Tune checkpoint into the trial's run directory and return that location.
+
+    The trial's workers may run on other nodes than this trial actor: they get a location
+    on the run's storage (a shared path or a URI, as every run file), never a node-local
+    temp dir. A copy of the trial's own: Tune may delete the donor's while this trial trains.
+    Its name says where it came from (init-from-<Tune trial dir>-<checkpoint>).
+    """
+    import pyarrow.fs as pafs
+
+    donor = Path(checkpoint.path)
+    location = storage.join(run_location(cfg), f"init-from-{donor.parent.name}-{donor.name}")
+    fs, path = storage.filesystem(location)
+    fs.create_dir(path)
+    pafs.copy_files(checkpoint.path, path, source_filesystem=checkpoint.filesystem, destination_filesystem=fs)
+    return location
+
+
 def run_trial(trial_config: dict) -> None:
     """One Tune trial: a raymt training run whose reports and checkpoints go to Tune.
 
     A trial (re)started with a Tune checkpoint (PBT exploit, sweep resume) continues from
     it, optimizer and step included, with this trial's hyperparameters.
     """
-    import tempfile
+    import queue as local_queue
     import uuid
 
     from ray import tune
@@ -149,30 +184,33 @@ def run_trial(trial_config: dict) -> None:
     from raymt.train import run
 
     overrides = {k: v for k, v in trial_config.items() if k != "base"}
-    cfg = apply_overrides(Config.from_dict(trial_config["base"]), {
-        **overrides, "train.name": f"{tune.get_context().get_trial_id()}-{uuid.uuid4().hex[:6]}"})
-    queue = Queue(actor_options={"num_cpus": 0})
+    cfg = finalize(apply_overrides(Config.from_dict(trial_config["base"]), {
+        **overrides, "train.name": f"{tune.get_context().get_trial_id()}-{uuid.uuid4().hex[:6]}"}))
+    reports = Queue(actor_options={"num_cpus": 0})  # owned by this trial actor
     checkpoint = tune.get_checkpoint()
+    init = handoff(checkpoint, cfg) if checkpoint else None
     outcome: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        # A private copy: Tune may delete the donor trial's checkpoint while this one trains.
-        init_dir = Path(checkpoint.to_directory(tmp)) if checkpoint else None
 
-        def train() -> None:
-            try:
-                run(cfg, init_checkpoint=init_dir, callbacks=[forward_callback(queue)],
-                    score_test=False, init_full_state=True)
-            except BaseException as err:  # re-raised in the trial's own thread below
-                outcome["error"] = err
-            finally:
-                queue.put(None)
+    def train() -> None:
+        # No Ray call after `run`: when Tune stops this trial it ends this actor, and with it
+        # the queue and the Train run, while this thread may still be here (a `put` of an end
+        # marker then raised ActorDiedError on the console of a sweep that succeeded).
+        try:
+            run(cfg, init_checkpoint=init, callbacks=[forward_callback(reports)],
+                score_test=False, init_full_state=True)
+        except BaseException as err:  # re-raised in the trial's own thread below
+            outcome["error"] = err
 
-        thread = threading.Thread(target=train, daemon=True)
-        thread.start()
-        while (item := queue.get()) is not None:
-            metrics, path = item
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(path) if path else None)
-        thread.join()
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    while True:
+        try:  # every report is in the queue before `run` returns (after_report blocks on put)
+            metrics, path = reports.get(timeout=0.5)
+        except local_queue.Empty:
+            if thread.is_alive() or not reports.empty():
+                continue
+            break
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(path) if path else None)
     if "error" in outcome:
         raise outcome["error"]
 
@@ -250,8 +288,9 @@ def make_scheduler(name: str, cfg: Config, space: dict, num_trials: int):
     from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
 
     if name == "asha":
+        grace_period, reduction_factor = asha_rungs(cfg.train.max_steps, cfg.train.eval_every, num_trials)
         return ASHAScheduler(time_attr="step", max_t=cfg.train.max_steps,
-                             grace_period=cfg.train.eval_every, reduction_factor=2)
+                             grace_period=grace_period, reduction_factor=reduction_factor)
     if name == "pbt":
         mutations = {k: (v["grid_search"] if isinstance(v, dict) and "grid_search" in v else v)
                      for k, v in space.items()}
@@ -260,6 +299,19 @@ def make_scheduler(name: str, cfg: Config, space: dict, num_trials: int):
                                        hyperparam_mutations=mutations, synch=True,
                                        quantile_fraction=0.25 if num_trials >= 8 else 0.5)
     return tune.schedulers.FIFOScheduler()
+
+
+def asha_rungs(max_steps: int, eval_every: int, num_trials: int) -> tuple[int, int]:
+    """(grace period, reduction factor) of ASHA for a sweep of `num_trials` trials.
+
+    Each rung keeps 1/factor of the trials that reach it: about log_factor(num_trials) rungs
+    leave one trial to run to max_steps. Rungs sit at validations (multiples of eval_every,
+    where trials report), the first no earlier than the first validation.
+    """
+    factor = 2 if num_trials < 9 else 3
+    num_rungs = max(1, round(math.log(max(num_trials, 1), factor)))
+    grace = max_steps / factor ** num_rungs // eval_every * eval_every
+    return int(min(max(grace, eval_every), max_steps)), factor
 
 
 def _grid_size(space: dict) -> int:
@@ -291,7 +343,7 @@ def run_sweep(cfg: Config, space: dict, scheduler: str = "asha", searcher: str =
 
     from ray import tune
 
-    init_ray(dashboard=True, verbose=verbose)
+    connect(verbose)
     cpus, fits = trial_resources(cfg)  # raises before any trial starts if none fits
     cfg = finalize(apply_overrides(cfg, {"train.cpus_per_worker": cpus}))
     trainable = tune.with_resources(run_trial, {"cpu": 0, "memory": 64 * 2**20})
@@ -315,15 +367,67 @@ def run_sweep(cfg: Config, space: dict, scheduler: str = "asha", searcher: str =
                 max_concurrent_trials=max_concurrent or fits),
             run_config=tune.RunConfig(
                 name=sweep_name, storage_path=str(sweep_dir.parent),
-                callbacks=[janitor()],
-                progress_reporter=tune.CLIReporter(
-                    parameter_columns=list(space), max_report_frequency=30,
-                    metric_columns=["step", "train_loss", "valid_loss", "valid_bleu"]),
+                # One line per trial result (progress); Tune's status tables only when verbose.
+                callbacks=[janitor(), progress(list(space), metric, cfg.train.max_steps)],
+                verbose=1 if verbose else 0,
                 checkpoint_config=tune.CheckpointConfig(
                     # PBT clones checkpoints between trials: keep enough of them around.
                     num_to_keep=4 if scheduler == "pbt" else 2, checkpoint_score_attribute=metric,
                     checkpoint_score_order=METRICS[metric])))
-    return summarize(tuner.fit(), metric, sweep_dir)
+    return summarize(tuner.fit(), metric, sweep_dir, early_stopping=scheduler == "asha")
+
+
+def connect(verbose: bool) -> None:
+    """Ray for a sweep, as for training (cluster.init_ray), except that unless `verbose`
+    the trials' worker output (every step of every trial) stays in Ray's log files: the
+    sweep prints one line per trial result instead. Ray's errors still reach the console."""
+    import os
+
+    import ray
+
+    if not verbose:  # Tune's new output engine prints its experiment box even when silent
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    if not verbose and not ray.is_initialized():
+        quiet = {"logging_level": "WARNING", "log_to_driver": False}
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(**quiet)  # inside a job, num_cpus may not be passed
+        else:
+            ray.init(include_dashboard=True, runtime_env={"env_vars": _quiet_env()}, **quiet)
+    init_ray(dashboard=True, verbose=verbose)
+
+
+class _Progress:
+    """Tune callback (on the sweep driver): one console line per trial result or failure."""
+
+    def __init__(self, params: list[str], metric: str, max_steps: int):
+        self.params, self.metric, self.max_steps = params, metric, max_steps
+
+    def on_trial_result(self, iteration: int, trials: list, trial, result: dict, **info) -> None:
+        """`trial <id>  <params>  step <n>  <metric> <value>  running|completed|stopped`."""
+        step = result.get("step", 0)
+        # `done` is set here when the scheduler has just decided to stop the trial.
+        status = "completed" if step >= self.max_steps else "stopped" if result.get("done") else "running"
+        print(result_line(trial.trial_id, {k: trial.config.get(k) for k in self.params}, step,
+                          self.metric, result.get(self.metric), status), flush=True)
+
+    def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
+        """Where the failed trial's traceback is."""
+        print(f"trial {trial.trial_id} failed: its traceback is in {trial.path}/error.txt", flush=True)
+
+
+def result_line(trial_id: str, params: dict, step: int, metric: str, value: Optional[float],
+                status: str) -> str:
+    """One trial result as a console line."""
+    shown = "  ".join(f"{k}={v}" for k, v in params.items())
+    score = f"{value:.2f}" if isinstance(value, (int, float)) else "-"
+    return f"trial {trial_id}  {shown}  step {step}  {metric} {score}  {status}"
+
+
+def progress(params: list[str], metric: str, max_steps: int):
+    """A `ray.tune.Callback` instance of `_Progress`."""
+    from ray import tune
+
+    return type("ResultLines", (_Progress, tune.Callback), {})(params, metric, max_steps)
 
 
 def shared_corpus(cfg: Config, sweep_dir: Path) -> Config:
@@ -337,10 +441,11 @@ def shared_corpus(cfg: Config, sweep_dir: Path) -> Config:
     return apply_overrides(cfg, {"data.corpus": run_data.corpus, "data.train": None})
 
 
-def summarize(results, metric: str, sweep_dir: Path) -> dict:
-    """One row per trial (its best metric, last step, status, checkpoint), best first."""
+def summarize(results, metric: str, sweep_dir: Path, early_stopping: bool = True) -> dict:
+    """One row per trial (its best metric, last step, status, checkpoint), best first, and
+    with `early_stopping` (ASHA) the steps it saved."""
     mode = METRICS[metric]
-    rows = []
+    rows, max_steps = [], 0
     for result in results:
         history = result.metrics_dataframe
         config = {k: v for k, v in result.config.items() if k != "base"}
@@ -351,17 +456,25 @@ def summarize(results, metric: str, sweep_dir: Path) -> dict:
         best = history[metric].max() if mode == "max" else history[metric].min()
         step = int(history["step"].max())
         checkpoint = result.get_best_checkpoint(metric, mode)
-        status = "error" if result.error else ("stopped early" if step < max_steps else "completed")
+        status = "error" if result.error else ("stopped" if step < max_steps else "completed")
         rows.append({"trial": str(result.metrics.get("trial_id")), **config, "step": step,
                      metric: round(float(best), 2), "status": status,
                      "checkpoint": checkpoint.path if checkpoint else None})
     sign = -1 if mode == "max" else 1
     rows.sort(key=lambda r: (metric not in r, sign * r.get(metric, 0)))
     summary = {"sweep_dir": str(sweep_dir), "metric": metric, "table": rows,
-               "best": rows[0] if rows and metric in rows[0] else None}
+               "best": rows[0] if rows and metric in rows[0] else None,
+               "steps": steps_saved(rows, max_steps) if early_stopping else None}
     (sweep_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str))
     _write_csv(rows, sweep_dir / "results.csv")
     return summary
+
+
+def steps_saved(rows: list[dict], max_steps: int) -> dict:
+    """Training steps the stopped trials did not run, of all trials' max_steps."""
+    total = max_steps * len(rows)
+    saved = sum(max_steps - row["step"] for row in rows if row["status"] == "stopped")
+    return {"saved": saved, "total": total, "stopped": sum(row["status"] == "stopped" for row in rows)}
 
 
 def _write_csv(rows: list[dict], path: Path) -> None:
@@ -383,7 +496,10 @@ def print_table(summary: dict) -> None:
     print("\n" + "  ".join(c.ljust(widths[c]) for c in columns))
     for row in rows:
         print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
-    best = summary["best"]
+    best, steps = summary["best"], summary.get("steps")
+    if steps and steps["total"]:
+        print(f"\nearly stopping saved {steps['saved']} of {steps['total']} steps "
+              f"({100 * steps['saved'] / steps['total']:.0f}%): {steps['stopped']} of {len(rows)} trials stopped")
     print(f"\nresults: {summary['sweep_dir']}/results.csv")
     if best:
         config = {k: v for k, v in best.items() if "." in k}
@@ -420,8 +536,8 @@ def exit_status(table: list[dict]) -> int:
     """0 when no trial failed; else 1, with one line saying how many did."""
     failed = sum(row["status"] == "error" for row in table)
     if failed:
-        print(f"raymt.tune: error: {failed} of {len(table)} trials failed; their error files are "
-              "listed in Tune's table above", file=sys.stderr)
+        print(f"raymt.tune: error: {failed} of {len(table)} trials failed; the lines above say "
+              "where their tracebacks are", file=sys.stderr)
         return 1
     return 0
 

@@ -1,6 +1,9 @@
-"""`python -m raymt.tune`: search-space errors, a sweep end to end; slow: a sweep resumed, PBT."""
+"""`python -m raymt.tune`: search spaces, trial order and ASHA rungs, the console and table, a
+sweep end to end, the PBT handoff; slow: a sweep resumed, PBT on two nodes."""
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,6 +72,17 @@ def test_a_one_trial_sweep_end_to_end(tmp_path, ray_address):
     assert [(r["status"], r["optim.lr"]) for r in result["table"]] == [("completed", 1e-2)]
     assert (Path(result["best"]["checkpoint"]) / "model.pt").is_file()
     assert "best checkpoint:" in out.stdout
+    # A console a person reads: a line per trial result, the table; no Tune status tables,
+    # no worker step lines, no traceback from the trial's teardown.
+    console = out.stdout + out.stderr
+    assert "Traceback" not in console, console
+    assert len(console.splitlines()) <= 80, console
+    assert "Trial status" not in console and "step 10/20" not in console, console
+    assert "Configuration for experiment" not in console, console
+    lines = [line for line in out.stdout.splitlines() if re.match(r"trial \S+  optim", line)]
+    assert len(lines) == 2, console
+    assert re.fullmatch(r"trial \w+  optim.lr=0.01  step 10  valid_bleu \d+\.\d\d  running", lines[0]), lines
+    assert re.fullmatch(r"trial \w+  optim.lr=0.01  step 20  valid_bleu \d+\.\d\d  completed", lines[1]), lines
 
 
 @pytest.mark.slow  # ~1 min: three Train runs one after another (CI runs it: .ci/run)
@@ -103,31 +117,137 @@ def test_two_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
     assert "best checkpoint:" in out.stdout
 
 
-@pytest.mark.slow  # ~2.5 min: every exploit restarts Train runs
-def test_pbt_trial_continues_from_another_trials_checkpoint(tmp_path):
-    out = tune_cli(*TINY_TRIAL, "--max-steps", "40", "--grid", "optim.lr=1e-4,1e-2",
-                   "--scheduler", "pbt", "--max-concurrent", "2", "--set", "train.cpus_per_worker=0.5",
-                   "--storage-path", str(tmp_path), "--sweep-name", "pbt")
+@pytest.mark.slow  # 3-10 min: two Ray nodes, and every exploit restarts Train runs (CI runs it)
+@pytest.mark.ci
+@pytest.mark.timeout(1200)
+def test_pbt_on_two_nodes_hands_checkpoints_over_through_storage(tmp_path, monkeypatch):
+    """PBT where each trial actor and its training workers are on different nodes: a trial
+    continuing another's checkpoint gets it from the sweep's storage, not from a temp dir on
+    the trial actor's node (which the workers' node cannot read)."""
+    from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
+
+    from conftest import free_port
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    trial_node_tmp = tmp_path / "trial-node-tmp"  # the head's node-local temp dir
+    trial_node_tmp.mkdir()
+    # The head has no CPU: no training worker runs there. The other node has the CPUs and less
+    # memory than a trial actor asks for (64 MiB): every trial actor runs on the head.
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": True, "dashboard_port": free_port(),
+        "dashboard_agent_listen_port": free_port(), "env_vars": {"TMPDIR": str(trial_node_tmp)}})
+    cluster.add_node(num_cpus=2, memory=32 * 2**20, dashboard_agent_listen_port=free_port())
+    cluster.wait_for_nodes()
+    try:
+        out = tune_cli(*TINY_TRIAL, "--max-steps", "40", "--grid", "optim.lr=1e-4,1e-2",
+                       "--scheduler", "pbt", "--max-concurrent", "2", "--set", "train.cpus_per_worker=0.5",
+                       "--storage-path", str(tmp_path), "--sweep-name", "pbt", timeout=900,
+                       env={**os.environ, "RAY_ADDRESS": cluster.address})
+        actors = list_actors(address=cluster.address, limit=10000, raise_on_missing_output=False)
+    finally:
+        cluster.shutdown()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # Tune's trial actors (its ImplicitFunc class) and the Train workers ran on different nodes.
+    nodes = lambda cls: {a.node_id for a in actors if a.class_name == cls and a.node_id}  # noqa: E731
+    assert nodes("ImplicitFunc") and nodes("RayTrainWorker")
+    assert not nodes("ImplicitFunc") & nodes("RayTrainWorker"), actors
     runs = trial_runs(tmp_path / "pbt")
     continued = [r for rs in runs.values() for r in rs if r.get("init_checkpoint")]
-    assert continued, "no trial was restarted from a checkpoint"
-    for run in continued:
-        donor = Path(run["init_checkpoint"])
-        own = Path(run["run_dir"]).name.rsplit("-", 1)[0]
-        assert own not in str(donor)  # it came from another trial
+    for run in continued:  # exploits, and trials PBT paused and resumed from their own checkpoint
+        handed = Path(run["init_checkpoint"])
+        # On the sweep's storage (today's code: a temp dir on the trial actor's node).
+        assert handed.is_relative_to(tmp_path / "pbt" / "trials") and not handed.is_relative_to(trial_node_tmp)
+        assert (handed / "model.pt").is_file() and handed.name.startswith("init-from-run_trial_")
         # It kept the donor's step (and optimizer and weights): a fresh run logs step 10 first.
         assert run["start_step"] > 10
+    own = lambda run: Path(run["run_dir"]).name.rsplit("-", 1)[0]  # noqa: E731
+    assert any(own(run) not in Path(run["init_checkpoint"]).name for run in continued), "no trial continued another's"
+
+
+def test_a_trial_hands_its_workers_a_checkpoint_on_the_runs_storage(ray_cluster, tmp_path, monkeypatch):
+    """The PBT handoff without a sweep: the path `run` gets (and the workers read) is a copy on
+    the run's storage, readable from any node and after the trial, not the trial actor's temp dir."""
+    from types import SimpleNamespace
+
+    import ray.tune
+
+    import raymt.train
+    from raymt.config import Config, TrainConfig
+    from raymt.tune import run_trial
+
+    donor = tmp_path / "sweep" / "run_trial_ab_00001_1_lr=0.01" / "checkpoint_000002"
+    donor.mkdir(parents=True)
+    (donor / "model.pt").write_bytes(b"weights")
+    handed, reported = [], []
+
+    def fake_run(cfg, init_checkpoint=None, callbacks=(), **kw):
+        handed.append(str(init_checkpoint))
+        callbacks[0].after_report(None, [{"step": 20}], None)  # through the trial's queue
+
+    monkeypatch.setattr(raymt.train, "run", fake_run)
+    monkeypatch.setattr(ray.tune, "get_checkpoint", lambda: ray.tune.Checkpoint.from_directory(donor))
+    monkeypatch.setattr(ray.tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "ab_00000"))
+    monkeypatch.setattr(ray.tune, "report", lambda metrics, checkpoint=None: reported.append(metrics))
+    base = Config(train=TrainConfig(storage_path=str(tmp_path / "trials")))
+    run_trial({"base": base.to_dict(), "optim.lr": 1e-3})
+    assert reported == [{"step": 20}]
+    [path] = handed
+    run_dir = Path(path).parent  # this trial's: STORAGE/<trial id>-<6 hex>
+    assert run_dir.parent == tmp_path / "trials" and run_dir.name.startswith("ab_00000-"), path
+    assert Path(path).name == "init-from-run_trial_ab_00001_1_lr=0.01-checkpoint_000002"
+    assert (Path(path) / "model.pt").read_bytes() == b"weights"
+
+
+def test_a_stopped_trial_leaves_no_traceback_when_its_actor_ends(ray_cluster, tmp_path, monkeypatch):
+    """Tune stops a trial (`tune.report` raises SystemExit), then ends its actor, and with it the
+    trial's queue, while the Train run's thread is still finishing: that thread makes no Ray call
+    after `run` (its end marker used to raise ActorDiedError on a successful sweep's console)."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    import ray
+    import ray.tune
+
+    import raymt.train
+    from raymt.config import Config, TrainConfig
+    from raymt.tune import run_trial
+
+    errors, stopped = [], threading.Event()
+
+    def fake_run(cfg, init_checkpoint=None, callbacks=(), **kw):
+        callbacks[0].after_report(None, [{"step": 100}], None)
+        assert stopped.wait(60)
+        ray.kill(callbacks[0].queue.actor)  # the trial actor's end takes the queue it owns
+
+    def fake_report(metrics, checkpoint=None):
+        stopped.set()
+        raise SystemExit(0)  # what Tune's session does when it stops a trial
+
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    monkeypatch.setattr(raymt.train, "run", fake_run)
+    monkeypatch.setattr(ray.tune, "get_checkpoint", lambda: None)
+    monkeypatch.setattr(ray.tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "cd_00000"))
+    monkeypatch.setattr(ray.tune, "report", fake_report)
+    base = Config(train=TrainConfig(storage_path=str(tmp_path)))
+    with pytest.raises(SystemExit):
+        run_trial({"base": base.to_dict()})
+    deadline = time.time() + 60
+    while any(t.name.endswith("(train)") for t in threading.enumerate()):  # the Train run's thread
+        assert time.time() < deadline
+        time.sleep(0.1)
+    assert errors == []
 
 
 def test_a_sweep_with_failed_trials_exits_1(capsys):
     from raymt.tune import exit_status
 
-    assert exit_status([{"status": "completed"}, {"status": "stopped early"}]) == 0
+    assert exit_status([{"status": "completed"}, {"status": "stopped"}]) == 0
     assert capsys.readouterr().err == ""
     assert exit_status([{"status": "completed"}, {"status": "error"}, {"status": "error"}]) == 1
-    assert capsys.readouterr().err.strip() == ("raymt.tune: error: 2 of 3 trials failed; their error "
-                                               "files are listed in Tune's table above")
+    assert capsys.readouterr().err.strip() == ("raymt.tune: error: 2 of 3 trials failed; the lines "
+                                               "above say where their tracebacks are")
 
 
 @pytest.mark.slow  # PBT's case (the PBT test is slow too)
@@ -190,3 +310,114 @@ def test_janitor_removes_groups_whose_cpus_nobody_uses(ray_cluster):
     assert state(left) == "REMOVED" and state(busy) == "CREATED"
     ray.kill(worker)
     ray.util.remove_placement_group(busy)
+
+
+# Valid BLEU of the default sweep's learning rates at each validation, shaped as issue 28 saw on
+# 2 cores: at steps 100 and 200 each higher rate is ahead; at 300 4e-3 has overtaken 1e-2.
+BLEU = {5e-4: (5, 20, 40), 1e-3: (10, 35, 60), 2e-3: (20, 50, 75), 4e-3: (30, 65, 88), 1e-2: (40, 70, 80)}
+
+
+def asha_one_at_a_time(lrs: list[float], num_trials: int) -> dict[float, int]:
+    """Last step of each trial under the sweep's ASHA when trials run one after another."""
+    from raymt.config import Config, TrainConfig
+    from raymt.tune import make_scheduler
+
+    cfg = Config(train=TrainConfig(max_steps=300, eval_every=100))
+    scheduler = make_scheduler("asha", cfg, {}, num_trials)
+    scheduler.set_search_properties("valid_bleu", "max")
+    last = {}
+    for lr in lrs:
+        trial = type("Trial", (), {"trial_id": str(lr)})()
+        scheduler.on_trial_add(None, trial)
+        for step, bleu in zip((100, 200, 300), BLEU[lr]):
+            last[lr] = step
+            if scheduler.on_trial_result(None, trial, {"step": step, "valid_bleu": bleu}) == "STOP":
+                break
+    return last
+
+
+def test_the_default_grid_runs_in_an_order_that_lets_asha_stop_trials():
+    from raymt.tune import DEFAULT_LRS, parse_space
+
+    order = parse_space([], [DEFAULT_LRS])["optim.lr"]["grid_search"]
+    assert sorted(order) == sorted(BLEU)
+    assert asha_one_at_a_time(sorted(BLEU), 5) == {lr: 300 for lr in BLEU}  # ascending: none stopped
+    last = asha_one_at_a_time(order, 5)
+    stopped = [lr for lr, step in last.items() if step < 300]
+    assert len(stopped) >= 2, last
+    finished = {lr: BLEU[lr][-1] for lr, step in last.items() if step == 300}
+    assert max(finished, key=finished.get) == 4e-3  # the best of the full run still finishes
+
+
+@pytest.mark.parametrize("values, order", [
+    ([5e-4, 1e-3, 2e-3, 4e-3, 1e-2], [2e-3, 5e-4, 1e-2, 1e-3, 4e-3]),  # median, extremes, midpoints
+    ([4, 1, 3, 2], [3, 1, 4, 2]),
+    ([0.1, 0.2], [0.1, 0.2]),
+    (["adam", "sgd", "lion"], ["adam", "sgd", "lion"]),  # not numbers: as given
+])
+def test_spread_covers_the_range_first(values, order):
+    from raymt.tune import spread
+
+    assert spread(values) == order
+
+
+@pytest.mark.parametrize("max_steps, eval_every, num_trials, rungs", [
+    (300, 100, 5, (100, 2)),  # the default sweep: rungs at 100 and 200
+    (300, 50, 5, (50, 2)),  # 5 trials: about log2(5) rungs, at validations
+    (3000, 100, 8, (300, 2)),  # 8 trials: 3 halvings leave one trial (300, 600, 1200)
+    (2700, 100, 27, (100, 3)),  # 27 trials: thirds at 100, 300, 900
+    (20, 10, 2, (10, 2)),  # never before the first validation
+    (100, 200, 4, (100, 2)),  # nor past max_steps
+])
+def test_asha_rungs_are_sized_to_the_run(max_steps, eval_every, num_trials, rungs):
+    from raymt.tune import asha_rungs
+
+    assert asha_rungs(max_steps, eval_every, num_trials) == rungs
+
+
+def fake_result(trial_id: str, lr: float, steps: list[int], bleus: list[float], max_steps: int = 300):
+    import pandas as pd
+    from types import SimpleNamespace
+
+    checkpoint = SimpleNamespace(path=f"/sweep/{trial_id}/checkpoint_000001")
+    return SimpleNamespace(
+        metrics_dataframe=pd.DataFrame({"step": steps, "valid_bleu": bleus}), error=None,
+        config={"base": {"train": {"max_steps": max_steps}}, "optim.lr": lr}, path=f"/sweep/{trial_id}",
+        metrics={"trial_id": trial_id}, get_best_checkpoint=lambda metric, mode: checkpoint)
+
+
+def test_the_table_says_stopped_and_what_early_stopping_saved(tmp_path, capsys):
+    from raymt.tune import print_table, summarize
+
+    summary = summarize([fake_result("t0", 2e-3, [100, 200, 300], [20, 50, 75]),
+                         fake_result("t1", 5e-4, [100], [5]),
+                         fake_result("t2", 1e-2, [100, 200], [40, 70])], "valid_bleu", tmp_path)
+    assert [(r["trial"], r["status"]) for r in summary["table"]] == [
+        ("t0", "completed"), ("t2", "stopped"), ("t1", "stopped")]
+    print_table(summary)
+    out = capsys.readouterr().out
+    assert [line.split()[-1] for line in out.splitlines()[2:5]] == ["completed", "stopped", "stopped"]
+    assert "early stopping saved 300 of 900 steps (33%): 2 of 3 trials stopped" in out
+    assert "best checkpoint: /sweep/t0/checkpoint_000001" in out
+    assert json.loads((tmp_path / "results.json").read_text())["steps"] == {"saved": 300, "total": 900, "stopped": 2}
+    print_table(summarize([fake_result("t0", 2e-3, [100, 200, 300], [20, 50, 75])], "valid_bleu", tmp_path,
+                          early_stopping=False))  # PBT, FIFO
+    assert "early stopping" not in capsys.readouterr().out
+
+
+def test_one_console_line_per_trial_result(capsys):
+    from types import SimpleNamespace
+
+    from raymt.tune import progress
+
+    lines = progress(["optim.lr"], "valid_bleu", 300)
+    trial = SimpleNamespace(trial_id="t1", config={"base": {}, "optim.lr": 5e-4}, path="/sweep/t1")
+    lines.on_trial_result(0, [], trial, {"step": 100, "valid_bleu": 12.345, "valid_loss": 3.0})
+    lines.on_trial_result(0, [], trial, {"step": 200, "valid_bleu": 20.0, "done": True})  # ASHA stopped it
+    lines.on_trial_result(0, [], trial, {"step": 300, "valid_bleu": 30.0})
+    lines.on_trial_error(0, [], trial)
+    assert capsys.readouterr().out.splitlines() == [
+        "trial t1  optim.lr=0.0005  step 100  valid_bleu 12.35  running",
+        "trial t1  optim.lr=0.0005  step 200  valid_bleu 20.00  stopped",
+        "trial t1  optim.lr=0.0005  step 300  valid_bleu 30.00  completed",
+        "trial t1 failed: its traceback is in /sweep/t1/error.txt"]
