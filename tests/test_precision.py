@@ -193,6 +193,7 @@ def test_the_loss_scale_is_checkpointed_and_restored(monkeypatch, tmp_path):
     loop = types.SimpleNamespace(
         collective=worker.Collective(), is_rank0=True, model=model, run_cfg=cfg, tokenizer=tok,
         optimizer=optimizer, scheduler=scheduler, step=1, epoch=0, segment=None, scaler=scaler,
+        device=torch.device("cpu"),
         position=types.SimpleNamespace(to_dict=lambda: {}))
     worker._report({}, loop)
     assert saved["grad_scaler"]["scale"] == 16.0
