@@ -52,7 +52,7 @@ def test_two_actors_equal_one_actor_and_translate(ray_cluster, files):
     assert one == local  # same hypotheses and the same scores, bit for bit
 
     for name, hyps in zip(("set_a", "set_b"), two):
-        scores = metrics.score(hyps, read_parallel(str(files[name[-1]]), "en", "de")[1], extra=True)
+        scores = metrics.score(hyps, read_parallel(str(files[name[-1]]), "en", "de")[1], extra=True, lang="de")
         entry = report["test_sets"][name]
         assert {k: entry[k] for k in scores} == scores and entry["num_sentences"] == len(hyps)
     assert "tok:13a" in entry["bleu_lc_signature"] and "case:lc" in entry["bleu_lc_signature"]
