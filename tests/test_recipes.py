@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from raymt.batching import chunk_batches, collate
-from raymt.config import Config
+from raymt.config import Config, batch_schedule
 from raymt.data.builtin import generate
 from raymt.model import build_model
 from raymt.tokenizer import EOS_ID
@@ -51,6 +51,16 @@ def header(path: Path) -> dict[str, str]:
         assert sep and key in HEADER_KEYS, f"{path.name}: header line {line!r} is not `# KEY: ...`"
         fields[key] = text.strip()
     return fields
+
+
+@pytest.mark.parametrize("name", ["wmt14-en-de-base", "wmt14-en-de-big"])
+def test_wmt14_recipes_fill_fast_gpus_and_follow_the_lr_rule(name):
+    """>= 16k tokens per GPU (3,328 left an H200 launch-bound), compiled, and the lr and warmup
+    of the one batch rule of --gpu runs for the recipe's global batch (issue 27, item 9)."""
+    cfg = recipe_config(RECIPE_DIR / f"{name}.toml")
+    assert cfg.train.use_gpu and cfg.train.compile
+    assert cfg.data.max_tokens >= 16384
+    assert (cfg.optim.lr, cfg.optim.warmup_steps) == batch_schedule(cfg)
 
 
 def test_the_named_recipes_exist():
