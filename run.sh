@@ -2,16 +2,18 @@
 # Set up everything from nothing (a .venv beside this file), then run one command:
 #   ./run.sh train [raymt.train flags]   train on the built-in corpus with 2 Ray workers
 #   ./run.sh test  [pytest flags]        run the test suite (also installs the [test] extra)
+#   ./run.sh lint                        ruff: lint and format check (CI runs it first)
 #   ./run.sh shell                       just set up; then: source .venv/bin/activate
-# train and shell install only what training needs; test adds pytest and the peers it compares to.
+# train and shell install only what training needs; test adds pytest and the peers it compares
+# to; lint adds only ruff.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 cmd=${1:-train}
 shift || true
 case "$cmd" in
-  train | test | shell) ;;
-  *) echo "run.sh: unknown command '$cmd' (use train, test or shell)" >&2; exit 2 ;;
+  train | test | lint | shell) ;;
+  *) echo "run.sh: unknown command '$cmd' (use train, test, lint or shell)" >&2; exit 2 ;;
 esac
 
 python_bin=${PYTHON:-}
@@ -54,10 +56,11 @@ install_project() {  # install_project [EXTRA]
   fi
 }
 install_project
-if [[ "$cmd" == test ]]; then install_project test; fi
+if [[ "$cmd" == test || "$cmd" == lint ]]; then install_project "$cmd"; fi
 
 case "$cmd" in
   train) exec python -m raymt.train "$@" ;;
   test) exec python -m pytest "$@" ;;
+  lint) ruff check . && exec ruff format --check . ;;
   shell) echo "ready: source .venv/bin/activate" ;;
 esac

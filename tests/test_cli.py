@@ -69,7 +69,8 @@ def test_console_script_points_at_the_dispatcher():
                              "plot"}
 
 
-@pytest.mark.parametrize("command, extras", [("train", []), ("shell", []), ("test", ["test"])])
+@pytest.mark.parametrize("command, extras", [("train", []), ("shell", []), ("test", ["test"]),
+                                                     ("lint", ["lint"])])
 def test_run_sh_installs_only_the_extras_a_command_needs(tmp_path, command, extras):
     """run.sh with a stub venv (python and pip that log their arguments): what it would install."""
     (tmp_path / "pyproject.toml").write_text("")

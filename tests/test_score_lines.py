@@ -41,8 +41,7 @@ def multi_bleu(hyps: list[str], refs: list[str]) -> float:
         h, r = hyp.split(), ref.split()
         hyp_len, ref_len = hyp_len + len(h), ref_len + len(r)
         for n in range(1, 5):
-            grams = lambda words: Counter(tuple(words[i:i + n]) for i in range(len(words) - n + 1))  # noqa: E731
-            hyp_grams, ref_grams = grams(h), grams(r)
+            hyp_grams, ref_grams = (Counter(tuple(w[i:i + n]) for i in range(len(w) - n + 1)) for w in (h, r))
             matches[n - 1] += sum(min(c, ref_grams[g]) for g, c in hyp_grams.items())
             totals[n - 1] += max(len(h) - n + 1, 0)
     if min(matches) == 0:

@@ -355,11 +355,12 @@ def chunk_rng(seed: int, epoch: int, rank: int, chunk_index: int,
 
 
 def cut_chunk(src, tgt, cfg: DataConfig, rng: np.random.Generator,
-              excluded: np.ndarray = np.zeros(0, dtype=np.int64)) -> list[np.ndarray]:
+              excluded: Optional[np.ndarray] = None) -> list[np.ndarray]:
     """A chunk's batches (row indices); pairs longer than data.max_len and `excluded` rows are dropped."""
     src_lens, tgt_lens = np.diff(src[1]), np.diff(tgt[1])
     ok = (src_lens > 0) & (tgt_lens > 0) & (src_lens <= cfg.max_len) & (tgt_lens <= cfg.max_len)
-    ok[excluded] = False
+    if excluded is not None:
+        ok[excluded] = False
     keep = np.flatnonzero(ok)
     batches = chunk_batches(src_lens[keep] + 1, tgt_lens[keep] + 1, cfg.window_rows, cfg.max_tokens,
                             rng, shuffle=cfg.shuffle_buffer_rows > 0, pad_multiple=cfg.pad_multiple,
