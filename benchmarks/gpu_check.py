@@ -116,7 +116,7 @@ FULL = Sizes(preset="base", steps=200, log_every=25, max_minutes=1.0, compiled_m
              caps={"start-up": 5, "prepare": 40, "matmul": 25, "ray": 95, "plain": 45, "compiled": 120,
                    "resume": 95, "evaluate": 55})
 TINY = Sizes(preset="tiny", steps=24, log_every=6, max_minutes=5.0, compiled_minutes=5.0, compiled=False,
-             resume_steps=30, resume_every=10, matmul_n=256, vocab_size=256,
+             resume_steps=20, resume_every=10, matmul_n=256, vocab_size=256,
              caps={"start-up": 10, "prepare": 60, "matmul": 30, "ray": 120, "plain": 60, "compiled": 300,
                    "resume": 180, "evaluate": 120})
 
@@ -392,7 +392,33 @@ def count_syncs(fn: Callable[[], None]) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+def in_a_thread(fn: Callable[[], int]) -> int:
+    """fn() in a second thread, as Ray Train runs the loop (a main-thread loop can run at half speed on
+    CPUs, benchmarks/NOTES.md "A slow mode of glibc's main arena"); its exception is raised here."""
+    import threading
+
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["rc"] = fn()
+        except BaseException as err:  # raised again in the calling thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=target, name="plain-loop")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["rc"]
+
+
 def part_plain(args: argparse.Namespace, sizes: Sizes) -> int:
+    """The plain loop in a second thread, as Ray Train runs its loop."""
+    return in_a_thread(lambda: plain_loop(args, sizes))
+
+
+def plain_loop(args: argparse.Namespace, sizes: Sizes) -> int:
     """The ray run's model on its batches in this process (raymt.trainer, no Ray): tok/s, memory, syncs."""
     import torch
 
@@ -464,8 +490,10 @@ def metrics_figures(metrics_csv: str) -> dict:
     # Time-weighted (token-budget batches: about as many tokens a step): steps / seconds.
     out = {"tokens_per_s": sum(steps) / sum(n / v for n, v in zip(steps, rates)), "steps": sum(steps),
            "data_share": float(rows[-1]["data_share"]) if rows[-1].get("data_share") else None}
-    gpu_mb = [float(r["peak_gpu_mb"]) for r in rows if r.get("peak_gpu_mb")]
-    out["peak_gpu_mb"] = max(gpu_mb) if gpu_mb else None  # when the worker logs it
+    # When the worker logs it (peak_gpu_mb or a column named alike).
+    column = next((k for k in rows[0] if re.fullmatch(r"(peak_)?gpu(_mem(ory)?)?_mi?b", k)), None)
+    gpu_mb = [float(r[column]) for r in rows if column and r.get(column)]
+    out["peak_gpu_mb"] = max(gpu_mb) if gpu_mb else None
     return out
 
 
@@ -474,6 +502,8 @@ def check_speed_run(args: argparse.Namespace, sizes: Sizes, budget: Budget, name
     minutes = sizes.compiled_minutes if name == "compiled" else sizes.max_minutes
     flags = train_flags(args, sizes, name, sizes.steps, *speed_flags(sizes, minutes), *extra)
     result = run_part(args, budget, name, part_cmd(args, "train", "--name", name, "--", *flags))
+    precision = re.search(r"forward pass in (.+)", result["log"])
+    result["precision"] = precision.group(1).strip() if precision else None
     csv_file = Path(args.work) / "runs" / name / "logs" / "metrics.csv"
     if csv_file.exists():
         figures = metrics_figures(str(csv_file))
@@ -573,6 +603,12 @@ def table_rows(parts: dict, cpu: bool) -> list[tuple[str, str, str, str, str]]:
     # FLOPs per token are those of the run's own batches; the plain loop's are the ray run's.
     flops = {run: parts.get(run, {}).get("flops_per_token") or parts.get("ray", {}).get("flops_per_token")
              for run in RUNS}
+    for run in ("ray", "compiled"):
+        p = parts.get(run, {})
+        if p.get("max_tokens"):
+            rows.append(("setup", run, f"{p['max_tokens']} tokens/worker, pad_multiple {p['pad_multiple']}, lr "
+                                       f"{p['lr']:.2g}, warmup {p['warmup_steps']}; {p.get('precision') or '?'}",
+                         "", ""))
     for run in RUNS:
         p = parts.get(run, {})
         value = p.get("skipped") or (f"{p['tokens_per_s']:,.0f}" if p.get("tokens_per_s") else

@@ -87,6 +87,21 @@ def test_gpu_table_from_fake_parts():
     assert t[("resume", "resume")]["value"] == "not run (yet)"
 
 
+def test_run_figures_from_metrics_csv(tmp_path):
+    """tok/s leaves out the warm-up interval and weighs the others by time; the run's last data_share;
+    peak GPU memory when the worker logs it."""
+    logged = tmp_path / "metrics.csv"
+    logged.write_text("step,tokens_per_s,valid_bleu,data_share,peak_gpu_mb\n"
+                      "25,10,,0.5,100\n50,200,,0.1,300\n100,100,1.5,0.05,310\n")
+    figures = gpu_check.metrics_figures(str(logged))
+    # 25 steps at 200 tok/s and 50 at 100 (about as many tokens a step): 75 steps in 0.625 "s".
+    assert figures == {"tokens_per_s": pytest.approx(120.0), "steps": 75, "data_share": 0.05, "peak_gpu_mb": 310.0}
+    logged.write_text("step,tokens_per_s,data_share\n25,10,0.5\n50,200,0.1\n")
+    assert gpu_check.metrics_figures(str(logged))["peak_gpu_mb"] is None
+    logged.write_text("step,tokens_per_s,data_share\n25,10,0.5\n")
+    assert "error" in gpu_check.metrics_figures(str(logged))
+
+
 def test_syncs_counted_once_each(monkeypatch):
     """Every synchronization counts, the same warning from the same line included."""
     import torch
