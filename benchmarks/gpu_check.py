@@ -17,7 +17,8 @@ OUT/gpu_check.json as soon as its part ends, with the part's log beside it:
 | evaluate | `python -m raymt.evaluate --gpu` on the ray run's best checkpoint and the raw test set |
 
 MFU = target tok/s x training FLOPs per target token (`raymt.profiling.train_flops` over
-the run's own batches) / the datasheet peak ("peak") or the measured matmul ("matmul").
+the timed steps' batches, the same in every run) / the datasheet peak ("peak") or the
+measured matmul ("matmul").
 The table (Markdown) has the rows `gpu`, `matmul`, `tgt tok/s`, `mfu` (columns `peak`
 and `matmul`), `ray/plain`, `data_share`, `peak GPU MiB`, `syncs/step`, `resume` and
 `evaluate`. The script exits 1 when the ray run, resume or evaluate failed; a part that
@@ -72,6 +73,7 @@ MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 RESULTS = "gpu_check.json"
 TOTAL_S = 480  # one GPU session's share for this check: 8 of its 15 device minutes
 RUNS = ("ray", "compiled", "plain")
+FLOPS_BATCHES = 50  # a Ray run's FLOPs per token are estimated over its first batches
 CORRECTNESS = ("ray", "resume", "evaluate")  # a failure here: exit status 1
 
 # (pattern in torch.cuda.get_device_name, card, dtype, dense TFLOP/s on the datasheet, no
@@ -364,7 +366,9 @@ def part_train(args: argparse.Namespace, sizes: Sizes) -> int:
     cfg = train_config(args)
     vocab = corpus_format.load_tokenizer(args.corpus, corpus_format.read_manifest(args.corpus)).vocab_size
     t0 = time.perf_counter()
-    result = {"flops_per_token": flops_per_token(cfg, vocab, run_batches(cfg, args.corpus, cfg.train.max_steps)),
+    # Over its first batches (seconds on the CPU); the plain part gives those of the timed steps exactly.
+    batches = run_batches(cfg, args.corpus, min(cfg.train.max_steps, FLOPS_BATCHES))
+    result = {"flops_per_token": flops_per_token(cfg, vocab, batches),
               "flops_s": round(time.perf_counter() - t0, 1), "max_tokens": cfg.data.max_tokens,
               "pad_multiple": cfg.data.pad_multiple, "compile": cfg.train.compile, "lr": cfg.optim.lr,
               "warmup_steps": cfg.optim.warmup_steps}
@@ -415,10 +419,10 @@ def in_a_thread(fn: Callable[[], int]) -> int:
 
 def part_plain(args: argparse.Namespace, sizes: Sizes) -> int:
     """The plain loop in a second thread, as Ray Train runs its loop."""
-    return in_a_thread(lambda: plain_loop(args, sizes))
+    return in_a_thread(lambda: plain_loop(args))
 
 
-def plain_loop(args: argparse.Namespace, sizes: Sizes) -> int:
+def plain_loop(args: argparse.Namespace) -> int:
     """The ray run's model on its batches in this process (raymt.trainer, no Ray): tok/s, memory, syncs."""
     import torch
 
@@ -427,14 +431,16 @@ def plain_loop(args: argparse.Namespace, sizes: Sizes) -> int:
     from raymt.model import build_model
     from raymt.trainer import Trainer, autocast_for, compile_model, restore_training
 
-    cfg = train_config(args)  # max_steps: the ray run's steps and one log interval more
+    ray_cfg = train_config(args)  # the ray run's config, its device defaults included
+    warm, steps = ray_cfg.train.log_every, ray_cfg.train.max_steps  # the ray run's rate leaves out warm
+    # The loop goes on for one log interval more, to count syncs in it; the part's cap bounds its time.
+    cfg = replace(ray_cfg, train=replace(ray_cfg.train, max_steps=steps + warm, max_minutes=None))
     gpu = cfg.train.use_gpu
     device = torch.device("cuda" if gpu else "cpu")
     # The threads a Ray Train worker of this run gets on this machine.
     torch.set_num_threads(plan(1, gpu, cfg.train.cpus_per_worker,
                                total={"CPU": machine_cpus(), "GPU": int(gpu)}).num_threads)
     vocab = corpus_format.load_tokenizer(args.corpus, corpus_format.read_manifest(args.corpus)).vocab_size
-    warm, steps = cfg.train.log_every, sizes.steps  # the ray run's rate leaves out its first interval
     batches = run_batches(cfg, args.corpus, cfg.train.max_steps, pin_memory=gpu)
     torch.manual_seed(cfg.train.seed)  # the worker's initial weights
     model, optimizer, scheduler = restore_training(build_model(cfg.model, vocab), cfg, None, None,
@@ -452,7 +458,7 @@ def plain_loop(args: argparse.Namespace, sizes: Sizes) -> int:
     sync()
     seconds = time.perf_counter() - t0
     result = {"tokens_per_s": sum(b.num_tokens for b in batches[warm:steps]) / seconds, "steps": steps - warm,
-              "flops_per_token": flops_per_token(cfg, vocab, batches[:steps]),
+              "flops_per_token": flops_per_token(cfg, vocab, batches[warm:steps]),
               "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if gpu else None}
     write_part(args, "plain", result)
     if gpu:  # the next log interval, its progress line's sync included
@@ -506,6 +512,7 @@ def check_speed_run(args: argparse.Namespace, sizes: Sizes, budget: Budget, name
     result["precision"] = precision.group(1).strip() if precision else None
     csv_file = Path(args.work) / "runs" / name / "logs" / "metrics.csv"
     if csv_file.exists():
+        shutil.copy(csv_file, Path(args.out) / f"{name}-metrics.csv")  # --work may not come back
         figures = metrics_figures(str(csv_file))
         result.update({k: v for k, v in figures.items() if k != "error" or "error" not in result})
     return result
@@ -600,9 +607,10 @@ def table_rows(parts: dict, cpu: bool) -> list[tuple[str, str, str, str, str]]:
             ("matmul", "-", f"{mm.get('dtype', '?')}, n={mm.get('n', '?')}",
              f"{mm['peak_tflops']:.0f} TFLOP/s {mm['dtype']} (datasheet, dense)" if peak else no_peak,
              f"{flop_rate(measured / 1e12)} (measured)" if measured else mm.get("error", "n/a"))]
-    # FLOPs per token are those of the run's own batches; the plain loop's are the ray run's.
-    flops = {run: parts.get(run, {}).get("flops_per_token") or parts.get("ray", {}).get("flops_per_token")
-             for run in RUNS}
+    # FLOPs per token: the plain part's, over exactly the timed steps of every run (the same
+    # batches); else the ray runs' own estimates.
+    exact = parts.get("plain", {}).get("flops_per_token")
+    flops = {run: exact or parts.get(run, {}).get("flops_per_token") for run in RUNS}
     for run in ("ray", "compiled"):
         p = parts.get(run, {})
         if p.get("max_tokens"):
@@ -666,7 +674,7 @@ def measure(args: argparse.Namespace, sizes: Sizes, budget: Budget) -> Iterator[
     """The parts in order, each one's result as soon as it ends."""
     yield "matmul", run_part(args, budget, "matmul", part_cmd(args, "matmul"))
     yield "ray", check_speed_run(args, sizes, budget, "ray")
-    plain = train_flags(args, sizes, "plain", sizes.steps + sizes.log_every, *speed_flags(sizes, 60))
+    plain = train_flags(args, sizes, "plain", sizes.steps, *speed_flags(sizes, sizes.max_minutes))
     yield "plain", run_part(args, budget, "plain", part_cmd(args, "plain", "--", *plain))
     yield "compiled", (check_speed_run(args, sizes, budget, "compiled", "--set", "train.compile=true")
                        if sizes.compiled else

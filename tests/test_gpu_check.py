@@ -53,6 +53,27 @@ def test_card_peaks_match_device_names(name, card, dtype, tflops):
     assert gpu_check.card_peak(name) == (card, dtype, tflops)
 
 
+@pytest.mark.parametrize("name, capability, dtype, peak", [("NVIDIA H200", (9, 0), "bf16", 989.0),
+                                                       ("Tesla V100-SXM2-16GB", (7, 0), "fp16", 125.0)])
+def test_matmul_part_on_a_fake_gpu(tmp_path, monkeypatch, name, capability, dtype, peak):
+    """The GPU branch of the first part (a mistake there would cost a lent GPU's session)."""
+    import torch
+
+    from benchmarks import speed
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: capability >= (8, 0))
+    monkeypatch.setattr(speed, "matmul_flops", lambda *a: calls.append(a) or 7e14)
+    args = gpu_check.parse_args(["--part", "matmul", "--out", str(tmp_path)])
+    assert gpu_check.part_matmul(args, gpu_check.FULL) == 0
+    result = json.loads((tmp_path / "matmul.json").read_text())
+    assert calls == [("cuda", {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype], gpu_check.FULL.matmul_n)]
+    assert (result["gpu"], result["peak_tflops"], result["dtype"], result["matmul_tflops"]) == (name, peak, dtype, 700.0)
+    assert result["capability"] == "sm_%d%d" % capability
+
+
 def test_unknown_card_has_no_peak_and_says_so():
     assert gpu_check.card_peak("NVIDIA GeForce RTX 4090") is None
     parts = {"matmul": {"gpu": "NVIDIA GeForce RTX 4090", "card": None, "peak_tflops": None, "dtype": "bf16",
@@ -143,7 +164,12 @@ def test_tiny_gpu_check_on_cpu(tmp_path, ray_address):
     assert results["table"] == [list(r) for r in gpu_check.table_rows(parts, cpu=True)]
     assert parts["ray"]["steps"] == gpu_check.TINY.steps - gpu_check.TINY.log_every
     assert parts["plain"]["steps"] == parts["ray"]["steps"]  # the same batches after the same warm-up
-    assert parts["plain"]["flops_per_token"] == pytest.approx(parts["ray"]["flops_per_token"])
+    # The same model on the same batches: the same losses at every progress line.
+    ray_loss, plain_loss = (dict(re.findall(r"step (\d+)/\d+ \| epoch \d+ \| loss ([\d.]+)",
+                                            (out / f"{name}.log").read_text())) for name in ("ray", "plain"))
+    steps = [str(s) for s in range(gpu_check.TINY.log_every, gpu_check.TINY.steps + 1, gpu_check.TINY.log_every)]
+    for step in steps:
+        assert float(ray_loss[step]) == pytest.approx(float(plain_loss[step]), abs=0.01), (step, ray_loss, plain_loss)
     resume = parts["resume"]
     # A worker was killed after the first checkpoint; the new group started from it and went on.
     assert resume["killed"]["after_checkpoints"] >= 1
