@@ -99,6 +99,7 @@ def test_gpu_table_from_fake_parts():
     assert t[("mfu", "plain")]["peak"] == "50.6%" and t[("mfu", "plain")]["matmul"] == "71.4%"
     assert t[("mfu", "compiled")]["peak"] == "n/a"
     assert t[("tgt tok/s", "compiled")]["value"] == "error: timed out after 120 s"
+    assert t[("goal", "-")]["value"] == "met: best MFU through Ray Train 40.4% of peak (goal 40%)"
     assert t[("ray/plain", "ray")]["value"] == "0.800"
     assert t[("data_share", "ray")]["value"] == "0.012"
     assert t[("peak GPU MiB", "plain")]["value"] == "40,960"
@@ -155,6 +156,7 @@ def test_tiny_gpu_check_on_cpu(tmp_path, ray_address):
     assert re.fullmatch(r"\d+\.\d{3}", t[("ray/plain", "ray")]["value"]), t[("ray/plain", "ray")]
     assert re.fullmatch(r"\d\.\d{3}", t[("data_share", "ray")]["value"]), t[("data_share", "ray")]
     assert t[("syncs/step", "plain")]["value"] == "n/a (CPU)"
+    assert t[("goal", "-")]["value"] == "n/a (CPU)"
     assert re.match(r"[\d,]+\.\d [GT]FLOP/s", t[("matmul", "-")]["matmul"]), t[("matmul", "-")]
     assert t[("resume", "resume")]["value"].startswith("ok:"), t[("resume", "resume")]
     assert t[("evaluate", "evaluate")]["value"].startswith("ok:"), t[("evaluate", "evaluate")]
