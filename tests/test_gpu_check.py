@@ -38,6 +38,23 @@ def test_part_caps_fit_one_gpu_session():
     assert list(gpu_check.FULL.caps)[:3] == ["start-up", "prepare", "matmul"]
 
 
+def test_gpu_runs_get_the_gpu_defaults(tmp_path):
+    """The ray, compiled and plain parts train what `python -m raymt.train --gpu` would: only
+    the run's length, logging, name and worker count are the check's own."""
+    from raymt.train import build_config, parse_args
+
+    args = gpu_check.parse_args(["--out", str(tmp_path), "--work", str(tmp_path), "--corpus", str(tmp_path)])
+    sizes = gpu_check.FULL
+    user = build_config(parse_args(["--gpu", "--preset", sizes.preset, "--max-steps", str(sizes.steps),
+                                    "--corpus", str(tmp_path)]))
+    for extra in ([], ["--set", "train.compile=true"]):
+        flags = gpu_check.train_flags(args, sizes, "ray", sizes.steps, *gpu_check.speed_flags(sizes, 1.0), *extra)
+        cfg = gpu_check.train_config(gpu_check.parse_args(["--part", "train", "--", *flags]))
+        assert cfg.train.use_gpu and cfg.train.num_workers == 1 and cfg.train.compile == bool(extra)
+        assert (cfg.data, cfg.optim, cfg.model, cfg.decode) == (user.data, user.optim, user.model, user.decode)
+        assert (cfg.train.max_steps, cfg.train.eval_every, cfg.train.log_every) == (200, 200, 25)
+
+
 @pytest.mark.parametrize("name, card, dtype, tflops", [
     ("NVIDIA H100 80GB HBM3", "H100 SXM", "bf16", 989.0),
     ("NVIDIA H100 PCIe", "H100 PCIe", "bf16", 756.0),
