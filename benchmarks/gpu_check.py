@@ -419,6 +419,18 @@ def in_a_thread(fn: Callable[[], int]) -> int:
     return outcome["rc"]
 
 
+def worker_precision(device, cfg, vocab: int) -> tuple[Callable, Optional[object]]:
+    """(autocast factory, fp16 loss scaler or None) as a Ray Train worker of `cfg` chooses them."""
+    try:  # raymt.precision: the precision branch (issue 27 item 4); then only this path stays
+        from raymt.precision import for_training
+    except ImportError:
+        from raymt.trainer import autocast_for
+
+        return autocast_for(device, cfg.train.bf16), None
+    precision = for_training(device, cfg, vocab).apply()  # TF32 flags as the worker sets them
+    return precision.autocast, precision.grad_scaler()
+
+
 def part_plain(args: argparse.Namespace, sizes: Sizes) -> int:
     """The plain loop in a second thread, as Ray Train runs its loop."""
     return in_a_thread(lambda: plain_loop(args))
@@ -431,7 +443,7 @@ def plain_loop(args: argparse.Namespace) -> int:
     from raymt.cluster import machine_cpus, plan
     from raymt.data import format as corpus_format
     from raymt.model import build_model
-    from raymt.trainer import Trainer, autocast_for, compile_model, restore_training
+    from raymt.trainer import Trainer, compile_model, restore_training
 
     ray_cfg = train_config(args)  # the ray run's config, its device defaults included
     warm, steps = ray_cfg.train.log_every, ray_cfg.train.max_steps  # the ray run's rate leaves out warm
@@ -449,7 +461,9 @@ def plain_loop(args: argparse.Namespace) -> int:
                                                    lambda m: m.to(device))
     if cfg.train.compile:
         model = compile_model(model)
-    trainer = Trainer(cfg, model, optimizer, scheduler, device, autocast=autocast_for(device, cfg.train.bf16))
+    autocast, scaler = worker_precision(device, cfg, vocab)
+    trainer = Trainer(cfg, model, optimizer, scheduler, device, autocast=autocast,
+                      **({"scaler": scaler} if scaler is not None else {}))  # fp16 only
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     if gpu:
         torch.cuda.reset_peak_memory_stats()

@@ -39,14 +39,14 @@ def test_part_caps_fit_one_gpu_session():
 
 
 def test_gpu_runs_get_the_gpu_defaults(tmp_path):
-    """The ray, compiled and plain parts train what `python -m raymt.train --gpu` would: only
-    the run's length, logging, name and worker count are the check's own."""
+    """The ray, compiled and plain parts train what `python -m raymt.train --gpu` would on one
+    GPU: only the run's length, logging, time bound and name are the check's own."""
     from raymt.train import build_config, parse_args
 
     args = gpu_check.parse_args(["--out", str(tmp_path), "--work", str(tmp_path), "--corpus", str(tmp_path)])
     sizes = gpu_check.FULL
-    user = build_config(parse_args(["--gpu", "--preset", sizes.preset, "--max-steps", str(sizes.steps),
-                                    "--corpus", str(tmp_path)]))
+    user = build_config(parse_args(["--gpu", "--num-workers", "1", "--preset", sizes.preset, "--max-steps",
+                                    str(sizes.steps), "--corpus", str(tmp_path)]))  # a one-GPU user
     for extra in ([], ["--set", "train.compile=true"]):
         flags = gpu_check.train_flags(args, sizes, "ray", sizes.steps, *gpu_check.speed_flags(sizes, 1.0), *extra)
         cfg = gpu_check.train_config(gpu_check.parse_args(["--part", "train", "--", *flags]))
