@@ -1,22 +1,34 @@
-"""GPU check: raymt on one GPU in at most 8 minutes, correctness first, then a speed table.
+"""GPU check: raymt's goal measured on one GPU in at most 8 minutes (MFU through Ray Train).
 
-    python benchmarks/gpu_check.py [--multi30k DIR] [--corpus PREPARED] [--out DIR]
+    python benchmarks/gpu_check.py [--corpus PREPARED | --multi30k DIR] [--out DIR] [--work DIR]
     python benchmarks/gpu_check.py --cpu --tiny      # the CPU form, in the default test suite
 
-Parts, each with its own timeout and log under --out (gpu_check.json holds every figure):
+Parts, in this order, each in its own process under its own cap (`FULL.caps`, seconds; with
+the start-up they sum to TOTAL_S = 480, so nothing waits on the total; tests check it); every
+figure goes to OUT/gpu_check.json as soon as its part ends, with the part's log beside it:
 
 | part | what |
 |---|---|
-| run | a fresh `python -m raymt.train --gpu --preset base --corpus C --max-minutes 2`: steps, tok/s, test BLEU |
+| matmul | the card's name, a measured bf16 matmul (fp16 on cards without bf16) and its datasheet dense peak (`PEAKS`) |
+| ray | `raymt.train.run` of `python -m raymt.train --gpu` flags, so with the `--gpu` defaults (`raymt.config.device_defaults`; one worker, 200 steps, validation at the end only, no test decoding): target tok/s, data_share and peak GPU memory (if logged) from its metrics.csv |
+| plain | the ray run's config, initial weights and batches through `raymt.trainer.Trainer` in one process (a second thread, as Ray Train runs it; no Ray): tok/s, peak GPU memory, host syncs per step over one more log interval (`torch.cuda.set_sync_debug_mode("warn")`) |
+| compiled | the ray part with `train.compile=true` |
 | resume | a short run with `train.max_failures=1`; one Ray Train worker is SIGKILLed after the first registered checkpoint; the group restarts from it on the GPU and trains past it (exit 0) |
-| evaluate | `python -m raymt.evaluate --gpu` on the run's best checkpoint and the raw test set |
-| table | one process: the same batches through a Ray run and a plain loop (tok/s); raymt vs HF Marian (its `--format marian` twin) at 12k and 32k tokens (step time); eager vs `torch.compile(model)` at 12k; MFU against a bf16 matmul measured in that process (FLOPs: `benchmarks/speed.py:train_flops`) |
+| evaluate | `python -m raymt.evaluate --gpu` on the ray run's best checkpoint and the raw test set |
 
-The script exits non-zero when run, resume or evaluate failed; a table part that fails
-or runs out of time prints as such. `--cpu --tiny` takes the same code path with the
-tiny preset, a generated corpus, tens of steps, gloo, 256/1024-token batches, torch.compile
-with the "eager" backend (graph capture without code generation) and no HF part without
-transformers.
+MFU = target tok/s x training FLOPs per target token (`raymt.profiling.train_flops` over
+the timed steps' batches, the same in every run) / the datasheet peak ("peak") or the
+measured matmul ("matmul").
+The table (Markdown) has the rows `gpu`, `matmul`, `setup`, `tgt tok/s`, `mfu` (columns
+`peak` and `matmul`), `goal` (MFU >= 40% of peak through Ray Train), `ray/plain`,
+`data_share`, `peak GPU MiB`, `syncs/step`, `resume` and `evaluate`. The script exits 1
+when the ray run, resume or evaluate failed; a part that fails or runs out of time says
+so in its row.
+
+`--cpu --tiny` takes the same code path on the CPU: the tiny preset, a generated corpus,
+tens of steps, the CPU defaults; peak is n/a there (the matmul column is a matmul measured
+in raymt's CPU dtype), syncs/step n/a, and the compiled run is skipped (inductor takes ~75 s to compile
+the tiny model on two CPU cores; `--compiled` runs it anyway).
 
 On a lent GPU (the device tool; ../shared/gpu/README.md: no Ray and no package index there,
 ../shared does not travel), from the project root here:
@@ -27,7 +39,7 @@ On a lent GPU (the device tool; ../shared/gpu/README.md: no Ray and no package i
         --vocab-size 8000 --out .gpu/multi30k-prepared
     mkdir -p .gpu/multi30k && cp ../shared/data/multi30k/test_2016_flickr.*.gz .gpu/multi30k/
 
-then one `run` with carry [".gpu"] and timeout_s 600:
+then one `run` with carry [".gpu"] and timeout_s 540:
 
     mkdir -p /tmp/site && tar xJf .gpu/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site:$PWD \\
     PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0; python3 benchmarks/gpu_check.py \\
@@ -41,7 +53,6 @@ under $OUT; checkpoints stay in --work.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import gzip
 import json
@@ -49,7 +60,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -61,10 +71,29 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
-CORRECTNESS = ("run", "resume", "evaluate")
-TABLE_ROWS = ("ray vs plain", "raymt vs hf marian 12k", "raymt vs hf marian 32k", "eager vs compiled",
-              "mfu", "matmul")
 RESULTS = "gpu_check.json"
+TOTAL_S = 480  # one GPU session's share for this check: 8 of its 15 device minutes
+RUNS = ("ray", "compiled", "plain")
+GOAL_MFU = 0.40  # of the datasheet bf16 peak, through Ray Train (issue 27)
+FLOPS_BATCHES = 50  # a Ray run's FLOPs per token are estimated over its first batches
+CORRECTNESS = ("ray", "resume", "evaluate")  # a failure here: exit status 1
+
+# (pattern in torch.cuda.get_device_name, card, dtype, dense TFLOP/s on the datasheet, no
+# sparsity), most specific first. V100 and T4 have no bf16: their fp16 tensor-core peak.
+PEAKS = (
+    (r"H100.*PCIe", "H100 PCIe", "bf16", 756.0),
+    (r"H100.*NVL", "H100 NVL", "bf16", 835.0),
+    (r"H100", "H100 SXM", "bf16", 989.0),
+    (r"H200.*NVL", "H200 NVL", "bf16", 835.0),
+    (r"H200", "H200", "bf16", 989.0),
+    (r"A100", "A100", "bf16", 312.0),
+    (r"\bL40S\b", "L40S", "bf16", 362.0),
+    (r"\bL4\b", "L4", "bf16", 121.0),
+    (r"\bA10G\b", "A10G", "bf16", 70.0),  # AWS's A10 variant, lower clocks than the A10's 125
+    (r"V100.*PCIE", "V100 PCIe", "fp16", 112.0),
+    (r"V100", "V100 SXM2", "fp16", 125.0),
+    (r"\bT4\b", "T4", "fp16", 65.0),
+)
 
 
 @dataclass(frozen=True)
@@ -72,30 +101,28 @@ class Sizes:
     """Everything the GPU and the tiny CPU form differ in."""
 
     preset: str
-    run_args: tuple[str, ...]  # how the fresh run is bounded
+    steps: int  # the ray and plain runs' steps; their first log interval is warm-up
+    log_every: int
+    max_minutes: float  # the ray run's own time bound (train.max_minutes), inside its cap
+    compiled_minutes: float  # the same for the compiled run (its first interval compiles)
+    compiled: bool  # whether the compiled run happens
     resume_steps: int  # the resume run's max_steps; a checkpoint every resume_every steps
     resume_every: int
-    ray_steps: int  # the Ray-vs-plain run: steps, the first log interval being warm-up
-    log_every: int
-    ray_tokens: int  # data.max_tokens of the Ray-vs-plain batches
-    peer_tokens: tuple[int, int]  # the "12k" and "32k" batches
-    warmup: int  # untimed batches before each timed loop
-    timed: int
     matmul_n: int
-    compile_backend: str
-    timeouts: dict  # seconds per part; "total" bounds them all together
+    vocab_size: int  # of a corpus the script prepares itself
+    caps: dict  # seconds per part, "start-up" included
 
 
-FULL = Sizes(preset="base", run_args=("--max-minutes", "2", "--max-steps", "1000000"),
-             resume_steps=150, resume_every=50, ray_steps=200, log_every=25, ray_tokens=12288,
-             peer_tokens=(12288, 32768), warmup=8, timed=30, matmul_n=8192, compile_backend="inductor",
-             timeouts={"prepare": 120, "run": 240, "resume": 150, "evaluate": 90, "table": 240,
-                       "table part": 120, "total": 480})
-TINY = Sizes(preset="tiny", run_args=("--max-steps", "40", "--set", "train.eval_every=20"),
-             resume_steps=30, resume_every=10, ray_steps=24, log_every=6, ray_tokens=256,
-             peer_tokens=(256, 1024), warmup=3, timed=6, matmul_n=256, compile_backend="eager",
-             timeouts={"prepare": 120, "run": 180, "resume": 180, "evaluate": 120, "table": 240,
-                       "table part": 120, "total": 600})
+# On one H200 (../shared/gpu/README.md, benchmarks/NOTES.md): Ray's start ~8 s, a Train
+# worker ~10 s, base at 32k tokens ~72 ms a step eager, Multi30k's preparation ~31 s.
+FULL = Sizes(preset="base", steps=200, log_every=25, max_minutes=1.0, compiled_minutes=1.3, compiled=True,
+             resume_steps=60, resume_every=20, matmul_n=8192, vocab_size=8000,
+             caps={"start-up": 5, "prepare": 40, "matmul": 25, "ray": 95, "plain": 45, "compiled": 120,
+                   "resume": 95, "evaluate": 55})
+TINY = Sizes(preset="tiny", steps=24, log_every=6, max_minutes=5.0, compiled_minutes=5.0, compiled=False,
+             resume_steps=20, resume_every=10, matmul_n=256, vocab_size=256,
+             caps={"start-up": 10, "prepare": 60, "matmul": 30, "ray": 120, "plain": 60, "compiled": 300,
+                   "resume": 180, "evaluate": 120})
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -108,9 +135,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--work", help="runs (checkpoints), evaluation output and a prepared corpus (default: --out)")
     p.add_argument("--cpu", action="store_true", help="train and measure on the CPU (gloo), not the GPU")
     p.add_argument("--tiny", action="store_true", help="tiny preset, generated corpus, tens of steps")
+    p.add_argument("--compiled", action="store_true", help="run the compiled part with --tiny too")
     p.add_argument("--timeout-scale", type=float, default=1.0,
-                   help="multiply every part's timeout (a slow or busy machine)")
-    p.add_argument("--table-child", action="store_true", help=argparse.SUPPRESS)  # the table's own process
+                   help="multiply every part's cap (a slow or busy machine)")
+    p.add_argument("--part", choices=("matmul", "plain", "train"), help=argparse.SUPPRESS)  # a part's process
+    p.add_argument("--name", help=argparse.SUPPRESS)  # the train part's run name
+    p.add_argument("train_flags", nargs="*", help=argparse.SUPPRESS)  # the train part's raymt.train flags
     return p.parse_args(argv)
 
 
@@ -118,15 +148,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 class Budget:
-    """Per-part timeouts under one deadline for the whole check."""
+    """Per-part caps under one deadline for the whole check."""
 
-    def __init__(self, timeouts: dict):
-        self.timeouts = timeouts
-        self.deadline = time.monotonic() + timeouts["total"]
+    def __init__(self, caps: dict, total: float):
+        self.caps = caps
+        self.deadline = time.monotonic() + total
 
     def __getitem__(self, part: str) -> float:
-        """Seconds `part` may take: its own timeout, or what is left of the total."""
-        return max(10.0, min(self.timeouts[part], self.deadline - time.monotonic()))
+        """Seconds `part` may take: its cap, or what is left of the total."""
+        return max(10.0, min(self.caps[part], self.deadline - time.monotonic()))
 
 
 def run_logged(cmd: list[str], log: Path, timeout: float,
@@ -193,6 +223,38 @@ def num_checkpoints(run_dir: Path) -> int:
         return 0
 
 
+def tail(text: str) -> str:
+    """The last non-empty line of a log, for the table."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:160] if lines else "(no output)"
+
+
+def part_cmd(args: argparse.Namespace, part: str, *extra: str) -> list[str]:
+    """This script as one part's process."""
+    return [sys.executable, str(Path(__file__).resolve()), "--part", part, "--out", args.out, "--work", args.work,
+            "--corpus", args.corpus, *(["--cpu"] if args.cpu else []), *(["--tiny"] if args.tiny else []), *extra]
+
+
+def run_part(args: argparse.Namespace, budget: Budget, name: str, cmd: list[str],
+             watch: Optional[Callable] = None) -> dict:
+    """A part's process under its cap: what it wrote to OUT/NAME.json, with an error if it failed."""
+    result_file = Path(args.out) / f"{name}.json"
+    result_file.unlink(missing_ok=True)
+    cap = budget[name]
+    t0 = time.monotonic()
+    rc, text = run_logged(cmd, Path(args.out) / f"{name}.log", cap, watch)
+    result = json.loads(result_file.read_text()) if result_file.exists() else {}
+    if rc != 0:
+        result["error"] = f"timed out after {cap:.0f} s" if rc is None else f"rc {rc}: {tail(text)}"
+    result.update(seconds=round(time.monotonic() - t0, 1), log=text)
+    return result
+
+
+def write_part(args: argparse.Namespace, name: str, result: dict) -> None:
+    """Inside a part's process: save what it measured so far (a part cut by its cap keeps it)."""
+    (Path(args.out) / f"{name}.json").write_text(json.dumps(result, indent=2))
+
+
 # ---------------------------------------------------------------- data
 
 
@@ -208,57 +270,268 @@ def write_tiny_text(directory: Path) -> Path:
     return directory
 
 
-def prepare(raw: Path, out: Path, log: Path, vocab_size: int, budget: Budget) -> tuple[Optional[Path], str]:
+def prepare(raw: Path, out: Path, log: Path, vocab_size: int, timeout: float) -> tuple[Optional[Path], str]:
     """`python -m raymt.data prepare` of `raw` into `out`: (corpus or None, why not)."""
     if not (raw / "train.en.gz").exists():
         return None, f"no {raw}/train.en.gz: pass --multi30k DIR or --corpus PREPARED"
     cmd = [sys.executable, "-m", "raymt.data", "prepare", "--train", str(raw / "train"),
            "--valid", str(raw / "val"), "--test", str(raw / "test_2016_flickr"),
            "--vocab-size", str(vocab_size), "--out", str(out), "--overwrite"]
-    rc, text = run_logged(cmd, log, budget["prepare"])
+    rc, text = run_logged(cmd, log, timeout)
     return (out, "") if rc == 0 else (None, f"prepare failed (rc {rc}): {tail(text)}")
 
 
-def tail(text: str) -> str:
-    """The last non-empty line of a log, for the table."""
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:160] if lines else "(no output)"
+def run_batches(cfg, corpus: str, count: int, pin_memory: bool = False) -> list:
+    """The first `count` batches a lone worker of a fresh run trains on, epoch after epoch (CPU)."""
+    from raymt.data import format as corpus_format
+    from raymt.data.stream import Position, TrainStream
+
+    files = corpus_format.train_files(corpus, corpus_format.read_manifest(corpus))
+    out: list = []
+    for epoch in range(count):  # an epoch holds at least one batch
+        stream = TrainStream(files, cfg.data, cfg.train.seed, rank=0, world_size=1, position=Position(epoch),
+                             pin_memory=pin_memory)
+        out += [batch for batch, _ in zip(stream, range(count - len(out)))]
+        stream.close()
+        if len(out) == count:
+            return out
+    return out
 
 
-# ---------------------------------------------------------------- correctness parts
+def flops_per_token(cfg, vocab: int, batches: list) -> float:
+    """Training FLOPs per target token over `batches` (padding computed too)."""
+    from raymt.profiling import train_flops
+
+    return sum(train_flops(cfg.model, vocab, b) for b in batches) / sum(b.num_tokens for b in batches)
 
 
-def train_cmd(args: argparse.Namespace, sizes: Sizes, corpus: Path, name: str, *extra: str) -> list[str]:
-    """`python -m raymt.train` on one worker of the device, as a new run `name` (an old one is removed)."""
+# ---------------------------------------------------------------- the parts' processes
+
+
+def card_peak(name: str) -> Optional[tuple[str, str, float]]:
+    """(card, dtype, datasheet dense TFLOP/s) of a GPU named `name`, None when not in PEAKS."""
+    for pattern, card, dtype, tflops in PEAKS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return card, dtype, tflops
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else 'cpu'."""
+    try:
+        found = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+    except OSError:
+        found = None
+    return f"{found.group(1).strip() if found else 'cpu'} ({os.cpu_count()} CPUs)"
+
+
+def part_matmul(args: argparse.Namespace, sizes: Sizes) -> int:
+    """The device's name, its datasheet peak and a measured matmul in the peak's dtype."""
+    import torch
+
+    from benchmarks.speed import matmul_flops
+
+    result: dict = {"torch": torch.__version__}
+    if args.cpu:  # no datasheet: the matmul column is the measured rate of raymt's CPU dtype
+        from benchmarks.speed import trains_in_bf16
+        from raymt.cluster import machine_cpus, plan
+
+        torch.set_num_threads(plan(1, total={"CPU": machine_cpus()}).num_threads)  # a worker's threads
+        result.update(gpu=cpu_name(), card=None, peak_tflops=None,
+                      dtype="bf16" if trains_in_bf16("cpu") else "fp32")
+    else:
+        name = torch.cuda.get_device_name(0)
+        known = card_peak(name)
+        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+        result.update(gpu=name, capability="sm_%d%d" % torch.cuda.get_device_capability(0),
+                      card=known[0] if known else None, peak_tflops=known[2] if known else None,
+                      dtype=known[1] if known else ("bf16" if bf16 else "fp16"))
+    write_part(args, "matmul", result)  # the name and peak stand even if the matmul hangs
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[result["dtype"]]
+    rate = matmul_flops("cpu" if args.cpu else "cuda", dtype, sizes.matmul_n)
+    write_part(args, "matmul", {**result, "matmul_tflops": rate / 1e12, "n": sizes.matmul_n})
+    return 0
+
+
+def train_config(args: argparse.Namespace):
+    """The config `python -m raymt.train FLAGS` would run (device defaults included)."""
+    from raymt.train import build_config, parse_args as train_args
+
+    return build_config(train_args(args.train_flags))
+
+
+def part_train(args: argparse.Namespace, sizes: Sizes) -> int:
+    """`raymt.train.run` of the train flags, without test decoding; FLOPs per token of its batches."""
+    from raymt.data import format as corpus_format
+    from raymt.train import run
+
+    cfg = train_config(args)
+    vocab = corpus_format.load_tokenizer(args.corpus, corpus_format.read_manifest(args.corpus)).vocab_size
+    t0 = time.perf_counter()
+    # Over its first batches (seconds on the CPU); the plain part gives those of the timed steps exactly.
+    batches = run_batches(cfg, args.corpus, min(cfg.train.max_steps, FLOPS_BATCHES))
+    result = {"flops_per_token": flops_per_token(cfg, vocab, batches),
+              "flops_s": round(time.perf_counter() - t0, 1), "max_tokens": cfg.data.max_tokens,
+              "pad_multiple": cfg.data.pad_multiple, "compile": cfg.train.compile, "lr": cfg.optim.lr,
+              "warmup_steps": cfg.optim.warmup_steps}
+    write_part(args, args.name, result)
+    summary = run(cfg, score_test=False)
+    write_part(args, args.name, {**result, "metrics_csv": summary["metrics_csv"],
+                                 "best_checkpoint": summary["best_checkpoint"],
+                                 "wall_time_s": summary["wall_time_s"]})
+    return 0
+
+
+def count_syncs(fn: Callable[[], None]) -> int:
+    """Host-device synchronizations while `fn` runs (CUDA's sync debug mode, one warning each)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def in_a_thread(fn: Callable[[], int]) -> int:
+    """fn() in a second thread, as Ray Train runs the loop (a main-thread loop can run at half speed on
+    CPUs, benchmarks/NOTES.md "A slow mode of glibc's main arena"); its exception is raised here."""
+    import threading
+
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["rc"] = fn()
+        except BaseException as err:  # raised again in the calling thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=target, name="plain-loop")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["rc"]
+
+
+def worker_precision(device, cfg, vocab: int) -> tuple[Callable, Optional[object]]:
+    """(autocast factory, fp16 loss scaler or None) as a Ray Train worker of `cfg` chooses them."""
+    try:  # raymt.precision: the precision branch (issue 27 item 4); then only this path stays
+        from raymt.precision import for_training
+    except ImportError:
+        from raymt.trainer import autocast_for
+
+        return autocast_for(device, cfg.train.bf16), None
+    precision = for_training(device, cfg, vocab).apply()  # TF32 flags as the worker sets them
+    return precision.autocast, precision.grad_scaler()
+
+
+def part_plain(args: argparse.Namespace, sizes: Sizes) -> int:
+    """The plain loop in a second thread, as Ray Train runs its loop."""
+    return in_a_thread(lambda: plain_loop(args))
+
+
+def plain_loop(args: argparse.Namespace) -> int:
+    """The ray run's model on its batches in this process (raymt.trainer, no Ray): tok/s, memory, syncs."""
+    import torch
+
+    from raymt.cluster import machine_cpus, plan
+    from raymt.data import format as corpus_format
+    from raymt.model import build_model
+    from raymt.trainer import Trainer, compile_model, restore_training
+
+    ray_cfg = train_config(args)  # the ray run's config, its device defaults included
+    warm, steps = ray_cfg.train.log_every, ray_cfg.train.max_steps  # the ray run's rate leaves out warm
+    # The loop goes on for one log interval more, to count syncs in it; the part's cap bounds its time.
+    cfg = replace(ray_cfg, train=replace(ray_cfg.train, max_steps=steps + warm, max_minutes=None))
+    gpu = cfg.train.use_gpu
+    device = torch.device("cuda" if gpu else "cpu")
+    # The threads a Ray Train worker of this run gets on this machine.
+    torch.set_num_threads(plan(1, gpu, cfg.train.cpus_per_worker,
+                               total={"CPU": machine_cpus(), "GPU": int(gpu)}).num_threads)
+    vocab = corpus_format.load_tokenizer(args.corpus, corpus_format.read_manifest(args.corpus)).vocab_size
+    batches = run_batches(cfg, args.corpus, cfg.train.max_steps, pin_memory=gpu)
+    torch.manual_seed(cfg.train.seed)  # the worker's initial weights
+    model, optimizer, scheduler = restore_training(build_model(cfg.model, vocab), cfg, None, None,
+                                                   lambda m: m.to(device))
+    if cfg.train.compile:
+        model = compile_model(model)
+    autocast, scaler = worker_precision(device, cfg, vocab)
+    trainer = Trainer(cfg, model, optimizer, scheduler, device, autocast=autocast,
+                      **({"scaler": scaler} if scaler is not None else {}))  # fp16 only
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train_epoch(batches[:warm])
+    sync()
+    t0 = time.perf_counter()
+    trainer.train_epoch(batches[warm:steps])
+    sync()
+    seconds = time.perf_counter() - t0
+    result = {"tokens_per_s": sum(b.num_tokens for b in batches[warm:steps]) / seconds, "steps": steps - warm,
+              "flops_per_token": flops_per_token(cfg, vocab, batches[warm:steps]),
+              "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if gpu else None}
+    write_part(args, "plain", result)
+    if gpu:  # the next log interval, its progress line's sync included
+        num_syncs = count_syncs(lambda: trainer.train_epoch(batches[steps:]))  # no synchronize() of ours
+        result["syncs_per_step"] = num_syncs / (trainer.step - steps)
+        write_part(args, "plain", result)
+    return 0
+
+
+# ---------------------------------------------------------------- the parts, from the main process
+
+
+def train_flags(args: argparse.Namespace, sizes: Sizes, name: str, steps: int, *extra: str) -> list[str]:
+    """`python -m raymt.train` flags of a new run `name` on one worker of the device (an old one is removed)."""
     shutil.rmtree(Path(args.work) / "runs" / name, ignore_errors=True)
-    device = [] if args.cpu else ["--gpu"]
-    return [sys.executable, "-m", "raymt.train", *device, "--num-workers", "1", "--preset", sizes.preset,
-            "--corpus", str(corpus), "--storage-path", str(Path(args.work) / "runs"), "--name", name,
-            *extra]
+    return [*([] if args.cpu else ["--gpu"]), "--num-workers", "1", "--preset", sizes.preset,
+            "--corpus", args.corpus, "--storage-path", str(Path(args.work) / "runs"), "--name", name,
+            "--max-steps", str(steps), *extra]
 
 
-def logged_steps(text: str) -> list[int]:
-    """Steps of the progress and validation lines ("step N/M | ...", "step N | valid ...") in order."""
-    return [int(s) for s in re.findall(r"step (\d+)(?:/| \|)", text)]
+def speed_flags(sizes: Sizes, minutes: float) -> list[str]:
+    """One validation, at the end (it would otherwise land inside a timed interval), and a time bound."""
+    return ["--max-minutes", str(minutes), "--set", f"train.log_every={sizes.log_every}",
+            "--set", f"train.eval_every={sizes.steps}"]
 
 
-def check_run(args: argparse.Namespace, sizes: Sizes, corpus: Path, budget: Budget) -> dict:
-    """The fresh run: exit status, steps, precision, interval tok/s, test BLEU."""
-    out = Path(args.out)
-    rc, text = run_logged(train_cmd(args, sizes, corpus, "run", *sizes.run_args), out / "run.log",
-                          budget["run"])
-    summary_file = Path(args.work) / "runs" / "run" / "summary.json"
-    if rc != 0 or not summary_file.exists():
-        return {"ok": False, "why": "timed out" if rc is None else f"rc {rc}: {tail(text)}"}
-    summary = json.loads(summary_file.read_text())
-    with open(summary["metrics_csv"]) as f:
-        rates = [float(r["tokens_per_s"]) for r in csv.DictReader(f) if r.get("tokens_per_s")]
-    precision = re.search(r"forward pass in (.+)", text)
-    test = summary.get("test", {})
-    return {"ok": "bleu" in test, "steps": max(logged_steps(text), default=0), "wall_min": summary["wall_time_s"] / 60,
-            "precision": precision.group(1) if precision else "?", "test_bleu": test.get("bleu"),
-            "median_tokens_per_s": statistics.median(rates[1:] or rates) if rates else 0.0,
-            "best_checkpoint": summary["best_checkpoint"], "why": "" if "bleu" in test else "no test score"}
+def metrics_figures(metrics_csv: str) -> dict:
+    """tok/s (time-weighted over the intervals after the first), data_share, peak GPU memory."""
+    with open(metrics_csv) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("tokens_per_s")]
+    if len(rows) < 2:
+        return {"error": f"{len(rows)} logged interval(s): none after the warm-up one"}
+    steps = [int(b["step"]) - int(a["step"]) for a, b in zip(rows, rows[1:])]
+    rates = [float(r["tokens_per_s"]) for r in rows[1:]]
+    # Time-weighted (token-budget batches: about as many tokens a step): steps / seconds.
+    out = {"tokens_per_s": sum(steps) / sum(n / v for n, v in zip(steps, rates)), "steps": sum(steps),
+           "data_share": float(rows[-1]["data_share"]) if rows[-1].get("data_share") else None}
+    # When the worker logs it (peak_gpu_mb or a column named alike).
+    column = next((k for k in rows[0] if re.fullmatch(r"(peak_)?gpu(_mem(ory)?)?_mi?b", k)), None)
+    gpu_mb = [float(r[column]) for r in rows if column and r.get(column)]
+    out["peak_gpu_mb"] = max(gpu_mb) if gpu_mb else None
+    return out
+
+
+def check_speed_run(args: argparse.Namespace, sizes: Sizes, budget: Budget, name: str, *extra: str) -> dict:
+    """A Ray Train run with the device defaults: its figures from metrics.csv."""
+    minutes = sizes.compiled_minutes if name == "compiled" else sizes.max_minutes
+    flags = train_flags(args, sizes, name, sizes.steps, *speed_flags(sizes, minutes), *extra)
+    result = run_part(args, budget, name, part_cmd(args, "train", "--name", name, "--", *flags))
+    precision = re.search(r"forward pass in (.+)", result["log"])
+    result["precision"] = precision.group(1).strip() if precision else None
+    csv_file = Path(args.work) / "runs" / name / "logs" / "metrics.csv"
+    if csv_file.exists():
+        shutil.copy(csv_file, Path(args.out) / f"{name}-metrics.csv")  # --work may not come back
+        figures = metrics_figures(str(csv_file))
+        result.update({k: v for k, v in figures.items() if k != "error" or "error" not in result})
+    return result
 
 
 def kill_a_worker_after_checkpoint(run_dir: Path, killed: dict) -> Callable:
@@ -275,301 +548,179 @@ def kill_a_worker_after_checkpoint(run_dir: Path, killed: dict) -> Callable:
     return watch
 
 
-def check_resume(args: argparse.Namespace, sizes: Sizes, corpus: Path, budget: Budget) -> dict:
+def logged_steps(text: str) -> list[int]:
+    """Steps of the progress and validation lines ("step N/M | ...", "step N | valid ...") in order."""
+    return [int(s) for s in re.findall(r"step (\d+)(?:/| \|)", text)]
+
+
+def check_resume(args: argparse.Namespace, sizes: Sizes, budget: Budget) -> dict:
     """A worker SIGKILLed after the first checkpoint: the group restarts from it and trains on past it."""
-    out, killed = Path(args.out), {}
-    extra = ["--max-steps", str(sizes.resume_steps), "--set", f"train.eval_every={sizes.resume_every}",
-             "--set", f"train.log_every={max(1, sizes.resume_every // 2)}", "--set", "train.max_failures=1"]
+    killed: dict = {}
+    flags = train_flags(args, sizes, "resume", sizes.resume_steps, "--set", f"train.eval_every={sizes.resume_every}",
+                        "--set", f"train.log_every={max(1, sizes.resume_every // 2)}",
+                        "--set", "train.max_failures=1")
     watch = kill_a_worker_after_checkpoint(Path(args.work) / "runs" / "resume", killed)
-    rc, text = run_logged(train_cmd(args, sizes, corpus, "resume", *extra), out / "resume.log",
-                          budget["resume"], watch)
+    result = run_part(args, budget, "resume", part_cmd(args, "train", "--name", "resume", "--", *flags), watch)
+    text = result["log"]
     resumed = re.search(r"resuming at step (\d+)", text)
     after = logged_steps(text[resumed.end():]) if resumed else []
-    result = {"killed": killed, "rc": rc, "resumed_at": int(resumed.group(1)) if resumed else None,
-              "last_step": max(after, default=None)}
-    checks = {"a worker was killed": bool(killed), "exit 0": rc == 0,
+    result.update(killed=killed, resumed_at=int(resumed.group(1)) if resumed else None,
+                  last_step=max(after, default=None))
+    checks = {"a worker was killed": bool(killed), "exit 0": "error" not in result,
               "restarted from a checkpoint": bool(resumed and int(resumed.group(1)) > 0),
               "trained past it": bool(after and resumed and max(after) > int(resumed.group(1)))}
     failed = [name for name, ok in checks.items() if not ok]
-    why = f"not: {', '.join(failed)}" + ("" if rc == 0 else f" ({'timed out' if rc is None else tail(text)})")
-    return {**result, "ok": not failed, "why": why if failed else ""}
+    if failed:
+        result["error"] = f"not: {', '.join(failed)}" + (f" ({result['error']})" if "error" in result else "")
+    return result
 
 
 def check_evaluate(args: argparse.Namespace, checkpoint: Optional[str], budget: Budget) -> dict:
-    """`python -m raymt.evaluate` on the run's best checkpoint, one actor on the device."""
+    """`python -m raymt.evaluate` on a checkpoint of this check, one actor on the device."""
     if checkpoint is None:
-        return {"ok": False, "why": "no checkpoint (the run failed)"}
-    out = Path(args.out)
+        return {"error": "no checkpoint (every training run failed)"}
     device = ["--cpus-per-actor", "1"] if args.cpu else ["--gpu"]
     cmd = [sys.executable, "-m", "raymt.evaluate", "--checkpoint", checkpoint, "--test",
            str(Path(args.multi30k) / "test_2016_flickr"), "--num-actors", "1", *device,
            "--output-dir", str(Path(args.work) / "evaluate")]
-    rc, text = run_logged(cmd, out / "evaluate.log", budget["evaluate"])
+    t0 = time.monotonic()
+    rc, text = run_logged(cmd, Path(args.out) / "evaluate.log", budget["evaluate"])
     report = Path(args.work) / "evaluate" / "report.json"
     if rc != 0 or not report.exists():
-        return {"ok": False, "why": "timed out" if rc is None else f"rc {rc}: {tail(text)}"}
-    sets = json.loads(report.read_text())["test_sets"]
-    (name, scores), = sets.items()
-    return {"ok": True, "test_set": name, "bleu": scores["bleu"], "sentences": scores["num_sentences"]}
-
-
-# ---------------------------------------------------------------- the table (one process)
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    """Raise TimeoutError in this (main) thread after `seconds`."""
-    def expire(*_):
-        raise TimeoutError(f"timed out after {seconds:.0f} s")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-class Table:
-    """The table's measurements, each under its own time limit, saved as they come in."""
-
-    def __init__(self, args: argparse.Namespace, sizes: Sizes, corpus: Path):
-        import torch
-
-        from raymt.tokenizer import Tokenizer
-
-        self.args, self.sizes, self.corpus = args, sizes, corpus
-        self.device = "cpu" if args.cpu else "cuda"
-        self.vocab = Tokenizer.load(corpus / "spm.model").vocab_size
-        self.path = Path(args.out) / "table.json"
-        self.rows: dict[str, dict] = {}
-        torch.manual_seed(0)
-
-    def measure(self, name: str, fn: Callable[[], dict]) -> None:
-        """Record fn()'s figures under `name`, or its error."""
-        t0, limit = time.perf_counter(), self.sizes.timeouts["table part"]
-        try:
-            with time_limit(limit):
-                row = fn()
-        except Exception as err:  # one part failing leaves the others measured
-            row = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:200]}
-            if time.perf_counter() - t0 >= limit:  # the alarm may surface inside C code as another error
-                row["error"] = f"timed out after {limit:.0f} s ({row['error']})"[:200]
-        row["seconds"] = round(time.perf_counter() - t0, 1)
-        self.rows[name] = row
-        self.path.write_text(json.dumps(self.rows, indent=2))
-
-    def batches(self, max_tokens: int, count: int) -> list:
-        """The first `count` training batches a lone worker gets at `max_tokens`, on the device."""
-        from raymt.config import DataConfig
-        from raymt.data import format as corpus_format
-        from raymt.data.stream import Position, TrainStream
-
-        files = corpus_format.train_files(str(self.corpus), corpus_format.read_manifest(str(self.corpus)))
-        stream = TrainStream(files, DataConfig(max_tokens=max_tokens), seed=1, rank=0, world_size=1,
-                             position=Position(0))
-        out = []
-        for batch in stream:
-            out.append(batch.to(self.device))
-            if len(out) == count:
-                break
-        stream.close()
-        return out
-
-    def model_config(self, post_norm: bool = False):
-        """The preset (post-norm where HF Marian must hold the same weights)."""
-        from raymt.config import preset
-
-        cfg = preset(self.sizes.preset)
-        cfg.pre_norm = cfg.pre_norm and not post_norm
-        return cfg
-
-    def loop(self, model_cfg, compiled: bool = False, marian: bool = False):
-        """A plain loop (benchmarks/speed.py's PlainLoop) on a fresh seeded model, its compiled form
-        or its HF Marian twin (`raymt.export.to_marian`: same weights, loss, AdamW and autocast)."""
-        import torch
-
-        from benchmarks import speed
-        from raymt.config import Config
-        from raymt.model import build_model
-
-        torch.manual_seed(0)
-        model = build_model(model_cfg, self.vocab)
-        if marian:
-            from benchmarks import peers
-            from raymt.export import to_marian
-
-            model = to_marian(model.train())
-        loop = speed.PlainLoop(model, Config(model=model_cfg), self.device)
-        if compiled:
-            loop.model = torch.compile(loop.model, backend=self.sizes.compile_backend)
-        if marian:
-            loop.step_fn = lambda batch: peers.marian_train_step(
-                loop.model, loop.optimizer, batch, loop.cfg.optim.label_smoothing, loop.cfg.optim.clip_norm,
-                loop.autocast)
-        return loop
-
-    def timed(self, loop, batches: list, model_cfg, warmup: Optional[int] = None) -> dict:
-        """Warm up on the first `warmup` batches, then tokens/s, ms/step and FLOP/s over the rest."""
-        from benchmarks import speed
-
-        count = self.sizes.warmup if warmup is None else warmup
-        warmup, timed = batches[:count], batches[count:]
-        t0 = time.perf_counter()
-        if warmup:
-            loop.tokens_per_s(warmup)
-        warm_s = time.perf_counter() - t0
-        rate = loop.tokens_per_s(timed)
-        tokens = sum(b.num_tokens for b in timed)
-        flops = sum(speed.train_flops(model_cfg, self.vocab, b) for b in timed)
-        return {"tokens_per_s": rate, "ms_per_step": 1000 * tokens / rate / len(timed),
-                "flops_per_s": rate * flops / tokens, "warmup_s": warm_s, "steps": len(timed)}
-
-    def ray_vs_plain(self) -> dict:
-        """A Ray run (raymt.train.run in this process) and the plain loop on the batches it trains on."""
-        from raymt.config import Config, apply_overrides
-        from raymt.train import run
-
-        s = self.sizes
-        cfg = apply_overrides(Config(model=self.model_config()), {
-            "data.corpus": str(self.corpus), "data.max_tokens": s.ray_tokens, "train.max_steps": s.ray_steps,
-            "train.eval_every": s.ray_steps, "train.log_every": s.log_every, "train.num_workers": 1,
-            "train.use_gpu": not self.args.cpu, "train.storage_path": str(Path(self.args.work) / "runs"),
-            "train.name": "ray-vs-plain", "train.num_to_keep": 1, "train.valid_beam": 1})
-        shutil.rmtree(Path(cfg.train.storage_path) / cfg.train.name, ignore_errors=True)  # never resume an old one
-        summary = run(cfg, score_test=False)  # Ray stays up: the plain loop's batches stream through Ray Data
-        with open(summary["metrics_csv"]) as f:
-            rows = [r for r in csv.DictReader(f) if r.get("tokens_per_s")]
-        steps = [int(b["step"]) - int(a["step"]) for a, b in zip(rows, rows[1:])]
-        speeds = [float(r["tokens_per_s"]) for r in rows[1:]]  # the first interval holds start-up
-        ray_rate = sum(steps) / sum(n / v for n, v in zip(steps, speeds))  # time-weighted
-        # The plain loop warms up on the Ray run's first interval and times the rest, as the run's rate does.
-        batches = self.batches(s.ray_tokens, s.ray_steps)
-        plain = self.timed(self.loop(cfg.model), batches, cfg.model, warmup=s.log_every)
-        return {"ray_tokens_per_s": ray_rate, "plain_tokens_per_s": plain["tokens_per_s"],
-                "ratio": ray_rate / plain["tokens_per_s"], "batch_tokens": s.ray_tokens, "steps": plain["steps"],
-                "plain_flops_per_s": plain["flops_per_s"]}
-
-    def peers(self, max_tokens: int) -> dict:
-        """raymt vs its HF Marian twin (same weights, batches, loss, AdamW, autocast), alternated."""
-        cfg = self.model_config(post_norm=True)
-        batches = self.batches(max_tokens, self.sizes.warmup + self.sizes.timed)
-        runs = {"raymt": [], "hf_marian": []}
-        for name in ("raymt", "hf_marian", "hf_marian", "raymt"):
-            runs[name].append(self.timed(self.loop(cfg, marian=name == "hf_marian"), batches, cfg))
-        ms = {name: statistics.median(r["ms_per_step"] for r in rs) for name, rs in runs.items()}
-        return {"raymt_ms": ms["raymt"], "hf_marian_ms": ms["hf_marian"], "hf_over_raymt": ms["hf_marian"] / ms["raymt"],
-                "raymt_flops_per_s": statistics.median(r["flops_per_s"] for r in runs["raymt"]),
-                "batch_tokens": max_tokens}
-
-    def compiled(self) -> dict:
-        """The eager model vs torch.compile(model) on the same batches ("12k"), each timed on its
-        second pass over them: the first one holds the compilations (a new shape recompiles once,
-        then dims are dynamic)."""
-        cfg = self.model_config()
-        batches = self.batches(self.sizes.peer_tokens[0], self.sizes.warmup + self.sizes.timed)
-        runs = {}
-        for name in ("eager", "compiled"):
-            loop = self.loop(cfg, compiled=name == "compiled")
-            t0 = time.perf_counter()
-            loop.tokens_per_s(batches)
-            runs[name] = {**self.timed(loop, batches, cfg, warmup=0), "first_pass_s": time.perf_counter() - t0}
-        eager, comp = runs["eager"], runs["compiled"]
-        return {"eager_ms": eager["ms_per_step"], "compiled_ms": comp["ms_per_step"],
-                "speedup": eager["ms_per_step"] / comp["ms_per_step"], "compile_warmup_s": comp["first_pass_s"],
-                "backend": self.sizes.compile_backend, "eager_flops_per_s": eager["flops_per_s"],
-                "compiled_flops_per_s": comp["flops_per_s"], "batch_tokens": self.sizes.peer_tokens[0]}
-
-    def matmul(self) -> dict:
-        """The device's measured matmul rate in this process (bf16 where raymt trains in bf16)."""
-        import torch
-
-        from benchmarks import speed
-
-        dtype = torch.bfloat16 if speed.trains_in_bf16(self.device) else torch.float32
-        rate = speed.matmul_flops(self.device, dtype, self.sizes.matmul_n)
-        return {"flops_per_s": rate, "tflops": rate / 1e12, "dtype": str(dtype).removeprefix("torch."),
-                "n": self.sizes.matmul_n}
-
-
-def table_child(args: argparse.Namespace, sizes: Sizes) -> int:
-    """Measure every table part in this process; rows go to OUT/table.json as they come in."""
-    import importlib.util
-
-    table = Table(args, sizes, Path(args.corpus))
-    table.path.unlink(missing_ok=True)
-    table.measure("ray vs plain", table.ray_vs_plain)
-    if importlib.util.find_spec("transformers") is not None:
-        for label, tokens in zip(("12k", "32k"), sizes.peer_tokens):
-            table.measure(f"raymt vs hf marian {label}", lambda tokens=tokens: table.peers(tokens))
-    table.measure("eager vs compiled", table.compiled)
-    table.measure("matmul", table.matmul)
-    return 0
+        return {"error": "timed out" if rc is None else f"rc {rc}: {tail(text)}"}
+    (name, scores), = json.loads(report.read_text())["test_sets"].items()
+    return {"test_set": name, "bleu": scores["bleu"], "sentences": scores["num_sentences"],
+            "checkpoint": checkpoint, "seconds": round(time.monotonic() - t0, 1)}
 
 
 # ---------------------------------------------------------------- report
 
 
-def mfu_row(rows: dict) -> dict:
-    """Training FLOP/s of each eager/compiled measurement over the matmul rate."""
-    peak = rows.get("matmul", {}).get("flops_per_s")
-    if not peak:
-        return {"error": "no matmul rate"}
-    out = {}
-    if "plain_flops_per_s" in rows.get("ray vs plain", {}):
-        out["plain loop"] = rows["ray vs plain"]["plain_flops_per_s"] / peak
-    for label in ("12k", "32k"):
-        if "raymt_flops_per_s" in rows.get(f"raymt vs hf marian {label}", {}):
-            out[f"eager {label}"] = rows[f"raymt vs hf marian {label}"]["raymt_flops_per_s"] / peak
-    if "compiled_flops_per_s" in rows.get("eager vs compiled", {}):
-        out["compiled 12k"] = rows["eager vs compiled"]["compiled_flops_per_s"] / peak
-    return out or {"error": "no training rate"}
+def flop_rate(tflops: float) -> str:
+    """A FLOP/s figure in TFLOP/s, or GFLOP/s below one TFLOP/s (CPUs)."""
+    return f"{tflops:,.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1000:,.1f} GFLOP/s"
 
 
-# How each part's figures read in the table (str.format over the part's dict).
-CELLS = {
-    "run": "{steps} steps in {wall_min:.1f} min ({precision}), {median_tokens_per_s:,.0f} tgt tok/s, "
-           "test BLEU {test_bleu:.2f}",
-    "resume": "worker {killed[pid]} killed after checkpoint {killed[after_checkpoints]}; restarted at step "
-              "{resumed_at}, trained to step {last_step}",
-    "evaluate": "{test_set}: BLEU {bleu:.2f} ({sentences} sentences)",
-    "ray vs plain": "Ray {ray_tokens_per_s:,.0f} / plain {plain_tokens_per_s:,.0f} tok/s = {ratio:.3f} "
-                    "({batch_tokens}-token batches)",
-    "raymt vs hf marian": "raymt {raymt_ms:.1f} ms/step, HF {hf_marian_ms:.1f}: HF/raymt {hf_over_raymt:.2f}x "
-                          "({batch_tokens} tokens)",
-    "eager vs compiled": "eager {eager_ms:.1f} ms/step, compiled {compiled_ms:.1f}: {speedup:.2f}x ({backend}, "
-                         "first pass {compile_warmup_s:.0f} s)",
-    "matmul": "{tflops:.2f} TFLOP/s ({dtype}, n={n})",
-}
+def pct(x: Optional[float]) -> str:
+    """A share as a percentage, or n/a."""
+    return "n/a" if x is None else f"{x:.1%}"
 
 
-def describe(name: str, r: dict) -> str:
-    """One table cell's text."""
-    if "error" in r or not r.get("ok", True):
-        return r.get("error") or r.get("why", "failed")
-    if name == "mfu":
-        return ", ".join(f"{k} {v:.1%}" for k, v in r.items())
-    template = CELLS.get(name.rsplit(" ", 1)[0] if name.startswith("raymt vs hf marian") else name)
-    return template.format(**r) if template else json.dumps(r)
+def mfu(part: dict, flops: Optional[float], rate: Optional[float]) -> Optional[float]:
+    """Model FLOPs utilization of a run's tok/s against `rate` FLOP/s (None when either is unknown)."""
+    if not rate or not flops or not part.get("tokens_per_s"):
+        return None
+    return part["tokens_per_s"] * flops / rate
 
 
-def print_table(results: dict) -> None:
-    """The final table: one line per part."""
-    print(f"\n{'part':<24} {'status':<9} result")
-    for name, r in results.items():
-        status = ("ok" if r.get("ok") else "FAILED") if name in CORRECTNESS else (
-            "error" if "error" in r else "measured")
-        print(f"{name:<24} {status:<9} {describe(name, r)}")
+def table_rows(parts: dict, cpu: bool) -> list[tuple[str, str, str, str, str]]:
+    """The report's rows: (row, run, value, peak, matmul)."""
+    mm = parts.get("matmul", {})
+    peak = mm["peak_tflops"] * 1e12 if mm.get("peak_tflops") else None
+    measured = mm["matmul_tflops"] * 1e12 if mm.get("matmul_tflops") else None
+    no_peak = "n/a (CPU)" if cpu else "n/a (unknown card)"
+    rows = [("gpu", "-", mm.get("gpu") or mm.get("error", "?"), mm.get("card") or no_peak, mm.get("capability", "-")),
+            ("matmul", "-", f"{mm.get('dtype', '?')}, n={mm.get('n', '?')}",
+             f"{mm['peak_tflops']:.0f} TFLOP/s {mm['dtype']} (datasheet, dense)" if peak else no_peak,
+             f"{flop_rate(measured / 1e12)} (measured)" if measured else mm.get("error", "n/a"))]
+    # FLOPs per token: the plain part's, over exactly the timed steps of every run (the same
+    # batches); else the ray runs' own estimates.
+    exact = parts.get("plain", {}).get("flops_per_token")
+    flops = {run: exact or parts.get(run, {}).get("flops_per_token") for run in RUNS}
+    for run in ("ray", "compiled"):
+        p = parts.get(run, {})
+        if p.get("max_tokens"):
+            rows.append(("setup", run, f"{p['max_tokens']} tokens/worker, pad_multiple {p['pad_multiple']}, lr "
+                                       f"{p['lr']:.2g}, warmup {p['warmup_steps']}; {p.get('precision') or '?'}",
+                         "", ""))
+    for run in RUNS:
+        p = parts.get(run, {})
+        value = p.get("skipped") or (f"{p['tokens_per_s']:,.0f}" if p.get("tokens_per_s") else
+                                     "error: " + p.get("error", "no figure"))
+        rows.append(("tgt tok/s", run, value if run in parts else "not run (yet)", "", ""))
+    for run in RUNS:
+        p = parts.get(run, {})
+        rows.append(("mfu", run, "", pct(mfu(p, flops[run], peak)), pct(mfu(p, flops[run], measured))))
+    through_ray = {run: mfu(parts.get(run, {}), flops[run], peak) for run in ("ray", "compiled")}
+    best = max((v for v in through_ray.values() if v is not None), default=None)
+    rows.append(("goal", "-", no_peak if peak is None else "n/a (no Ray run)" if best is None else
+                 f"{'met' if best >= GOAL_MFU else 'not met'}: best MFU through Ray Train {best:.1%} of peak "
+                 f"(goal {GOAL_MFU:.0%})", "", ""))
+    ray, plain = parts.get("ray", {}), parts.get("plain", {})
+    ratio = (f"{ray['tokens_per_s'] / plain['tokens_per_s']:.3f}"
+             if ray.get("tokens_per_s") and plain.get("tokens_per_s") else "n/a")
+    rows.append(("ray/plain", "ray", ratio, "", ""))
+    for run in ("ray", "compiled"):
+        share = parts.get(run, {}).get("data_share")
+        rows.append(("data_share", run, "n/a" if share is None else f"{share:.3f}", "", ""))
+    for run in RUNS:
+        mb = parts.get(run, {}).get("peak_gpu_mb")
+        rows.append(("peak GPU MiB", run, f"{mb:,.0f}" if mb else "n/a" if cpu else "n/a (not logged)", "", ""))
+    syncs = plain.get("syncs_per_step")
+    rows.append(("syncs/step", "plain", "n/a (CPU)" if cpu else "n/a" if syncs is None else f"{syncs:.3f}", "", ""))
+    rows.append(("resume", "resume", describe(parts, "resume"), "", ""))
+    rows.append(("evaluate", "evaluate", describe(parts, "evaluate"), "", ""))
+    return rows
+
+
+def describe(parts: dict, name: str) -> str:
+    """The resume or evaluate row's text."""
+    r = parts.get(name)
+    if r is None:
+        return "not run (yet)"
+    if "error" in r:
+        return f"FAILED: {r['error']}"
+    if name == "resume":
+        return (f"ok: worker {r['killed']['pid']} killed after checkpoint {r['killed']['after_checkpoints']}; "
+                f"restarted at step {r['resumed_at']}, trained to step {r['last_step']}")
+    return f"ok: {r['test_set']} BLEU {r['bleu']:.2f} ({r['sentences']} sentences, {r['seconds']:.0f} s)"
+
+
+def markdown(rows: list[tuple[str, ...]]) -> str:
+    """A Markdown table with a header row."""
+    lines = ["| row | run | value | peak | matmul |", "|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def save(out: Path, args: argparse.Namespace, sizes: Sizes, parts: dict) -> None:
+    """gpu_check.json: every part's figures so far and the table they make (logs stay in OUT/*.log)."""
+    shown = {name: {k: v for k, v in p.items() if k != "log"} for name, p in parts.items()}
+    (out / RESULTS).write_text(json.dumps({"device": "cpu" if args.cpu else "cuda", "sizes": asdict(sizes),
+                                           "total_s": TOTAL_S, "parts": shown,
+                                           "table": table_rows(parts, args.cpu)}, indent=2))
+
+
+def measure(args: argparse.Namespace, sizes: Sizes, budget: Budget) -> Iterator[tuple[str, dict]]:
+    """The parts in order, each one's result as soon as it ends."""
+    yield "matmul", run_part(args, budget, "matmul", part_cmd(args, "matmul"))
+    yield "ray", check_speed_run(args, sizes, budget, "ray")
+    plain = train_flags(args, sizes, "plain", sizes.steps, *speed_flags(sizes, sizes.max_minutes))
+    yield "plain", run_part(args, budget, "plain", part_cmd(args, "plain", "--", *plain))
+    yield "compiled", (check_speed_run(args, sizes, budget, "compiled", "--set", "train.compile=true")
+                       if sizes.compiled else
+                       {"skipped": "skipped (--tiny on CPU: ~75 s of inductor; --compiled runs it)"})
+    yield "resume", check_resume(args, sizes, budget)
+    runs = [Path(args.work) / "runs" / name for name in ("ray", "compiled", "resume")]
+    yield "evaluate", check_evaluate(args, next((str(c) for run in runs for c in best_checkpoints(run)), None),
+                                     budget)
+
+
+def best_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoints, best validation BLEU first (none when it failed)."""
+    summary = run_dir / "summary.json"
+    return [Path(json.loads(summary.read_text())["best_checkpoint"])] if summary.exists() else []
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point: the correctness parts, then the table in its own process; 1 if a correctness part failed."""
+    """Entry point: each part in its own process under its cap; 1 if ray, resume or evaluate failed."""
     args = parse_args(argv)
     sizes = TINY if args.tiny else FULL
-    sizes = replace(sizes, timeouts={k: v * args.timeout_scale for k, v in sizes.timeouts.items()})
-    if args.table_child:
-        return table_child(args, sizes)
-    budget = Budget(sizes.timeouts)
+    sizes = replace(sizes, caps={k: v * args.timeout_scale for k, v in sizes.caps.items()},
+                    compiled=sizes.compiled or args.compiled)
+    if args.part:
+        return {"matmul": part_matmul, "plain": part_plain, "train": part_train}[args.part](args, sizes)
+    budget = Budget(sizes.caps, sum(sizes.caps.values()))
     out = Path(args.out).resolve()
     work = Path(args.work or out).resolve()
     for directory in (out, work):
@@ -577,33 +728,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     args.out, args.work = str(out), str(work)
     if args.tiny and not args.corpus and args.multi30k == str(MULTI30K):
         args.multi30k = str(write_tiny_text(work / "text"))
+    parts: dict[str, dict] = {}
     corpus, why = (Path(args.corpus).resolve(), "") if args.corpus else prepare(
-        Path(args.multi30k), work / "corpus", out / "prepare.log", 256 if args.tiny else 8000, budget)
-    results: dict[str, dict] = {}
+        Path(args.multi30k), work / "corpus", out / "prepare.log", sizes.vocab_size, budget["prepare"])
     if corpus is None:
-        results = {name: {"ok": False, "why": why} for name in CORRECTNESS}
+        parts = {name: {"error": why} for name in (*RUNS, "resume", "evaluate")}
     else:
-        for name, check in (("run", lambda: check_run(args, sizes, corpus, budget)),
-                            ("resume", lambda: check_resume(args, sizes, corpus, budget))):
-            print(f"gpu_check: {name} ...", flush=True)
-            results[name] = check()
-        print("gpu_check: evaluate ...", flush=True)
-        results["evaluate"] = check_evaluate(args, results["run"].get("best_checkpoint"), budget)
-        print("gpu_check: table ...", flush=True)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--table-child", "--corpus", str(corpus),
-               "--out", str(out), "--work", str(work), "--timeout-scale", str(args.timeout_scale),
-               *(["--cpu"] if args.cpu else []), *(["--tiny"] if args.tiny else [])]
-        rc, text = run_logged(cmd, out / "table.log", budget["table"])
-        rows = json.loads((out / "table.json").read_text()) if (out / "table.json").exists() else {}
-        if rc != 0:
-            rows.setdefault("table", {"error": "timed out" if rc is None else f"rc {rc}: {tail(text)}"})
-        rows["mfu"] = mfu_row(rows)
-        results.update(rows)
-    (out / RESULTS).write_text(json.dumps({"sizes": asdict(sizes), "device": "cpu" if args.cpu else "cuda",
-                                           "parts": results}, indent=2))
-    print_table(results)
-    print(f"logs and {RESULTS}: {out}")
-    return 0 if all(results.get(name, {}).get("ok") for name in CORRECTNESS) else 1
+        args.corpus = str(corpus)
+        print("gpu_check: matmul ...", flush=True)
+        for name, result in measure(args, sizes, budget):
+            parts[name] = result
+            save(out, args, sizes, parts)
+            print(f"gpu_check: {name} done in {result.get('seconds', 0):.0f} s", flush=True)
+    save(out, args, sizes, parts)
+    print("\n" + markdown(table_rows(parts, args.cpu)))
+    print(f"\nlogs and {RESULTS}: {out}")
+    return 0 if all("error" not in parts.get(name, {"error": ""}) for name in CORRECTNESS) else 1
 
 
 if __name__ == "__main__":
