@@ -421,12 +421,8 @@ def in_a_thread(fn: Callable[[], int]) -> int:
 
 def worker_precision(device, cfg, vocab: int) -> tuple[Callable, Optional[object]]:
     """(autocast factory, fp16 loss scaler or None) as a Ray Train worker of `cfg` chooses them."""
-    try:  # raymt.precision: the precision branch (issue 27 item 4); then only this path stays
-        from raymt.precision import for_training
-    except ImportError:
-        from raymt.trainer import autocast_for
+    from raymt.precision import for_training
 
-        return autocast_for(device, cfg.train.bf16), None
     precision = for_training(device, cfg, vocab).apply()  # TF32 flags as the worker sets them
     return precision.autocast, precision.grad_scaler()
 
@@ -462,8 +458,7 @@ def plain_loop(args: argparse.Namespace) -> int:
     if cfg.train.compile:
         model = compile_model(model)
     autocast, scaler = worker_precision(device, cfg, vocab)
-    trainer = Trainer(cfg, model, optimizer, scheduler, device, autocast=autocast,
-                      **({"scaler": scaler} if scaler is not None else {}))  # fp16 only
+    trainer = Trainer(cfg, model, optimizer, scheduler, device, autocast=autocast, scaler=scaler)
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     if gpu:
         torch.cuda.reset_peak_memory_stats()
