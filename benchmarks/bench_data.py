@@ -50,9 +50,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--work-dir", help="where corpora go (default: a temporary directory, removed)")
     p.add_argument("--json", default="bench_data.json", help="where to write the results")
-    p.add_argument("--base", default=str(MULTI30K),
-                   help="parallel text prefix (PREFIX.en.gz, PREFIX.de.gz) whose pairs are joined "
-                        "into the corpus; the built-in corpus when absent")
+    p.add_argument(
+        "--base",
+        default=str(MULTI30K),
+        help="parallel text prefix (PREFIX.en.gz, PREFIX.de.gz) whose pairs are joined "
+        "into the corpus; the built-in corpus when absent",
+    )
     return p.parse_args(argv)
 
 
@@ -75,8 +78,7 @@ def make_corpus(num_pairs: int, directory: Path, base: str, seed: int = 1) -> tu
     paths = directory / "gen.en.gz", directory / "gen.de.gz"
     with gzip.open(paths[0], "wt", compresslevel=1) as fs, gzip.open(paths[1], "wt", compresslevel=1) as ft:
         for start in range(0, num_pairs, 100_000):
-            rows = [(rng.randrange(len(src)), rng.randrange(len(src)))
-                    for _ in range(min(100_000, num_pairs - start))]
+            rows = [(rng.randrange(len(src)), rng.randrange(len(src))) for _ in range(min(100_000, num_pairs - start))]
             fs.write("".join(f"{src[a]} {src[b]}\n" for a, b in rows))
             ft.write("".join(f"{tgt[a]} {tgt[b]}\n" for a, b in rows))
     return paths
@@ -149,16 +151,22 @@ class PeakMemory:
                     heap, store = private_mb(proc.pid)
                 except (FileNotFoundError, ProcessLookupError, PermissionError):
                     continue
-                role = "driver" if title == "driver" else next(
-                    (r for key, r in self.ROLES.items() if key in title), "ray_task")
+                role = (
+                    "driver"
+                    if title == "driver"
+                    else next((r for key, r in self.ROLES.items() if key in title), "ray_task")
+                )
                 self.peaks[role] = max(self.peaks.get(role, 0.0), heap)
                 self.store_peaks[role] = max(self.store_peaks.get(role, 0.0), store)
                 self.by_title[title] = max(self.by_title.get(title, 0.0), heap)
 
     def summary(self) -> dict:
         """The peaks as JSON fields."""
-        return {"peak_private_mb": self.peaks, "peak_store_pages_mb": self.store_peaks,
-                "peak_private_mb_by_process": self.by_title}
+        return {
+            "peak_private_mb": self.peaks,
+            "peak_store_pages_mb": self.store_peaks,
+            "peak_private_mb_by_process": self.by_title,
+        }
 
     def __enter__(self) -> "PeakMemory":
         self.thread.start()
@@ -174,13 +182,14 @@ class PeakMemory:
 
 def prepare(src: Path, tgt: Path, out: Path, vocab_size: int, base: str) -> dict:
     """Prepare the generated corpus; returns its manifest and the seconds it took."""
-    from raymt.data import prepare as prep
     from raymt.config import PrepareConfig
+    from raymt.data import prepare as prep
 
     valid = prep.Source(kind="pairs", pairs=base_pairs_sample(base))
     t0 = time.perf_counter()
-    manifest = prep.prepare_corpus(PrepareConfig(vocab_size=vocab_size), str(out),
-                                   [prep.Source(kind="text", paths=(str(src), str(tgt)))], [valid])
+    manifest = prep.prepare_corpus(
+        PrepareConfig(vocab_size=vocab_size), str(out), [prep.Source(kind="text", paths=(str(src), str(tgt)))], [valid]
+    )
     return {"manifest": manifest, "seconds": time.perf_counter() - t0}
 
 
@@ -194,8 +203,8 @@ def stream_epoch(corpus_dir: str, world_size: int = 2) -> dict:
     """One epoch through `world_size` stream actors: tokens delivered per second, per worker."""
     import ray
 
-    from raymt.data import format as corpus_format
     from raymt.config import DataConfig
+    from raymt.data import format as corpus_format
     from raymt.data.stream import Position, TrainStream
 
     files = corpus_format.train_files(corpus_dir, corpus_format.read_manifest(corpus_dir))
@@ -203,23 +212,26 @@ def stream_epoch(corpus_dir: str, world_size: int = 2) -> dict:
     @ray.remote(num_cpus=0.5)
     class StreamBench:
         def run(self, rank: int) -> dict:
-            stream = TrainStream(files, DataConfig(), seed=1, rank=rank, world_size=world_size,
-                                 position=Position(0))
+            stream = TrainStream(files, DataConfig(), seed=1, rank=rank, world_size=world_size, position=Position(0))
             t0, num_batches, num_tokens, num_src = time.perf_counter(), 0, 0, 0
             for batch in stream:
                 num_batches += 1
                 num_tokens += batch.num_tokens
                 num_src += int((batch.src != 0).sum())
             seconds = time.perf_counter() - t0
-            return {"batches": num_batches, "tgt_tokens": num_tokens, "src_tokens": num_src,
-                    "seconds": seconds, "tgt_tokens_per_s": num_tokens / seconds}
+            return {
+                "batches": num_batches,
+                "tgt_tokens": num_tokens,
+                "src_tokens": num_src,
+                "seconds": seconds,
+                "tgt_tokens_per_s": num_tokens / seconds,
+            }
 
     actors = [StreamBench.remote() for _ in range(world_size)]
     per_rank = ray.get([a.run.remote(rank) for rank, a in enumerate(actors)])
     for a in actors:
         ray.kill(a)
-    return {"per_rank": per_rank,
-            "min_tgt_tokens_per_s_per_worker": min(r["tgt_tokens_per_s"] for r in per_rank)}
+    return {"per_rank": per_rank, "min_tgt_tokens_per_s_per_worker": min(r["tgt_tokens_per_s"] for r in per_rank)}
 
 
 def train(corpus_dir: str, steps: int, preset_name: str, storage: Path) -> dict:
@@ -229,16 +241,28 @@ def train(corpus_dir: str, steps: int, preset_name: str, storage: Path) -> dict:
     from raymt.config import Config, apply_overrides, preset
     from raymt.train import run
 
-    cfg = apply_overrides(Config(model=preset(preset_name)), {
-        "data.corpus": corpus_dir, "train.max_steps": steps, "train.eval_every": steps,
-        "train.log_every": 25, "train.storage_path": str(storage), "train.name": "train"})
+    cfg = apply_overrides(
+        Config(model=preset(preset_name)),
+        {
+            "data.corpus": corpus_dir,
+            "train.max_steps": steps,
+            "train.eval_every": steps,
+            "train.log_every": 25,
+            "train.storage_path": str(storage),
+            "train.name": "train",
+        },
+    )
     summary = run(cfg, score_test=False)
     with open(summary["metrics_csv"]) as f:
         rows = [r for r in csv.DictReader(f) if r.get("tokens_per_s")]
     speeds = [float(r["tokens_per_s"]) for r in rows[1:]] or [float(rows[0]["tokens_per_s"])]
     last = rows[-1]
-    return {"tgt_tokens_per_s": sum(speeds) / len(speeds), "steps": steps,
-            "data_share": float(last["data_share"]), "wall_s": summary["wall_time_s"]}
+    return {
+        "tgt_tokens_per_s": sum(speeds) / len(speeds),
+        "steps": steps,
+        "data_share": float(last["data_share"]),
+        "wall_s": summary["wall_time_s"],
+    }
 
 
 # ---------------------------------------------------------------- main
@@ -255,8 +279,12 @@ def bench_size(num_pairs: int, args: argparse.Namespace, work: Path) -> dict:
     with PeakMemory() as mem:
         prepared = prepare(src, tgt, directory / "corpus", args.vocab_size, args.base)
     split = prepared["manifest"]["splits"]["train"]
-    result["prepare"] = {"seconds": prepared["seconds"], "kept_pairs": split["num_pairs"],
-                         "shards": len(split["files"]), **mem.summary()}
+    result["prepare"] = {
+        "seconds": prepared["seconds"],
+        "kept_pairs": split["num_pairs"],
+        "shards": len(split["files"]),
+        **mem.summary(),
+    }
     src.unlink(), tgt.unlink()  # only the shards are read from here on
     with PeakMemory() as mem:
         result["stream"] = stream_epoch(str(directory / "corpus"))
@@ -265,27 +293,32 @@ def bench_size(num_pairs: int, args: argparse.Namespace, work: Path) -> dict:
         result["train"] = train(str(directory / "corpus"), args.steps, args.preset, directory / "runs")
     result["train"].update(mem.summary())
     # Training reports global tokens/s (both workers); the pipeline's rate is per worker.
-    result["ratio"] = (result["stream"]["min_tgt_tokens_per_s_per_worker"]
-                       / (result["train"]["tgt_tokens_per_s"] / 2))
+    result["ratio"] = result["stream"]["min_tgt_tokens_per_s_per_worker"] / (result["train"]["tgt_tokens_per_s"] / 2)
     return result
 
 
 def print_table(results: list[dict]) -> None:
     """One row per corpus size, then the memory comparison between the smallest and largest."""
-    print("\n| pairs | prepare s | pipeline tok/s/worker | training tok/s/worker | ratio | data wait "
-          "| peak private MB: driver / train worker / stream actor / Ray Data task | object-store pages MB |")
+    print(
+        "\n| pairs | prepare s | pipeline tok/s/worker | training tok/s/worker | ratio | data wait "
+        "| peak private MB: driver / train worker / stream actor / Ray Data task | object-store pages MB |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        peaks = {**r["stream"]["peak_private_mb"], **{k: v for k, v in r["train"]["peak_private_mb"].items()
-                                                  if k != "stream_actor"}}
+        peaks = {
+            **r["stream"]["peak_private_mb"],
+            **{k: v for k, v in r["train"]["peak_private_mb"].items() if k != "stream_actor"},
+        }
         driver = max(r[p]["peak_private_mb"].get("driver", 0) for p in ("prepare", "stream", "train"))
         task = max(r[p]["peak_private_mb"].get("ray_task", 0) for p in ("prepare", "stream", "train"))
         store = max(max(r[p]["peak_store_pages_mb"].values(), default=0) for p in ("prepare", "stream", "train"))
-        print(f"| {r['pairs']:,} | {r['prepare']['seconds']:.0f} | "
-              f"{r['stream']['min_tgt_tokens_per_s_per_worker'] / 1e3:.0f}k | "
-              f"{r['train']['tgt_tokens_per_s'] / 2e3:.1f}k | {r['ratio']:.0f}x | "
-              f"{100 * r['train']['data_share']:.1f}% | {driver:.0f} / "
-              f"{peaks.get('train_worker', 0):.0f} / {peaks.get('stream_actor', 0):.0f} / {task:.0f} | {store:.0f} |")
+        print(
+            f"| {r['pairs']:,} | {r['prepare']['seconds']:.0f} | "
+            f"{r['stream']['min_tgt_tokens_per_s_per_worker'] / 1e3:.0f}k | "
+            f"{r['train']['tgt_tokens_per_s'] / 2e3:.1f}k | {r['ratio']:.0f}x | "
+            f"{100 * r['train']['data_share']:.1f}% | {driver:.0f} / "
+            f"{peaks.get('train_worker', 0):.0f} / {peaks.get('stream_actor', 0):.0f} / {task:.0f} | {store:.0f} |"
+        )
 
 
 def isolated(num_pairs: int, args: argparse.Namespace) -> dict:
@@ -296,8 +329,22 @@ def isolated(num_pairs: int, args: argparse.Namespace) -> dict:
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "one.json"
-        cmd = [sys.executable, __file__, "--sizes", str(num_pairs), "--steps", str(args.steps),
-               "--preset", args.preset, "--vocab-size", str(args.vocab_size), "--json", str(out), "--base", args.base]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--sizes",
+            str(num_pairs),
+            "--steps",
+            str(args.steps),
+            "--preset",
+            args.preset,
+            "--vocab-size",
+            str(args.vocab_size),
+            "--json",
+            str(out),
+            "--base",
+            args.base,
+        ]
         if args.work_dir:
             cmd += ["--work-dir", args.work_dir]
         subprocess.run(cmd, check=True)
@@ -326,8 +373,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     results = in_process(sizes, args) if len(sizes) == 1 else [isolated(n, args) for n in sizes]
     print_table(results)
-    info = {"machine": platform.platform(), "cpus": os.cpu_count(),
-            "torch": torch.__version__, "ray": ray.__version__, "command": " ".join(sys.argv)}
+    info = {
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "command": " ".join(sys.argv),
+    }
     Path(args.json).write_text(json.dumps({"info": info, "results": results}, indent=2))
     print(f"\nfull figures: {args.json}")
     return 0

@@ -50,16 +50,18 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def timed(model: Transformer, tokenizer: Tokenizer, sentences: list[str], opts: DecodeOptions,
-          batch_size: int) -> tuple[float, list[str]]:
+def timed(
+    model: Transformer, tokenizer: Tokenizer, sentences: list[str], opts: DecodeOptions, batch_size: int
+) -> tuple[float, list[str]]:
     """Seconds to translate `sentences`, and the translations."""
     t0 = time.perf_counter()
     hyps = translate(model, tokenizer, sentences, opts, batch_size)
     return time.perf_counter() - t0, hyps
 
 
-def bench_beam(model: Transformer, tokenizer: Tokenizer, sentences: list[str], beam: int,
-               args: argparse.Namespace) -> dict:
+def bench_beam(
+    model: Transformer, tokenizer: Tokenizer, sentences: list[str], beam: int, args: argparse.Namespace
+) -> dict:
     """Cached and uncached decoding side by side for one beam size."""
     for use_cache in (True, False):  # warm-up: first-call allocations are not timed
         timed(model, tokenizer, sentences[:4], DecodeOptions(beam=beam, use_cache=use_cache), args.batch_size)
@@ -72,23 +74,29 @@ def bench_beam(model: Transformer, tokenizer: Tokenizer, sentences: list[str], b
             seconds, outputs[name] = timed(model, tokenizer, sentences, opts, args.batch_size)
             times[name].append(seconds)
     rate = {name: len(sentences) / statistics.median(t) for name, t in times.items()}
-    return {"search": "greedy" if beam == 1 else f"beam {beam}", "beam": beam,
-            "cached_sentences_per_s": round(rate["cached"], 2),
-            "uncached_sentences_per_s": round(rate["uncached"], 2),
-            "speedup": round(rate["cached"] / rate["uncached"], 3),
-            "identical_output": outputs["cached"] == outputs["uncached"],
-            "seconds": {name: [round(t, 3) for t in ts] for name, ts in times.items()}}
+    return {
+        "search": "greedy" if beam == 1 else f"beam {beam}",
+        "beam": beam,
+        "cached_sentences_per_s": round(rate["cached"], 2),
+        "uncached_sentences_per_s": round(rate["uncached"], 2),
+        "speedup": round(rate["cached"] / rate["uncached"], 3),
+        "identical_output": outputs["cached"] == outputs["uncached"],
+        "seconds": {name: [round(t, 3) for t in ts] for name, ts in times.items()},
+    }
 
 
 def print_table(results: list[dict], meta: dict) -> None:
     """One row per search: sentences/s with and without the cache, and their ratio."""
-    print(f"{meta['num_sentences']} sentences of {Path(meta['data']).name}, {meta['threads']} threads, "
-          f"batch {meta['batch_size']}, median of {meta['repeats']}")
-    print(f"{'search':<8} {'cached sent/s':>14} {'uncached sent/s':>16} {'cached/uncached':>16} "
-          f"{'same output':>12}")
+    print(
+        f"{meta['num_sentences']} sentences of {Path(meta['data']).name}, {meta['threads']} threads, "
+        f"batch {meta['batch_size']}, median of {meta['repeats']}"
+    )
+    print(f"{'search':<8} {'cached sent/s':>14} {'uncached sent/s':>16} {'cached/uncached':>16} {'same output':>12}")
     for r in results:
-        print(f"{r['search']:<8} {r['cached_sentences_per_s']:>14.2f} {r['uncached_sentences_per_s']:>16.2f} "
-              f"{r['speedup']:>15.2f}x {'yes' if r['identical_output'] else 'NO':>12}")
+        print(
+            f"{r['search']:<8} {r['cached_sentences_per_s']:>14.2f} {r['uncached_sentences_per_s']:>16.2f} "
+            f"{r['speedup']:>15.2f}x {'yes' if r['identical_output'] else 'NO':>12}"
+        )
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -99,15 +107,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         if min(beams) < 1 or args.threads < 1 or args.repeats < 1 or (args.limit is not None and args.limit < 1):
             raise ValueError("--beams, --threads, --repeats and --limit must be >= 1")
         model, tokenizer, _ = load_model(args.checkpoint)
-        sentences = read_parallel(args.data, args.src_lang, args.tgt_lang)[0][:args.limit]
+        sentences = read_parallel(args.data, args.src_lang, args.tgt_lang)[0][: args.limit]
     except ValueError as err:
         print(f"bench_decoding: error: {err}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    meta = {"checkpoint": str(Path(args.checkpoint).resolve()), "data": args.data,
-            "num_sentences": len(sentences), "threads": args.threads, "batch_size": args.batch_size,
-            "repeats": args.repeats, "torch": torch.__version__, "machine": platform.machine(),
-            "d_model": model.cfg.d_model, "layers": [model.cfg.num_encoder_layers, model.cfg.num_decoder_layers]}
+    meta = {
+        "checkpoint": str(Path(args.checkpoint).resolve()),
+        "data": args.data,
+        "num_sentences": len(sentences),
+        "threads": args.threads,
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "d_model": model.cfg.d_model,
+        "layers": [model.cfg.num_encoder_layers, model.cfg.num_decoder_layers],
+    }
     results = [bench_beam(model, tokenizer, sentences, beam, args) for beam in beams]
     print_table(results, meta)
     Path(args.json).write_text(json.dumps({**meta, "results": results}, indent=2))

@@ -6,7 +6,8 @@ included), on Multi30k and on a generated 2M-pair corpus.
 
 Multi30k is tokenized with a SentencePiece model trained on it and written in the prepared
 format (raymt.data.format) without Ray, as is the generated corpus (random ids, Multi30k-like
-lengths); both are cached under --work-dir. The stream reads the shards as in training. The last line is `feed: <N> target tok/s per worker` for the slower corpus.
+lengths); both are cached under --work-dir. The stream reads the shards as in training.
+The last line is `feed: <N> target tok/s per worker` for the slower corpus.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def parse_args(argv=None) -> argparse.Namespace:
     """The benchmark's flags."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--multi30k", default=str(ROOT.parent / "shared" / "data" / "multi30k"),
-                   help="directory with train.en.gz and train.de.gz")
+    p.add_argument(
+        "--multi30k",
+        default=str(ROOT.parent / "shared" / "data" / "multi30k"),
+        help="directory with train.en.gz and train.de.gz",
+    )
     p.add_argument("--corpus", help="a prepared corpus to measure instead of the generated one")
     p.add_argument("--pairs", type=int, default=2_000_000, help="pairs of the generated corpus")
     p.add_argument("--work-dir", default="/tmp/raymt-feed", help="where the corpora are cached")
@@ -51,15 +55,19 @@ def write_corpus(out: Path, src: list, tgt: list, shard_pairs: int, model_proto:
     (out / corpus_format.TRAIN_DIR).mkdir(parents=True, exist_ok=True)
     files = []
     for i, lo in enumerate(range(0, len(src), shard_pairs)):
-        s, t = src[lo:lo + shard_pairs], tgt[lo:lo + shard_pairs]
+        s, t = src[lo : lo + shard_pairs], tgt[lo : lo + shard_pairs]
         rel = f"{corpus_format.TRAIN_DIR}/part-{i:05d}.parquet"
         pq.write_table(pa.table({"src_ids": s, "tgt_ids": t}), out / rel)
-        lengths = (pa.compute.list_value_length(s).to_numpy() + pa.compute.list_value_length(t).to_numpy())
+        lengths = pa.compute.list_value_length(s).to_numpy() + pa.compute.list_value_length(t).to_numpy()
         files.append({"path": rel, "num_pairs": len(s), "token_index": corpus_format.token_index(lengths)})
     (out / corpus_format.SPM_FILE).write_bytes(model_proto)
-    manifest = {"format": corpus_format.FORMAT, "src_lang": "en", "tgt_lang": "de",
-                "sp_model_sha256": hashlib.sha256(model_proto).hexdigest(),
-                "splits": {"train": {"files": files, "num_pairs": len(src)}, "valid": {}, "test": {}}}
+    manifest = {
+        "format": corpus_format.FORMAT,
+        "src_lang": "en",
+        "tgt_lang": "de",
+        "sp_model_sha256": hashlib.sha256(model_proto).hexdigest(),
+        "splits": {"train": {"files": files, "num_pairs": len(src)}, "valid": {}, "test": {}},
+    }
     (out / corpus_format.MANIFEST_FILE).write_text(json.dumps(manifest))
     return str(out)
 
@@ -103,8 +111,7 @@ def measure(corpus: str, args: argparse.Namespace) -> dict:
 
     files = corpus_format.train_files(corpus, corpus_format.read_manifest(corpus))
     cfg = DataConfig(max_tokens=args.max_tokens)
-    stream = TrainStream(files, cfg, seed=1, rank=0, world_size=1, position=Position(0),
-                         num_epochs=args.epochs).start()
+    stream = TrainStream(files, cfg, seed=1, rank=0, world_size=1, position=Position(0), num_epochs=args.epochs).start()
     t_start = time.perf_counter()
     tokens = batches = 0
     boundaries, epoch, t0 = [], 0, None
@@ -122,9 +129,16 @@ def measure(corpus: str, args: argparse.Namespace) -> dict:
             break
     seconds = time.perf_counter() - t0
     stream.close()
-    return {"corpus": corpus, "first_batch_s": round(first_s, 2), "batches": batches,
-            "epochs_seen": epoch + 1, "tgt_tokens": tokens, "seconds": round(seconds, 2),
-            "cpu_s": round(time.process_time() - cpu0, 2), "tok_per_s": tokens / seconds}
+    return {
+        "corpus": corpus,
+        "first_batch_s": round(first_s, 2),
+        "batches": batches,
+        "epochs_seen": epoch + 1,
+        "tgt_tokens": tokens,
+        "seconds": round(seconds, 2),
+        "cpu_s": round(time.process_time() - cpu0, 2),
+        "tok_per_s": tokens / seconds,
+    }
 
 
 def boundary_waits(corpus: str, args: argparse.Namespace, continuous: bool) -> list[float]:
@@ -171,13 +185,18 @@ def main(argv=None) -> None:
     os.sched_setaffinity(0, {cpu})  # this process (the worker's side of the feed) on one core
     for continuous in (False, True):
         waits = boundary_waits(corpora["multi30k"], args, continuous)
-        print(f"multi30k epoch-start waits, {'one stream over epochs' if continuous else 'a stream per epoch'}: "
-              + ", ".join(f"{w:.3f}" for w in waits) + " s")
+        print(
+            f"multi30k epoch-start waits, {'one stream over epochs' if continuous else 'a stream per epoch'}: "
+            + ", ".join(f"{w:.3f}" for w in waits)
+            + " s"
+        )
     results = {name: measure(path, args) for name, path in corpora.items()}
     for name, r in results.items():
-        print(f"{name:>10}: {r['tok_per_s']:>12,.0f} target tok/s  ({r['tgt_tokens']:,} tokens in "
-              f"{r['seconds']} s, {r['batches']} batches, {r['epochs_seen']} epoch(s), process CPU "
-              f"{r['cpu_s']} s, first batch after {r['first_batch_s']} s)")
+        print(
+            f"{name:>10}: {r['tok_per_s']:>12,.0f} target tok/s  ({r['tgt_tokens']:,} tokens in "
+            f"{r['seconds']} s, {r['batches']} batches, {r['epochs_seen']} epoch(s), process CPU "
+            f"{r['cpu_s']} s, first batch after {r['first_batch_s']} s)"
+        )
     slowest = min(r["tok_per_s"] for r in results.values())
     print(f"feed: {slowest:.0f} target tok/s per worker")
 

@@ -115,29 +115,69 @@ class Sizes:
 
 # On one H200 (../shared/gpu/README.md, benchmarks/NOTES.md): Ray's start ~8 s, a Train
 # worker ~10 s, base at 32k tokens ~72 ms a step eager, Multi30k's preparation ~31 s.
-FULL = Sizes(preset="base", steps=200, log_every=25, max_minutes=1.0, compiled_minutes=1.3, compiled=True,
-             resume_steps=60, resume_every=20, matmul_n=8192, vocab_size=8000,
-             caps={"start-up": 5, "prepare": 40, "matmul": 25, "ray": 95, "plain": 45, "compiled": 120,
-                   "resume": 95, "evaluate": 55})
-TINY = Sizes(preset="tiny", steps=24, log_every=6, max_minutes=5.0, compiled_minutes=5.0, compiled=False,
-             resume_steps=20, resume_every=10, matmul_n=256, vocab_size=256,
-             caps={"start-up": 10, "prepare": 60, "matmul": 30, "ray": 120, "plain": 60, "compiled": 300,
-                   "resume": 180, "evaluate": 120})
+FULL = Sizes(
+    preset="base",
+    steps=200,
+    log_every=25,
+    max_minutes=1.0,
+    compiled_minutes=1.3,
+    compiled=True,
+    resume_steps=60,
+    resume_every=20,
+    matmul_n=8192,
+    vocab_size=8000,
+    caps={
+        "start-up": 5,
+        "prepare": 40,
+        "matmul": 25,
+        "ray": 95,
+        "plain": 45,
+        "compiled": 120,
+        "resume": 95,
+        "evaluate": 55,
+    },
+)
+TINY = Sizes(
+    preset="tiny",
+    steps=24,
+    log_every=6,
+    max_minutes=5.0,
+    compiled_minutes=5.0,
+    compiled=False,
+    resume_steps=20,
+    resume_every=10,
+    matmul_n=256,
+    vocab_size=256,
+    caps={
+        "start-up": 10,
+        "prepare": 60,
+        "matmul": 30,
+        "ray": 120,
+        "plain": 60,
+        "compiled": 300,
+        "resume": 180,
+        "evaluate": 120,
+    },
+)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--multi30k", default=str(MULTI30K),
-                   help="raw Multi30k (train/val/test_2016_flickr .en/.de .gz); evaluate reads its test set")
+    p.add_argument(
+        "--multi30k",
+        default=str(MULTI30K),
+        help="raw Multi30k (train/val/test_2016_flickr .en/.de .gz); evaluate reads its test set",
+    )
     p.add_argument("--corpus", help="a corpus already made by `python -m raymt.data prepare` (skips preparing)")
     p.add_argument("--out", default="gpu_check", help="logs and gpu_check.json go here")
     p.add_argument("--work", help="runs (checkpoints), evaluation output and a prepared corpus (default: --out)")
     p.add_argument("--cpu", action="store_true", help="train and measure on the CPU (gloo), not the GPU")
     p.add_argument("--tiny", action="store_true", help="tiny preset, generated corpus, tens of steps")
     p.add_argument("--compiled", action="store_true", help="run the compiled part with --tiny too")
-    p.add_argument("--timeout-scale", type=float, default=1.0,
-                   help="multiply every part's cap (a slow or busy machine)")
+    p.add_argument(
+        "--timeout-scale", type=float, default=1.0, help="multiply every part's cap (a slow or busy machine)"
+    )
     p.add_argument("--part", choices=("matmul", "plain", "train"), help=argparse.SUPPRESS)  # a part's process
     p.add_argument("--name", help=argparse.SUPPRESS)  # the train part's run name
     p.add_argument("train_flags", nargs="*", help=argparse.SUPPRESS)  # the train part's raymt.train flags
@@ -159,8 +199,9 @@ class Budget:
         return max(10.0, min(self.caps[part], self.deadline - time.monotonic()))
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float,
-               watch: Optional[Callable[[subprocess.Popen, float], None]] = None) -> tuple[Optional[int], str]:
+def run_logged(
+    cmd: list[str], log: Path, timeout: float, watch: Optional[Callable[[subprocess.Popen, float], None]] = None
+) -> tuple[Optional[int], str]:
     """Run `cmd` with its output in `log`, its process group killed after `timeout` s; (rc or None, output).
 
     `watch(proc, deadline)` runs while it does (e.g. to kill one of its workers)."""
@@ -210,8 +251,11 @@ def ray_processes(driver: int) -> list[int]:
     running one (RAY_ADDRESS host:port, as in the test suite) that cluster's raylet on this machine."""
     address = os.environ.get("RAY_ADDRESS")
     commands = {int(p.parent.name): cmdline(int(p.parent.name)) for p in Path("/proc").glob("[0-9]*/cmdline")}
-    raylets = [pid for pid, cmd in commands.items() if address and cmd.split(" ", 1)[0].endswith("/raylet")
-               and f"--gcs-address={address} " in cmd]
+    raylets = [
+        pid
+        for pid, cmd in commands.items()
+        if address and cmd.split(" ", 1)[0].endswith("/raylet") and f"--gcs-address={address} " in cmd
+    ]
     return [p for root in (driver, *raylets) for p in descendants(root)]
 
 
@@ -231,12 +275,26 @@ def tail(text: str) -> str:
 
 def part_cmd(args: argparse.Namespace, part: str, *extra: str) -> list[str]:
     """This script as one part's process."""
-    return [sys.executable, str(Path(__file__).resolve()), "--part", part, "--out", args.out, "--work", args.work,
-            "--corpus", args.corpus, *(["--cpu"] if args.cpu else []), *(["--tiny"] if args.tiny else []), *extra]
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--part",
+        part,
+        "--out",
+        args.out,
+        "--work",
+        args.work,
+        "--corpus",
+        args.corpus,
+        *(["--cpu"] if args.cpu else []),
+        *(["--tiny"] if args.tiny else []),
+        *extra,
+    ]
 
 
-def run_part(args: argparse.Namespace, budget: Budget, name: str, cmd: list[str],
-             watch: Optional[Callable] = None) -> dict:
+def run_part(
+    args: argparse.Namespace, budget: Budget, name: str, cmd: list[str], watch: Optional[Callable] = None
+) -> dict:
     """A part's process under its cap: what it wrote to OUT/NAME.json, with an error if it failed."""
     result_file = Path(args.out) / f"{name}.json"
     result_file.unlink(missing_ok=True)
@@ -274,9 +332,23 @@ def prepare(raw: Path, out: Path, log: Path, vocab_size: int, timeout: float) ->
     """`python -m raymt.data prepare` of `raw` into `out`: (corpus or None, why not)."""
     if not (raw / "train.en.gz").exists():
         return None, f"no {raw}/train.en.gz: pass --multi30k DIR or --corpus PREPARED"
-    cmd = [sys.executable, "-m", "raymt.data", "prepare", "--train", str(raw / "train"),
-           "--valid", str(raw / "val"), "--test", str(raw / "test_2016_flickr"),
-           "--vocab-size", str(vocab_size), "--out", str(out), "--overwrite"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "raymt.data",
+        "prepare",
+        "--train",
+        str(raw / "train"),
+        "--valid",
+        str(raw / "val"),
+        "--test",
+        str(raw / "test_2016_flickr"),
+        "--vocab-size",
+        str(vocab_size),
+        "--out",
+        str(out),
+        "--overwrite",
+    ]
     rc, text = run_logged(cmd, log, timeout)
     return (out, "") if rc == 0 else (None, f"prepare failed (rc {rc}): {tail(text)}")
 
@@ -289,8 +361,9 @@ def run_batches(cfg, corpus: str, count: int, pin_memory: bool = False) -> list:
     files = corpus_format.train_files(corpus, corpus_format.read_manifest(corpus))
     out: list = []
     for epoch in range(count):  # an epoch holds at least one batch
-        stream = TrainStream(files, cfg.data, cfg.train.seed, rank=0, world_size=1, position=Position(epoch),
-                             pin_memory=pin_memory)
+        stream = TrainStream(
+            files, cfg.data, cfg.train.seed, rank=0, world_size=1, position=Position(epoch), pin_memory=pin_memory
+        )
         out += [batch for batch, _ in zip(stream, range(count - len(out)))]
         stream.close()
         if len(out) == count:
@@ -337,15 +410,18 @@ def part_matmul(args: argparse.Namespace, sizes: Sizes) -> int:
         from raymt.cluster import machine_cpus, plan
 
         torch.set_num_threads(plan(1, total={"CPU": machine_cpus()}).num_threads)  # a worker's threads
-        result.update(gpu=cpu_name(), card=None, peak_tflops=None,
-                      dtype="bf16" if trains_in_bf16("cpu") else "fp32")
+        result.update(gpu=cpu_name(), card=None, peak_tflops=None, dtype="bf16" if trains_in_bf16("cpu") else "fp32")
     else:
         name = torch.cuda.get_device_name(0)
         known = card_peak(name)
         bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
-        result.update(gpu=name, capability="sm_%d%d" % torch.cuda.get_device_capability(0),
-                      card=known[0] if known else None, peak_tflops=known[2] if known else None,
-                      dtype=known[1] if known else ("bf16" if bf16 else "fp16"))
+        result.update(
+            gpu=name,
+            capability="sm_%d%d" % torch.cuda.get_device_capability(0),
+            card=known[0] if known else None,
+            peak_tflops=known[2] if known else None,
+            dtype=known[1] if known else ("bf16" if bf16 else "fp16"),
+        )
     write_part(args, "matmul", result)  # the name and peak stand even if the matmul hangs
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[result["dtype"]]
     rate = matmul_flops("cpu" if args.cpu else "cuda", dtype, sizes.matmul_n)
@@ -355,7 +431,8 @@ def part_matmul(args: argparse.Namespace, sizes: Sizes) -> int:
 
 def train_config(args: argparse.Namespace):
     """The config `python -m raymt.train FLAGS` would run (device defaults included)."""
-    from raymt.train import build_config, parse_args as train_args
+    from raymt.train import build_config
+    from raymt.train import parse_args as train_args
 
     return build_config(train_args(args.train_flags))
 
@@ -370,15 +447,27 @@ def part_train(args: argparse.Namespace, sizes: Sizes) -> int:
     t0 = time.perf_counter()
     # Over its first batches (seconds on the CPU); the plain part gives those of the timed steps exactly.
     batches = run_batches(cfg, args.corpus, min(cfg.train.max_steps, FLOPS_BATCHES))
-    result = {"flops_per_token": flops_per_token(cfg, vocab, batches),
-              "flops_s": round(time.perf_counter() - t0, 1), "max_tokens": cfg.data.max_tokens,
-              "pad_multiple": cfg.data.pad_multiple, "compile": cfg.train.compile, "lr": cfg.optim.lr,
-              "warmup_steps": cfg.optim.warmup_steps}
+    result = {
+        "flops_per_token": flops_per_token(cfg, vocab, batches),
+        "flops_s": round(time.perf_counter() - t0, 1),
+        "max_tokens": cfg.data.max_tokens,
+        "pad_multiple": cfg.data.pad_multiple,
+        "compile": cfg.train.compile,
+        "lr": cfg.optim.lr,
+        "warmup_steps": cfg.optim.warmup_steps,
+    }
     write_part(args, args.name, result)
     summary = run(cfg, score_test=False)
-    write_part(args, args.name, {**result, "metrics_csv": summary["metrics_csv"],
-                                 "best_checkpoint": summary["best_checkpoint"],
-                                 "wall_time_s": summary["wall_time_s"]})
+    write_part(
+        args,
+        args.name,
+        {
+            **result,
+            "metrics_csv": summary["metrics_csv"],
+            "best_checkpoint": summary["best_checkpoint"],
+            "wall_time_s": summary["wall_time_s"],
+        },
+    )
     return 0
 
 
@@ -448,13 +537,15 @@ def plain_loop(args: argparse.Namespace) -> int:
     gpu = cfg.train.use_gpu
     device = torch.device("cuda" if gpu else "cpu")
     # The threads a Ray Train worker of this run gets on this machine.
-    torch.set_num_threads(plan(1, gpu, cfg.train.cpus_per_worker,
-                               total={"CPU": machine_cpus(), "GPU": int(gpu)}).num_threads)
+    torch.set_num_threads(
+        plan(1, gpu, cfg.train.cpus_per_worker, total={"CPU": machine_cpus(), "GPU": int(gpu)}).num_threads
+    )
     vocab = corpus_format.load_tokenizer(args.corpus, corpus_format.read_manifest(args.corpus)).vocab_size
     batches = run_batches(cfg, args.corpus, cfg.train.max_steps, pin_memory=gpu)
     torch.manual_seed(cfg.train.seed)  # the worker's initial weights
-    model, optimizer, scheduler = restore_training(build_model(cfg.model, vocab), cfg, None, None,
-                                                   lambda m: m.to(device))
+    model, optimizer, scheduler = restore_training(
+        build_model(cfg.model, vocab), cfg, None, None, lambda m: m.to(device)
+    )
     if cfg.train.compile:
         model = compile_model(model)
     autocast, scaler = worker_precision(device, cfg, vocab)
@@ -468,9 +559,12 @@ def plain_loop(args: argparse.Namespace) -> int:
     trainer.train_epoch(batches[warm:steps])
     sync()
     seconds = time.perf_counter() - t0
-    result = {"tokens_per_s": sum(b.num_tokens for b in batches[warm:steps]) / seconds, "steps": steps - warm,
-              "flops_per_token": flops_per_token(cfg, vocab, batches[warm:steps]),
-              "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if gpu else None}
+    result = {
+        "tokens_per_s": sum(b.num_tokens for b in batches[warm:steps]) / seconds,
+        "steps": steps - warm,
+        "flops_per_token": flops_per_token(cfg, vocab, batches[warm:steps]),
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if gpu else None,
+    }
     write_part(args, "plain", result)
     if gpu:  # the next log interval, its progress line's sync included
         num_syncs = count_syncs(lambda: trainer.train_epoch(batches[steps:]))  # no synchronize() of ours
@@ -485,15 +579,34 @@ def plain_loop(args: argparse.Namespace) -> int:
 def train_flags(args: argparse.Namespace, sizes: Sizes, name: str, steps: int, *extra: str) -> list[str]:
     """`python -m raymt.train` flags of a new run `name` on one worker of the device (an old one is removed)."""
     shutil.rmtree(Path(args.work) / "runs" / name, ignore_errors=True)
-    return [*([] if args.cpu else ["--gpu"]), "--num-workers", "1", "--preset", sizes.preset,
-            "--corpus", args.corpus, "--storage-path", str(Path(args.work) / "runs"), "--name", name,
-            "--max-steps", str(steps), *extra]
+    return [
+        *([] if args.cpu else ["--gpu"]),
+        "--num-workers",
+        "1",
+        "--preset",
+        sizes.preset,
+        "--corpus",
+        args.corpus,
+        "--storage-path",
+        str(Path(args.work) / "runs"),
+        "--name",
+        name,
+        "--max-steps",
+        str(steps),
+        *extra,
+    ]
 
 
 def speed_flags(sizes: Sizes, minutes: float) -> list[str]:
     """One validation, at the end (it would otherwise land inside a timed interval), and a time bound."""
-    return ["--max-minutes", str(minutes), "--set", f"train.log_every={sizes.log_every}",
-            "--set", f"train.eval_every={sizes.steps}"]
+    return [
+        "--max-minutes",
+        str(minutes),
+        "--set",
+        f"train.log_every={sizes.log_every}",
+        "--set",
+        f"train.eval_every={sizes.steps}",
+    ]
 
 
 def metrics_figures(metrics_csv: str) -> dict:
@@ -505,8 +618,11 @@ def metrics_figures(metrics_csv: str) -> dict:
     steps = [int(b["step"]) - int(a["step"]) for a, b in zip(rows, rows[1:])]
     rates = [float(r["tokens_per_s"]) for r in rows[1:]]
     # Time-weighted (token-budget batches: about as many tokens a step): steps / seconds.
-    out = {"tokens_per_s": sum(steps) / sum(n / v for n, v in zip(steps, rates)), "steps": sum(steps),
-           "data_share": float(rows[-1]["data_share"]) if rows[-1].get("data_share") else None}
+    out = {
+        "tokens_per_s": sum(steps) / sum(n / v for n, v in zip(steps, rates)),
+        "steps": sum(steps),
+        "data_share": float(rows[-1]["data_share"]) if rows[-1].get("data_share") else None,
+    }
     # When the worker logs it (peak_gpu_mb or a column named alike).
     column = next((k for k in rows[0] if re.fullmatch(r"(peak_)?gpu(_mem(ory)?)?_mi?b", k)), None)
     gpu_mb = [float(r[column]) for r in rows if column and r.get(column)]
@@ -531,6 +647,7 @@ def check_speed_run(args: argparse.Namespace, sizes: Sizes, budget: Budget, name
 
 def kill_a_worker_after_checkpoint(run_dir: Path, killed: dict) -> Callable:
     """A `watch` for run_logged: once a checkpoint is registered, SIGKILL one Ray Train worker of the run."""
+
     def watch(proc: subprocess.Popen, deadline: float) -> None:
         while num_checkpoints(run_dir) < 1:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -540,6 +657,7 @@ def kill_a_worker_after_checkpoint(run_dir: Path, killed: dict) -> Callable:
         if workers:
             os.kill(workers[0], signal.SIGKILL)
             killed.update(pid=workers[0], after_checkpoints=num_checkpoints(run_dir))
+
     return watch
 
 
@@ -551,19 +669,32 @@ def logged_steps(text: str) -> list[int]:
 def check_resume(args: argparse.Namespace, sizes: Sizes, budget: Budget) -> dict:
     """A worker SIGKILLed after the first checkpoint: the group restarts from it and trains on past it."""
     killed: dict = {}
-    flags = train_flags(args, sizes, "resume", sizes.resume_steps, "--set", f"train.eval_every={sizes.resume_every}",
-                        "--set", f"train.log_every={max(1, sizes.resume_every // 2)}",
-                        "--set", "train.max_failures=1")
+    flags = train_flags(
+        args,
+        sizes,
+        "resume",
+        sizes.resume_steps,
+        "--set",
+        f"train.eval_every={sizes.resume_every}",
+        "--set",
+        f"train.log_every={max(1, sizes.resume_every // 2)}",
+        "--set",
+        "train.max_failures=1",
+    )
     watch = kill_a_worker_after_checkpoint(Path(args.work) / "runs" / "resume", killed)
     result = run_part(args, budget, "resume", part_cmd(args, "train", "--name", "resume", "--", *flags), watch)
     text = result["log"]
     resumed = re.search(r"resuming at step (\d+)", text)
-    after = logged_steps(text[resumed.end():]) if resumed else []
-    result.update(killed=killed, resumed_at=int(resumed.group(1)) if resumed else None,
-                  last_step=max(after, default=None))
-    checks = {"a worker was killed": bool(killed), "exit 0": "error" not in result,
-              "restarted from a checkpoint": bool(resumed and int(resumed.group(1)) > 0),
-              "trained past it": bool(after and resumed and max(after) > int(resumed.group(1)))}
+    after = logged_steps(text[resumed.end() :]) if resumed else []
+    result.update(
+        killed=killed, resumed_at=int(resumed.group(1)) if resumed else None, last_step=max(after, default=None)
+    )
+    checks = {
+        "a worker was killed": bool(killed),
+        "exit 0": "error" not in result,
+        "restarted from a checkpoint": bool(resumed and int(resumed.group(1)) > 0),
+        "trained past it": bool(after and resumed and max(after) > int(resumed.group(1))),
+    }
     failed = [name for name, ok in checks.items() if not ok]
     if failed:
         result["error"] = f"not: {', '.join(failed)}" + (f" ({result['error']})" if "error" in result else "")
@@ -575,17 +706,33 @@ def check_evaluate(args: argparse.Namespace, checkpoint: Optional[str], budget: 
     if checkpoint is None:
         return {"error": "no checkpoint (every training run failed)"}
     device = ["--cpus-per-actor", "1"] if args.cpu else ["--gpu"]
-    cmd = [sys.executable, "-m", "raymt.evaluate", "--checkpoint", checkpoint, "--test",
-           str(Path(args.multi30k) / "test_2016_flickr"), "--num-actors", "1", *device,
-           "--output-dir", str(Path(args.work) / "evaluate")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "raymt.evaluate",
+        "--checkpoint",
+        checkpoint,
+        "--test",
+        str(Path(args.multi30k) / "test_2016_flickr"),
+        "--num-actors",
+        "1",
+        *device,
+        "--output-dir",
+        str(Path(args.work) / "evaluate"),
+    ]
     t0 = time.monotonic()
     rc, text = run_logged(cmd, Path(args.out) / "evaluate.log", budget["evaluate"])
     report = Path(args.work) / "evaluate" / "report.json"
     if rc != 0 or not report.exists():
         return {"error": "timed out" if rc is None else f"rc {rc}: {tail(text)}"}
-    (name, scores), = json.loads(report.read_text())["test_sets"].items()
-    return {"test_set": name, "bleu": scores["bleu"], "sentences": scores["num_sentences"],
-            "checkpoint": checkpoint, "seconds": round(time.monotonic() - t0, 1)}
+    ((name, scores),) = json.loads(report.read_text())["test_sets"].items()
+    return {
+        "test_set": name,
+        "bleu": scores["bleu"],
+        "sentences": scores["num_sentences"],
+        "checkpoint": checkpoint,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
 
 
 # ---------------------------------------------------------------- report
@@ -614,10 +761,16 @@ def table_rows(parts: dict, cpu: bool) -> list[tuple[str, str, str, str, str]]:
     peak = mm["peak_tflops"] * 1e12 if mm.get("peak_tflops") else None
     measured = mm["matmul_tflops"] * 1e12 if mm.get("matmul_tflops") else None
     no_peak = "n/a (CPU)" if cpu else "n/a (unknown card)"
-    rows = [("gpu", "-", mm.get("gpu") or mm.get("error", "?"), mm.get("card") or no_peak, mm.get("capability", "-")),
-            ("matmul", "-", f"{mm.get('dtype', '?')}, n={mm.get('n', '?')}",
-             f"{mm['peak_tflops']:.0f} TFLOP/s {mm['dtype']} (datasheet, dense)" if peak else no_peak,
-             f"{flop_rate(measured / 1e12)} (measured)" if measured else mm.get("error", "n/a"))]
+    rows = [
+        ("gpu", "-", mm.get("gpu") or mm.get("error", "?"), mm.get("card") or no_peak, mm.get("capability", "-")),
+        (
+            "matmul",
+            "-",
+            f"{mm.get('dtype', '?')}, n={mm.get('n', '?')}",
+            f"{mm['peak_tflops']:.0f} TFLOP/s {mm['dtype']} (datasheet, dense)" if peak else no_peak,
+            f"{flop_rate(measured / 1e12)} (measured)" if measured else mm.get("error", "n/a"),
+        ),
+    ]
     # FLOPs per token: the plain part's, over exactly the timed steps of every run (the same
     # batches); else the ray runs' own estimates.
     exact = parts.get("plain", {}).get("flops_per_token")
@@ -625,25 +778,47 @@ def table_rows(parts: dict, cpu: bool) -> list[tuple[str, str, str, str, str]]:
     for run in ("ray", "compiled"):
         p = parts.get(run, {})
         if p.get("max_tokens"):
-            rows.append(("setup", run, f"{p['max_tokens']} tokens/worker, pad_multiple {p['pad_multiple']}, lr "
-                                       f"{p['lr']:.2g}, warmup {p['warmup_steps']}; {p.get('precision') or '?'}",
-                         "", ""))
+            rows.append(
+                (
+                    "setup",
+                    run,
+                    f"{p['max_tokens']} tokens/worker, pad_multiple {p['pad_multiple']}, lr "
+                    f"{p['lr']:.2g}, warmup {p['warmup_steps']}; {p.get('precision') or '?'}",
+                    "",
+                    "",
+                )
+            )
     for run in RUNS:
         p = parts.get(run, {})
-        value = p.get("skipped") or (f"{p['tokens_per_s']:,.0f}" if p.get("tokens_per_s") else
-                                     "error: " + p.get("error", "no figure"))
+        value = p.get("skipped") or (
+            f"{p['tokens_per_s']:,.0f}" if p.get("tokens_per_s") else "error: " + p.get("error", "no figure")
+        )
         rows.append(("tgt tok/s", run, value if run in parts else "not run (yet)", "", ""))
     for run in RUNS:
         p = parts.get(run, {})
         rows.append(("mfu", run, "", pct(mfu(p, flops[run], peak)), pct(mfu(p, flops[run], measured))))
     through_ray = {run: mfu(parts.get(run, {}), flops[run], peak) for run in ("ray", "compiled")}
     best = max((v for v in through_ray.values() if v is not None), default=None)
-    rows.append(("goal", "-", no_peak if peak is None else "n/a (no Ray run)" if best is None else
-                 f"{'met' if best >= GOAL_MFU else 'not met'}: best MFU through Ray Train {best:.1%} of peak "
-                 f"(goal {GOAL_MFU:.0%})", "", ""))
+    rows.append(
+        (
+            "goal",
+            "-",
+            no_peak
+            if peak is None
+            else "n/a (no Ray run)"
+            if best is None
+            else f"{'met' if best >= GOAL_MFU else 'not met'}: best MFU through Ray Train {best:.1%} of peak "
+            f"(goal {GOAL_MFU:.0%})",
+            "",
+            "",
+        )
+    )
     ray, plain = parts.get("ray", {}), parts.get("plain", {})
-    ratio = (f"{ray['tokens_per_s'] / plain['tokens_per_s']:.3f}"
-             if ray.get("tokens_per_s") and plain.get("tokens_per_s") else "n/a")
+    ratio = (
+        f"{ray['tokens_per_s'] / plain['tokens_per_s']:.3f}"
+        if ray.get("tokens_per_s") and plain.get("tokens_per_s")
+        else "n/a"
+    )
     rows.append(("ray/plain", "ray", ratio, "", ""))
     for run in ("ray", "compiled"):
         share = parts.get(run, {}).get("data_share")
@@ -666,8 +841,10 @@ def describe(parts: dict, name: str) -> str:
     if "error" in r:
         return f"FAILED: {r['error']}"
     if name == "resume":
-        return (f"ok: worker {r['killed']['pid']} killed after checkpoint {r['killed']['after_checkpoints']}; "
-                f"restarted at step {r['resumed_at']}, trained to step {r['last_step']}")
+        return (
+            f"ok: worker {r['killed']['pid']} killed after checkpoint {r['killed']['after_checkpoints']}; "
+            f"restarted at step {r['resumed_at']}, trained to step {r['last_step']}"
+        )
     return f"ok: {r['test_set']} BLEU {r['bleu']:.2f} ({r['sentences']} sentences, {r['seconds']:.0f} s)"
 
 
@@ -681,9 +858,18 @@ def markdown(rows: list[tuple[str, ...]]) -> str:
 def save(out: Path, args: argparse.Namespace, sizes: Sizes, parts: dict) -> None:
     """gpu_check.json: every part's figures so far and the table they make (logs stay in OUT/*.log)."""
     shown = {name: {k: v for k, v in p.items() if k != "log"} for name, p in parts.items()}
-    (out / RESULTS).write_text(json.dumps({"device": "cpu" if args.cpu else "cuda", "sizes": asdict(sizes),
-                                           "total_s": TOTAL_S, "parts": shown,
-                                           "table": table_rows(parts, args.cpu)}, indent=2))
+    (out / RESULTS).write_text(
+        json.dumps(
+            {
+                "device": "cpu" if args.cpu else "cuda",
+                "sizes": asdict(sizes),
+                "total_s": TOTAL_S,
+                "parts": shown,
+                "table": table_rows(parts, args.cpu),
+            },
+            indent=2,
+        )
+    )
 
 
 def measure(args: argparse.Namespace, sizes: Sizes, budget: Budget) -> Iterator[tuple[str, dict]]:
@@ -692,13 +878,17 @@ def measure(args: argparse.Namespace, sizes: Sizes, budget: Budget) -> Iterator[
     yield "ray", check_speed_run(args, sizes, budget, "ray")
     plain = train_flags(args, sizes, "plain", sizes.steps, *speed_flags(sizes, sizes.max_minutes))
     yield "plain", run_part(args, budget, "plain", part_cmd(args, "plain", "--", *plain))
-    yield "compiled", (check_speed_run(args, sizes, budget, "compiled", "--set", "train.compile=true")
-                       if sizes.compiled else
-                       {"skipped": "skipped (--tiny on CPU: ~75 s of inductor; --compiled runs it)"})
+    yield (
+        "compiled",
+        (
+            check_speed_run(args, sizes, budget, "compiled", "--set", "train.compile=true")
+            if sizes.compiled
+            else {"skipped": "skipped (--tiny on CPU: ~75 s of inductor; --compiled runs it)"}
+        ),
+    )
     yield "resume", check_resume(args, sizes, budget)
     runs = [Path(args.work) / "runs" / name for name in ("ray", "compiled", "resume")]
-    yield "evaluate", check_evaluate(args, next((str(c) for run in runs for c in best_checkpoints(run)), None),
-                                     budget)
+    yield "evaluate", check_evaluate(args, next((str(c) for run in runs for c in best_checkpoints(run)), None), budget)
 
 
 def best_checkpoints(run_dir: Path) -> list[Path]:
@@ -711,8 +901,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Entry point: each part in its own process under its cap; 1 if ray, resume or evaluate failed."""
     args = parse_args(argv)
     sizes = TINY if args.tiny else FULL
-    sizes = replace(sizes, caps={k: v * args.timeout_scale for k, v in sizes.caps.items()},
-                    compiled=sizes.compiled or args.compiled)
+    sizes = replace(
+        sizes, caps={k: v * args.timeout_scale for k, v in sizes.caps.items()}, compiled=sizes.compiled or args.compiled
+    )
     if args.part:
         return {"matmul": part_matmul, "plain": part_plain, "train": part_train}[args.part](args, sizes)
     budget = Budget(sizes.caps, sum(sizes.caps.values()))
@@ -724,8 +915,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.tiny and not args.corpus and args.multi30k == str(MULTI30K):
         args.multi30k = str(write_tiny_text(work / "text"))
     parts: dict[str, dict] = {}
-    corpus, why = (Path(args.corpus).resolve(), "") if args.corpus else prepare(
-        Path(args.multi30k), work / "corpus", out / "prepare.log", sizes.vocab_size, budget["prepare"])
+    corpus, why = (
+        (Path(args.corpus).resolve(), "")
+        if args.corpus
+        else prepare(Path(args.multi30k), work / "corpus", out / "prepare.log", sizes.vocab_size, budget["prepare"])
+    )
     if corpus is None:
         parts = {name: {"error": why} for name in (*RUNS, "resume", "evaluate")}
     else:

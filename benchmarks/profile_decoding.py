@@ -30,8 +30,15 @@ from raymt.decoding import DecodeOptions, decode, encode_sources, length_batches
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr"
 # The search's parts, as cProfile names them (file:line(function) contains these).
-PARTS = ("decoding._next_log_probs", "model.decode", "model.encode", "decoding._force_eos",
-         "decoding._finish", "decoding._advance", "model.reorder_cache")
+PARTS = (
+    "decoding._next_log_probs",
+    "model.decode",
+    "model.encode",
+    "decoding._force_eos",
+    "decoding._finish",
+    "decoding._advance",
+    "model.reorder_cache",
+)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -44,8 +51,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--hf", action="store_true",
-                   help="also time and profile Hugging Face `generate` on the same weights (benchmarks/peers.py)")
+    p.add_argument(
+        "--hf",
+        action="store_true",
+        help="also time and profile Hugging Face `generate` on the same weights (benchmarks/peers.py)",
+    )
     return p.parse_args(argv)
 
 
@@ -81,7 +91,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     model, tokenizer, _ = load_model(args.checkpoint)
     model.eval()
     src, _ = read_parallel(args.data, "en", "de")
-    sources = encode_sources(tokenizer, src[:args.limit], model.cfg.max_positions)
+    sources = encode_sources(tokenizer, src[: args.limit], model.cfg.max_positions)
     batches = length_batches([len(s) for s in sources], args.batch_size)
     opts = DecodeOptions(beam=args.beam, length_penalty=0.0)
     run_all(model, sources, batches, opts)  # warm-up
@@ -90,8 +100,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         t0 = time.perf_counter()
         num_tokens = run_all(model, sources, batches, opts)
         rates.append(len(sources) / (time.perf_counter() - t0))
-    print(f"beam {args.beam}, {len(sources)} sentences, {args.threads} threads: "
-          f"{' / '.join(f'{r:.1f}' for r in rates)} sent/s, {num_tokens} output tokens")
+    print(
+        f"beam {args.beam}, {len(sources)} sentences, {args.threads} threads: "
+        f"{' / '.join(f'{r:.1f}' for r in rates)} sent/s, {num_tokens} output tokens"
+    )
     parts = part_times(model, sources, batches, opts)
     total = parts.pop("total")
     print(f"\ncProfile, cumulative (model.decode is inside _next_log_probs), total {total:.2f} s")

@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT))
 from raymt import model as model_module  # noqa: E402
 from raymt.batching import Batch, chunk_batches, collate_flat  # noqa: E402
 from raymt.config import Config, DataConfig, preset  # noqa: E402
+from raymt.data.stream import flat  # noqa: E402
 from raymt.optim import make_optimizer  # noqa: E402
 from raymt.precision import for_training, native_bf16, probe_key, write_cache  # noqa: E402
-from raymt.data.stream import flat  # noqa: E402
 from raymt.tokenizer import Tokenizer  # noqa: E402
 from raymt.trainer import train_step  # noqa: E402
 
@@ -71,8 +71,9 @@ def load_batches(corpus: str, num: int) -> list[Batch]:
     table = pq.read_table(sorted(glob.glob(f"{corpus}/train/*.parquet"))[0])
     src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
     cfg = DataConfig()
-    idx = chunk_batches(np.diff(src[1]) + 1, np.diff(tgt[1]) + 1, cfg.window_rows, cfg.max_tokens,
-                        np.random.default_rng(0))
+    idx = chunk_batches(
+        np.diff(src[1]) + 1, np.diff(tgt[1]) + 1, cfg.window_rows, cfg.max_tokens, np.random.default_rng(0)
+    )
     return [collate_flat(src, tgt, i) for i in idx[:num]]
 
 
@@ -99,8 +100,9 @@ def autocast_of(change: Optional[str]):
     return contextlib.nullcontext
 
 
-def tokens_per_s(model, optimizer, batches: list[Batch], cfg: Config,
-                 autocast=contextlib.nullcontext) -> tuple[float, float]:
+def tokens_per_s(
+    model, optimizer, batches: list[Batch], cfg: Config, autocast=contextlib.nullcontext
+) -> tuple[float, float]:
     """Target tokens per second of raymt's update over `batches`, and the mean loss per token."""
     t0, num_tokens, loss = time.perf_counter(), 0, 0.0
     for batch in batches:
@@ -115,8 +117,9 @@ def record_cpu_bf16(cfg: Config, vocab_size: int, rates: dict[str, list[float]])
     cpu = torch.device("cpu")
     if "cpu-bf16" not in rates or not native_bf16(cpu):
         return None
-    write_cache(probe_key(cfg.model, vocab_size),
-                statistics.median(rates["cpu-bf16"]) / statistics.median(rates["raymt"]))
+    write_cache(
+        probe_key(cfg.model, vocab_size), statistics.median(rates["cpu-bf16"]) / statistics.median(rates["raymt"])
+    )
     return for_training(cpu, cfg, vocab_size).line(cpu)
 
 
@@ -137,7 +140,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rates: dict[str, list[float]] = {name: [] for name in setups}
     losses: dict[str, float] = {}
     for r in range(args.repeats):
-        for name in (list(setups) if r % 2 == 0 else list(setups)[::-1]):
+        for name in list(setups) if r % 2 == 0 else list(setups)[::-1]:
             model, optimizer, _, autocast = setups[name]
             rate, losses[name] = tokens_per_s(model, optimizer, timed, cfg, autocast)
             rates[name].append(rate)

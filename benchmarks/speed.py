@@ -55,17 +55,27 @@ if TYPE_CHECKING:
 
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
-TARGETS = {"ray_overhead": (0.97, True), "scaling": (1.85, True), "padding": (0.97, True),
-           "hardware": (0.5, False), "peer_training": (1.5, True), "peer_decoding": (2.0, True),
-           "inference_limit": (0.5, False), "data": (10.0, True)}
+TARGETS = {
+    "ray_overhead": (0.97, True),
+    "scaling": (1.85, True),
+    "padding": (0.97, True),
+    "hardware": (0.5, False),
+    "peer_training": (1.5, True),
+    "peer_decoding": (2.0, True),
+    "inference_limit": (0.5, False),
+    "data": (10.0, True),
+}
 
 
 def shared_flags(p: argparse.ArgumentParser, work_dir: Optional[str], json_path: str) -> None:
     """The flags every benchmark script here takes: model preset, data, work and JSON paths."""
     p.add_argument("--preset", default="small")
     p.add_argument("--data", default=str(MULTI30K), help="Multi30k directory (train/val/test_2016_flickr)")
-    p.add_argument("--work-dir", default=work_dir,
-                   help="keep corpus and runs here" + ("" if work_dir else " (default: a temporary directory)"))
+    p.add_argument(
+        "--work-dir",
+        default=work_dir,
+        help="keep corpus and runs here" + ("" if work_dir else " (default: a temporary directory)"),
+    )
     p.add_argument("--json", default=json_path, help="where to write every figure")
 
 
@@ -74,19 +84,38 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu", action="store_true", help="train and decode on the GPU (bf16 autocast)")
     p.add_argument("--ray-steps", type=int, default=200, help="steps of each raymt run")
-    p.add_argument("--update-freq", type=int, default=1,
-                   help="micro-batches per update in the scaling runs (no_sync on all but the last)")
+    p.add_argument(
+        "--update-freq",
+        type=int,
+        default=1,
+        help="micro-batches per update in the scaling runs (no_sync on all but the last)",
+    )
     p.add_argument("--repeats", type=int, default=2, help="alternated repeats of each in-process comparison")
-    p.add_argument("--overhead-repeats", type=int, default=3,
-                   help="alternated plain-loop and raymt runs of the Ray-overhead benchmark (medians compared)")
-    p.add_argument("--overhead-threads", type=int, default=0,
-                   help="threads of both sides of the Ray-overhead benchmark (default: all; fewer leave a core to Ray)")
+    p.add_argument(
+        "--overhead-repeats",
+        type=int,
+        default=3,
+        help="alternated plain-loop and raymt runs of the Ray-overhead benchmark (medians compared)",
+    )
+    p.add_argument(
+        "--overhead-threads",
+        type=int,
+        default=0,
+        help="threads of both sides of the Ray-overhead benchmark (default: all; fewer leave a core to Ray)",
+    )
     p.add_argument("--limit", type=int, default=300, help="test_2016_flickr sentences decoded")
     p.add_argument("--checkpoint", help="decode this checkpoint (default: the scaling run's)")
-    p.add_argument("--ddp-bucket-mb", type=float,
-                   help="also run the 2-worker scaling run with this DDP bucket size, right after the default one")
-    p.add_argument("--profile-steps", type=int, default=0,
-                   help="torch.profiler over this many steps of every Ray run, per rank (slows those runs)")
+    p.add_argument(
+        "--ddp-bucket-mb",
+        type=float,
+        help="also run the 2-worker scaling run with this DDP bucket size, right after the default one",
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="torch.profiler over this many steps of every Ray run, per rank (slows those runs)",
+    )
     p.add_argument("--skip", default="", help="comma-separated benchmarks to skip, e.g. peer_training")
     shared_flags(p, None, "benchmarks/results/speed.json")
     return p.parse_args(argv)
@@ -97,8 +126,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def prepare_multi30k(data: Path, out: Path, vocab_size: int = 8000) -> Path:
     """Multi30k train (and 100 validation pairs) as a prepared corpus with an 8k joint vocabulary."""
-    from raymt.data import prepare as prep
     from raymt.config import PrepareConfig
+    from raymt.data import prepare as prep
     from raymt.data.text import read_parallel
 
     if (out / "manifest.json").exists():
@@ -106,9 +135,12 @@ def prepare_multi30k(data: Path, out: Path, vocab_size: int = 8000) -> Path:
     if not (data / "train.en.gz").exists():
         raise SystemExit(f"speed.py: Multi30k not found in {data}: pass --data DIR")
     src, tgt = read_parallel(str(data / "val"), "en", "de")
-    prep.prepare_corpus(PrepareConfig(vocab_size=vocab_size), str(out),
-                        [prep.Source(kind="text", paths=(str(data / "train.en.gz"), str(data / "train.de.gz")))],
-                        [prep.Source(kind="pairs", pairs=(src[:100], tgt[:100]))])
+    prep.prepare_corpus(
+        PrepareConfig(vocab_size=vocab_size),
+        str(out),
+        [prep.Source(kind="text", paths=(str(data / "train.en.gz"), str(data / "train.de.gz")))],
+        [prep.Source(kind="pairs", pairs=(src[:100], tgt[:100]))],
+    )
     return out
 
 
@@ -121,8 +153,8 @@ def model_config(name: str) -> ModelConfig:
 
 def train_stream(corpus: Path, rank: int, world_size: int) -> "TrainStream":
     """Worker `rank` of `world_size`'s training stream of epoch 0 (seed 1), not started."""
-    from raymt.data import format as corpus_format
     from raymt.config import DataConfig
+    from raymt.data import format as corpus_format
     from raymt.data.stream import Position, TrainStream
 
     files = corpus_format.train_files(str(corpus), corpus_format.read_manifest(str(corpus)))
@@ -165,7 +197,7 @@ def matmul_flops(device: str, dtype: torch.dtype, n: int = 2048, seconds: float 
         if count % 8 == 0:
             _sync(device)
     _sync(device)
-    return 2 * n ** 3 * count / (time.perf_counter() - t0)
+    return 2 * n**3 * count / (time.perf_counter() - t0)
 
 
 def _sync(device: str) -> None:
@@ -207,7 +239,7 @@ class PlainLoop:
 
     def tokens_per_s(self, batches: list[Batch]) -> float:
         """Target tokens per second over `batches` (already on the device)."""
-        (num_tokens, seconds, _), = self.intervals(batches, max(1, len(batches)))
+        ((num_tokens, seconds, _),) = self.intervals(batches, max(1, len(batches)))
         return num_tokens / seconds
 
     def intervals(self, batches: list[Batch], every: int) -> list[tuple[int, float, float]]:
@@ -220,12 +252,13 @@ class PlainLoop:
         for i in range(0, len(batches), every):
             t0 = time.perf_counter()
             num_tokens = 0
-            for batch in batches[i:i + every]:
+            for batch in batches[i : i + every]:
                 num_tokens += self.step_fn(batch)
                 self.scheduler.step()
             _sync(self.device)
-            out.append((num_tokens, time.perf_counter() - t0,
-                        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+            out.append(
+                (num_tokens, time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            )
         return out
 
 
@@ -234,7 +267,7 @@ def alternate(loops: dict[str, Callable[[], float]], repeats: int) -> dict[str, 
     out: dict[str, list[float]] = {name: [] for name in loops}
     names = list(loops)
     for r in range(repeats):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             out[name].append(loops[name]())
     return out
 
@@ -258,9 +291,9 @@ def cpu_times() -> dict[int, tuple[str, float]]:
             cmd = raw.split(b"\0")[0].decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         seconds = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         if cmd.startswith("ray::"):  # Ray's process titles: ray::RayTrainWorker.train_fn, ray::IDLE, ...
             name = cmd.split()[0].split(".")[0]
         elif b"spawn_main" in raw:  # a multiprocessing child: the plain loop
@@ -345,17 +378,37 @@ class CpuSampler:
         return a, b, max(b[0] - a[0], 1e-9)
 
 
-def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps: int, log_every: int,
-              storage: Path, name: str, gpu: bool, update_freq: int = 1, profile_steps: int = 0,
-              ddp_bucket_mb: Optional[float] = None) -> dict:
+def raymt_run(
+    corpus: Path,
+    model: ModelConfig,
+    workers: int,
+    cpus: float,
+    steps: int,
+    log_every: int,
+    storage: Path,
+    name: str,
+    gpu: bool,
+    update_freq: int = 1,
+    profile_steps: int = 0,
+    ddp_bucket_mb: Optional[float] = None,
+) -> dict:
     """Train with `python -m raymt.train`'s code path; tokens/s of the intervals after the first."""
     from raymt.train import run
 
-    overrides = {"data.corpus": str(corpus), "train.max_steps": steps, "train.eval_every": steps,
-                 "train.log_every": log_every, "train.num_workers": workers, "train.use_gpu": gpu,
-                 "train.storage_path": str(storage), "train.name": name, "train.num_to_keep": 1,
-                 "train.valid_beam": 1, "optim.update_freq": update_freq,
-                 "train.profile_steps": profile_steps}
+    overrides = {
+        "data.corpus": str(corpus),
+        "train.max_steps": steps,
+        "train.eval_every": steps,
+        "train.log_every": log_every,
+        "train.num_workers": workers,
+        "train.use_gpu": gpu,
+        "train.storage_path": str(storage),
+        "train.name": name,
+        "train.num_to_keep": 1,
+        "train.valid_beam": 1,
+        "optim.update_freq": update_freq,
+        "train.profile_steps": profile_steps,
+    }
     if ddp_bucket_mb:
         overrides["train.ddp_bucket_mb"] = ddp_bucket_mb
     if not gpu:
@@ -372,12 +425,20 @@ def raymt_run(corpus: Path, model: ModelConfig, workers: int, cpus: float, steps
     rate = sum(steps) / sum(n / v for n, v in zip(steps, speeds))
     logs = Path(summary["metrics_csv"]).parent
     profiles = {p.stem: p.read_text().split("\n\n")[0] for p in sorted(logs.glob("profile-rank*.txt"))}
-    return {"tokens_per_s": rate, "interval_tokens_per_s": speeds, "interval_steps": steps,
-            "data_share": float(rows[-1]["data_share"]), "wall_s": summary["wall_time_s"],
-            "checkpoint": summary["best_checkpoint"], "workers": workers, "cpus_per_worker": cpus,
-            "cores_used": sampler.shares(), "context_switches_per_s": sampler.switch_rates(),
-            "peak_rss_mb": [float(r["peak_rss_mb"]) for r in rows if r.get("peak_rss_mb")],
-            **({"profiles": profiles} if profiles else {})}
+    return {
+        "tokens_per_s": rate,
+        "interval_tokens_per_s": speeds,
+        "interval_steps": steps,
+        "data_share": float(rows[-1]["data_share"]),
+        "wall_s": summary["wall_time_s"],
+        "checkpoint": summary["best_checkpoint"],
+        "workers": workers,
+        "cpus_per_worker": cpus,
+        "cores_used": sampler.shares(),
+        "context_switches_per_s": sampler.switch_rates(),
+        "peak_rss_mb": [float(r["peak_rss_mb"]) for r in rows if r.get("peak_rss_mb")],
+        **({"profiles": profiles} if profiles else {}),
+    }
 
 
 # ---------------------------------------------------------------- benchmarks
@@ -399,7 +460,7 @@ class Bench:
         # run's measured intervals hold (after its first log interval).
         batches = stream_batches(self.corpus, 0, 1, limit=args.ray_steps)
         self.warmup = [b.to(self.device) for b in batches[:10]]
-        self.timed = [b.to(self.device) for b in batches[self.log_every:]]
+        self.timed = [b.to(self.device) for b in batches[self.log_every :]]
         self.runs: dict[str, dict] = {}
         self.plain_runs: list[dict] = []  # the Ray-overhead benchmark's plain-loop processes
 
@@ -410,15 +471,21 @@ class Bench:
         torch.manual_seed(0)
         return build_model(self.model_cfg, self.vocab)
 
-    def plain(self, make_model: Optional[Callable[[], torch.nn.Module]] = None,
-              step_fn_of: Optional[Callable] = None, num_batches: Optional[int] = None) -> Callable[[], float]:
+    def plain(
+        self,
+        make_model: Optional[Callable[[], torch.nn.Module]] = None,
+        step_fn_of: Optional[Callable] = None,
+        num_batches: Optional[int] = None,
+    ) -> Callable[[], float]:
         """A measurement: a fresh plain loop, warmed up, timed over `self.timed` (or its first batches)."""
+
         def measure() -> float:
             loop = PlainLoop((make_model or self.new_model)(), self.cfg, self.device)
             if step_fn_of is not None:
                 loop.step_fn = step_fn_of(loop)
             loop.tokens_per_s(self.warmup)
             return loop.tokens_per_s(self.timed[:num_batches])
+
         return measure
 
     def decoding(self) -> "Decoding":
@@ -427,13 +494,25 @@ class Bench:
             self._decoding = Decoding(self)
         return self._decoding
 
-    def ray(self, name: str, workers: int, cpus: float, update_freq: int = 1,
-            ddp_bucket_mb: Optional[float] = None) -> dict:
+    def ray(
+        self, name: str, workers: int, cpus: float, update_freq: int = 1, ddp_bucket_mb: Optional[float] = None
+    ) -> dict:
         """A raymt run on Ray (cached by name)."""
         if name not in self.runs:
-            self.runs[name] = raymt_run(self.corpus, self.model_cfg, workers, cpus, self.args.ray_steps,
-                                        self.log_every, self.work / "runs", name, self.args.gpu, update_freq,
-                                        self.args.profile_steps, ddp_bucket_mb)
+            self.runs[name] = raymt_run(
+                self.corpus,
+                self.model_cfg,
+                workers,
+                cpus,
+                self.args.ray_steps,
+                self.log_every,
+                self.work / "runs",
+                name,
+                self.args.gpu,
+                update_freq,
+                self.args.profile_steps,
+                ddp_bucket_mb,
+            )
         return self.runs[name]
 
 
@@ -459,14 +538,20 @@ def bench_ray_overhead(b: Bench) -> dict:
         plain_runs[-1]["cores_used"] = sampler.shares()
         return plain_runs[-1]["tokens_per_s"]
 
-    rates = alternate({"plain": plain,
-                       "raymt": lambda: b.ray(next(runs), 1, float(threads))["tokens_per_s"]},
-                      b.args.overhead_repeats)
+    rates = alternate(
+        {"plain": plain, "raymt": lambda: b.ray(next(runs), 1, float(threads))["tokens_per_s"]}, b.args.overhead_repeats
+    )
     plain_rate, raymt = statistics.median(rates["plain"]), statistics.median(rates["raymt"])
     if threads == b.threads:  # the hardware benchmark reuses these processes' rates
         b.plain_runs = plain_runs
-    return {"ratio": raymt / plain_rate, "raymt_tokens_per_s": rates["raymt"], "plain_tokens_per_s": rates["plain"],
-            "threads": threads, "plain_runs": plain_runs, "runs": {n: b.runs[n] for n in names}}
+    return {
+        "ratio": raymt / plain_rate,
+        "raymt_tokens_per_s": rates["raymt"],
+        "plain_tokens_per_s": rates["plain"],
+        "threads": threads,
+        "plain_runs": plain_runs,
+        "runs": {n: b.runs[n] for n in names},
+    }
 
 
 def plain_in_fresh_process(b: Bench, matmul: bool = False, threads: Optional[int] = None) -> dict:
@@ -478,16 +563,30 @@ def plain_in_fresh_process(b: Bench, matmul: bool = False, threads: Optional[int
     results = ctx.Queue()
     cpu = [[x.to("cpu") for x in b.warmup], [x.to("cpu") for x in b.timed]]
     threads = threads or b.threads
-    proc = ctx.Process(target=_plain_child, args=(b.model_cfg, b.vocab, b.cfg, b.device, threads, *cpu,
-                                                  matmul, results), kwargs={"interval": b.log_every})
+    proc = ctx.Process(
+        target=_plain_child,
+        args=(b.model_cfg, b.vocab, b.cfg, b.device, threads, *cpu, matmul, results),
+        kwargs={"interval": b.log_every},
+    )
     proc.start()
     out = results.get()
     proc.join()
     return out
 
 
-def _plain_child(model_cfg: ModelConfig, vocab: int, cfg: Config, device: str, threads: int,
-                 warmup: list, timed: list, matmul: bool, results, barrier=None, interval: int = 0) -> None:
+def _plain_child(
+    model_cfg: ModelConfig,
+    vocab: int,
+    cfg: Config,
+    device: str,
+    threads: int,
+    warmup: list,
+    timed: list,
+    matmul: bool,
+    results,
+    barrier=None,
+    interval: int = 0,
+) -> None:
     """One plain-loop measurement in this process; with `barrier`, timing starts with its peers.
     With `interval`, also the rate and peak RSS of each run of that many steps (as a Ray run logs)."""
     import resource
@@ -506,11 +605,17 @@ def _plain_child(model_cfg: ModelConfig, vocab: int, cfg: Config, device: str, t
     parts = loop.intervals(timed, interval or len(timed))
     out = {"tokens_per_s": sum(n for n, _, _ in parts) / sum(s for _, s, _ in parts)}
     t1, wall, r1 = os.times(), time.perf_counter() - w0, resource.getrusage(resource.RUSAGE_SELF)
-    out.update(user_cores=(t1.user - t0.user) / wall, system_cores=(t1.system - t0.system) / wall,
-               interval_tokens_per_s=[n / s for n, s, _ in parts], peak_rss_mb=[m for _, _, m in parts],
-               context_switches_per_s={"system": round((system_context_switches() - c0) / wall),
-                                       "voluntary": round((r1.ru_nvcsw - r0.ru_nvcsw) / wall),
-                                       "nonvoluntary": round((r1.ru_nivcsw - r0.ru_nivcsw) / wall)})
+    out.update(
+        user_cores=(t1.user - t0.user) / wall,
+        system_cores=(t1.system - t0.system) / wall,
+        interval_tokens_per_s=[n / s for n, s, _ in parts],
+        peak_rss_mb=[m for _, _, m in parts],
+        context_switches_per_s={
+            "system": round((system_context_switches() - c0) / wall),
+            "voluntary": round((r1.ru_nvcsw - r0.ru_nvcsw) / wall),
+            "nonvoluntary": round((r1.ru_nivcsw - r0.ru_nivcsw) / wall),
+        },
+    )
     if matmul:
         dtype = torch.bfloat16 if trains_in_bf16(device) else torch.float32
         out.update(matmul_dtype=str(dtype), matmul_flops=matmul_flops(device, dtype))
@@ -526,12 +631,19 @@ def bench_scaling(b: Bench) -> dict:
     freq = b.args.update_freq
     one = b.ray("one-worker-one-thread", 1, 1.0, freq)
     two = b.ray("two-workers", 2, 1.0, freq)
-    out = {"ratio": two["tokens_per_s"] / one["tokens_per_s"], "update_freq": freq,
-           "one_worker": one, "two_workers": two}
+    out = {
+        "ratio": two["tokens_per_s"] / one["tokens_per_s"],
+        "update_freq": freq,
+        "one_worker": one,
+        "two_workers": two,
+    }
     if b.args.ddp_bucket_mb:
         other = b.ray(f"two-workers-bucket-{b.args.ddp_bucket_mb:g}mb", 2, 1.0, freq, b.args.ddp_bucket_mb)
-        out["other_bucket"] = {"ddp_bucket_mb": b.args.ddp_bucket_mb, "run": other,
-                               "ratio": other["tokens_per_s"] / one["tokens_per_s"]}
+        out["other_bucket"] = {
+            "ddp_bucket_mb": b.args.ddp_bucket_mb,
+            "run": other,
+            "ratio": other["tokens_per_s"] / one["tokens_per_s"],
+        }
     out["plain_ceiling"] = plain_ceiling(b) if not b.args.gpu else None
     return out
 
@@ -550,8 +662,13 @@ def plain_ceiling(b: Bench, num_batches: int = 20) -> dict:
 
     def together(n: int) -> list[float]:
         barrier, results = ctx.Barrier(n), ctx.Queue()
-        procs = [ctx.Process(target=_plain_child, args=(b.model_cfg, b.vocab, b.cfg, "cpu", 1, batches[:3],
-                                                       batches, False, results, barrier)) for _ in range(n)]
+        procs = [
+            ctx.Process(
+                target=_plain_child,
+                args=(b.model_cfg, b.vocab, b.cfg, "cpu", 1, batches[:3], batches, False, results, barrier),
+            )
+            for _ in range(n)
+        ]
         for p in procs:
             p.start()
         rates = [results.get()["tokens_per_s"] for _ in procs]
@@ -561,8 +678,12 @@ def plain_ceiling(b: Bench, num_batches: int = 20) -> dict:
 
     alone_before, both, alone_after = together(1), together(2), together(1)
     alone = (alone_before[0] + alone_after[0]) / 2
-    return {"ratio": sum(both) / alone, "alone_tokens_per_s": alone_before + alone_after,
-            "together_tokens_per_s": both, "batches": num_batches}
+    return {
+        "ratio": sum(both) / alone,
+        "alone_tokens_per_s": alone_before + alone_after,
+        "together_tokens_per_s": both,
+        "batches": num_batches,
+    }
 
 
 def bench_padding(b: Bench) -> dict:
@@ -585,9 +706,14 @@ def bench_hardware(b: Bench) -> dict:
     peak = statistics.median(r["matmul_flops"] for r in runs)
     flops = sum(train_flops(b.model_cfg, b.vocab, x) for x in b.timed)
     achieved = tokens_per_s * flops / sum(x.num_tokens for x in b.timed)
-    out = {"ratio": achieved / peak, "achieved_flops": achieved, "matmul_flops": peak,
-           "matmul_dtype": runs[0]["matmul_dtype"], "tokens_per_s": tokens_per_s,
-           "per_process": [{k: r[k] for k in ("tokens_per_s", "matmul_flops")} for r in runs]}
+    out = {
+        "ratio": achieved / peak,
+        "achieved_flops": achieved,
+        "matmul_flops": peak,
+        "matmul_dtype": runs[0]["matmul_dtype"],
+        "tokens_per_s": tokens_per_s,
+        "per_process": [{k: r[k] for k in ("tokens_per_s", "matmul_flops")} for r in runs],
+    }
     if "fp32_matmul_flops" in runs[0]:
         fp32_peak = statistics.median(r["fp32_matmul_flops"] for r in runs)
         out.update(fp32_matmul_flops=fp32_peak, ratio_vs_fp32_matmul=achieved / fp32_peak)
@@ -597,8 +723,8 @@ def bench_hardware(b: Bench) -> dict:
 def stream_rate(corpus: Path, rank: int, world_size: int, epochs: int) -> dict:
     """Target tokens/s one worker's stream delivers over `epochs` epochs, each next epoch's
     stream started after the current epoch's first batch (as the training loop does)."""
-    from raymt.data import format as corpus_format
     from raymt.config import DataConfig
+    from raymt.data import format as corpus_format
     from raymt.data.stream import Position, TrainStream
 
     files = corpus_format.train_files(str(corpus), corpus_format.read_manifest(str(corpus)))
@@ -614,8 +740,12 @@ def stream_rate(corpus: Path, rank: int, world_size: int, epochs: int) -> dict:
                 streams[epoch + 1].start()
         stream.close()
     end = time.perf_counter()
-    return {"tokens": num_tokens, "seconds": end - t0, "first_batch_s": first - t0,
-            "tokens_per_s": num_tokens / (end - first)}
+    return {
+        "tokens": num_tokens,
+        "seconds": end - t0,
+        "first_batch_s": first - t0,
+        "tokens_per_s": num_tokens / (end - first),
+    }
 
 
 def bench_data(b: Bench) -> dict:
@@ -631,8 +761,12 @@ def bench_data(b: Bench) -> dict:
         run = b.ray("two-workers", 2, 1.0)
         consumed = run["tokens_per_s"] / 2
     rate = min(d["tokens_per_s"] for d in delivered)
-    return {"ratio": rate / consumed, "delivered_per_worker": delivered, "consumed_per_worker": consumed,
-            "data_share": run["data_share"]}
+    return {
+        "ratio": rate / consumed,
+        "delivered_per_worker": delivered,
+        "consumed_per_worker": consumed,
+        "data_share": run["data_share"],
+    }
 
 
 PEER_BATCHES = 60  # timed batches per peer-training measurement
@@ -646,21 +780,22 @@ def bench_peer_training(b: Bench) -> dict:
         return {"skipped": "pip install transformers"}
 
     def hf_step(autocast: Callable) -> Callable[[PlainLoop], Callable[[Batch], int]]:
-        return lambda loop: lambda batch: peers.marian_train_step(
-            loop.model, loop.optimizer, batch, b.cfg.optim.label_smoothing, b.cfg.optim.clip_norm, autocast)
+        return lambda loop: (
+            lambda batch: peers.marian_train_step(
+                loop.model, loop.optimizer, batch, b.cfg.optim.label_smoothing, b.cfg.optim.clip_norm, autocast
+            )
+        )
 
     num = PEER_BATCHES
     marian = lambda: peers.to_marian(b.new_model().train(), dropout=True)
     # The ratio compares the same precision (HF under the autocast raymt uses); where raymt
     # trains in bf16, HF's fp32 plain loop (no autocast, as most such loops run) is measured too.
-    measures = {"raymt": b.plain(num_batches=num),
-                "hf_marian": b.plain(marian, hf_step(autocast_for(b.device)), num)}
+    measures = {"raymt": b.plain(num_batches=num), "hf_marian": b.plain(marian, hf_step(autocast_for(b.device)), num)}
     if trains_in_bf16(b.device) and not b.args.gpu:
         measures["hf_marian_fp32"] = b.plain(marian, hf_step(contextlib.nullcontext), num)
     rates = alternate(measures, b.args.repeats)
     mid = {k: statistics.median(v) for k, v in rates.items()}
-    out = {"ratio": mid["raymt"] / mid["hf_marian"], "tokens_per_s": rates,
-           "bf16": trains_in_bf16(b.device)}
+    out = {"ratio": mid["raymt"] / mid["hf_marian"], "tokens_per_s": rates, "bf16": trains_in_bf16(b.device)}
     if "hf_marian_fp32" in mid:
         out["ratio_vs_hf_fp32"] = mid["raymt"] / mid["hf_marian_fp32"]
     return out
@@ -692,7 +827,7 @@ class Decoding:
         self.model, self.tokenizer, _ = load_model(checkpoint, b.device)
         self.model.eval()
         src, _ = read_parallel(str(Path(b.args.data) / "test_2016_flickr"), "en", "de")
-        self.sources = encode_sources(self.tokenizer, src[:b.args.limit], self.model.cfg.max_positions)
+        self.sources = encode_sources(self.tokenizer, src[: b.args.limit], self.model.cfg.max_positions)
         self.batches = length_batches([len(s) for s in self.sources], 64)  # translate()'s batches
         self.device = b.device
 
@@ -709,8 +844,9 @@ class Decoding:
         out: list[list[int]] = [[] for _ in self.sources]
         with torch.inference_mode():
             for idx in self.batches:
-                for i, ids in zip(idx, decode(self.model, pad_batch([self.sources[i] for i in idx], self.device),
-                                              decode_options())):
+                for i, ids in zip(
+                    idx, decode(self.model, pad_batch([self.sources[i] for i in idx], self.device), decode_options())
+                ):
                     out[i] = ids
         return out
 
@@ -729,6 +865,7 @@ class Decoding:
             measure.outputs = fn()
             _sync(self.device)
             return len(self.sources) / (time.perf_counter() - t0)
+
         return measure
 
 
@@ -746,16 +883,22 @@ def bench_peer_decoding(b: Bench) -> dict:
     dec = b.decoding()
     marian = peers.to_marian(dec.model).eval()
     opts = decode_options()
-    measures = {"raymt": dec.timed(dec.raymt),
-                "hf_generate": dec.timed(lambda: peers.marian_translate(
-                    marian, dec.sources, BEAM, opts.max_len_a, opts.max_len_b, 64, 0.0))}
+    measures = {
+        "raymt": dec.timed(dec.raymt),
+        "hf_generate": dec.timed(
+            lambda: peers.marian_translate(marian, dec.sources, BEAM, opts.max_len_a, opts.max_len_b, 64, 0.0)
+        ),
+    }
     rates = alternate(measures, b.args.repeats)
     mid = {k: statistics.median(v) for k, v in rates.items()}
     lengths = [len(o) for o in measures["raymt"].outputs]
-    return {"ratio": mid["raymt"] / mid["hf_generate"], "sentences_per_s": rates,
-            "mean_output_tokens": statistics.mean(lengths),
-            "same_output": agreement(measures["raymt"].outputs, measures["hf_generate"].outputs),
-            "sentences": len(dec.sources)}
+    return {
+        "ratio": mid["raymt"] / mid["hf_generate"],
+        "sentences_per_s": rates,
+        "mean_output_tokens": statistics.mean(lengths),
+        "same_output": agreement(measures["raymt"].outputs, measures["hf_generate"].outputs),
+        "sentences": len(dec.sources),
+    }
 
 
 def ct2_translator(b: Bench, dec: Decoding):
@@ -767,8 +910,9 @@ def ct2_translator(b: Bench, dec: Decoding):
     out = b.work / "ct2"
     if not out.exists():
         export_model(dec.checkpoint, out, "ctranslate2")
-    return ctranslate2.Translator(str(out), device=b.device, compute_type="float32",
-                                  intra_threads=0 if b.args.gpu else b.threads, inter_threads=1)
+    return ctranslate2.Translator(
+        str(out), device=b.device, compute_type="float32", intra_threads=0 if b.args.gpu else b.threads, inter_threads=1
+    )
 
 
 def ct2_decode(translator, vocab: list[str], dec: Decoding) -> list[list[int]]:
@@ -778,8 +922,12 @@ def ct2_decode(translator, vocab: list[str], dec: Decoding) -> list[list[int]]:
     for idx in dec.batches:
         results = translator.translate_batch(
             [[vocab[t] for t in dec.sources[i][:-1]] for i in idx],  # CTranslate2 adds the EOS
-            beam_size=BEAM, length_penalty=0.0, min_decoding_length=0,
-            max_decoding_length=dec.limit(idx) - 1, max_batch_size=len(idx))
+            beam_size=BEAM,
+            length_penalty=0.0,
+            min_decoding_length=0,
+            max_decoding_length=dec.limit(idx) - 1,
+            max_batch_size=len(idx),
+        )
         for i, result in zip(idx, results):
             out[i] = [index[p] for p in result.hypotheses[0]]
     return out
@@ -798,17 +946,26 @@ def bench_inference_limit(b: Bench) -> dict:
     measures = {"raymt": dec.timed(dec.raymt), "ctranslate2": dec.timed(lambda: ct2_decode(translator, vocab, dec))}
     rates = alternate(measures, b.args.repeats)
     mid = {k: statistics.median(v) for k, v in rates.items()}
-    return {"ratio": mid["raymt"] / mid["ctranslate2"], "sentences_per_s": rates,
-            "same_output": agreement(measures["raymt"].outputs, measures["ctranslate2"].outputs),
-            "sentences": len(dec.sources)}
+    return {
+        "ratio": mid["raymt"] / mid["ctranslate2"],
+        "sentences_per_s": rates,
+        "same_output": agreement(measures["raymt"].outputs, measures["ctranslate2"].outputs),
+        "sentences": len(dec.sources),
+    }
 
 
 # ---------------------------------------------------------------- main
 
 BENCHMARKS: dict[str, Callable[[Bench], dict]] = {
-    "ray_overhead": bench_ray_overhead, "scaling": bench_scaling, "padding": bench_padding,
-    "hardware": bench_hardware, "peer_training": bench_peer_training,
-    "peer_decoding": bench_peer_decoding, "inference_limit": bench_inference_limit, "data": bench_data}
+    "ray_overhead": bench_ray_overhead,
+    "scaling": bench_scaling,
+    "padding": bench_padding,
+    "hardware": bench_hardware,
+    "peer_training": bench_peer_training,
+    "peer_decoding": bench_peer_decoding,
+    "inference_limit": bench_inference_limit,
+    "data": bench_data,
+}
 
 
 def print_table(results: dict[str, dict]) -> None:
@@ -823,8 +980,10 @@ def print_table(results: dict[str, dict]) -> None:
         met = "yes" if result["ratio"] >= target else ("no" if required else "report")
         print(f"| {name} | {result['ratio']:.3f} | {'>=' if required else 'goal >='} {target:g} | {met} |")
     if "ratio_vs_hf_fp32" in results.get("peer_training", {}):
-        print(f"\npeer training, raymt (bf16 autocast) / HF fp32 plain loop: "
-              f"{results['peer_training']['ratio_vs_hf_fp32']:.3f}")
+        print(
+            f"\npeer training, raymt (bf16 autocast) / HF fp32 plain loop: "
+            f"{results['peer_training']['ratio_vs_hf_fp32']:.3f}"
+        )
     if "ratio_vs_fp32_matmul" in results.get("hardware", {}):
         print(f"hardware, achieved / fp32 matmul FLOP/s: {results['hardware']['ratio_vs_fp32_matmul']:.3f}")
     other = results.get("scaling", {}).get("other_bucket")
@@ -832,9 +991,11 @@ def print_table(results: dict[str, dict]) -> None:
         print(f"scaling with {other['ddp_bucket_mb']:g} MB DDP buckets: {other['ratio']:.3f}")
     ceiling = results.get("scaling", {}).get("plain_ceiling")
     if ceiling:
-        print(f"\nscaling ceiling of this machine: two 1-thread plain loops at once / one alone = "
-              f"{ceiling['ratio']:.3f} ({' + '.join(f'{r:.0f}' for r in ceiling['together_tokens_per_s'])} "
-              f"vs {' / '.join(f'{r:.0f}' for r in ceiling['alone_tokens_per_s'])} tok/s)")
+        print(
+            f"\nscaling ceiling of this machine: two 1-thread plain loops at once / one alone = "
+            f"{ceiling['ratio']:.3f} ({' + '.join(f'{r:.0f}' for r in ceiling['together_tokens_per_s'])} "
+            f"vs {' / '.join(f'{r:.0f}' for r in ceiling['alone_tokens_per_s'])} tok/s)"
+        )
 
 
 def print_overhead_detail(result: dict) -> None:
@@ -846,9 +1007,11 @@ def print_overhead_detail(result: dict) -> None:
         rss = run.get("peak_rss_mb") or [0.0]
         used = run.get("cores_used", {})
         loop = used.get(PLAIN_PROCESS if side == "plain" else "ray::RayTrainWorker", 0.0)
-        print(f"{side}: intervals {rates} tok/s; peak RSS {rss[0]:.0f} -> {rss[-1]:.0f} MB; "
-              f"cores: loop {loop:.3f}, everything else {sum(used.values()) - loop:.3f}; "
-              f"context switches/s {run.get('context_switches_per_s', {})}")
+        print(
+            f"{side}: intervals {rates} tok/s; peak RSS {rss[0]:.0f} -> {rss[-1]:.0f} MB; "
+            f"cores: loop {loop:.3f}, everything else {sum(used.values()) - loop:.3f}; "
+            f"context switches/s {run.get('context_switches_per_s', {})}"
+        )
 
 
 def start_ray(gpu: bool) -> None:
@@ -891,9 +1054,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"\n{run_name}: cores used in the middle of the run: {used}")
         for rank, text in run.get("profiles", {}).items():  # --profile-steps: each rank's step parts
             print(f"\n{run_name} {rank}:\n{text}")
-    info = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name() if args.gpu else None, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "ray": ray.__version__, "command": " ".join(sys.argv)}
+    info = {
+        "machine": platform.platform(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name() if args.gpu else None,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "command": " ".join(sys.argv),
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"info": info, "results": results}, indent=2, default=str))
     print(f"\nfull figures: {args.json}")

@@ -1,7 +1,7 @@
 """The `raymt` console command: `raymt COMMAND ARGS` runs `python -m raymt.COMMAND ARGS`.
 
-    raymt train --preset tiny
-    raymt translate --checkpoint runs/<run>/best < input.txt
+raymt train --preset tiny
+raymt translate --checkpoint runs/<run>/best < input.txt
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     command, args = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"raymt: error: unknown command '{command}'; use one of {', '.join(COMMANDS)}",
-              file=sys.stderr)
+        print(f"raymt: error: unknown command '{command}'; use one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     sys.argv = [f"raymt {command}", *args]
     # the module ends with its own `sys.exit(main())`, whose SystemExit passes through

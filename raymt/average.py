@@ -20,9 +20,19 @@ from typing import Optional, Sequence
 import torch
 
 from raymt import storage
-from raymt.checkpoint import (MODEL_FILE, RAY_SNAPSHOT_FILE, SPM_FILE, STATE_FILE, check_checkpoint,
-                              load_config, load_train_state, load_weights, local_checkpoint,
-                              save_checkpoint, weights_file)
+from raymt.checkpoint import (
+    MODEL_FILE,
+    RAY_SNAPSHOT_FILE,
+    SPM_FILE,
+    STATE_FILE,
+    check_checkpoint,
+    load_config,
+    load_train_state,
+    load_weights,
+    local_checkpoint,
+    save_checkpoint,
+    weights_file,
+)
 from raymt.config import Config
 from raymt.model import build_model
 from raymt.tokenizer import Tokenizer
@@ -41,8 +51,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     pick.add_argument("--best", type=int, metavar="N", help="the N checkpoints with the best --metric")
     pick.add_argument("--checkpoints", nargs="+", metavar="DIR", help="these checkpoint directories (paths or URIs)")
     p.add_argument("--metric", default="valid_bleu", help="reported metric that ranks --best (default valid_bleu)")
-    p.add_argument("--mode", choices=("max", "min"),
-                   help="higher or lower is better (default: min for *loss*, else max)")
+    p.add_argument(
+        "--mode", choices=("max", "min"), help="higher or lower is better (default: min for *loss*, else max)"
+    )
     p.add_argument("--output", required=True, help="new checkpoint directory to write")
     return p.parse_args(argv)
 
@@ -80,8 +91,10 @@ def _take(candidates: list[Path], n: int, what: str) -> list[Path]:
     if n < 1:
         raise ValueError(f"{what} {n}: N must be >= 1")
     if n > len(candidates):
-        raise ValueError(f"{what} {n}: only {len(candidates)} checkpoint(s) available; a run keeps "
-                         "train.num_to_keep of them (--set train.num_to_keep=N when training)")
+        raise ValueError(
+            f"{what} {n}: only {len(candidates)} checkpoint(s) available; a run keeps "
+            "train.num_to_keep of them (--set train.num_to_keep=N when training)"
+        )
     return candidates[:n]
 
 
@@ -100,12 +113,12 @@ def checkpoint_metrics(run_dir: str | Path) -> dict[str, dict]:
         snapshot = json.loads(path.read_text())
         return {r["checkpoint_dir_name"]: dict(r["metrics"]) for r in snapshot["checkpoint_results"]}
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"cannot read per-checkpoint metrics from {path} ({type(err).__name__}: {err}); "
-                         "use --last or --checkpoints") from None
+        raise ValueError(
+            f"cannot read per-checkpoint metrics from {path} ({type(err).__name__}: {err}); use --last or --checkpoints"
+        ) from None
 
 
-def best_checkpoints(run_dir: str | Path, n: int, metric: str = "valid_bleu",
-                     mode: Optional[str] = None) -> list[Path]:
+def best_checkpoints(run_dir: str | Path, n: int, metric: str = "valid_bleu", mode: Optional[str] = None) -> list[Path]:
     """The n checkpoints of a run with the best recorded `metric`, best first."""
     mode = mode or ("min" if "loss" in metric else "max")
     found = run_checkpoints(run_dir)
@@ -127,14 +140,21 @@ def check_same_model(directories: Sequence[Path]) -> tuple[Config, Tokenizer]:
     config, tokenizer = check_checkpoint(directories[0])
     for d in directories[1:]:
         other, vocab_size = load_config(d)
-        diff = [f"model.{k}={getattr(other.model, k)!r} vs {v!r}" for k, v in config.model.__dict__.items()
-                if k not in DROPOUTS and getattr(other.model, k) != v]
+        diff = [
+            f"model.{k}={getattr(other.model, k)!r} vs {v!r}"
+            for k, v in config.model.__dict__.items()
+            if k not in DROPOUTS and getattr(other.model, k) != v
+        ]
         if diff:
-            raise ValueError(f"{d} is a different model than {directories[0]} ({', '.join(diff)}): "
-                             "only checkpoints of one model can be averaged")
+            raise ValueError(
+                f"{d} is a different model than {directories[0]} ({', '.join(diff)}): "
+                "only checkpoints of one model can be averaged"
+            )
         if vocab_size != tokenizer.vocab_size or (d / SPM_FILE).read_bytes() != tokenizer.model_proto:
-            raise ValueError(f"{d / SPM_FILE} differs from {directories[0] / SPM_FILE}: only checkpoints "
-                             "with the same vocabulary can be averaged")
+            raise ValueError(
+                f"{d / SPM_FILE} differs from {directories[0] / SPM_FILE}: only checkpoints "
+                "with the same vocabulary can be averaged"
+            )
         weights_file(d)
     return config, tokenizer
 
@@ -210,8 +230,10 @@ def select(args: argparse.Namespace) -> list[Path]:
             raise ValueError("give either a run directory (with --last/--best) or --checkpoints, not both")
         return [local_checkpoint(d) for d in args.checkpoints]
     if not args.run_dir:
-        raise ValueError(f"--{'last' if args.last is not None else 'best'} needs a run directory: "
-                         "python -m raymt.average RUN_DIR ...")
+        raise ValueError(
+            f"--{'last' if args.last is not None else 'best'} needs a run directory: "
+            "python -m raymt.average RUN_DIR ..."
+        )
     run_dir = run_dir_on_disk(args.run_dir)
     if args.last is not None:
         return last_checkpoints(run_dir, args.last)

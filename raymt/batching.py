@@ -32,13 +32,14 @@ class Batch:
 
     def to(self, device: torch.device | str) -> "Batch":
         """Copy to a device (non-blocking: overlaps with compute when the source is pinned)."""
-        return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)),
-                     tgt_tokens=self.tgt_tokens)
+        return Batch(
+            *(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)),
+            tgt_tokens=self.tgt_tokens,
+        )
 
     def pin_memory(self) -> "Batch":
         """The batch in page-locked host memory, so that `to(cuda)` copies asynchronously."""
-        return Batch(*(t.pin_memory() for t in (self.src, self.tgt_in, self.tgt_out)),
-                     tgt_tokens=self.tgt_tokens)
+        return Batch(*(t.pin_memory() for t in (self.src, self.tgt_in, self.tgt_out)), tgt_tokens=self.tgt_tokens)
 
 
 def round_up(width: int, multiple: int) -> int:
@@ -74,8 +75,9 @@ class ShapeLadder:
         """The rung of each width (a row longer than the top rung keeps its own rounded width)."""
         widths = np.asarray(self.widths)
         i = np.searchsorted(widths, longest)
-        return np.where(i < len(widths), widths[np.minimum(i, len(widths) - 1)],
-                        round_up(np.asarray(longest), self.widths[0]))
+        return np.where(
+            i < len(widths), widths[np.minimum(i, len(widths) - 1)], round_up(np.asarray(longest), self.widths[0])
+        )
 
     def shape(self, longest: int) -> tuple[int, int]:
         """(rows, width) of a batch whose longest row (src or tgt, EOS/BOS included) is `longest`."""
@@ -83,8 +85,14 @@ class ShapeLadder:
         return max(1, self.max_tokens // width), width
 
 
-def _pad_flat(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray, prefix: Optional[int] = None,
-              suffix: Optional[int] = None, multiple: int = 1) -> torch.Tensor:
+def _pad_flat(
+    values: np.ndarray,
+    offsets: np.ndarray,
+    idx: np.ndarray,
+    prefix: Optional[int] = None,
+    suffix: Optional[int] = None,
+    multiple: int = 1,
+) -> torch.Tensor:
     """Rows `idx` of a flat ragged array (Arrow list layout) -> a right-padded (B, T) long tensor,
     T rounded up to a multiple of `multiple`."""
     return torch.from_numpy(_padded(*_gather(values, offsets, idx), prefix, suffix, multiple))
@@ -99,8 +107,9 @@ def _gather(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[n
     return values[np.arange(int(ends[-1]) if len(ends) else 0) + shift], lens
 
 
-def _padded(tokens: np.ndarray, lens: np.ndarray, prefix: Optional[int], suffix: Optional[int],
-            multiple: int) -> np.ndarray:
+def _padded(
+    tokens: np.ndarray, lens: np.ndarray, prefix: Optional[int], suffix: Optional[int], multiple: int
+) -> np.ndarray:
     """Gathered rows -> (B, T) int64 ids: optional prefix and suffix id, PAD after, T on the ladder."""
     first = int(prefix is not None)
     longest = int(lens.max()) if len(lens) else 0
@@ -116,8 +125,13 @@ def _padded(tokens: np.ndarray, lens: np.ndarray, prefix: Optional[int], suffix:
     return out
 
 
-def pad_batch(rows: Sequence[Sequence[int]], device: torch.device | str = "cpu", prefix: Optional[int] = None,
-              suffix: Optional[int] = None, multiple: int = 1) -> torch.Tensor:
+def pad_batch(
+    rows: Sequence[Sequence[int]],
+    device: torch.device | str = "cpu",
+    prefix: Optional[int] = None,
+    suffix: Optional[int] = None,
+    multiple: int = 1,
+) -> torch.Tensor:
     """Right-pad lists of ids (with an optional prefix/suffix id) into a (B, T) long tensor."""
     lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     offsets = np.concatenate([[0], np.cumsum(lens)])
@@ -127,12 +141,21 @@ def pad_batch(rows: Sequence[Sequence[int]], device: torch.device | str = "cpu",
 
 def collate(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]) -> Batch:
     """Source ids (EOS included) and raw target ids -> a padded `Batch`."""
-    return Batch(src=pad_batch(src_ids), tgt_in=pad_batch(tgt_ids, prefix=BOS_ID),
-                 tgt_out=pad_batch(tgt_ids, suffix=EOS_ID), tgt_tokens=sum(map(len, tgt_ids)) + len(tgt_ids))
+    return Batch(
+        src=pad_batch(src_ids),
+        tgt_in=pad_batch(tgt_ids, prefix=BOS_ID),
+        tgt_out=pad_batch(tgt_ids, suffix=EOS_ID),
+        tgt_tokens=sum(map(len, tgt_ids)) + len(tgt_ids),
+    )
 
 
-def collate_flat(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray],
-                 idx: np.ndarray, pad_multiple: int = 1, ladder: Optional[ShapeLadder] = None) -> Batch:
+def collate_flat(
+    src: tuple[np.ndarray, np.ndarray],
+    tgt: tuple[np.ndarray, np.ndarray],
+    idx: np.ndarray,
+    pad_multiple: int = 1,
+    ladder: Optional[ShapeLadder] = None,
+) -> Batch:
     """Like `collate`, from (values, offsets) of raw source and target ids: EOS/BOS are added
     here, and both widths are rounded up to a multiple of `pad_multiple`, or with a `ladder`
     padded to its (rows, width) shape."""
@@ -144,10 +167,12 @@ def collate_flat(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.n
         shape = ladder.shape(int(max(src_lens.max(), tgt_lens.max())) + 1)
         multiple = shape[1]
         assert len(idx) <= shape[0], "batches are cut with the ladder's max_tokens"
-    batch = Batch(src=torch.from_numpy(_padded(src_tokens, src_lens, None, EOS_ID, multiple)),
-                  tgt_in=torch.from_numpy(_padded(tgt_tokens, tgt_lens, BOS_ID, None, multiple)),
-                  tgt_out=torch.from_numpy(_padded(tgt_tokens, tgt_lens, None, EOS_ID, multiple)),
-                  tgt_tokens=len(tgt_tokens) + len(idx))  # + EOS per row
+    batch = Batch(
+        src=torch.from_numpy(_padded(src_tokens, src_lens, None, EOS_ID, multiple)),
+        tgt_in=torch.from_numpy(_padded(tgt_tokens, tgt_lens, BOS_ID, None, multiple)),
+        tgt_out=torch.from_numpy(_padded(tgt_tokens, tgt_lens, None, EOS_ID, multiple)),
+        tgt_tokens=len(tgt_tokens) + len(idx),
+    )  # + EOS per row
     return batch if shape is None else pad_rows(batch, shape[0])
 
 
@@ -167,14 +192,23 @@ def pad_rows(batch: Batch, rows: int) -> Batch:
     if extra <= 0:
         return batch
     fill = padding_rows(extra, batch.src.shape[1], batch.tgt_in.shape[1])
-    return Batch(*(torch.cat([a, b]) for a, b in zip((batch.src, batch.tgt_in, batch.tgt_out),
-                                                      (fill.src, fill.tgt_in, fill.tgt_out))),
-                 tgt_tokens=batch.tgt_tokens)
+    return Batch(
+        *(
+            torch.cat([a, b])
+            for a, b in zip((batch.src, batch.tgt_in, batch.tgt_out), (fill.src, fill.tgt_in, fill.tgt_out))
+        ),
+        tgt_tokens=batch.tgt_tokens,
+    )
 
 
-def token_budget_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
-                         rng: np.random.Generator, pad_multiple: int = 1,
-                         ladder: Optional[ShapeLadder] = None) -> list[np.ndarray]:
+def token_budget_batches(
+    src_lens: np.ndarray,
+    tgt_lens: np.ndarray,
+    max_tokens: int,
+    rng: np.random.Generator,
+    pad_multiple: int = 1,
+    ladder: Optional[ShapeLadder] = None,
+) -> list[np.ndarray]:
     """Cut one window of rows into batches whose padded size rows * width <= max_tokens, where
     width is the longest row rounded up to a multiple of `pad_multiple` (or to a rung of
     `ladder`: then a batch takes as many rows as its rung's row count allows).
@@ -202,23 +236,31 @@ def budget_cuts(width: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
         # The cost of ending at lo + k is width[lo + k - 1] * k: non-decreasing in k, and no
         # batch holds more than max_tokens // width[lo] rows, so search only that far.
         k_max = min(n - lo, max(1, max_tokens // max(int(width[lo]), 1)))
-        cost = width[lo:lo + k_max] * np.arange(1, k_max + 1)
+        cost = width[lo : lo + k_max] * np.arange(1, k_max + 1)
         k = max(1, int(np.searchsorted(cost, max_tokens, side="right")))
         cuts.append((lo, lo + k))
         lo += k
     return cuts
 
 
-def chunk_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, window_rows: int, max_tokens: int,
-                  rng: np.random.Generator, shuffle: bool = True, pad_multiple: int = 1,
-                  ladder: Optional[ShapeLadder] = None) -> list[np.ndarray]:
+def chunk_batches(
+    src_lens: np.ndarray,
+    tgt_lens: np.ndarray,
+    window_rows: int,
+    max_tokens: int,
+    rng: np.random.Generator,
+    shuffle: bool = True,
+    pad_multiple: int = 1,
+    ladder: Optional[ShapeLadder] = None,
+) -> list[np.ndarray]:
     """Token-budget batches (row indices) of one chunk: rows permuted, cut into length-sorted
     windows, batches of every window shuffled together. Lengths include EOS/BOS."""
     order = rng.permutation(len(src_lens)) if shuffle else np.arange(len(src_lens))
     batches: list[np.ndarray] = []
     for start in range(0, len(order), window_rows):
-        rows = order[start:start + window_rows]
-        batches += [rows[b] for b in token_budget_batches(src_lens[rows], tgt_lens[rows], max_tokens, rng,
-                                                          pad_multiple, ladder)]
+        rows = order[start : start + window_rows]
+        batches += [
+            rows[b] for b in token_budget_batches(src_lens[rows], tgt_lens[rows], max_tokens, rng, pad_multiple, ladder)
+        ]
     rng.shuffle(batches)
     return batches

@@ -41,8 +41,13 @@ def _atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(directory: str | Path, model: torch.nn.Module, config: Config,
-                    tokenizer: Tokenizer, train_state: Optional[dict] = None) -> Path:
+def save_checkpoint(
+    directory: str | Path,
+    model: torch.nn.Module,
+    config: Config,
+    tokenizer: Tokenizer,
+    train_state: Optional[dict] = None,
+) -> Path:
     """Write model weights, optional optimizer/scheduler/step state, config and tokenizer."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -57,8 +62,10 @@ def save_checkpoint(directory: str | Path, model: torch.nn.Module, config: Confi
 
 def save_config(directory: str | Path, config: Config, vocab_size: int) -> None:
     """Write config.json: the run config and the model's vocabulary size."""
-    _atomic_save(json.dumps({"config": config.to_dict(), "vocab_size": vocab_size}, indent=2).encode(),
-                 Path(directory) / CONFIG_FILE)
+    _atomic_save(
+        json.dumps({"config": config.to_dict(), "vocab_size": vocab_size}, indent=2).encode(),
+        Path(directory) / CONFIG_FILE,
+    )
 
 
 def _first_line(err: Exception) -> str:
@@ -76,8 +83,10 @@ def _torch_load(path: Path) -> Any:
     except Exception as err:  # pickle refused, truncated zip, ...
         code = re.search(r"GLOBAL (\S+)", str(err))
         if code:  # the pickle names a function or class to run: never allowed here
-            raise ValueError(f"refusing to load {path}: it would run {code.group(1)} while unpickling; "
-                             "raymt weights hold tensors only, so the file is corrupt or malicious") from None
+            raise ValueError(
+                f"refusing to load {path}: it would run {code.group(1)} while unpickling; "
+                "raymt weights hold tensors only, so the file is corrupt or malicious"
+            ) from None
         raise ValueError(f"cannot load {path}: corrupt, truncated or not weights-only ({_first_line(err)})") from None
 
 
@@ -107,8 +116,10 @@ def check_checkpoint(directory: str | Path) -> tuple[Config, Tokenizer]:
     config, vocab_size = load_config(directory)
     tokenizer = Tokenizer.load(directory / SPM_FILE)
     if tokenizer.vocab_size != vocab_size:
-        raise ValueError(f"{directory}: spm.model has {tokenizer.vocab_size} ids but the model "
-                         f"was built for {vocab_size}; the files come from different runs")
+        raise ValueError(
+            f"{directory}: spm.model has {tokenizer.vocab_size} ids but the model "
+            f"was built for {vocab_size}; the files come from different runs"
+        )
     weights_file(directory)
     return config, tokenizer
 
@@ -122,8 +133,9 @@ def load_model(directory: str | Path, device: str = "cpu") -> tuple[Transformer,
     try:
         model.load_state_dict(state)
     except RuntimeError as err:
-        raise ValueError(f"{weights_file(directory)} does not match its config.json "
-                         f"({str(err).splitlines()[0]})") from None
+        raise ValueError(
+            f"{weights_file(directory)} does not match its config.json ({str(err).splitlines()[0]})"
+        ) from None
     return model.to(device).eval(), tokenizer, config
 
 

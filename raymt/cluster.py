@@ -43,10 +43,17 @@ class Plan:
         return {"CPU": self.cpus} | ({"GPU": self.gpus} if self.gpus else {})
 
 
-def plan(num: int, use_gpu: bool = False, cpus_each: Optional[float] = None,
-         total: Optional[dict] = None, whole_cpus: bool = False,
-         what: Optional[str] = None, fix: str = "lower --num-workers",
-         grow_timeout_s: float = 0.0, cluster: Optional["RayCluster"] = None) -> Plan:
+def plan(
+    num: int,
+    use_gpu: bool = False,
+    cpus_each: Optional[float] = None,
+    total: Optional[dict] = None,
+    whole_cpus: bool = False,
+    what: Optional[str] = None,
+    fix: str = "lower --num-workers",
+    grow_timeout_s: float = 0.0,
+    cluster: Optional["RayCluster"] = None,
+) -> Plan:
     """Resources for `num` workers beside Ray Data's CPU; a one-line ValueError if they do not fit.
 
     The CPUs left after Ray Data's share go to the group, split evenly; `whole_cpus` prefers
@@ -64,16 +71,17 @@ def plan(num: int, use_gpu: bool = False, cpus_each: Optional[float] = None,
             total = grow(cluster, num, use_gpu, cpus_each, grow_timeout_s, what, fix)
     num_cpus, num_gpus = total.get("CPU", 0), total.get("GPU", 0)
     if use_gpu and num > num_gpus:
-        raise ValueError(f"{what} with --gpu needs {num} GPUs; the cluster has {num_gpus:g}: "
-                         f"{fix} or drop --gpu")
+        raise ValueError(f"{what} with --gpu needs {num} GPUs; the cluster has {num_gpus:g}: {fix} or drop --gpu")
     budget = num_cpus - data_cpus(num_cpus)
     cpus = cpus_each
     if cpus is None:
         share = 1.0 if whole_cpus and budget >= num else budget / num
         cpus = 1.0 if use_gpu else max(MIN_CPUS_PER_WORKER, share)
     if not use_gpu and cpus * num > budget:
-        raise ValueError(f"{what} x {cpus:g} CPUs needs {cpus * num:g} CPUs but the cluster's "
-                         f"{num_cpus:g} CPUs leave {budget:g} after Ray Data's share: {fix}")
+        raise ValueError(
+            f"{what} x {cpus:g} CPUs needs {cpus * num:g} CPUs but the cluster's "
+            f"{num_cpus:g} CPUs leave {budget:g} after Ray Data's share: {fix}"
+        )
     fits = int(num_gpus // num) if use_gpu else int(budget // (num * cpus))
     return Plan(cpus=cpus, gpus=1 if use_gpu else 0, num_threads=max(1, int(cpus)), fits=max(1, fits))
 
@@ -118,8 +126,11 @@ class RayCluster:
             from ray.autoscaler.v2.sdk import get_cluster_status
 
             status = get_cluster_status(ray.get_runtime_context().gcs_address)
-            return {n.node_id: n.ray_node_type_name for n in status.active_nodes + status.idle_nodes
-                    if n.node_id and n.ray_node_type_name}
+            return {
+                n.node_id: n.ray_node_type_name
+                for n in status.active_nodes + status.idle_nodes
+                if n.node_id and n.ray_node_type_name
+            }
         from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
         from ray.experimental.internal_kv import _internal_kv_get
 
@@ -147,8 +158,9 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
-def grow(cluster: RayCluster, num: int, use_gpu: bool, cpus_each: Optional[float], timeout_s: float,
-         what: str, fix: str) -> dict:
+def grow(
+    cluster: RayCluster, num: int, use_gpu: bool, cpus_each: Optional[float], timeout_s: float, what: str, fix: str
+) -> dict:
     """Ask the autoscaler for `num` workers' bundles and wait until they are up; the new totals.
 
     A line every GROW_PRINT_S says how far it got; past `timeout_s`, a one-line ValueError.
@@ -167,12 +179,17 @@ def grow(cluster: RayCluster, num: int, use_gpu: bool, cpus_each: Optional[float
             return total
         elapsed, have = cluster.now() - start, total.get(unit, 0)
         if elapsed >= timeout_s:
-            raise ValueError(f"{what}: the autoscaler brought {have:g}/{need:g} {unit}s up in "
-                             f"{_minutes(timeout_s)} (train.autoscale_timeout_s): check the node types' "
-                             f"max_workers and the cloud's quota, raise train.autoscale_timeout_s, or {fix}")
+            raise ValueError(
+                f"{what}: the autoscaler brought {have:g}/{need:g} {unit}s up in "
+                f"{_minutes(timeout_s)} (train.autoscale_timeout_s): check the node types' "
+                f"max_workers and the cloud's quota, raise train.autoscale_timeout_s, or {fix}"
+            )
         if printed is None or elapsed - printed >= GROW_PRINT_S:
-            print(f"waiting for the autoscaler: {have:g}/{need:g} {unit}s up, {_minutes(elapsed)} of at "
-                  f"most {_minutes(timeout_s)} (train.autoscale_timeout_s)", flush=True)
+            print(
+                f"waiting for the autoscaler: {have:g}/{need:g} {unit}s up, {_minutes(elapsed)} of at "
+                f"most {_minutes(timeout_s)} (train.autoscale_timeout_s)",
+                flush=True,
+            )
             printed = elapsed
         cluster.sleep(min(GROW_POLL_S, max(0.0, timeout_s - elapsed)))
 
@@ -188,12 +205,20 @@ def release_request(cluster: Optional[RayCluster] = None) -> None:
 RAY_LOGGERS = ("ray", "ray.data", "ray.train", "ray.tune")
 # Lines of Ray's internals that say nothing a raymt user can act on; they stay in Ray's logs.
 RAY_CHATTER = (
-    "gcs_actor_scheduler.cc", "Failed to kill actor", "worker processes have been started",
-    "maximum expected startup concurrency", "PreemptionWatcher", "Progress bars disabled",
-    "Token authentication is enabled", "Tip: For detailed progress reporting",
+    "gcs_actor_scheduler.cc",
+    "Failed to kill actor",
+    "worker processes have been started",
+    "maximum expected startup concurrency",
+    "PreemptionWatcher",
+    "Progress bars disabled",
+    "Token authentication is enabled",
+    "Tip: For detailed progress reporting",
     # Ray Train's start-up of every worker group
-    "Setting up process group for", "Started training worker group of size", "world_rank=",
-    "Moving model to device", "Wrapping provided model in DistributedDataParallel",
+    "Setting up process group for",
+    "Started training worker group of size",
+    "world_rank=",
+    "Moving model to device",
+    "Wrapping provided model in DistributedDataParallel",
     "Reporting training result",  # a Train logger outside ray.train: its LoggingConfig misses it
     # Ray Data's check at the start of a read while other groups hold their CPUs; raymt's
     # planner leaves Ray Data a CPU (plan), and the read goes ahead
@@ -208,8 +233,11 @@ RAY_PROCESSES = ("PlacementGroupCleaner",)
 
 def is_chatter(line: str, source: object = None) -> bool:
     """True for a console line of Ray's internals: kept in Ray's log files, not shown."""
-    return (source in RAY_PROCESSES or RAY_INFO_LINE.match(line) is not None
-            or any(pattern in line for pattern in RAY_CHATTER))
+    return (
+        source in RAY_PROCESSES
+        or RAY_INFO_LINE.match(line) is not None
+        or any(pattern in line for pattern in RAY_CHATTER)
+    )
 
 
 class _QuietFilter(logging.Filter):
@@ -261,8 +289,10 @@ def _filter_worker_output() -> None:
 
 def _quiet_env() -> dict[str, str]:
     """Environment of Ray's processes that keeps their console output to what matters."""
-    return {"RAY_DATA_LOG_LEVEL": "WARNING",  # Ray Data's per-execution lines
-            "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}  # worker prints appear once
+    return {
+        "RAY_DATA_LOG_LEVEL": "WARNING",  # Ray Data's per-execution lines
+        "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    }  # worker prints appear once
 
 
 def train_logging(verbose: bool = False):
@@ -297,8 +327,13 @@ def init_ray(num_cpus: Optional[int] = None, dashboard: bool = False, verbose: b
         if os.environ.get("RAY_ADDRESS"):
             ray.init(log_to_driver=True, **quiet)  # inside a job, num_cpus may not be passed
         else:
-            ray.init(num_cpus=num_cpus, include_dashboard=dashboard,
-                     log_to_driver=True, runtime_env={"env_vars": env}, **quiet)
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=dashboard,
+                log_to_driver=True,
+                runtime_env={"env_vars": env},
+                **quiet,
+            )
         started = True
     DataContext.get_current().enable_progress_bars = False
     if not verbose:

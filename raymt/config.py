@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Optional
+
+import tomllib
 
 ACTIVATIONS = ("relu", "gelu")
 SP_MODEL_TYPES = ("unigram", "bpe")
@@ -48,17 +49,21 @@ class ModelConfig:
     max_positions: int = 1024
 
     def __post_init__(self) -> None:
-        _positive(self, "model", "d_model", "num_heads", "d_ff", "num_encoder_layers",
-                  "num_decoder_layers", "max_positions")
-        _check(self.d_model % self.num_heads == 0,
-               f"model.d_model={self.d_model} must be divisible by model.num_heads={self.num_heads}")
-        _check(self.d_model % 2 == 0,
-               f"model.d_model={self.d_model} must be even (sinusoidal positions)")
+        _positive(
+            self, "model", "d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers", "max_positions"
+        )
+        _check(
+            self.d_model % self.num_heads == 0,
+            f"model.d_model={self.d_model} must be divisible by model.num_heads={self.num_heads}",
+        )
+        _check(self.d_model % 2 == 0, f"model.d_model={self.d_model} must be even (sinusoidal positions)")
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
             _check(0.0 <= value < 1.0, f"model.{name}={value!r} must be in [0, 1)")
-        _check(self.activation in ACTIVATIONS,
-               f"model.activation={self.activation!r} must be one of {', '.join(ACTIVATIONS)}")
+        _check(
+            self.activation in ACTIVATIONS,
+            f"model.activation={self.activation!r} must be one of {', '.join(ACTIVATIONS)}",
+        )
 
 
 @dataclass
@@ -86,8 +91,10 @@ class CorpusOptions:
     def check_corpus_options(self, section: str) -> None:
         """Validate the shared fields; messages name them as `section.field`."""
         _positive(self, section, "sp_sample_size", "max_len", "max_chars")
-        _check(self.sp_model_type in SP_MODEL_TYPES,
-               f"{section}.sp_model_type={self.sp_model_type!r} must be one of {', '.join(SP_MODEL_TYPES)}")
+        _check(
+            self.sp_model_type in SP_MODEL_TYPES,
+            f"{section}.sp_model_type={self.sp_model_type!r} must be one of {', '.join(SP_MODEL_TYPES)}",
+        )
         _check(self.max_ratio >= 1.0, f"{section}.max_ratio={self.max_ratio!r} must be >= 1")
         _check(self.ratio_min_len >= 1, f"{section}.ratio_min_len={self.ratio_min_len} must be >= 1")
 
@@ -133,35 +140,52 @@ class DataConfig(CorpusOptions):
     eval_batch_size: int = 64
 
     def __post_init__(self) -> None:
-        _check(self.src_lang != self.tgt_lang,
-               f"data.src_lang and data.tgt_lang are both {self.src_lang!r}: pick two languages")
+        _check(
+            self.src_lang != self.tgt_lang,
+            f"data.src_lang and data.tgt_lang are both {self.src_lang!r}: pick two languages",
+        )
         self.check_corpus_options("data")
-        _positive(self, "data", "builtin_train_size", "builtin_eval_size", "max_tokens",
-                  "window_rows", "eval_batch_size", "pad_multiple")
+        _positive(
+            self,
+            "data",
+            "builtin_train_size",
+            "builtin_eval_size",
+            "max_tokens",
+            "window_rows",
+            "eval_batch_size",
+            "pad_multiple",
+        )
         if self.vocab_size is not None:
             _positive(self, "data", "vocab_size")
-            _check(self.vocab_size % 8 == 0,
-                   f"data.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. "
-                   f"{(self.vocab_size + 7) // 8 * 8})")
-        _check(self.max_tokens >= self.max_len + 2,
-               f"data.max_tokens={self.max_tokens} must be at least data.max_len + 2 = "
-               f"{self.max_len + 2} so that every kept sentence fits in a batch")
-        _check(self.shape_buckets == 0 or self.shape_buckets >= 2,
-               f"data.shape_buckets={self.shape_buckets} must be 0 (free shapes) or at least 2 "
-               f"(a ladder from data.pad_multiple to data.max_len + 1; GPU runs get {GPU_SHAPE_BUCKETS})")
-        _check(self.shuffle_buffer_rows >= 0,
-               f"data.shuffle_buffer_rows={self.shuffle_buffer_rows} must be >= 0")
-        _check(self.corpus is None or self.train is None,
-               "data.corpus and data.train are both set: train either on a prepared corpus "
-               "(--corpus) or on text files (--train)")
+            _check(
+                self.vocab_size % 8 == 0,
+                f"data.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. {(self.vocab_size + 7) // 8 * 8})",
+            )
+        _check(
+            self.max_tokens >= self.max_len + 2,
+            f"data.max_tokens={self.max_tokens} must be at least data.max_len + 2 = "
+            f"{self.max_len + 2} so that every kept sentence fits in a batch",
+        )
+        _check(
+            self.shape_buckets == 0 or self.shape_buckets >= 2,
+            f"data.shape_buckets={self.shape_buckets} must be 0 (free shapes) or at least 2 "
+            f"(a ladder from data.pad_multiple to data.max_len + 1; GPU runs get {GPU_SHAPE_BUCKETS})",
+        )
+        _check(self.shuffle_buffer_rows >= 0, f"data.shuffle_buffer_rows={self.shuffle_buffer_rows} must be >= 0")
+        _check(
+            self.corpus is None or self.train is None,
+            "data.corpus and data.train are both set: train either on a prepared corpus "
+            "(--corpus) or on text files (--train)",
+        )
         if self.corpus is None and self.train is None:  # a corpus brings its own languages
             for lang in (self.src_lang, self.tgt_lang):
-                _check(lang in BUILTIN_LANGS,
-                       f"language {lang!r} is not in the built-in corpus ({', '.join(BUILTIN_LANGS)});"
-                       f" pass --train/--valid files for other languages")
+                _check(
+                    lang in BUILTIN_LANGS,
+                    f"language {lang!r} is not in the built-in corpus ({', '.join(BUILTIN_LANGS)});"
+                    f" pass --train/--valid files for other languages",
+                )
         elif self.train is not None:
-            _check(self.valid is not None,
-                   "--train is set but --valid is not: pass a validation file prefix")
+            _check(self.valid is not None, "--train is set but --valid is not: pass a validation file prefix")
 
     def sp_vocab_size(self) -> int:
         """The SentencePiece vocabulary size to train."""
@@ -259,25 +283,27 @@ class TrainConfig:
     autoscale_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
-        _positive(self, "train", "max_steps", "eval_every", "log_every", "num_workers",
-                  "num_to_keep", "valid_beam")
+        _positive(self, "train", "max_steps", "eval_every", "log_every", "num_workers", "num_to_keep", "valid_beam")
         if self.epochs is not None:
             _positive(self, "train", "epochs")
         for name in ("cpus_per_worker", "max_minutes"):
             if getattr(self, name) is not None:
                 _positive(self, "train", name)
-        _check(self.max_nonfinite_steps >= 0,
-               f"train.max_nonfinite_steps={self.max_nonfinite_steps} must be >= 0")
+        _check(self.max_nonfinite_steps >= 0, f"train.max_nonfinite_steps={self.max_nonfinite_steps} must be >= 0")
         if self.min_workers is not None:
-            _check(1 <= self.min_workers <= self.num_workers,
-                   f"train.min_workers={self.min_workers} must be between 1 and train.num_workers="
-                   f"{self.num_workers} (or unset for a fixed group)")
+            _check(
+                1 <= self.min_workers <= self.num_workers,
+                f"train.min_workers={self.min_workers} must be between 1 and train.num_workers="
+                f"{self.num_workers} (or unset for a fixed group)",
+            )
         _check(self.resize_interval_s >= 0, f"train.resize_interval_s={self.resize_interval_s} must be >= 0")
         _check(self.max_failures >= -1, f"train.max_failures={self.max_failures} must be >= -1")
         _check(self.ddp_bucket_mb > 0, f"train.ddp_bucket_mb={self.ddp_bucket_mb} must be > 0")
         _check(self.profile_steps >= 0, f"train.profile_steps={self.profile_steps} must be >= 0 (0 = off)")
-        _check(self.autoscale_timeout_s >= 0,
-               f"train.autoscale_timeout_s={self.autoscale_timeout_s} must be >= 0 (0 = never wait)")
+        _check(
+            self.autoscale_timeout_s >= 0,
+            f"train.autoscale_timeout_s={self.autoscale_timeout_s} must be >= 0 (0 = never wait)",
+        )
 
 
 @dataclass
@@ -302,8 +328,10 @@ class DecodeOptions:
         _check(self.beam >= 1, f"beam={self.beam} must be >= 1 (1 = greedy)")
         _check(self.length_penalty >= 0, f"length_penalty={self.length_penalty} must be >= 0")
         _check(self.max_len_a >= 0, f"max_len_a={self.max_len_a} must be >= 0")
-        _check(not self.sample or self.beam == 1,
-               f"sampling draws one hypothesis per sentence: use beam 1, not {self.beam}")
+        _check(
+            not self.sample or self.beam == 1,
+            f"sampling draws one hypothesis per sentence: use beam 1, not {self.beam}",
+        )
         _check(self.temperature > 0, f"temperature={self.temperature} must be > 0")
         _check(self.top_k >= 0, f"top_k={self.top_k} must be >= 0 (0 = the whole vocabulary)")
 
@@ -332,26 +360,29 @@ class Config:
         d = _renamed(d)
         sections = {f.name: f.type for f in dataclasses.fields(cls)}
         unknown = set(d) - set(sections)
-        _check(not unknown, f"unknown config section(s) {sorted(unknown)}; "
-                            f"known: {', '.join(sections)}")
+        _check(not unknown, f"unknown config section(s) {sorted(unknown)}; known: {', '.join(sections)}")
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for name, value in d.items():
             section_cls = hints[name]
             known = {f.name for f in dataclasses.fields(section_cls)}
             bad = set(value) - known
-            _check(not bad, f"unknown field(s) {', '.join(f'{name}.{b}' for b in sorted(bad))}; "
-                            f"known: {', '.join(sorted(known))}")
+            _check(
+                not bad,
+                f"unknown field(s) {', '.join(f'{name}.{b}' for b in sorted(bad))}; known: {', '.join(sorted(known))}",
+            )
             kwargs[name] = section_cls(**value)
         return cls(**kwargs)
 
 
 # Fields that moved: (old section, old name) -> (new section, new name). Configs and
 # checkpoints written before the move still load.
-RENAMED = {("train", "test_beam"): ("decode", "beam"),
-           ("train", "length_penalty"): ("decode", "length_penalty"),
-           ("train", "max_len_a"): ("decode", "max_len_a"),
-           ("train", "max_len_b"): ("decode", "max_len_b")}
+RENAMED = {
+    ("train", "test_beam"): ("decode", "beam"),
+    ("train", "length_penalty"): ("decode", "length_penalty"),
+    ("train", "max_len_a"): ("decode", "max_len_a"),
+    ("train", "max_len_b"): ("decode", "max_len_b"),
+}
 
 
 def _renamed(d: dict) -> dict:
@@ -412,14 +443,18 @@ def schedule_line(cfg: "Config") -> str:
     tokens, workers = global_batch_tokens(cfg), cfg.train.num_workers
     lr, warmup = batch_schedule(cfg)
     ratio = (tokens / PAPER_BATCH_TOKENS) ** 0.5
-    head = (f"lr {_short_e(cfg.optim.lr)} and warmup {cfg.optim.warmup_steps} for a global batch of "
-            f"{tokens / 1000:.0f}k tokens ({workers} worker{'s' * (workers > 1)} x {cfg.data.max_tokens} "
-            f"x update_freq {cfg.optim.update_freq})")
+    head = (
+        f"lr {_short_e(cfg.optim.lr)} and warmup {cfg.optim.warmup_steps} for a global batch of "
+        f"{tokens / 1000:.0f}k tokens ({workers} worker{'s' * (workers > 1)} x {cfg.data.max_tokens} "
+        f"x update_freq {cfg.optim.update_freq})"
+    )
     if (cfg.optim.lr, cfg.optim.warmup_steps) != (lr, warmup):
         return f"{head}: as set (config.batch_schedule would give lr {_short_e(lr)} and warmup {warmup})"
     capped = f", capped at x{MAX_LR_SCALE:g}" if ratio > MAX_LR_SCALE else ""
-    return (f"{head}: the paper's 25k-token schedule, lr x sqrt(batch ratio) = x{ratio:.2f}{capped}, "
-            f"warmup {PAPER_WARMUP_STEPS} or a quarter of train.max_steps (config.batch_schedule)")
+    return (
+        f"{head}: the paper's 25k-token schedule, lr x sqrt(batch ratio) = x{ratio:.2f}{capped}, "
+        f"warmup {PAPER_WARMUP_STEPS} or a quarter of train.max_steps (config.batch_schedule)"
+    )
 
 
 def _short_e(x: float) -> str:
@@ -465,8 +500,7 @@ def device_defaults(cfg: "Config", given: Collection[str] = (), num_gpus: Option
 
 def tiny() -> ModelConfig:
     """Tests: 2+2 layers of width 32."""
-    return ModelConfig(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=2,
-                       num_decoder_layers=2, dropout=0.0)
+    return ModelConfig(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0)
 
 
 def mini() -> ModelConfig:
@@ -476,24 +510,20 @@ def mini() -> ModelConfig:
 
 def small() -> ModelConfig:
     """Multi30k-sized corpora: 3+3 layers, 256 wide, FFN 1024, 4 heads."""
-    return ModelConfig(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3,
-                       num_decoder_layers=3)
+    return ModelConfig(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3)
 
 
 def base() -> ModelConfig:
     """Transformer base (the paper): 6+6 layers, 512, FFN 2048, 8 heads."""
-    return ModelConfig(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6,
-                       num_decoder_layers=6, dropout=0.1)
+    return ModelConfig(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6, num_decoder_layers=6, dropout=0.1)
 
 
 def big() -> ModelConfig:
     """Transformer big (the paper): 6+6 layers, 1024, FFN 4096, 16 heads, dropout 0.3."""
-    return ModelConfig(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6,
-                       num_decoder_layers=6, dropout=0.3)
+    return ModelConfig(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6, num_decoder_layers=6, dropout=0.3)
 
 
-PRESETS: dict[str, Callable[[], ModelConfig]] = {
-    "tiny": tiny, "mini": mini, "small": small, "base": base, "big": big}
+PRESETS: dict[str, Callable[[], ModelConfig]] = {"tiny": tiny, "mini": mini, "small": small, "base": base, "big": big}
 
 
 def preset(name: str) -> ModelConfig:
@@ -536,12 +566,14 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     for key, value in overrides.items():
         section, _, name = key.partition(".")
         section, name = RENAMED.get((section, name), (section, name))  # an older config's name
-        _check(section in hints and name,
-               f"unknown config field {key!r}; fields look like "
-               f"{', '.join(s + '.<name>' for s in hints)}")
+        _check(
+            section in hints and name,
+            f"unknown config field {key!r}; fields look like {', '.join(s + '.<name>' for s in hints)}",
+        )
         section_hints = typing.get_type_hints(hints[section])
-        _check(name in section_hints,
-               f"unknown config field {key!r}; {section} has: {', '.join(sorted(section_hints))}")
+        _check(
+            name in section_hints, f"unknown config field {key!r}; {section} has: {', '.join(sorted(section_hints))}"
+        )
         if isinstance(value, str):
             value = _parse_value(value, section_hints[name], key)
         grouped.setdefault(section, {})[name] = value
@@ -598,20 +630,30 @@ class PrepareConfig(CorpusOptions):
     def __post_init__(self) -> None:
         for name in ("src_lang", "tgt_lang"):
             value = getattr(self, name)
-            _check(bool(value) and value.replace("-", "").replace("_", "").isalnum(),
-                   f"prepare.{name}={value!r} must be a language code such as en or pt_BR")
-        _check(self.src_lang != self.tgt_lang,
-               f"prepare.src_lang and prepare.tgt_lang are both {self.src_lang!r}: pick two languages")
+            _check(
+                bool(value) and value.replace("-", "").replace("_", "").isalnum(),
+                f"prepare.{name}={value!r} must be a language code such as en or pt_BR",
+            )
+        _check(
+            self.src_lang != self.tgt_lang,
+            f"prepare.src_lang and prepare.tgt_lang are both {self.src_lang!r}: pick two languages",
+        )
         self.check_corpus_options("prepare")
         _positive(self, "prepare", "vocab_size", "shard_pairs")
-        _check(self.vocab_size % 8 == 0,
-               f"prepare.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. "
-               f"{(self.vocab_size + 7) // 8 * 8})")
+        _check(
+            self.vocab_size % 8 == 0,
+            f"prepare.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. {(self.vocab_size + 7) // 8 * 8})",
+        )
 
 
 def run_prepare_config(cfg: Config) -> PrepareConfig:
     """The PrepareConfig of a run that prepares its own corpus (--train files or the built-in
     corpus): every CorpusOptions field comes from data.*, so no cleaning option is dropped."""
     shared = {f.name: getattr(cfg.data, f.name) for f in dataclasses.fields(CorpusOptions)}
-    return PrepareConfig(src_lang=cfg.data.src_lang, tgt_lang=cfg.data.tgt_lang,
-                         vocab_size=cfg.data.sp_vocab_size(), seed=cfg.train.seed, **shared)
+    return PrepareConfig(
+        src_lang=cfg.data.src_lang,
+        tgt_lang=cfg.data.tgt_lang,
+        vocab_size=cfg.data.sp_vocab_size(),
+        seed=cfg.train.seed,
+        **shared,
+    )

@@ -30,8 +30,9 @@ def _max_lengths(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> 
     return limit.clamp(min=1, max=model.cfg.max_positions - 1)
 
 
-def _next_log_probs(model: Transformer, tokens: torch.Tensor, memory: torch.Tensor,
-                    src_mask: torch.Tensor, cache: Optional[Cache]) -> torch.Tensor:
+def _next_log_probs(
+    model: Transformer, tokens: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, cache: Optional[Cache]
+) -> torch.Tensor:
     """(N, T) prefixes -> (N, V) log-probabilities of the next token."""
     if cache is None:  # full recomputation: the reference the cache must match
         logits = model.decode(tokens, memory, src_mask)[:, -1]
@@ -65,8 +66,7 @@ def _generator(opts: DecodeOptions, device: torch.device) -> Optional[torch.Gene
     return torch.Generator(device=device).manual_seed(opts.seed)
 
 
-def _choose(log_probs: torch.Tensor, opts: DecodeOptions,
-            generator: Optional[torch.Generator]) -> torch.Tensor:
+def _choose(log_probs: torch.Tensor, opts: DecodeOptions, generator: Optional[torch.Generator]) -> torch.Tensor:
     """(N, V) log-probabilities -> (N,) next tokens: the argmax, or a draw when sampling."""
     if not opts.sample:
         return log_probs.argmax(-1)
@@ -91,8 +91,7 @@ def greedy_scored(model: Transformer, src: torch.Tensor, opts: DecodeOptions) ->
     generator = _generator(opts, src.device)
     out: list[Optional[Hypothesis]] = [None] * b
     for step in range(int(limits.max())):
-        log_probs = _force_eos(_next_log_probs(model, tokens, memory, src_mask, cache),
-                               step + 1 >= limits)
+        log_probs = _force_eos(_next_log_probs(model, tokens, memory, src_mask, cache), step + 1 >= limits)
         next_token = _choose(log_probs, opts, generator)  # (A,)
         sums = sums + log_probs.gather(1, next_token[:, None]).squeeze(1)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
@@ -106,7 +105,8 @@ def greedy_scored(model: Transformer, src: torch.Tensor, opts: DecodeOptions) ->
         if keep.numel() == 0:
             break
         tokens, sums, memory, src_mask, limits = (
-            t.index_select(0, keep) for t in (tokens, sums, memory, src_mask, limits))
+            t.index_select(0, keep) for t in (tokens, sums, memory, src_mask, limits)
+        )
         if cache is not None:
             reorder_cache(cache, keep)
         active = [active[i] for i in keep.tolist()]
@@ -138,15 +138,25 @@ def _init_beams(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> _
     memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
     scores = torch.zeros(b, k, device=src.device)
     scores[:, 1:] = NEG_INF  # all beams start identical: expand only the first
-    return _Beams(tokens=torch.full((b * k, 1), BOS_ID, dtype=torch.long, device=src.device),
-                  scores=scores, memory=memory.repeat_interleave(k, 0),
-                  src_mask=src_mask.repeat_interleave(k, 0),
-                  limits=_max_lengths(model, src, opts).repeat_interleave(k),
-                  active=list(range(b)), cache=model.new_cache() if opts.use_cache else None)
+    return _Beams(
+        tokens=torch.full((b * k, 1), BOS_ID, dtype=torch.long, device=src.device),
+        scores=scores,
+        memory=memory.repeat_interleave(k, 0),
+        src_mask=src_mask.repeat_interleave(k, 0),
+        limits=_max_lengths(model, src, opts).repeat_interleave(k),
+        active=list(range(b)),
+        cache=model.new_cache() if opts.use_cache else None,
+    )
 
 
-def _finish(state: _Beams, finished: list[list[Hypothesis]], top_scores: torch.Tensor,
-            origin: torch.Tensor, is_eos: torch.Tensor, penalty: float) -> None:
+def _finish(
+    state: _Beams,
+    finished: list[list[Hypothesis]],
+    top_scores: torch.Tensor,
+    origin: torch.Tensor,
+    is_eos: torch.Tensor,
+    penalty: float,
+) -> None:
     """Finish the EOS candidates that rank within the top K of their sentence (as fairseq does)."""
     k = state.scores.size(1)
     finishing = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (A, K)
@@ -155,8 +165,9 @@ def _finish(state: _Beams, finished: list[list[Hypothesis]], top_scores: torch.T
         finished[state.active[i]].append((top_scores[i, j].item() / penalty, hyp))
 
 
-def _advance(state: _Beams, scores: torch.Tensor, parents: torch.Tensor,
-             new_tokens: torch.Tensor, keep: list[int]) -> None:
+def _advance(
+    state: _Beams, scores: torch.Tensor, parents: torch.Tensor, new_tokens: torch.Tensor, keep: list[int]
+) -> None:
     """Extend the chosen (A, K) parents by new_tokens; drop the sentences not in `keep`."""
     a, k = scores.shape
     if len(keep) < a:
@@ -164,7 +175,8 @@ def _advance(state: _Beams, scores: torch.Tensor, parents: torch.Tensor,
         scores, parents, new_tokens = scores[idx], parents[idx], new_tokens[idx]
         beam_rows = (idx[:, None] * k + torch.arange(k, device=idx.device)).view(-1)
         state.memory, state.src_mask, state.limits = (
-            t.index_select(0, beam_rows) for t in (state.memory, state.src_mask, state.limits))
+            t.index_select(0, beam_rows) for t in (state.memory, state.src_mask, state.limits)
+        )
         if state.cache is not None:  # cross K/V are equal across a sentence's K rows
             reorder_cache(state.cache, beam_rows, parts=("cross",))
         state.active = [state.active[i] for i in keep]
@@ -181,8 +193,9 @@ def _beam(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[li
     state = _init_beams(model, src, opts)
     finished: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
     for step in range(int(state.limits.max())):
-        log_probs = _force_eos(_next_log_probs(model, state.tokens, state.memory, state.src_mask,
-                                               state.cache), step + 1 >= state.limits)  # (A*K, V)
+        log_probs = _force_eos(
+            _next_log_probs(model, state.tokens, state.memory, state.src_mask, state.cache), step + 1 >= state.limits
+        )  # (A*K, V)
         a, vocab = state.scores.size(0), log_probs.size(-1)
         cand = (state.scores.view(-1, 1) + log_probs).view(a, k * vocab)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # (A, 2K): at most K of them are EOS
@@ -202,8 +215,9 @@ def _beam(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[li
 
 
 @torch.no_grad()
-def beam_search_nbest(model: Transformer, src: torch.Tensor, opts: DecodeOptions,
-                      n_best: int = 1) -> list[list[Hypothesis]]:
+def beam_search_nbest(
+    model: Transformer, src: torch.Tensor, opts: DecodeOptions, n_best: int = 1
+) -> list[list[Hypothesis]]:
     """Batched beam search of (B, S) source ids: the n_best (score, ids) per sentence, best first."""
     opts.check()
     if not 1 <= n_best <= opts.beam:
@@ -216,8 +230,7 @@ def beam_search(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> l
     return [hyps[0][1] for hyps in beam_search_nbest(model, src, opts)]
 
 
-def decode_nbest(model: Transformer, src: torch.Tensor, opts: DecodeOptions,
-                 n_best: int = 1) -> list[list[Hypothesis]]:
+def decode_nbest(model: Transformer, src: torch.Tensor, opts: DecodeOptions, n_best: int = 1) -> list[list[Hypothesis]]:
     """The n_best (score, ids) per sentence, best first; greedy or sampling when opts.beam == 1."""
     if opts.beam == 1:
         if n_best != 1:
@@ -234,25 +247,37 @@ def decode(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[l
 def encode_sources(tokenizer: Tokenizer, sentences: Sequence[str], max_positions: int) -> list[list[int]]:
     """Source ids ending in EOS, truncated to fit the model's positions."""
     max_src = max_positions - 1
-    return [tokenizer.encode(s)[:max_src - 1] + [EOS_ID] for s in sentences]
+    return [tokenizer.encode(s)[: max_src - 1] + [EOS_ID] for s in sentences]
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """Indices sorted by length (stable) and cut into batches: the batches translate() decodes."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
-def decode_ids(model: Transformer, tokenizer: Tokenizer, sources: Sequence[Sequence[int]],
-               opts: DecodeOptions, n_best: int = 1, device: str = "cpu") -> list[list[tuple[float, str]]]:
+def decode_ids(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    sources: Sequence[Sequence[int]],
+    opts: DecodeOptions,
+    n_best: int = 1,
+    device: str = "cpu",
+) -> list[list[tuple[float, str]]]:
     """Decode one batch of encoded sources: the n_best (score, text) per sentence."""
     nbest = decode_nbest(model, pad_batch(sources, device), opts, n_best)
     return [[(score, tokenizer.decode(ids)) for score, ids in hyps] for hyps in nbest]
 
 
-def translate_nbest(model: Transformer, tokenizer: Tokenizer, sentences: Sequence[str],
-                    opts: DecodeOptions, n_best: int = 1, batch_size: int = 64,
-                    device: str = "cpu") -> list[list[tuple[float, str]]]:
+def translate_nbest(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    opts: DecodeOptions,
+    n_best: int = 1,
+    batch_size: int = 64,
+    device: str = "cpu",
+) -> list[list[tuple[float, str]]]:
     """Translate raw sentences in length-sorted batches: n_best (score, text) each, input order."""
     model.eval()
     encoded = encode_sources(tokenizer, sentences, model.cfg.max_positions)
@@ -264,7 +289,13 @@ def translate_nbest(model: Transformer, tokenizer: Tokenizer, sentences: Sequenc
     return out
 
 
-def translate(model: Transformer, tokenizer: Tokenizer, sentences: Sequence[str],
-              opts: DecodeOptions, batch_size: int = 64, device: str = "cpu") -> list[str]:
+def translate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    opts: DecodeOptions,
+    batch_size: int = 64,
+    device: str = "cpu",
+) -> list[str]:
     """Translate raw sentences in length-sorted batches; output follows input order."""
     return [hyps[0][1] for hyps in translate_nbest(model, tokenizer, sentences, opts, 1, batch_size, device)]

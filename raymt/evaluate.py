@@ -43,24 +43,38 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     d = DecodeOptions()
     p = argparse.ArgumentParser(prog="python -m raymt.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="checkpoint or exported model directory, or its URI (s3://...)")
-    p.add_argument("--test", action="append", required=True, metavar="PREFIX",
-                   help="test set PREFIX.<src-lang> / PREFIX.<tgt-lang> (plain or .gz); repeatable")
+    p.add_argument(
+        "--test",
+        action="append",
+        required=True,
+        metavar="PREFIX",
+        help="test set PREFIX.<src-lang> / PREFIX.<tgt-lang> (plain or .gz); repeatable",
+    )
     p.add_argument("--src-lang", help="source language suffix (default: the checkpoint's data.src_lang)")
     p.add_argument("--tgt-lang", help="target language suffix (default: the checkpoint's data.tgt_lang)")
     p.add_argument("--output-dir", default="evaluation", help="hypotheses and report.json go here")
-    p.add_argument("--num-actors", type=int,
-                   help=f"decoding actors (model replicas); default {CPU_ACTORS}, with --gpu one per GPU of the cluster")
+    p.add_argument(
+        "--num-actors",
+        type=int,
+        help=f"decoding actors (model replicas); default {CPU_ACTORS}, with --gpu one per GPU of the cluster",
+    )
     p.add_argument("--gpu", action="store_true", help="one GPU per actor")
-    p.add_argument("--cpus-per-actor", type=float,
-                   help="CPUs reserved per actor (default: the CPUs Ray Data leaves, split among the actors; 1 with --gpu)")
+    p.add_argument(
+        "--cpus-per-actor",
+        type=float,
+        help="CPUs reserved per actor (default: the CPUs Ray Data leaves, split among the actors; 1 with --gpu)",
+    )
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (ignored with RAY_ADDRESS)")
     p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
     p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
     p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
     p.add_argument("--max-len-b", type=int, default=d.max_len_b)
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (as raymt.translate)")
-    p.add_argument("--verbose", action="store_true",
-                   help="also print Ray's own INFO lines and internal messages (else in Ray's log files)")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print Ray's own INFO lines and internal messages (else in Ray's log files)",
+    )
     return p.parse_args(argv)
 
 
@@ -75,16 +89,22 @@ def read_test_sets(prefixes: Sequence[str], src_lang: str, tgt_lang: str) -> dic
     return sets
 
 
-def plan_batches(sources: Sequence[Sequence[str]], tokenizer: Tokenizer, max_positions: int,
-                 batch_size: int) -> list[dict]:
+def plan_batches(
+    sources: Sequence[Sequence[str]], tokenizer: Tokenizer, max_positions: int, batch_size: int
+) -> list[dict]:
     """Dataset rows, one per decoding batch: set id, sentence indices and flattened source ids."""
     rows = []
     for set_id, sentences in enumerate(sources):
         encoded = encode_sources(tokenizer, sentences, max_positions)
         for idx in length_batches([len(e) for e in encoded], batch_size):
-            rows.append({"set": set_id, "index": np.array(idx, dtype=np.int64),
-                         "lengths": np.array([len(encoded[i]) for i in idx], dtype=np.int64),
-                         "src_ids": np.concatenate([np.array(encoded[i], dtype=np.int64) for i in idx])})
+            rows.append(
+                {
+                    "set": set_id,
+                    "index": np.array(idx, dtype=np.int64),
+                    "lengths": np.array([len(encoded[i]) for i in idx], dtype=np.int64),
+                    "src_ids": np.concatenate([np.array(encoded[i], dtype=np.int64) for i in idx]),
+                }
+            )
     return rows
 
 
@@ -109,15 +129,24 @@ class BatchTranslator:
                 out["index"].append(int(i))
                 out["hyp"].append(text)
                 out["score"].append(score)
-        return {"set": np.array(out["set"], dtype=np.int64), "index": np.array(out["index"], dtype=np.int64),
-                "hyp": np.array(out["hyp"], dtype=object), "score": np.array(out["score"], dtype=np.float64)}
+        return {
+            "set": np.array(out["set"], dtype=np.int64),
+            "index": np.array(out["index"], dtype=np.int64),
+            "hyp": np.array(out["hyp"], dtype=object),
+            "score": np.array(out["score"], dtype=np.float64),
+        }
 
 
-def actor_plan(num_actors: int, use_gpu: bool, cpus_per_actor: Optional[float],
-               total: Optional[dict] = None) -> Plan:
+def actor_plan(num_actors: int, use_gpu: bool, cpus_per_actor: Optional[float], total: Optional[dict] = None) -> Plan:
     """CPUs, GPUs and threads per actor: by default the cluster's CPUs beside Ray Data's, split evenly."""
-    return plan(num_actors, use_gpu, cpus_per_actor, total, what=f"--num-actors {num_actors}",
-                fix="lower --num-actors or --cpus-per-actor")
+    return plan(
+        num_actors,
+        use_gpu,
+        cpus_per_actor,
+        total,
+        what=f"--num-actors {num_actors}",
+        fix="lower --num-actors or --cpus-per-actor",
+    )
 
 
 def default_actors(use_gpu: bool, cluster: Optional[RayCluster] = None) -> int:
@@ -130,9 +159,15 @@ def default_actors(use_gpu: bool, cluster: Optional[RayCluster] = None) -> int:
     return num_gpus
 
 
-def translate_on_cluster(checkpoint: str, sources: Sequence[Sequence[str]], opts: DecodeOptions,
-                         num_actors: int = CPU_ACTORS, batch_size: int = 64, use_gpu: bool = False,
-                         cpus_per_actor: Optional[float] = None) -> list[list[tuple[float, str]]]:
+def translate_on_cluster(
+    checkpoint: str,
+    sources: Sequence[Sequence[str]],
+    opts: DecodeOptions,
+    num_actors: int = CPU_ACTORS,
+    batch_size: int = 64,
+    use_gpu: bool = False,
+    cpus_per_actor: Optional[float] = None,
+) -> list[list[tuple[float, str]]]:
     """Decode several lists of sentences on the running Ray cluster: (score, hyp) per sentence, input order."""
     import ray.data
 
@@ -143,11 +178,19 @@ def translate_on_cluster(checkpoint: str, sources: Sequence[Sequence[str]], opts
     actors = actor_plan(num_actors, use_gpu, cpus_per_actor)
     # One planned batch per block and per call, so batches stay whole and spread over actors.
     ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-        BatchTranslator, batch_size=1, batch_format="numpy",
+        BatchTranslator,
+        batch_size=1,
+        batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=num_actors),  # `concurrency=N` is deprecated since Ray 2.51
-        num_cpus=actors.cpus, num_gpus=actors.gpus,
-        fn_constructor_kwargs={"checkpoint": storage.normalize(checkpoint), "opts": dict(opts.__dict__),
-                               "device": "cuda" if use_gpu else "cpu", "num_threads": actors.num_threads})
+        num_cpus=actors.cpus,
+        num_gpus=actors.gpus,
+        fn_constructor_kwargs={
+            "checkpoint": storage.normalize(checkpoint),
+            "opts": dict(opts.__dict__),
+            "device": "cuda" if use_gpu else "cpu",
+            "num_threads": actors.num_threads,
+        },
+    )
     decoded = {(int(r["set"]), int(r["index"])): (float(r["score"]), str(r["hyp"])) for r in ds.take_all()}
     assert len(decoded) == sum(len(s) for s in sources), "every sentence is decoded exactly once"
     return [[decoded[(set_id, i)] for i in range(len(s))] for set_id, s in enumerate(sources)]
@@ -157,11 +200,23 @@ def print_table(report: dict) -> None:
     """Each test set's scores with the checkpoint, decoding and signatures; then the speed."""
     decode = report["decode"]
     for name, r in report["test_sets"].items():
-        print("\n".join(metrics.score_lines(name, r, report["checkpoint_description"], decode["beam"],
-                                             decode["length_penalty"], r["num_sentences"])))
-    print(f"{report['num_sentences']} sentences in {report['wall_time_s']:.1f} s "
-          f"({report['sentences_per_s']:.1f}/s, {report['num_actors']} actors); "
-          f"report: {report['report']}")
+        print(
+            "\n".join(
+                metrics.score_lines(
+                    name,
+                    r,
+                    report["checkpoint_description"],
+                    decode["beam"],
+                    decode["length_penalty"],
+                    r["num_sentences"],
+                )
+            )
+        )
+    print(
+        f"{report['num_sentences']} sentences in {report['wall_time_s']:.1f} s "
+        f"({report['sentences_per_s']:.1f}/s, {report['num_actors']} actors); "
+        f"report: {report['report']}"
+    )
 
 
 def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOptions]:
@@ -172,8 +227,9 @@ def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOption
         raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
     if args.cpus_per_actor is not None and args.cpus_per_actor <= 0:
         raise ValueError(f"--cpus-per-actor {args.cpus_per_actor} must be > 0")
-    opts = DecodeOptions(beam=args.beam, length_penalty=args.length_penalty,
-                         max_len_a=args.max_len_a, max_len_b=args.max_len_b)  # validates
+    opts = DecodeOptions(
+        beam=args.beam, length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b
+    )  # validates
     config, _ = check_checkpoint(args.checkpoint)
     args.src_lang = args.src_lang or config.data.src_lang
     args.tgt_lang = args.tgt_lang or config.data.tgt_lang
@@ -185,27 +241,37 @@ def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOption
     return sets, opts
 
 
-def write_report(args: argparse.Namespace, sets: dict[str, Pairs], results: list, opts: DecodeOptions,
-                 wall_time_s: float) -> dict:
+def write_report(
+    args: argparse.Namespace, sets: dict[str, Pairs], results: list, opts: DecodeOptions, wall_time_s: float
+) -> dict:
     """Hypothesis and score files per test set, and report.json with every number."""
     out_dir = Path(args.output_dir)
     num_sentences = sum(len(pairs[0]) for pairs in sets.values())
     checkpoint = storage.normalize(args.checkpoint)
-    report = {"checkpoint": checkpoint,  # its step, or what it averages:
-              "checkpoint_description": describe_checkpoint(local_checkpoint(checkpoint), checkpoint),
-              "src_lang": args.src_lang, "tgt_lang": args.tgt_lang,
-              "decode": {**opts.__dict__, "batch_size": args.batch_size},
-              "num_actors": args.num_actors, "device": "gpu" if args.gpu else "cpu",
-              "num_sentences": num_sentences, "wall_time_s": round(wall_time_s, 2),
-              "sentences_per_s": round(num_sentences / max(wall_time_s, 1e-9), 2),
-              "report": str(out_dir / REPORT_FILE), "test_sets": {}}
+    report = {
+        "checkpoint": checkpoint,  # its step, or what it averages:
+        "checkpoint_description": describe_checkpoint(local_checkpoint(checkpoint), checkpoint),
+        "src_lang": args.src_lang,
+        "tgt_lang": args.tgt_lang,
+        "decode": {**opts.__dict__, "batch_size": args.batch_size},
+        "num_actors": args.num_actors,
+        "device": "gpu" if args.gpu else "cpu",
+        "num_sentences": num_sentences,
+        "wall_time_s": round(wall_time_s, 2),
+        "sentences_per_s": round(num_sentences / max(wall_time_s, 1e-9), 2),
+        "report": str(out_dir / REPORT_FILE),
+        "test_sets": {},
+    }
     for (name, (_, refs)), scored in zip(sets.items(), results):
         hyps = [hyp for _, hyp in scored]
         hyp_path = out_dir / f"{name}.{args.tgt_lang}.hyp"
         hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         (out_dir / f"{name}.{args.tgt_lang}.scores").write_text("".join(f"{s:.6f}\n" for s, _ in scored))
-        report["test_sets"][name] = {"num_sentences": len(hyps), "hypotheses": str(hyp_path),
-                                     **metrics.score(hyps, refs, extra=True, lang=args.tgt_lang)}
+        report["test_sets"][name] = {
+            "num_sentences": len(hyps),
+            "hypotheses": str(hyp_path),
+            **metrics.score(hyps, refs, extra=True, lang=args.tgt_lang),
+        }
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
     return report
 
@@ -223,8 +289,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.num_actors = args.num_actors or default_actors(args.gpu)
         actor_plan(args.num_actors, args.gpu, args.cpus_per_actor)  # one line if they cannot all be placed
         t0 = time.time()
-        results = translate_on_cluster(args.checkpoint, [pairs[0] for pairs in sets.values()], opts,
-                                       args.num_actors, args.batch_size, args.gpu, args.cpus_per_actor)
+        results = translate_on_cluster(
+            args.checkpoint,
+            [pairs[0] for pairs in sets.values()],
+            opts,
+            args.num_actors,
+            args.batch_size,
+            args.gpu,
+            args.cpus_per_actor,
+        )
         print_table(write_report(args, sets, results, opts, time.time() - t0))
     except ValueError as err:
         print(f"raymt.evaluate: error: {err}", file=sys.stderr)

@@ -39,8 +39,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from raymt.checkpoint import (MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, check_checkpoint,
-                              load_weights, save_config)
+from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, check_checkpoint, load_weights, save_config
 from raymt.config import Config, ModelConfig
 from raymt.model import Attention, Transformer, build_model
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
@@ -49,22 +48,34 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 FORMATS = ("auto", "safetensors", "torch", "ctranslate2", "marian")
 # CTranslate2 and HF Marian write their own config.json; raymt's goes next to it under this name.
 CT2_RAYMT_CONFIG = "raymt_config.json"
-MARIAN_POST_NORM_ONLY = ("--format marian needs a post-norm model (model.pre_norm=false): HF Marian "
-                         "has no pre-norm layers; export this one with --format safetensors or ctranslate2")
+MARIAN_POST_NORM_ONLY = (
+    "--format marian needs a post-norm model (model.pre_norm=false): HF Marian "
+    "has no pre-norm layers; export this one with --format safetensors or ctranslate2"
+)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
     p = argparse.ArgumentParser(prog="python -m raymt.export", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory (of a run, or averaged), or its URI (s3://...)")
+    p.add_argument(
+        "--checkpoint", required=True, help="checkpoint directory (of a run, or averaged), or its URI (s3://...)"
+    )
     p.add_argument("--output", required=True, help="new directory for the exported model")
-    p.add_argument("--format", choices=FORMATS, default="auto",
-                   help="weights file: safetensors if installed (auto), safetensors, or torch; "
-                        "or a CTranslate2 model directory (ctranslate2), or a Hugging Face "
-                        "MarianMTModel directory (marian, post-norm models only)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
-                   help="store floating-point weights in this dtype (loaded back as float32; "
-                        "ctranslate2: its weight type; marian: the HF model's dtype)")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="auto",
+        help="weights file: safetensors if installed (auto), safetensors, or torch; "
+        "or a CTranslate2 model directory (ctranslate2), or a Hugging Face "
+        "MarianMTModel directory (marian, post-norm models only)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default="float32",
+        help="store floating-point weights in this dtype (loaded back as float32; "
+        "ctranslate2: its weight type; marian: the HF model's dtype)",
+    )
     return p.parse_args(argv)
 
 
@@ -171,8 +182,9 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     cfg = model.cfg
     # F.gelu is the exact (erf) GELU: Activation.GELU, not GELUTanh.
     activation = common_spec.Activation.GELU if cfg.activation == "gelu" else common_spec.Activation.RELU
-    spec = TransformerSpec.from_config((cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.num_heads,
-                                       pre_norm=cfg.pre_norm, activation=activation)
+    spec = TransformerSpec.from_config(
+        (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.num_heads, pre_norm=cfg.pre_norm, activation=activation
+    )
     _set_weights(spec, model)
     _set_vocabulary(spec, tokenizer)
     spec.config.layer_norm_epsilon = model.encoder[0].res1.norm.eps  # torch's 1e-5
@@ -204,15 +216,31 @@ def marian_config(cfg: ModelConfig, vocab_size: int, dropout: bool = True):
     # raymt drops after the embedding, each sublayer and the FFN activation (Marian's dropout and
     # activation_dropout), and inside attention (attention_dropout).
     return MarianConfig(
-        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=cfg.d_model,
-        encoder_layers=cfg.num_encoder_layers, decoder_layers=cfg.num_decoder_layers,
-        encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation,
-        dropout=p, activation_dropout=p, attention_dropout=cfg.attention_dropout if dropout else 0.0,
-        encoder_layerdrop=0.0, decoder_layerdrop=0.0, max_position_embeddings=cfg.max_positions,
-        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
-        decoder_start_token_id=BOS_ID, forced_eos_token_id=None)
+        vocab_size=vocab_size,
+        decoder_vocab_size=vocab_size,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.num_encoder_layers,
+        decoder_layers=cfg.num_decoder_layers,
+        encoder_attention_heads=cfg.num_heads,
+        decoder_attention_heads=cfg.num_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        activation_function=cfg.activation,
+        dropout=p,
+        activation_dropout=p,
+        attention_dropout=cfg.attention_dropout if dropout else 0.0,
+        encoder_layerdrop=0.0,
+        decoder_layerdrop=0.0,
+        max_position_embeddings=cfg.max_positions,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        bos_token_id=BOS_ID,
+        decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=None,
+    )
 
 
 def marian_order(d_model: int) -> torch.Tensor:
@@ -225,10 +253,16 @@ def _marian_attention(attn: Attention, order: torch.Tensor) -> dict[str, torch.T
     d = attn.q_proj.out_features
     k_w, v_w = attn.kv_proj.weight.split(d)  # kv_proj's rows: K, then V
     k_b, v_b = attn.kv_proj.bias.split(d)
-    out = {"q_proj.weight": attn.q_proj.weight[:, order], "q_proj.bias": attn.q_proj.bias,
-           "k_proj.weight": k_w[:, order], "k_proj.bias": k_b,
-           "v_proj.weight": v_w[:, order], "v_proj.bias": v_b,
-           "out_proj.weight": attn.out_proj.weight[order], "out_proj.bias": attn.out_proj.bias[order]}
+    out = {
+        "q_proj.weight": attn.q_proj.weight[:, order],
+        "q_proj.bias": attn.q_proj.bias,
+        "k_proj.weight": k_w[:, order],
+        "k_proj.bias": k_b,
+        "v_proj.weight": v_w[:, order],
+        "v_proj.bias": v_b,
+        "out_proj.weight": attn.out_proj.weight[order],
+        "out_proj.bias": attn.out_proj.bias[order],
+    }
     return out
 
 
@@ -243,8 +277,14 @@ def _marian_layer(layer: torch.nn.Module, order: torch.Tensor) -> dict[str, torc
         names.insert(1, "encoder_attn_layer_norm")
     for name, norm in zip(names, norms):
         out[f"{name}.weight"], out[f"{name}.bias"] = norm.weight[order], norm.bias[order]
-    out.update({"fc1.weight": layer.ffn.fc1.weight[:, order], "fc1.bias": layer.ffn.fc1.bias,
-                "fc2.weight": layer.ffn.fc2.weight[order], "fc2.bias": layer.ffn.fc2.bias[order]})
+    out.update(
+        {
+            "fc1.weight": layer.ffn.fc1.weight[:, order],
+            "fc1.bias": layer.ffn.fc1.bias,
+            "fc2.weight": layer.ffn.fc2.weight[order],
+            "fc2.bias": layer.ffn.fc2.bias[order],
+        }
+    )
     return out
 
 
@@ -285,9 +325,14 @@ def save_marian_tokenizer(tokenizer: Tokenizer, output: Path) -> None:
     vocab = {piece: i for i, piece in enumerate(ct2_vocabulary(tokenizer))}
     (output / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1))
     # Marian's tokenizer appends </s> (raymt's EOS) to a source, as raymt does.
-    special = {"eos_token": tokenizer.sp.id_to_piece(EOS_ID), "unk_token": tokenizer.sp.id_to_piece(UNK_ID),
-               "pad_token": tokenizer.sp.id_to_piece(PAD_ID), "model_max_length": 512,
-               "tokenizer_class": "MarianTokenizer", "separate_vocabs": False}
+    special = {
+        "eos_token": tokenizer.sp.id_to_piece(EOS_ID),
+        "unk_token": tokenizer.sp.id_to_piece(UNK_ID),
+        "pad_token": tokenizer.sp.id_to_piece(PAD_ID),
+        "model_max_length": 512,
+        "tokenizer_class": "MarianTokenizer",
+        "separate_vocabs": False,
+    }
     (output / "tokenizer_config.json").write_text(json.dumps(special, indent=2))
 
 
@@ -298,8 +343,9 @@ def save_marian(model: Transformer, tokenizer: Tokenizer, config: Config, output
     hf_logging.disable_progress_bar()  # one file: no bar
     marian = to_marian(model.eval()).to(DTYPES[dtype])
     # raymt's decoders never emit PAD or BOS and stop at max_positions.
-    marian.generation_config.update(max_length=config.model.max_positions - 1,
-                                    suppress_tokens=[PAD_ID, BOS_ID], forced_eos_token_id=None)
+    marian.generation_config.update(
+        max_length=config.model.max_positions - 1, suppress_tokens=[PAD_ID, BOS_ID], forced_eos_token_id=None
+    )
     marian.save_pretrained(str(output))
     save_marian_tokenizer(tokenizer, output)
     meta = {"config": config.to_dict(), "vocab_size": tokenizer.vocab_size}
@@ -319,9 +365,8 @@ def save_weights(state: dict, directory: Path, fmt: str) -> Path:
     return path
 
 
-def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto",
-                 dtype: str = "float32") -> Path:
-    """Write weights, config.json and spm.model (or a CTranslate2 or HF Marian model) of `checkpoint` to a new `output`."""
+def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto", dtype: str = "float32") -> Path:
+    """Write `checkpoint` as weights, config.json and spm.model (or CTranslate2, HF Marian) to a new `output`."""
     output = Path(output)
     if output.is_dir() and any(output.iterdir()):
         raise ValueError(f"--output {output} exists and is not empty; choose a new directory")
@@ -366,13 +411,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     size = sum(os.path.getsize(output / f) for f in files) / 2**20
     print(f"exported {args.checkpoint} -> {output} ({', '.join(files)}; {size:.1f} MiB)")
     if args.format == "ctranslate2":
-        print(f"translate: ctranslate2.Translator(\"{output}\").translate_batch(pieces) "
-              f"with pieces from {output / SPM_FILE}")
+        print(
+            f'translate: ctranslate2.Translator("{output}").translate_batch(pieces) '
+            f"with pieces from {output / SPM_FILE}"
+        )
     elif args.format == "marian":
-        print(f"translate: transformers.MarianMTModel.from_pretrained(\"{output}\").generate(...) "
-              f"with ids from MarianTokenizer.from_pretrained(\"{output}\")")
+        print(
+            f'translate: transformers.MarianMTModel.from_pretrained("{output}").generate(...) '
+            f'with ids from MarianTokenizer.from_pretrained("{output}")'
+        )
     else:
-        print(f"translate: python -m raymt.translate --checkpoint {output} \"...\"")
+        print(f'translate: python -m raymt.translate --checkpoint {output} "..."')
     return 0
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import csv
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Optional
-
-from importlib.metadata import version
 
 import sacrebleu
 
@@ -16,8 +15,7 @@ def _metrics(extra: bool) -> dict:
     """sacreBLEU metrics by name: BLEU and chrF; with `extra` TER and lowercased 13a BLEU too."""
     metrics = {"bleu": sacrebleu.metrics.BLEU(), "chrf": sacrebleu.metrics.CHRF()}
     if extra:
-        metrics |= {"ter": sacrebleu.metrics.TER(),
-                    "bleu_lc": sacrebleu.metrics.BLEU(tokenize="13a", lowercase=True)}
+        metrics |= {"ter": sacrebleu.metrics.TER(), "bleu_lc": sacrebleu.metrics.BLEU(tokenize="13a", lowercase=True)}
     return metrics
 
 
@@ -36,8 +34,10 @@ def papers_bleu(hyps: list[str], refs: list[str], lang: str) -> tuple[float, str
     # BLEU with tokenize="none" and smooth_method="none" is the same formula.
     bleu = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
     value = bleu.corpus_score(moses_tokenized(hyps, lang), [moses_tokenized(refs, lang)]).score
-    return value, (f"nrefs:1|case:lc|tok:moses-{lang}|smooth:none|sacremoses:{version('sacremoses')}"
-                   f"|sacrebleu:{sacrebleu.__version__}")
+    return value, (
+        f"nrefs:1|case:lc|tok:moses-{lang}|smooth:none|sacremoses:{version('sacremoses')}"
+        f"|sacrebleu:{sacrebleu.__version__}"
+    )
 
 
 def score(hyps: list[str], refs: list[str], extra: bool = False, lang: str = "en") -> dict:
@@ -60,8 +60,9 @@ def score(hyps: list[str], refs: list[str], extra: bool = False, lang: str = "en
 PAPERS_BLEU = "bleu_tok"
 
 
-def score_lines(name: str, scores: dict, checkpoint: str, beam: int, length_penalty: float,
-                num_sentences: Optional[int] = None) -> list[str]:
+def score_lines(
+    name: str, scores: dict, checkpoint: str, beam: int, length_penalty: float, num_sentences: Optional[int] = None
+) -> list[str]:
     """How a test score is printed (raymt.train and raymt.evaluate): the scores, the weights and
     decoding they come from, and every sacreBLEU signature.
 
@@ -70,19 +71,36 @@ def score_lines(name: str, scores: dict, checkpoint: str, beam: int, length_pena
     """
     sentences = f", {num_sentences} sentences" if num_sentences is not None else ""
     ter = f", TER {scores['ter']:.2f}" if "ter" in scores else ""
-    lines = [f"{name} BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}{ter} (sacreBLEU{sentences}); "
-             f"tokenized lowercased BLEU {scores[PAPERS_BLEU]:.2f} (Moses tokenizer, lowercase, "
-             "multi-bleu; papers' form)",
-             f"  checkpoint {checkpoint}; beam {beam}, length penalty {length_penalty:g}"]
+    lines = [
+        f"{name} BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}{ter} (sacreBLEU{sentences}); "
+        f"tokenized lowercased BLEU {scores[PAPERS_BLEU]:.2f} (Moses tokenizer, lowercase, "
+        "multi-bleu; papers' form)",
+        f"  checkpoint {checkpoint}; beam {beam}, length penalty {length_penalty:g}",
+    ]
     labels = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER", "bleu_lc": "BLEU-lc", PAPERS_BLEU: "BLEU-tok"}
-    lines += [f"  {label + ':':<9} {scores[key + '_signature']}" for key, label in labels.items()
-              if key + "_signature" in scores]
+    lines += [
+        f"  {label + ':':<9} {scores[key + '_signature']}"
+        for key, label in labels.items()
+        if key + "_signature" in scores
+    ]
     return lines
 
 
-CSV_COLUMNS = ("step", "epoch", "time_s", "train_loss", "lr", "tokens_per_s",
-               "valid_loss", "valid_bleu", "valid_chrf", "skipped_steps", "data_share", "peak_rss_mb",
-               "peak_gpu_mb")
+CSV_COLUMNS = (
+    "step",
+    "epoch",
+    "time_s",
+    "train_loss",
+    "lr",
+    "tokens_per_s",
+    "valid_loss",
+    "valid_bleu",
+    "valid_chrf",
+    "skipped_steps",
+    "data_share",
+    "peak_rss_mb",
+    "peak_gpu_mb",
+)
 
 
 class MetricsLog:

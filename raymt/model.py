@@ -52,7 +52,7 @@ class Dropout(nn.Module):
         if x.device.type != "cpu":
             return F.dropout(x, self.p, True)
         n = x.numel()
-        words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-2 ** 63, 2 ** 63 - 1)
+        words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
         lanes = words.view(torch.int16)[:n].view(x.shape)  # uniform over [-32768, 32767]
         keep = (lanes >= self.threshold - 32768).to(x.dtype)
         return x * keep.mul_(65536 / (65536 - self.threshold))
@@ -73,9 +73,14 @@ class Attention(nn.Module):
         b, t, d = x.shape  # (B, T, D) -> (B, H, T, D/H)
         return x.view(b, t, self.num_heads, d // self.num_heads).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, memory: Optional[torch.Tensor] = None,
-                mask: Optional[torch.Tensor] = None, is_causal: bool = False,
-                cache: Optional[dict] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: Optional[torch.Tensor] = None,
+        mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+        cache: Optional[dict] = None,
+    ) -> torch.Tensor:
         """Self-attention over `x` (memory None) or cross-attention from `x` to `memory`."""
         b, t, d = x.shape
         q = self._heads(self.q_proj(x))
@@ -89,8 +94,8 @@ class Attention(nn.Module):
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0)
+            q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0
+        )
         return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
 
 
@@ -150,8 +155,9 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.res1, self.res2, self.res3 = Residual(cfg), Residual(cfg), Residual(cfg)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-                cache: Optional[dict] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, cache: Optional[dict] = None
+    ) -> torch.Tensor:
         """(B, T, D) -> (B, T, D); with a cache, T new positions follow the cached ones."""
         # Right padding means a causal mask alone keeps real positions off padding. Without a
         # cache the answer needs no shape (a size test under torch.compile breaks the graph).
@@ -187,7 +193,7 @@ class Transformer(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
-        nn.init.normal_(self.embed.weight, std=self.cfg.d_model ** -0.5)
+        nn.init.normal_(self.embed.weight, std=self.cfg.d_model**-0.5)
         with torch.no_grad():
             self.embed.weight[PAD_ID].zero_()
 
@@ -195,9 +201,8 @@ class Transformer(nn.Module):
         """(B, T) ids -> (B, T, D) scaled embeddings plus positions start..start+T-1."""
         t = tokens.size(1)
         if start + t > self.cfg.max_positions:
-            raise ValueError(f"sequence of {start + t} tokens exceeds model.max_positions="
-                             f"{self.cfg.max_positions}")
-        x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start:start + t]
+            raise ValueError(f"sequence of {start + t} tokens exceeds model.max_positions={self.cfg.max_positions}")
+        x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start : start + t]
         return self.dropout(x)
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,8 +213,9 @@ class Transformer(nn.Module):
             x = layer(x, src_mask)
         return self.encoder_norm(x), src_mask
 
-    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-               cache: Optional[Cache] = None) -> torch.Tensor:
+    def decode(
+        self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, cache: Optional[Cache] = None
+    ) -> torch.Tensor:
         """(B, T) target ids -> logits (B, T, V); with a cache, only new tokens are passed."""
         start = 0 if cache is None else cache["length"]
         x = self._embed(tgt, start)

@@ -20,26 +20,40 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, fused: Optional[boo
     update on the device) where the parameters live on the CPU or a GPU, unless `fused` says."""
     if fused is None:
         fused = next(model.parameters()).device.type in FUSED_DEVICES
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused)
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        fused=fused,
+    )
 
 
 def inverse_sqrt(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup to the peak lr over `warmup_steps`, then decay as 1/sqrt(step)."""
+
     def factor(step: int) -> float:
         step = max(step, 1)
         return min(step / warmup_steps, (warmup_steps / step) ** 0.5)
+
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def loss_sum(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
     """Summed label-smoothed cross-entropy over non-padding targets; (B, T, V), (B, T) -> ()."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1),
-                           ignore_index=PAD_ID, label_smoothing=label_smoothing, reduction="sum")
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(),
+        target.reshape(-1),
+        ignore_index=PAD_ID,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
 
 
 def row_nll(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per-row summed negative log-likelihood (no smoothing); (B, T, V), (B, T) -> (B,)."""
-    nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1),
-                          ignore_index=PAD_ID, reduction="none")
+    nll = F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1), ignore_index=PAD_ID, reduction="none"
+    )
     return nll.view(target.shape).sum(1)

@@ -16,8 +16,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 # (csv column, panel title); validation columns are drawn with markers (a few points each)
-CURVES = (("train_loss", "train loss"), ("valid_loss", "validation loss"),
-          ("valid_bleu", "validation BLEU"), ("valid_chrf", "validation chrF"))
+CURVES = (
+    ("train_loss", "train loss"),
+    ("valid_loss", "validation loss"),
+    ("valid_bleu", "validation BLEU"),
+    ("valid_chrf", "validation chrF"),
+)
 COLUMNS_READ = {"step", "time_s"} | {column for column, _ in CURVES}
 # x axis -> (csv column, axis label, scale from the column's unit to the label's)
 X_AXES = {"step": ("step", "step", 1.0), "time": ("time_s", "wall-clock time (min)", 1 / 60)}
@@ -33,8 +37,9 @@ def find_metrics(run: str | Path) -> Path:
     for path in (run / "logs" / "metrics.csv", run / "metrics.csv", run):
         if path.is_file() and path.name == "metrics.csv":
             return path
-    raise ValueError(f"{run}: no metrics.csv found (looked in {run}/logs/); "
-                     f"pass a run directory written by `python -m raymt.train`")
+    raise ValueError(
+        f"{run}: no metrics.csv found (looked in {run}/logs/); pass a run directory written by `python -m raymt.train`"
+    )
 
 
 def run_name(metrics_csv: Path) -> str:
@@ -127,12 +132,13 @@ def after_training(run_dir: str | Path, shown_as: Optional[str] = None) -> Optio
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """The command line: run directories and the output folder."""
-    parser = argparse.ArgumentParser(
-        prog="python -m raymt.plot", description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="a run directory (its logs/metrics.csv is read); several are overlaid")
-    parser.add_argument("--out", default="plots",
-                        help="folder for curves_step.png and curves_time.png (default ./plots)")
+    parser = argparse.ArgumentParser(prog="python -m raymt.plot", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN", help="a run directory (its logs/metrics.csv is read); several are overlaid"
+    )
+    parser.add_argument(
+        "--out", default="plots", help="folder for curves_step.png and curves_time.png (default ./plots)"
+    )
     return parser.parse_args(argv)
 
 

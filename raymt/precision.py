@@ -86,8 +86,7 @@ class Precision:
         if self.device_type != "cuda":
             return f"precision: forward pass in {mode} on {device}{why}"
         scaling = "dynamic loss scaling (GradScaler)" if self.dtype == torch.float16 else "no loss scaling"
-        return (f"precision: forward pass in {mode}, TF32 {'on' if self.tf32 else 'off'}, {scaling} "
-                f"on {device}{why}")
+        return f"precision: forward pass in {mode}, TF32 {'on' if self.tf32 else 'off'}, {scaling} on {device}{why}"
 
 
 # ---------------------------------------------------------------- hardware
@@ -162,9 +161,11 @@ def probe_key(model_cfg: ModelConfig, vocab_size: int) -> str:
         name = None
     flags = hashlib.sha1(" ".join(sorted(_cpu_flags().split())).encode()).hexdigest()[:10]
     m = model_cfg
-    return (f"{name.group(1).strip() if name else 'cpu'} flags:{flags} torch:{torch.__version__} "
-            f"d{m.d_model} h{m.num_heads} ff{m.d_ff} enc{m.num_encoder_layers} dec{m.num_decoder_layers} "
-            f"{m.activation} {'pre' if m.pre_norm else 'post'}-norm vocab{vocab_size}")
+    return (
+        f"{name.group(1).strip() if name else 'cpu'} flags:{flags} torch:{torch.__version__} "
+        f"d{m.d_model} h{m.num_heads} ff{m.d_ff} enc{m.num_encoder_layers} dec{m.num_decoder_layers} "
+        f"{m.activation} {'pre' if m.pre_norm else 'post'}-norm vocab{vocab_size}"
+    )
 
 
 def read_cache() -> dict[str, float]:
@@ -236,9 +237,13 @@ def _cpu_choice(cfg: Config, vocab_size: int, measure: bool) -> Precision:
     if speedup is None:
         return Precision("cpu", None, False, "bf16 not measured for this model")
     dtype = torch.bfloat16 if speedup >= BF16_MIN_SPEEDUP else None
-    return Precision("cpu", dtype, False,
-                     f"bf16 measured {speedup:.2f}x fp32 for this model{'; cached' if cached else ''}"
-                     + ("" if dtype else f"; bf16 needs {BF16_MIN_SPEEDUP:.2f}x"))
+    return Precision(
+        "cpu",
+        dtype,
+        False,
+        f"bf16 measured {speedup:.2f}x fp32 for this model{'; cached' if cached else ''}"
+        + ("" if dtype else f"; bf16 needs {BF16_MIN_SPEEDUP:.2f}x"),
+    )
 
 
 # ---------------------------------------------------------------- the choices

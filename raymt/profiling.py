@@ -65,8 +65,10 @@ class StepProfiler:
 def report(prof: torch.profiler.profile, num_steps: int, wall_s: float) -> str:
     """The step's parts (ms per step, share of wall time) and the top operators by self time."""
     events = {e.key: e for e in prof.key_averages()}
-    lines = [f"{num_steps} steps, {1000 * wall_s / max(num_steps, 1):.1f} ms per step (wall)",
-             f"{'part':18s} {'ms/step':>9s} {'share':>7s}"]
+    lines = [
+        f"{num_steps} steps, {1000 * wall_s / max(num_steps, 1):.1f} ms per step (wall)",
+        f"{'part':18s} {'ms/step':>9s} {'share':>7s}",
+    ]
     for name in PARTS:
         if name in events:
             ms = events[name].cpu_time_total / 1000 / max(num_steps, 1)

@@ -65,14 +65,18 @@ def filesystem(location: str | Path) -> tuple[pafs.FileSystem, str]:
     """The pyarrow filesystem and its path of a local path or URI."""
     location = str(location)
     if location.startswith(("http://", "https://")):
-        raise InputError(f"{location}: http(s) inputs are not read directly; download the file first, "
-                         "or use --dataset NAME for a known public corpus")
+        raise InputError(
+            f"{location}: http(s) inputs are not read directly; download the file first, "
+            "or use --dataset NAME for a known public corpus"
+        )
     if is_uri(location):
         try:
             return pafs.FileSystem.from_uri(location)
         except (pa.ArrowException, OSError, ValueError) as err:
-            raise InputError(f"{location}: cannot open this URI ({first_line(err)}); use a local path "
-                             "or an s3://, gs://, hdfs:// or file:// URI") from None
+            raise InputError(
+                f"{location}: cannot open this URI ({first_line(err)}); use a local path "
+                "or an s3://, gs://, hdfs:// or file:// URI"
+            ) from None
     return pafs.LocalFileSystem(), normalize(location)
 
 
@@ -119,16 +123,18 @@ def upload_dir(local: str | Path, location: str | Path) -> None:
     """Copy every file under a local directory to `location` (existing files are replaced)."""
     fs, path = filesystem(location)
     if any(Path(local).iterdir()):
-        pafs.copy_files(str(Path(local).resolve()), path, source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=fs)
+        pafs.copy_files(
+            str(Path(local).resolve()), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs
+        )
 
 
 def download_dir(location: str | Path, local: str | Path) -> None:
     """Copy every file under `location` into a local directory."""
     fs, path = filesystem(location)
     Path(local).mkdir(parents=True, exist_ok=True)
-    pafs.copy_files(path, str(Path(local).resolve()), source_filesystem=fs,
-                    destination_filesystem=pafs.LocalFileSystem())
+    pafs.copy_files(
+        path, str(Path(local).resolve()), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem()
+    )
 
 
 def cache_root() -> Path:

@@ -33,8 +33,9 @@ class Tokenizer:
         """Load a `.model` file written by `save`."""
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"SentencePiece model {path} does not exist; "
-                             "point to the run's spm.model or a checkpoint directory")
+            raise ValueError(
+                f"SentencePiece model {path} does not exist; point to the run's spm.model or a checkpoint directory"
+            )
         try:
             return cls(path.read_bytes())
         except RuntimeError as err:
@@ -68,8 +69,14 @@ class Tokenizer:
         return self.sp.decode(out)
 
 
-def train_tokenizer(sentences: Iterable[str], vocab_size: int, model_type: str = "unigram",
-                    sample_size: int = 200_000, seed: int = 1, num_threads: int = 1) -> Tokenizer:
+def train_tokenizer(
+    sentences: Iterable[str],
+    vocab_size: int,
+    model_type: str = "unigram",
+    sample_size: int = 200_000,
+    seed: int = 1,
+    num_threads: int = 1,
+) -> Tokenizer:
     """Train a joint SentencePiece model on a reservoir sample of at most `sample_size` lines,
     with `num_threads` threads (the caller knows the machine: raymt.cluster.machine_cpus)."""
     rng = random.Random(seed)
@@ -85,8 +92,17 @@ def train_tokenizer(sentences: Iterable[str], vocab_size: int, model_type: str =
         raise ValueError("cannot train a tokenizer on an empty corpus")
     buffer = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sample), model_writer=buffer, vocab_size=vocab_size,
-        model_type=model_type, character_coverage=1.0, pad_id=PAD_ID, unk_id=UNK_ID,
-        bos_id=BOS_ID, eos_id=EOS_ID, hard_vocab_limit=False, num_threads=num_threads,
-        minloglevel=2)
+        sentence_iterator=iter(sample),
+        model_writer=buffer,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=1.0,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        hard_vocab_limit=False,
+        num_threads=num_threads,
+        minloglevel=2,
+    )
     return Tokenizer(buffer.getvalue())

@@ -15,11 +15,19 @@ from typing import Callable, Optional
 
 from raymt import storage
 from raymt.average import describe_checkpoint
-from raymt.checkpoint import (MODEL_FILE, RAY_SNAPSHOT_FILE, SAFETENSORS_FILE, SPM_FILE, load_config,
-                              load_model)
+from raymt.checkpoint import MODEL_FILE, RAY_SNAPSHOT_FILE, SAFETENSORS_FILE, SPM_FILE, load_config, load_model
 from raymt.cluster import Plan, RayCluster, init_ray, plan, release_request, train_logging
-from raymt.config import (SCHEDULE_FIELDS, Config, apply_overrides, device_defaults, flatten, load_file,
-                          parse_set_args, preset, schedule_line)
+from raymt.config import (
+    SCHEDULE_FIELDS,
+    Config,
+    apply_overrides,
+    device_defaults,
+    flatten,
+    load_file,
+    parse_set_args,
+    preset,
+    schedule_line,
+)
 from raymt.data import builtin, text
 from raymt.data import format as corpus_format
 from raymt.decoding import translate
@@ -37,18 +45,35 @@ def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--preset", help="model preset: tiny, mini, small, base, big (default mini)")
     p.add_argument("--config", help="JSON or TOML file with sections model/data/optim/train")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override any config field, e.g. --set optim.lr=5e-4 (repeatable)")
-    flag_fields = {"num_workers": "train.num_workers", "max_steps": "train.max_steps",
-                   "epochs": "train.epochs", "max_minutes": "train.max_minutes", "src_lang": "data.src_lang",
-                   "tgt_lang": "data.tgt_lang", "corpus": "data.corpus", "train": "data.train",
-                   "valid": "data.valid", "test": "data.test", "storage_path": "train.storage_path",
-                   "name": "train.name"}
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override any config field, e.g. --set optim.lr=5e-4 (repeatable)",
+    )
+    flag_fields = {
+        "num_workers": "train.num_workers",
+        "max_steps": "train.max_steps",
+        "epochs": "train.epochs",
+        "max_minutes": "train.max_minutes",
+        "src_lang": "data.src_lang",
+        "tgt_lang": "data.tgt_lang",
+        "corpus": "data.corpus",
+        "train": "data.train",
+        "valid": "data.valid",
+        "test": "data.test",
+        "storage_path": "train.storage_path",
+        "name": "train.name",
+    }
     for flag, field in flag_fields.items():
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"sets {field}")
     p.add_argument("--gpu", action="store_true", help="one GPU per worker (sets train.use_gpu)")
-    p.add_argument("--verbose", action="store_true",
-                   help="also print Ray's own INFO lines and internal messages (else in Ray's log files)")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print Ray's own INFO lines and internal messages (else in Ray's log files)",
+    )
     p.set_defaults(flag_fields=flag_fields)
     return p
 
@@ -56,13 +81,21 @@ def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags of `python -m raymt.train`."""
     p = flag_parser("python -m raymt.train", __doc__)
-    p.add_argument("--resume", help="a run directory to continue, or a checkpoint to start from "
-                                    "(local paths or URIs such as s3://bucket/runs/NAME)")
+    p.add_argument(
+        "--resume",
+        help="a run directory to continue, or a checkpoint to start from "
+        "(local paths or URIs such as s3://bucket/runs/NAME)",
+    )
     return p.parse_args(argv)
 
 
-def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_run: bool = True,
-                 cluster_gpus: Optional[Callable[[], int]] = None, from_checkpoint: bool = False) -> Config:
+def build_config(
+    args: argparse.Namespace,
+    base: Optional[Config] = None,
+    new_run: bool = True,
+    cluster_gpus: Optional[Callable[[], int]] = None,
+    from_checkpoint: bool = False,
+) -> Config:
     """Defaults < device defaults < preset < config file < flags < --set, validated field by field.
 
     A new run on a GPU (or compiled) gets `device_defaults` for the fields the config file,
@@ -76,8 +109,7 @@ def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_ru
         cfg = apply_overrides(cfg, {f"model.{k}": v for k, v in preset(args.preset).__dict__.items()})
     given = flatten(load_file(args.config)) if args.config else {}
     cfg = apply_overrides(cfg, given)
-    flags = {field: getattr(args, flag) for flag, field in args.flag_fields.items()
-             if getattr(args, flag) is not None}
+    flags = {field: getattr(args, flag) for flag, field in args.flag_fields.items() if getattr(args, flag) is not None}
     if args.gpu:
         flags["train.use_gpu"] = True
     given = {**given, **flags, **parse_set_args(args.set)}
@@ -88,8 +120,10 @@ def build_config(args: argparse.Namespace, base: Optional[Config] = None, new_ru
     if cfg.train.use_gpu and "train.num_workers" not in given and cluster_gpus is not None:
         num_gpus = cluster_gpus()
         if num_gpus < 1:
-            raise ValueError("--gpu: the cluster has no GPU now; pass --num-workers N (an autoscaling "
-                             "cluster then adds GPU nodes for N workers) or drop --gpu")
+            raise ValueError(
+                "--gpu: the cluster has no GPU now; pass --num-workers N (an autoscaling "
+                "cluster then adds GPU nodes for N workers) or drop --gpu"
+            )
     kept = set(SCHEDULE_FIELDS) if from_checkpoint else set()
     return apply_overrides(cfg, device_defaults(cfg, set(given) | kept, num_gpus))
 
@@ -100,20 +134,31 @@ def count_cluster_gpus(verbose: bool = False) -> int:
     return int(RayCluster().resources().get("GPU", 0))
 
 
-def resolve_resume(args: argparse.Namespace, cluster_gpus: Optional[Callable[[], int]] = None,
-                   ) -> tuple[Config, Optional[str], Optional[str]]:
+def resolve_resume(
+    args: argparse.Namespace,
+    cluster_gpus: Optional[Callable[[], int]] = None,
+) -> tuple[Config, Optional[str], Optional[str]]:
     """(config, run directory to continue, checkpoint to initialize from); locations are
     absolute local paths or URIs. `cluster_gpus` as in `build_config`."""
     if not args.resume:
         return build_config(args, cluster_gpus=cluster_gpus), None, None
     location = storage.normalize(args.resume)
     if any(storage.exists(storage.join(location, f)) for f in (MODEL_FILE, SAFETENSORS_FILE)):
-        return build_config(args, load_config(location)[0], cluster_gpus=cluster_gpus,  # new run from weights
-                            from_checkpoint=True), None, location
+        return (
+            build_config(
+                args,
+                load_config(location)[0],
+                cluster_gpus=cluster_gpus,  # new run from weights
+                from_checkpoint=True,
+            ),
+            None,
+            location,
+        )
     saved = storage.optional_bytes(storage.join(location, RUN_CONFIG))
     if saved is None:
-        raise ValueError(f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) "
-                         f"nor a checkpoint (no {MODEL_FILE})")
+        raise ValueError(
+            f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) nor a checkpoint (no {MODEL_FILE})"
+        )
     check_resumable(location)
     cfg = build_config(args, Config.from_dict(json.loads(saved)), new_run=False)
     parent, name = storage.split(location)
@@ -138,9 +183,11 @@ def check_resumable(run_dir: str) -> None:
     found = [n for n in storage.listdir(run_dir) if n.startswith("checkpoint_")]
     if last is not None or found:
         trained = f"logged step {last}" if last is not None else f"has {len(found)} checkpoint_* directories"
-        raise ValueError(f"--resume {run_dir}: the run {trained} but Ray Train registered no checkpoint "
-                         f"there (no {RAY_SNAPSHOT_FILE} listing one), so it would start again at step 0; "
-                         "pass one of its checkpoint_* directories to --resume, or start a new run")
+        raise ValueError(
+            f"--resume {run_dir}: the run {trained} but Ray Train registered no checkpoint "
+            f"there (no {RAY_SNAPSHOT_FILE} listing one), so it would start again at step 0; "
+            "pass one of its checkpoint_* directories to --resume, or start a new run"
+        )
 
 
 CORPUS_DIR = "corpus"
@@ -156,24 +203,31 @@ class RunData:
     sources: Optional[list] = None  # inputs still to prepare into `corpus`
 
 
-def plan_data(cfg: Config, run_dir: str | Path, resume_dir: Optional[str],
-              init_checkpoint: Optional[str | Path]) -> tuple[Config, RunData]:
+def plan_data(
+    cfg: Config, run_dir: str | Path, resume_dir: Optional[str], init_checkpoint: Optional[str | Path]
+) -> tuple[Config, RunData]:
     """Check every input and read the small sets; nothing here needs Ray."""
     from raymt.data import prepare
 
     known = _known_tokenizer(resume_dir, init_checkpoint)
     if cfg.data.corpus is not None:
         manifest = corpus_format.read_manifest(cfg.data.corpus)
-        cfg = apply_overrides(cfg, {"data.src_lang": manifest["src_lang"],
-                                    "data.tgt_lang": manifest["tgt_lang"]})
+        cfg = apply_overrides(cfg, {"data.src_lang": manifest["src_lang"], "data.tgt_lang": manifest["tgt_lang"]})
         tokenizer = corpus_format.load_tokenizer(cfg.data.corpus, manifest)
         if known is not None and known.model_proto != tokenizer.model_proto:
-            raise ValueError(f"{init_checkpoint or resume_dir} has a different SentencePiece model "
-                             f"than the corpus {cfg.data.corpus}: prepare the corpus with that "
-                             "model, or train from scratch")
+            raise ValueError(
+                f"{init_checkpoint or resume_dir} has a different SentencePiece model "
+                f"than the corpus {cfg.data.corpus}: prepare the corpus with that "
+                "model, or train from scratch"
+            )
         tests = sorted(manifest["splits"].get("test", {}))
-        eval_sets = {"valid": (text.read_parallel(cfg.data.valid, cfg.data.src_lang, cfg.data.tgt_lang)
-                               if cfg.data.valid else corpus_format.eval_pairs(cfg.data.corpus, manifest, "valid"))}
+        eval_sets = {
+            "valid": (
+                text.read_parallel(cfg.data.valid, cfg.data.src_lang, cfg.data.tgt_lang)
+                if cfg.data.valid
+                else corpus_format.eval_pairs(cfg.data.corpus, manifest, "valid")
+            )
+        }
         if cfg.data.test:
             eval_sets["test"] = text.read_parallel(cfg.data.test, cfg.data.src_lang, cfg.data.tgt_lang)
         elif tests:
@@ -181,8 +235,13 @@ def plan_data(cfg: Config, run_dir: str | Path, resume_dir: Optional[str],
         return cfg, RunData(cfg.data.corpus, eval_sets, tokenizer)
     corpus_dir = storage.join(run_dir, CORPUS_DIR)  # on the run's storage: every node reads it
     if cfg.data.train is None:
-        splits = builtin.builtin_splits(cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.builtin_train_size,
-                                       cfg.data.builtin_eval_size, cfg.train.seed)
+        splits = builtin.builtin_splits(
+            cfg.data.src_lang,
+            cfg.data.tgt_lang,
+            cfg.data.builtin_train_size,
+            cfg.data.builtin_eval_size,
+            cfg.train.seed,
+        )
         sources = [prepare.Source(kind="pairs", pairs=splits.pop("train"))]
     else:
         paths = tuple(str(text.resolve(cfg.data.train, lang)) for lang in (cfg.data.src_lang, cfg.data.tgt_lang))
@@ -212,24 +271,27 @@ def materialize(cfg: Config, run_data: RunData) -> tuple[list[tuple[str, int]], 
     if run_data.sources is not None:
         options = run_prepare_config(cfg)
         valid = [prepare.Source(kind="pairs", pairs=run_data.eval_sets["valid"])]
-        prepare.prepare_corpus(options, run_data.corpus, run_data.sources, valid,
-                               tokenizer=run_data.tokenizer)
+        prepare.prepare_corpus(options, run_data.corpus, run_data.sources, valid, tokenizer=run_data.tokenizer)
     manifest = corpus_format.read_manifest(run_data.corpus)
     return corpus_format.train_files(run_data.corpus, manifest), corpus_format.load_tokenizer(run_data.corpus, manifest)
 
 
-SHAPE_FIELDS = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers",
-                "pre_norm", "activation")
+SHAPE_FIELDS = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers", "pre_norm", "activation")
 
 
 def check_shape(cfg: Config, checkpoint: str | Path) -> None:
     """A one-line error when the starting checkpoint's model differs in shape from the config's."""
     saved, _ = load_config(checkpoint)
-    diff = [f"model.{f} {getattr(saved.model, f)} there, {getattr(cfg.model, f)} here"
-            for f in SHAPE_FIELDS if getattr(saved.model, f) != getattr(cfg.model, f)]
+    diff = [
+        f"model.{f} {getattr(saved.model, f)} there, {getattr(cfg.model, f)} here"
+        for f in SHAPE_FIELDS
+        if getattr(saved.model, f) != getattr(cfg.model, f)
+    ]
     if diff:
-        raise ValueError(f"{checkpoint} holds a model of another shape ({'; '.join(diff)}): drop "
-                         "--preset / --set model.* to start from it, or train from scratch")
+        raise ValueError(
+            f"{checkpoint} holds a model of another shape ({'; '.join(diff)}): drop "
+            "--preset / --set model.* to start from it, or train from scratch"
+        )
 
 
 def check_writable(run_dir: str) -> None:
@@ -245,8 +307,9 @@ def check_writable(run_dir: str) -> None:
             raise NotADirectoryError(f"{existing} is a file, not a directory")
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as err:
-        raise ValueError(f"cannot write the run directory {directory} ({err.strerror or err}): "
-                         "pass a writable --storage-path") from None
+        raise ValueError(
+            f"cannot write the run directory {directory} ({err.strerror or err}): pass a writable --storage-path"
+        ) from None
 
 
 def write_run_files(cfg: Config, run_dir: str, tokenizer: Tokenizer) -> None:
@@ -265,14 +328,27 @@ def scaling(cfg: Config) -> Plan:
     grow = cfg.train.autoscale_timeout_s  # an autoscaling cluster gets time to grow
     if cfg.train.min_workers is None:
         return plan(cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker, grow_timeout_s=grow)
-    return plan(cfg.train.min_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker or 1.0,
-                what=f"train.min_workers={cfg.train.min_workers}", fix="lower train.min_workers",
-                grow_timeout_s=grow)
+    return plan(
+        cfg.train.min_workers,
+        cfg.train.use_gpu,
+        cfg.train.cpus_per_worker or 1.0,
+        what=f"train.min_workers={cfg.train.min_workers}",
+        fix="lower train.min_workers",
+        grow_timeout_s=grow,
+    )
 
 
-def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
-        init_checkpoint: Optional[str | Path], log_dir: Optional[str] = None,
-        callbacks: Optional[list] = None, init_full_state: bool = False, verbose: bool = False):
+def fit(
+    cfg: Config,
+    train_files: list,
+    valid: text.Pairs,
+    tokenizer: Tokenizer,
+    init_checkpoint: Optional[str | Path],
+    log_dir: Optional[str] = None,
+    callbacks: Optional[list] = None,
+    init_full_state: bool = False,
+    verbose: bool = False,
+):
     """Run the TorchTrainer; returns Ray's Result.
 
     Workers read their own slices of `train_files` (raymt.data.stream), so no
@@ -284,31 +360,43 @@ def fit(cfg: Config, train_files: list, valid: text.Pairs, tokenizer: Tokenizer,
     from raymt.worker import train_loop_per_worker
 
     workers = scaling(cfg)
-    num_workers = cfg.train.num_workers if cfg.train.min_workers is None else (
-        cfg.train.min_workers, cfg.train.num_workers)
+    num_workers = (
+        cfg.train.num_workers if cfg.train.min_workers is None else (cfg.train.min_workers, cfg.train.num_workers)
+    )
     # The resolved filesystem travels to every worker with its endpoint (raymt.storage).
     storage_fs, storage_fs_path = storage.filesystem(cfg.train.storage_path)
     valid_rows = corpus_format.eval_rows(valid, tokenizer, cfg.model.max_positions)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
-            "config": cfg.to_dict(), "spm_model": tokenizer.model_proto,
-            "num_threads": workers.num_threads, "train_files": train_files,
+            "config": cfg.to_dict(),
+            "spm_model": tokenizer.model_proto,
+            "num_threads": workers.num_threads,
+            "train_files": train_files,
             "valid": {"rows": valid_rows, "refs": valid[1]},
             "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
             "init_full_state": init_full_state,
-            "log_dir": log_dir},
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=cfg.train.use_gpu,
-                                     resources_per_worker=workers.resources(),
-                                     elastic_resize_monitor_interval_s=cfg.train.resize_interval_s),
+            "log_dir": log_dir,
+        },
+        scaling_config=ScalingConfig(
+            num_workers=num_workers,
+            use_gpu=cfg.train.use_gpu,
+            resources_per_worker=workers.resources(),
+            elastic_resize_monitor_interval_s=cfg.train.resize_interval_s,
+        ),
         torch_config=TorchConfig(backend="nccl" if cfg.train.use_gpu else "gloo"),
         run_config=RunConfig(
-            name=cfg.train.name, storage_path=storage_fs_path, storage_filesystem=storage_fs,
-            checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.num_to_keep,
-                                               checkpoint_score_attribute="valid_bleu",
-                                               checkpoint_score_order="max"),
+            name=cfg.train.name,
+            storage_path=storage_fs_path,
+            storage_filesystem=storage_fs,
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=cfg.train.num_to_keep, checkpoint_score_attribute="valid_bleu", checkpoint_score_order="max"
+            ),
             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
-            callbacks=callbacks, logging_config=train_logging(verbose)))
+            callbacks=callbacks,
+            logging_config=train_logging(verbose),
+        ),
+    )
     return trainer.fit()
 
 
@@ -339,17 +427,24 @@ def cluster_test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, 
     from raymt.evaluate import translate_on_cluster
 
     num_actors = max(1, min(cfg.train.num_workers, int(RayCluster().resources().get("GPU", 0))))
-    [scored] = translate_on_cluster(shown, [pairs[0]], cfg.decode, num_actors=num_actors,
-                                    batch_size=cfg.data.eval_batch_size, use_gpu=True)
+    [scored] = translate_on_cluster(
+        shown, [pairs[0]], cfg.decode, num_actors=num_actors, batch_size=cfg.data.eval_batch_size, use_gpu=True
+    )
     return _test_summary([hyp for _, hyp in scored], pairs, cfg, checkpoint, shown)
 
 
-def _test_summary(hyps: list[str], pairs: text.Pairs, cfg: Config, checkpoint: str | Path,
-                  shown: Optional[str]) -> dict:
+def _test_summary(
+    hyps: list[str], pairs: text.Pairs, cfg: Config, checkpoint: str | Path, shown: Optional[str]
+) -> dict:
     """The test set's scores, which checkpoint (`shown`) and how it was decoded."""
     scores = score(hyps, pairs[1], extra=True, lang=cfg.data.tgt_lang)
-    return {**scores, "checkpoint": describe_checkpoint(checkpoint, shown), "num_sentences": len(pairs[0]),
-            "beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty}
+    return {
+        **scores,
+        "checkpoint": describe_checkpoint(checkpoint, shown),
+        "num_sentences": len(pairs[0]),
+        "beam": cfg.decode.beam,
+        "length_penalty": cfg.decode.length_penalty,
+    }
 
 
 def score_test_set(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: str) -> dict:
@@ -362,8 +457,7 @@ def score_test_set(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown
 
 def finalize(cfg: Config) -> Config:
     """Give the run a name and an absolute storage path (URIs such as s3:// stay as they are)."""
-    name = cfg.train.name or (f"raymt-{cfg.data.src_lang}-{cfg.data.tgt_lang}-"
-                              f"{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    name = cfg.train.name or (f"raymt-{cfg.data.src_lang}-{cfg.data.tgt_lang}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     storage = cfg.train.storage_path
     if "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())
@@ -375,9 +469,15 @@ def run_location(cfg: Config) -> str:
     return storage.join(cfg.train.storage_path, cfg.train.name)
 
 
-def run(cfg: Config, resume_dir: Optional[str] = None, init_checkpoint: Optional[str | Path] = None,
-        callbacks: Optional[list] = None, score_test: bool = True,
-        init_full_state: bool = False, verbose: bool = False) -> dict:
+def run(
+    cfg: Config,
+    resume_dir: Optional[str] = None,
+    init_checkpoint: Optional[str | Path] = None,
+    callbacks: Optional[list] = None,
+    score_test: bool = True,
+    init_full_state: bool = False,
+    verbose: bool = False,
+) -> dict:
     """Train with Ray Train, score the best checkpoint on the test set, return the summary.
 
     `init_checkpoint` starts a new run from a checkpoint's weights, or with `init_full_state`
@@ -397,21 +497,32 @@ def run(cfg: Config, resume_dir: Optional[str] = None, init_checkpoint: Optional
     try:
         train_files, tokenizer = materialize(cfg, run_data)
         write_run_files(cfg, run_dir, tokenizer)
-        result = fit(cfg, train_files, run_data.eval_sets["valid"], tokenizer, init_checkpoint,
-                     storage.join(run_dir, "logs"), callbacks, init_full_state, verbose)
+        result = fit(
+            cfg,
+            train_files,
+            run_data.eval_sets["valid"],
+            tokenizer,
+            init_checkpoint,
+            storage.join(run_dir, "logs"),
+            callbacks,
+            init_full_state,
+            verbose,
+        )
     finally:
         release_request()  # nodes the plan asked for may go when idle
     best = best_checkpoint(result)
     metrics_csv = storage.join(run_dir, METRICS_CSV)
-    summary = {"run_dir": run_dir, "best_checkpoint": storage.join(run_dir, Path(best.path).name),
-               "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
-               "start_step": _first_step(storage.optional_bytes(metrics_csv)),
-               "metrics_csv": metrics_csv,
-               "valid": {k: v for k, v in result.metrics.items() if k.startswith("valid_")}}
+    summary = {
+        "run_dir": run_dir,
+        "best_checkpoint": storage.join(run_dir, Path(best.path).name),
+        "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
+        "start_step": _first_step(storage.optional_bytes(metrics_csv)),
+        "metrics_csv": metrics_csv,
+        "valid": {k: v for k, v in result.metrics.items() if k.startswith("valid_")},
+    }
     if score_test and "test" in run_data.eval_sets:
         with best.as_directory() as directory:  # downloads from remote storage if needed
-            summary["test"] = score_test_set(directory, run_data.eval_sets["test"], cfg,
-                                             summary["best_checkpoint"])
+            summary["test"] = score_test_set(directory, run_data.eval_sets["test"], cfg, summary["best_checkpoint"])
     summary["wall_time_s"] = round(time.time() - t0, 1)
     # Plots and summary.json are made in a local mirror of the run directory (itself when local).
     files = storage.MirroredDir(run_dir, fetch=(METRICS_CSV,))
@@ -469,12 +580,11 @@ def print_summary(summary: dict) -> None:
     print("\n=== raymt training finished ===")
     if "test" in summary:
         t = summary["test"]
-        print("\n".join(score_lines("test", t, t["checkpoint"], t["beam"], t["length_penalty"],
-                                     t["num_sentences"])))
+        print("\n".join(score_lines("test", t, t["checkpoint"], t["beam"], t["length_penalty"], t["num_sentences"])))
     print(f"metrics: {summary['metrics_csv']} (TensorBoard: tensorboard --logdir {summary['run_dir']}/logs)")
     print(f"best checkpoint: {summary['best_checkpoint']}")
     print(f"wall time: {summary['wall_time_s'] / 60:.1f} min")
-    print(f"translate: python -m raymt.translate --checkpoint {summary['best_checkpoint']} \"...\"")
+    print(f'translate: python -m raymt.translate --checkpoint {summary["best_checkpoint"]} "..."')
 
 
 if __name__ == "__main__":

@@ -90,9 +90,15 @@ def compile_model(model: torch.nn.Module, backend: str | Callable = "inductor") 
 # ---------------------------------------------------------------- state
 
 
-def restore_training(model: torch.nn.Module, cfg: Config, weights: Optional[dict],
-                     train_state: Optional[dict], place: Callable[[torch.nn.Module], torch.nn.Module],
-                     reset_lr: bool = False, scaler: Optional[torch.amp.GradScaler] = None):
+def restore_training(
+    model: torch.nn.Module,
+    cfg: Config,
+    weights: Optional[dict],
+    train_state: Optional[dict],
+    place: Callable[[torch.nn.Module], torch.nn.Module],
+    reset_lr: bool = False,
+    scaler: Optional[torch.amp.GradScaler] = None,
+):
     """Load weights, put the model on its device (`place`), then build and restore the optimizer
     (and fp16's loss `scaler`, where the run has one and the checkpoint saved one).
 
@@ -108,8 +114,10 @@ def restore_training(model: torch.nn.Module, cfg: Config, weights: Optional[dict
     scheduler = inverse_sqrt(optimizer, cfg.optim.warmup_steps)
     if train_state is not None:
         saved = dict(train_state["optimizer"])  # kernels of this optimizer, not the saving one's
-        saved["param_groups"] = [{**g, "fused": optimizer.defaults["fused"], "foreach": optimizer.defaults["foreach"]}
-                                 for g in saved["param_groups"]]
+        saved["param_groups"] = [
+            {**g, "fused": optimizer.defaults["fused"], "foreach": optimizer.defaults["foreach"]}
+            for g in saved["param_groups"]
+        ]
         optimizer.load_state_dict(saved)  # moves the state to each parameter's device
         scheduler.load_state_dict(train_state["scheduler"])
         if scaler is not None and train_state.get("grad_scaler"):  # none: saved by a bf16/fp32 run
@@ -163,9 +171,14 @@ class Update(NamedTuple):
     mark: Any  # what `mark()` returned right after this worker's batches were read
 
 
-def lockstep(batches: Iterable[Batch], update_freq: int, device: torch.device,
-             collective: Collective = SINGLE, late: Callable[[], bool] = lambda: False,
-             mark: Callable[[], Any] = lambda: None) -> Iterator[Update]:
+def lockstep(
+    batches: Iterable[Batch],
+    update_freq: int,
+    device: torch.device,
+    collective: Collective = SINGLE,
+    late: Callable[[], bool] = lambda: False,
+    mark: Callable[[], Any] = lambda: None,
+) -> Iterator[Update]:
     """Group micro-batches per update and keep every worker in step.
 
     Yields an `Update` until every worker has run out; a worker that ran out early yields an
@@ -177,8 +190,7 @@ def lockstep(batches: Iterable[Batch], update_freq: int, device: torch.device,
 
     def read() -> tuple[list[Batch], Any, Any]:
         group = list(itertools.islice(it, update_freq))
-        counts = torch.tensor([len(group) > 0, sum(b.num_tokens for b in group), late()],
-                              dtype=torch.float64)
+        counts = torch.tensor([len(group) > 0, sum(b.num_tokens for b in group), late()], dtype=torch.float64)
         return group, mark(), collective.all_reduce_sum_async(counts)
 
     group, tag, pending = read()
@@ -210,10 +222,16 @@ def _dummy_batch(device: torch.device, data: DataConfig) -> Batch:
     return padding_rows(rows, width, width).to(device)
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: list[Batch],
-               global_tokens: int, cfg: Config, autocast=contextlib.nullcontext,
-               world_size: int = 1, scaler: Optional[torch.amp.GradScaler] = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    group: list[Batch],
+    global_tokens: int,
+    cfg: Config,
+    autocast=contextlib.nullcontext,
+    world_size: int = 1,
+    scaler: Optional[torch.amp.GradScaler] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One update on the mean loss over every target token of the global batch.
 
     DDP averages gradients over workers, so each worker scales its summed loss by
@@ -268,14 +286,24 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: 
 def collate_eval(rows: list[dict]) -> dict[str, torch.Tensor]:
     """Validation rows -> padded tensors plus each row's corpus index."""
     batch = collate([r["src_ids"] for r in rows], [r["tgt_ids"] for r in rows])
-    return {"index": torch.tensor([r["index"] for r in rows]), "src": batch.src,
-            "tgt_in": batch.tgt_in, "tgt_out": batch.tgt_out}
+    return {
+        "index": torch.tensor([r["index"] for r in rows]),
+        "src": batch.src,
+        "tgt_in": batch.tgt_in,
+        "tgt_out": batch.tgt_out,
+    }
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: Iterable[dict], tokenizer: Tokenizer, refs: list[str],
-             opts: DecodeOptions, collective: Collective = SINGLE,
-             autocast: Callable[[], Any] = contextlib.nullcontext) -> dict:
+def evaluate(
+    model: torch.nn.Module,
+    loader: Iterable[dict],
+    tokenizer: Tokenizer,
+    refs: list[str],
+    opts: DecodeOptions,
+    collective: Collective = SINGLE,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+) -> dict:
     """Loss, BLEU and chrF (with signatures) of every worker's share, each row counted once;
     forward passes and decoding under `autocast` (training's precision)."""
     net = unwrap(model)
@@ -294,10 +322,13 @@ def evaluate(model: torch.nn.Module, loader: Iterable[dict], tokenizer: Tokenize
     assert len(merged) == len(refs), f"scored {len(merged)} of {len(refs)} rows"
     ordered = [merged[i] for i in range(len(refs))]
     scores = score([r[3] for r in ordered], refs)
-    return {"valid_loss": sum(r[1] for r in ordered) / sum(r[2] for r in ordered),
-            "valid_bleu": scores["bleu"], "valid_chrf": scores["chrf"],
-            "valid_bleu_signature": scores["bleu_signature"],
-            "valid_chrf_signature": scores["chrf_signature"]}
+    return {
+        "valid_loss": sum(r[1] for r in ordered) / sum(r[2] for r in ordered),
+        "valid_bleu": scores["bleu"],
+        "valid_chrf": scores["chrf"],
+        "valid_bleu_signature": scores["bleu_signature"],
+        "valid_chrf_signature": scores["chrf_signature"],
+    }
 
 
 # ---------------------------------------------------------------- progress
@@ -306,8 +337,9 @@ def evaluate(model: torch.nn.Module, loader: Iterable[dict], tokenizer: Tokenize
 class Progress:
     """The interval's loss and skipped updates, kept on the device; rank 0's progress lines."""
 
-    def __init__(self, cfg: Config, start_step: int, device: torch.device,
-                 collective: Collective = SINGLE, is_rank0: bool = True):
+    def __init__(
+        self, cfg: Config, start_step: int, device: torch.device, collective: Collective = SINGLE, is_rank0: bool = True
+    ):
         self.cfg, self.start_step, self.collective, self.is_rank0 = cfg, start_step, collective, is_rank0
         self.t0 = self.t_last = time.perf_counter()
         self.tokens = 0  # global target tokens of this interval's updates (host)
@@ -323,8 +355,9 @@ class Progress:
         """Add one update's summed loss (this worker), applied flag and global token count."""
         self.tokens += num_tokens
         self.run = (self.run + 1) * (1 - applied)
-        step = torch.stack([torch.where(applied > 0, loss, 0.0), applied * num_tokens, 1 - applied,
-                            torch.zeros_like(applied)]).double()
+        step = torch.stack(
+            [torch.where(applied > 0, loss, 0.0), applied * num_tokens, 1 - applied, torch.zeros_like(applied)]
+        ).double()
         self.sums += step
         torch.maximum(self.sums[3], self.run, out=self.sums[3])
 
@@ -338,20 +371,30 @@ class Progress:
         now = time.perf_counter()
         tokens_per_s = self.tokens / max(now - self.t_last, 1e-9)
         # No applied update since this attempt started (e.g. a PBT trial at max_steps): nan.
-        metrics = {"train_loss": loss / applied_tokens if applied_tokens else float("nan"), "lr": lr,
-                   "tokens_per_s": tokens_per_s, "skipped_steps": self.num_skipped,
-                   "nonfinite_in_a_row": int(worst_run)}
+        metrics = {
+            "train_loss": loss / applied_tokens if applied_tokens else float("nan"),
+            "lr": lr,
+            "tokens_per_s": tokens_per_s,
+            "skipped_steps": self.num_skipped,
+            "nonfinite_in_a_row": int(worst_run),
+        }
         if self.is_rank0:
             done = step - self.start_step
             eta = (now - self.t0) / max(done, 1) * (self.cfg.train.max_steps - step)
             if self.cfg.train.max_minutes:  # the time budget may end the run first
                 eta = max(0.0, min(eta, 60 * self.cfg.train.max_minutes - (now - self.t0)))
-            print(f"step {step}/{self.cfg.train.max_steps} | epoch {epoch + 1} | "
-                  f"loss {metrics['train_loss']:.3f} | lr {lr:.2e} | "
-                  f"{tokens_per_s / 1000:.1f}k tok/s | eta {eta / 60:.1f} min{self.note()}", flush=True)
+            print(
+                f"step {step}/{self.cfg.train.max_steps} | epoch {epoch + 1} | "
+                f"loss {metrics['train_loss']:.3f} | lr {lr:.2e} | "
+                f"{tokens_per_s / 1000:.1f}k tok/s | eta {eta / 60:.1f} min{self.note()}",
+                flush=True,
+            )
             if skipped:
-                print(f"steps {self.last_step + 1}-{step}: {int(skipped)} updates "
-                      f"skipped (non-finite loss or gradient; {self.num_skipped} in all)", flush=True)
+                print(
+                    f"steps {self.last_step + 1}-{step}: {int(skipped)} updates "
+                    f"skipped (non-finite loss or gradient; {self.num_skipped} in all)",
+                    flush=True,
+                )
         self.sums.zero_()
         self.sums[3] = self.run  # a run of skipped updates goes on into the next interval
         self.tokens = 0
@@ -370,10 +413,19 @@ class Trainer:
     `evaluate_and_report`; by itself it trains and logs in one process.
     """
 
-    def __init__(self, cfg: Config, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler, device: torch.device, step: int = 0, epoch: int = 0,
-                 collective: Collective = SINGLE, autocast=contextlib.nullcontext,
-                 scaler: Optional[torch.amp.GradScaler] = None):
+    def __init__(
+        self,
+        cfg: Config,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        device: torch.device,
+        step: int = 0,
+        epoch: int = 0,
+        collective: Collective = SINGLE,
+        autocast=contextlib.nullcontext,
+        scaler: Optional[torch.amp.GradScaler] = None,
+    ):
         self.cfg, self.model, self.optimizer, self.scheduler = cfg, model, optimizer, scheduler
         self.device, self.step, self.epoch, self.collective = device, step, epoch, collective
         self.autocast, self.scaler = autocast, scaler  # fp16's loss scaler, else None
@@ -389,11 +441,18 @@ class Trainer:
     def train_epoch(self, batches: Iterable[Batch], mark: Callable[[], Any] = lambda: None) -> bool:
         """Train on `batches` until they end; True when the run must stop (steps, time)."""
         cfg = self.cfg
-        for update in lockstep(batches, cfg.optim.update_freq, self.device, self.collective,
-                               self.late, mark):
+        for update in lockstep(batches, cfg.optim.update_freq, self.device, self.collective, self.late, mark):
             self.before_step(update)
-            loss, applied = train_step(self.model, self.optimizer, update.batches, update.num_tokens,
-                                       cfg, self.autocast, self.collective.world_size, self.scaler)
+            loss, applied = train_step(
+                self.model,
+                self.optimizer,
+                update.batches,
+                update.num_tokens,
+                cfg,
+                self.autocast,
+                self.collective.world_size,
+                self.scaler,
+            )
             self.progress.update(loss, applied, update.num_tokens)
             self.scheduler.step()
             self.step += 1
@@ -419,7 +478,8 @@ class Trainer:
             raise RuntimeError(
                 f"{metrics['nonfinite_in_a_row']} updates in a row had a non-finite loss or gradient "
                 f"(by step {self.step}); the last checkpoint is intact: lower optim.lr or raise "
-                "optim.warmup_steps, then continue with --resume")
+                "optim.warmup_steps, then continue with --resume"
+            )
         metrics["epoch"] = self.epoch
         return metrics
 

@@ -19,15 +19,20 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
     d = DecodeOptions()
     p = argparse.ArgumentParser(prog="python -m raymt.translate", description=__doc__)
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory (model.pt, config.json, spm.model), or its URI (s3://...)")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="checkpoint directory (model.pt, config.json, spm.model), or its URI (s3://...)",
+    )
     p.add_argument("text", nargs="*", help="sentences to translate; stdin (one per line) when none")
     p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
     p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
     p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
     p.add_argument("--max-len-b", type=int, default=d.max_len_b)
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
-    p.add_argument("--n-best", type=int, default=1,
-                   help="print the N best as 'i ||| hypothesis ||| score' lines (N <= beam)")
+    p.add_argument(
+        "--n-best", type=int, default=1, help="print the N best as 'i ||| hypothesis ||| score' lines (N <= beam)"
+    )
     p.add_argument("--sample", action="store_true", help="sample instead of searching (implies --beam 1)")
     p.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature")
     p.add_argument("--top-k", type=int, default=d.top_k, help="sample among the K most likely tokens (0 = all)")
@@ -43,9 +48,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if args.beam < 1:
             raise ValueError(f"--beam {args.beam} must be >= 1")
-        opts = DecodeOptions(beam=1 if args.sample else args.beam, length_penalty=args.length_penalty,
-                             max_len_a=args.max_len_a, max_len_b=args.max_len_b, sample=args.sample,
-                             temperature=args.temperature, top_k=args.top_k, seed=args.seed)  # validates
+        opts = DecodeOptions(
+            beam=1 if args.sample else args.beam,
+            length_penalty=args.length_penalty,
+            max_len_a=args.max_len_a,
+            max_len_b=args.max_len_b,
+            sample=args.sample,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+        )  # validates
         if not 1 <= args.n_best <= opts.beam:
             raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
         model, tokenizer, cfg = load_model(args.checkpoint, args.device)

@@ -13,29 +13,38 @@ from pathlib import Path
 from typing import Any, Optional
 
 from raymt import storage
-from raymt.config import Config, CorpusOptions, apply_overrides
 from raymt.cluster import _quiet_env, init_ray, plan
+from raymt.config import Config, CorpusOptions, apply_overrides
 from raymt.train import build_config, finalize, flag_parser, run_location
 
 SCHEDULERS = ("asha", "pbt", "fifo")
 SEARCHERS = ("random", "optuna")
 METRICS = {"valid_bleu": "max", "valid_chrf": "max", "valid_loss": "min"}
 # The sweep's defaults: short trials of the default model on the built-in corpus.
-DEFAULT_TRIAL = {"train.max_steps": 300, "train.eval_every": 100, "train.log_every": 50,
-                 "decode.beam": 1}
+DEFAULT_TRIAL = {"train.max_steps": 300, "train.eval_every": 100, "train.log_every": 50, "decode.beam": 1}
 DEFAULT_LRS = "optim.lr=5e-4,1e-3,2e-3,4e-3,1e-2"
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Training flags plus the sweep's own."""
     p = flag_parser("python -m raymt.tune", __doc__)
-    p.add_argument("--search", action="append", default=[], metavar="FIELD=DIST:ARGS",
-                   help="sample a field: loguniform:1e-4:3e-3, uniform:0:0.3, randint:1:4, "
-                        "choice:a,b,c (repeatable)")
-    p.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...",
-                   help="try every value of a field (repeatable); default: " + DEFAULT_LRS)
-    p.add_argument("--num-samples", type=int, default=1,
-                   help="samples of --search spaces (each repeats the whole grid)")
+    p.add_argument(
+        "--search",
+        action="append",
+        default=[],
+        metavar="FIELD=DIST:ARGS",
+        help="sample a field: loguniform:1e-4:3e-3, uniform:0:0.3, randint:1:4, choice:a,b,c (repeatable)",
+    )
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="FIELD=V1,V2,...",
+        help="try every value of a field (repeatable); default: " + DEFAULT_LRS,
+    )
+    p.add_argument(
+        "--num-samples", type=int, default=1, help="samples of --search spaces (each repeats the whole grid)"
+    )
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: what fits)")
     p.add_argument("--scheduler", default="asha", help=f"one of {', '.join(SCHEDULERS)}")
     p.add_argument("--searcher", default="random", help=f"one of {', '.join(SEARCHERS)}")
@@ -63,8 +72,16 @@ def _typed(key: str, raw: str) -> Any:
 
 # Fields of the corpus a sweep prepares once for all its trials (tune.shared_corpus).
 CORPUS_FIELDS = {f.name for f in dataclasses.fields(CorpusOptions)} | {
-    "vocab_size", "train", "valid", "test", "corpus", "src_lang", "tgt_lang", "builtin_train_size",
-    "builtin_eval_size"}
+    "vocab_size",
+    "train",
+    "valid",
+    "test",
+    "corpus",
+    "src_lang",
+    "tgt_lang",
+    "builtin_train_size",
+    "builtin_eval_size",
+}
 
 
 def parse_space(search: list[str], grid: list[str]) -> dict[str, Any]:
@@ -81,13 +98,16 @@ def parse_space(search: list[str], grid: list[str]) -> dict[str, Any]:
         key, sep, spec = item.partition("=")
         kind, _, args = spec.partition(":")
         if not sep or not args:
-            raise ValueError(f"--search {item!r} must look like section.field=DIST:ARGS, "
-                             "e.g. optim.lr=loguniform:1e-4:3e-3")
+            raise ValueError(
+                f"--search {item!r} must look like section.field=DIST:ARGS, e.g. optim.lr=loguniform:1e-4:3e-3"
+            )
         space[key] = _distribution(key, kind, args)
     shared = [key for key in space if key.split(".")[-1] in CORPUS_FIELDS and key.startswith("data.")]
     if shared:
-        raise ValueError(f"--search/--grid {', '.join(shared)}: a sweep prepares its corpus once for "
-                         "every trial; run one sweep per value with --set (e.g. --set data.vocab_size=N)")
+        raise ValueError(
+            f"--search/--grid {', '.join(shared)}: a sweep prepares its corpus once for "
+            "every trial; run one sweep per value with --set (e.g. --set data.vocab_size=N)"
+        )
     return space
 
 
@@ -129,8 +149,7 @@ def _distribution(key: str, kind: str, args: str):
         return tune.uniform(low, high)
     if kind == "randint":
         return tune.randint(int(low), int(high) + 1)
-    raise ValueError(f"--search {key}: unknown distribution {kind!r}; use loguniform, uniform, "
-                     "randint or choice")
+    raise ValueError(f"--search {key}: unknown distribution {kind!r}; use loguniform, uniform, randint or choice")
 
 
 class _Forward:
@@ -184,8 +203,12 @@ def run_trial(trial_config: dict) -> None:
     from raymt.train import run
 
     overrides = {k: v for k, v in trial_config.items() if k != "base"}
-    cfg = finalize(apply_overrides(Config.from_dict(trial_config["base"]), {
-        **overrides, "train.name": f"{tune.get_context().get_trial_id()}-{uuid.uuid4().hex[:6]}"}))
+    cfg = finalize(
+        apply_overrides(
+            Config.from_dict(trial_config["base"]),
+            {**overrides, "train.name": f"{tune.get_context().get_trial_id()}-{uuid.uuid4().hex[:6]}"},
+        )
+    )
     reports = Queue(actor_options={"num_cpus": 0})  # owned by this trial actor
     checkpoint = tune.get_checkpoint()
     init = handoff(checkpoint, cfg) if checkpoint else None
@@ -196,8 +219,9 @@ def run_trial(trial_config: dict) -> None:
         # the queue and the Train run, while this thread may still be here (a `put` of an end
         # marker then raised ActorDiedError on the console of a sweep that succeeded).
         try:
-            run(cfg, init_checkpoint=init, callbacks=[forward_callback(reports)],
-                score_test=False, init_full_state=True)
+            run(
+                cfg, init_checkpoint=init, callbacks=[forward_callback(reports)], score_test=False, init_full_state=True
+            )
         except BaseException as err:  # re-raised in the trial's own thread below
             outcome["error"] = err
 
@@ -261,8 +285,10 @@ class _Janitor:
                 continue
             since = self.idle_since.setdefault(group_id, now)
             if now - since > self.grace_s:
-                print(f"removing placement group {group_id}: left behind by a stopped trial, "
-                      f"unused for {now - since:.0f} s")
+                print(
+                    f"removing placement group {group_id}: left behind by a stopped trial, "
+                    f"unused for {now - since:.0f} s"
+                )
                 remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group_id)))
                 self.idle_since.pop(group_id)
 
@@ -277,8 +303,14 @@ def janitor():
 def trial_resources(cfg: Config) -> tuple[float, int]:
     """(CPUs per worker, trials that fit at once), or a one-line error if none fits."""
     n = cfg.train.num_workers
-    trial = plan(n, cfg.train.use_gpu, cfg.train.cpus_per_worker, whole_cpus=True,
-                 what=f"--num-workers {n}", fix="lower --num-workers")
+    trial = plan(
+        n,
+        cfg.train.use_gpu,
+        cfg.train.cpus_per_worker,
+        whole_cpus=True,
+        what=f"--num-workers {n}",
+        fix="lower --num-workers",
+    )
     return trial.cpus, trial.fits
 
 
@@ -289,15 +321,21 @@ def make_scheduler(name: str, cfg: Config, space: dict, num_trials: int):
 
     if name == "asha":
         grace_period, reduction_factor = asha_rungs(cfg.train.max_steps, cfg.train.eval_every, num_trials)
-        return ASHAScheduler(time_attr="step", max_t=cfg.train.max_steps,
-                             grace_period=grace_period, reduction_factor=reduction_factor)
+        return ASHAScheduler(
+            time_attr="step", max_t=cfg.train.max_steps, grace_period=grace_period, reduction_factor=reduction_factor
+        )
     if name == "pbt":
-        mutations = {k: (v["grid_search"] if isinstance(v, dict) and "grid_search" in v else v)
-                     for k, v in space.items()}
+        mutations = {
+            k: (v["grid_search"] if isinstance(v, dict) and "grid_search" in v else v) for k, v in space.items()
+        }
         # The usual bottom/top quarter leaves nobody to exploit in a small population.
-        return PopulationBasedTraining(time_attr="step", perturbation_interval=cfg.train.eval_every,
-                                       hyperparam_mutations=mutations, synch=True,
-                                       quantile_fraction=0.25 if num_trials >= 8 else 0.5)
+        return PopulationBasedTraining(
+            time_attr="step",
+            perturbation_interval=cfg.train.eval_every,
+            hyperparam_mutations=mutations,
+            synch=True,
+            quantile_fraction=0.25 if num_trials >= 8 else 0.5,
+        )
     return tune.schedulers.FIFOScheduler()
 
 
@@ -310,14 +348,13 @@ def asha_rungs(max_steps: int, eval_every: int, num_trials: int) -> tuple[int, i
     """
     factor = 2 if num_trials < 9 else 3
     num_rungs = max(1, round(math.log(max(num_trials, 1), factor)))
-    grace = max_steps / factor ** num_rungs // eval_every * eval_every
+    grace = max_steps / factor**num_rungs // eval_every * eval_every
     return int(min(max(grace, eval_every), max_steps)), factor
 
 
 def _grid_size(space: dict) -> int:
     """Configurations one sample of the space expands to."""
-    return math.prod(len(v["grid_search"]) for v in space.values()
-                     if isinstance(v, dict) and "grid_search" in v)
+    return math.prod(len(v["grid_search"]) for v in space.values() if isinstance(v, dict) and "grid_search" in v)
 
 
 def make_searcher(name: str, space: dict, metric: str):
@@ -327,17 +364,25 @@ def make_searcher(name: str, space: dict, metric: str):
     if any(isinstance(v, dict) and "grid_search" in v for v in space.values()):
         raise ValueError("--searcher optuna cannot take --grid fields: use --search")
     try:
-        from ray.tune.search.optuna import OptunaSearch
         import optuna  # noqa: F401
+        from ray.tune.search.optuna import OptunaSearch
     except ImportError:
         raise ValueError("--searcher optuna needs the optuna package: pip install optuna") from None
     return OptunaSearch(metric=metric, mode=METRICS[metric])
 
 
-def run_sweep(cfg: Config, space: dict, scheduler: str = "asha", searcher: str = "random",
-              metric: str = "valid_bleu", num_samples: int = 1, max_concurrent: Optional[int] = None,
-              sweep_name: Optional[str] = None, resume_dir: Optional[str] = None,
-              verbose: bool = False) -> dict:
+def run_sweep(
+    cfg: Config,
+    space: dict,
+    scheduler: str = "asha",
+    searcher: str = "random",
+    metric: str = "valid_bleu",
+    num_samples: int = 1,
+    max_concurrent: Optional[int] = None,
+    sweep_name: Optional[str] = None,
+    resume_dir: Optional[str] = None,
+    verbose: bool = False,
+) -> dict:
     """Run (or resume) a sweep; returns the sorted results table, the best trial and the dir."""
     import datetime
 
@@ -356,24 +401,32 @@ def run_sweep(cfg: Config, space: dict, scheduler: str = "asha", searcher: str =
     else:
         sweep_name = sweep_name or f"sweep-{datetime.datetime.now():%Y%m%d-%H%M%S}"
         sweep_dir = Path(cfg.train.storage_path) / sweep_name
-        cfg = apply_overrides(shared_corpus(cfg, sweep_dir),
-                              {"train.storage_path": str(sweep_dir / "trials")})
+        cfg = apply_overrides(shared_corpus(cfg, sweep_dir), {"train.storage_path": str(sweep_dir / "trials")})
         tuner = tune.Tuner(
-            trainable, param_space={"base": cfg.to_dict(), **space},
+            trainable,
+            param_space={"base": cfg.to_dict(), **space},
             tune_config=tune.TuneConfig(
-                metric=metric, mode=METRICS[metric], num_samples=num_samples,
+                metric=metric,
+                mode=METRICS[metric],
+                num_samples=num_samples,
                 scheduler=make_scheduler(scheduler, cfg, space, num_samples * _grid_size(space)),
                 search_alg=make_searcher(searcher, space, metric),
-                max_concurrent_trials=max_concurrent or fits),
+                max_concurrent_trials=max_concurrent or fits,
+            ),
             run_config=tune.RunConfig(
-                name=sweep_name, storage_path=str(sweep_dir.parent),
+                name=sweep_name,
+                storage_path=str(sweep_dir.parent),
                 # One line per trial result (progress); Tune's status tables only when verbose.
                 callbacks=[janitor(), progress(list(space), metric, cfg.train.max_steps)],
                 verbose=1 if verbose else 0,
                 checkpoint_config=tune.CheckpointConfig(
                     # PBT clones checkpoints between trials: keep enough of them around.
-                    num_to_keep=4 if scheduler == "pbt" else 2, checkpoint_score_attribute=metric,
-                    checkpoint_score_order=METRICS[metric])))
+                    num_to_keep=4 if scheduler == "pbt" else 2,
+                    checkpoint_score_attribute=metric,
+                    checkpoint_score_order=METRICS[metric],
+                ),
+            ),
+        )
     return summarize(tuner.fit(), metric, sweep_dir, early_stopping=scheduler == "asha")
 
 
@@ -407,16 +460,24 @@ class _Progress:
         step = result.get("step", 0)
         # `done` is set here when the scheduler has just decided to stop the trial.
         status = "completed" if step >= self.max_steps else "stopped" if result.get("done") else "running"
-        print(result_line(trial.trial_id, {k: trial.config.get(k) for k in self.params}, step,
-                          self.metric, result.get(self.metric), status), flush=True)
+        print(
+            result_line(
+                trial.trial_id,
+                {k: trial.config.get(k) for k in self.params},
+                step,
+                self.metric,
+                result.get(self.metric),
+                status,
+            ),
+            flush=True,
+        )
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
         """Where the failed trial's traceback is."""
         print(f"trial {trial.trial_id} failed: its traceback is in {trial.path}/error.txt", flush=True)
 
 
-def result_line(trial_id: str, params: dict, step: int, metric: str, value: Optional[float],
-                status: str) -> str:
+def result_line(trial_id: str, params: dict, step: int, metric: str, value: Optional[float], status: str) -> str:
     """One trial result as a console line."""
     shown = "  ".join(f"{k}={v}" for k, v in params.items())
     score = f"{value:.2f}" if isinstance(value, (int, float)) else "-"
@@ -457,14 +518,25 @@ def summarize(results, metric: str, sweep_dir: Path, early_stopping: bool = True
         step = int(history["step"].max())
         checkpoint = result.get_best_checkpoint(metric, mode)
         status = "error" if result.error else ("stopped" if step < max_steps else "completed")
-        rows.append({"trial": str(result.metrics.get("trial_id")), **config, "step": step,
-                     metric: round(float(best), 2), "status": status,
-                     "checkpoint": checkpoint.path if checkpoint else None})
+        rows.append(
+            {
+                "trial": str(result.metrics.get("trial_id")),
+                **config,
+                "step": step,
+                metric: round(float(best), 2),
+                "status": status,
+                "checkpoint": checkpoint.path if checkpoint else None,
+            }
+        )
     sign = -1 if mode == "max" else 1
     rows.sort(key=lambda r: (metric not in r, sign * r.get(metric, 0)))
-    summary = {"sweep_dir": str(sweep_dir), "metric": metric, "table": rows,
-               "best": rows[0] if rows and metric in rows[0] else None,
-               "steps": steps_saved(rows, max_steps) if early_stopping else None}
+    summary = {
+        "sweep_dir": str(sweep_dir),
+        "metric": metric,
+        "table": rows,
+        "best": rows[0] if rows and metric in rows[0] else None,
+        "steps": steps_saved(rows, max_steps) if early_stopping else None,
+    }
     (sweep_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str))
     _write_csv(rows, sweep_dir / "results.csv")
     return summary
@@ -498,23 +570,27 @@ def print_table(summary: dict) -> None:
         print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
     best, steps = summary["best"], summary.get("steps")
     if steps and steps["total"]:
-        print(f"\nearly stopping saved {steps['saved']} of {steps['total']} steps "
-              f"({100 * steps['saved'] / steps['total']:.0f}%): {steps['stopped']} of {len(rows)} trials stopped")
+        print(
+            f"\nearly stopping saved {steps['saved']} of {steps['total']} steps "
+            f"({100 * steps['saved'] / steps['total']:.0f}%): {steps['stopped']} of {len(rows)} trials stopped"
+        )
     print(f"\nresults: {summary['sweep_dir']}/results.csv")
     if best:
         config = {k: v for k, v in best.items() if "." in k}
         print(f"best trial {best['trial']}: {summary['metric']} {best[summary['metric']]} with {config}")
         print(f"best checkpoint: {best['checkpoint']}")
-        print(f"translate: python -m raymt.translate --checkpoint {best['checkpoint']} \"...\"")
+        print(f'translate: python -m raymt.translate --checkpoint {best["checkpoint"]} "..."')
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
     args = parse_args(argv)
     try:
-        for flag, value, allowed in (("--scheduler", args.scheduler, SCHEDULERS),
-                                     ("--searcher", args.searcher, SEARCHERS),
-                                     ("--metric", args.metric, tuple(METRICS))):
+        for flag, value, allowed in (
+            ("--scheduler", args.scheduler, SCHEDULERS),
+            ("--searcher", args.searcher, SEARCHERS),
+            ("--metric", args.metric, tuple(METRICS)),
+        ):
             if value not in allowed:
                 raise ValueError(f"{flag} {value!r} must be one of {', '.join(allowed)}")
         if args.num_samples < 1 or (args.max_concurrent is not None and args.max_concurrent < 1):
@@ -522,9 +598,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = build_config(args, apply_overrides(Config(), DEFAULT_TRIAL))
         grid = args.grid or ([] if args.search else [DEFAULT_LRS])
         space = parse_space(args.search, grid)
-        summary = run_sweep(cfg, space, args.scheduler, args.searcher, args.metric,
-                            args.num_samples, args.max_concurrent, args.sweep_name,
-                            args.resume_sweep, args.verbose)
+        summary = run_sweep(
+            cfg,
+            space,
+            args.scheduler,
+            args.searcher,
+            args.metric,
+            args.num_samples,
+            args.max_concurrent,
+            args.sweep_name,
+            args.resume_sweep,
+            args.verbose,
+        )
     except ValueError as err:
         print(f"raymt.tune: error: {err}", file=sys.stderr)
         return 2
@@ -536,8 +621,11 @@ def exit_status(table: list[dict]) -> int:
     """0 when no trial failed; else 1, with one line saying how many did."""
     failed = sum(row["status"] == "error" for row in table)
     if failed:
-        print(f"raymt.tune: error: {failed} of {len(table)} trials failed; the lines above say "
-              "where their tracebacks are", file=sys.stderr)
+        print(
+            f"raymt.tune: error: {failed} of {len(table)} trials failed; the lines above say "
+            "where their tracebacks are",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -22,14 +22,24 @@ from raymt import storage
 from raymt.batching import Batch
 from raymt.checkpoint import load_train_state, load_weights, save_checkpoint
 from raymt.config import Config
+from raymt.data.stream import Position, TrainStream, resume_point
 from raymt.metrics import MetricsLog
 from raymt.model import build_model
 from raymt.precision import for_training
 from raymt.profiling import StepProfiler
-from raymt.data.stream import Position, TrainStream, resume_point
 from raymt.tokenizer import Tokenizer
-from raymt.trainer import (Collective, Trainer, Update, collate_eval, compile_model, evaluate,
-                           restore_training, rng_state, set_rng_state, unwrap)
+from raymt.trainer import (
+    Collective,
+    Trainer,
+    Update,
+    collate_eval,
+    compile_model,
+    evaluate,
+    restore_training,
+    rng_state,
+    set_rng_state,
+    unwrap,
+)
 
 
 class TorchCollective(Collective):
@@ -105,12 +115,22 @@ def _report(metrics: dict, loop: "WorkerLoop") -> None:
         ray.train.report(metrics)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        save_checkpoint(tmp, unwrap(loop.model), loop.run_cfg, loop.tokenizer, {
-            "optimizer": loop.optimizer.state_dict(), "scheduler": loop.scheduler.state_dict(),
-            "step": loop.step, "epoch": loop.epoch, "data_positions": [p for p, _ in parts],
-            "data_segment": loop.segment.to_dict() if loop.segment and loop.segment.epoch == loop.epoch else None,
-            "rng_states": [r for _, r in parts],
-            "grad_scaler": loop.scaler.state_dict() if loop.scaler else None})
+        save_checkpoint(
+            tmp,
+            unwrap(loop.model),
+            loop.run_cfg,
+            loop.tokenizer,
+            {
+                "optimizer": loop.optimizer.state_dict(),
+                "scheduler": loop.scheduler.state_dict(),
+                "step": loop.step,
+                "epoch": loop.epoch,
+                "data_positions": [p for p, _ in parts],
+                "data_segment": loop.segment.to_dict() if loop.segment and loop.segment.epoch == loop.epoch else None,
+                "rng_states": [r for _, r in parts],
+                "grad_scaler": loop.scaler.state_dict() if loop.scaler else None,
+            },
+        )
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
@@ -134,28 +154,54 @@ class WorkerLoop(Trainer):
         weights, state, reset_lr = _read_checkpoint(cfg, loop_config)
         place = lambda m: place_model(m, cfg, collective.world_size)  # noqa: E731
         model, optimizer, scheduler = restore_training(
-            build_model(cfg.model, self.tokenizer.vocab_size), cfg, weights, state, place, reset_lr, scaler)
+            build_model(cfg.model, self.tokenizer.vocab_size), cfg, weights, state, place, reset_lr, scaler
+        )
         if cfg.train.compile:
             model = compile_model(model)
         state = state or {"step": 0, "epoch": 0}
-        super().__init__(cfg, model, optimizer, scheduler, device, state["step"], state["epoch"],
-                         collective, self.precision.autocast, scaler)
+        super().__init__(
+            cfg,
+            model,
+            optimizer,
+            scheduler,
+            device,
+            state["step"],
+            state["epoch"],
+            collective,
+            self.precision.autocast,
+            scaler,
+        )
         self.train_files = loop_config["train_files"]
         saved = state.get("data_positions")
         self.position, self.segment = resume_point(
-            self.train_files, cfg.data, cfg.train.seed, self.epoch, saved, state.get("data_segment"),
-            self.rank, self.world_size)
+            self.train_files,
+            cfg.data,
+            cfg.train.seed,
+            self.epoch,
+            saved,
+            state.get("data_segment"),
+            self.rank,
+            self.world_size,
+        )
         if saved and len(saved) != self.world_size and self.is_rank0:
             total = sum(f[1] for f in self.train_files)
             left = self.segment.num_left() if self.segment else total
-            print(f"resized from {len(saved)} to {self.world_size} workers: they share the {left} pairs "
-                  f"left of epoch {self.epoch + 1} ({total - left} trained before; each pair once)", flush=True)
+            print(
+                f"resized from {len(saved)} to {self.world_size} workers: they share the {left} pairs "
+                f"left of epoch {self.epoch + 1} ({total - left} trained before; each pair once)",
+                flush=True,
+            )
         restore_rng(state.get("rng_states"), self.rank, self.world_size, device, cfg.train.seed, self.step)
         # Logs are written locally and mirrored to the run's storage at every report when it is
         # remote; each rank fetches the files it appends to (a resumed run continues them).
         trace_name = f"trace-rank{self.rank}.tsv"
-        self.logs = storage.MirroredDir(loop_config["log_dir"], fetch=(
-            (trace_name, "metrics.csv") if self.is_rank0 else (trace_name,))) if loop_config.get("log_dir") else None
+        self.logs = (
+            storage.MirroredDir(
+                loop_config["log_dir"], fetch=((trace_name, "metrics.csv") if self.is_rank0 else (trace_name,))
+            )
+            if loop_config.get("log_dir")
+            else None
+        )
         log_dir = self.logs.path if self.logs else None
         self.trace = None
         if cfg.train.trace_data and log_dir:  # each (re)start of the worker group: an attempt
@@ -167,25 +213,29 @@ class WorkerLoop(Trainer):
         self.stream = self.open_stream(self.position)  # reading starts while the rest sets up
         self.progress.note = self.progress_note
         if self.is_rank0:
-            print(self.precision.line(device) + (" (torch.compile)" if cfg.train.compile else ""),
-                  flush=True)
+            print(self.precision.line(device) + (" (torch.compile)" if cfg.train.compile else ""), flush=True)
 
         self.valid = loop_config["valid"]
-        self.valid_loader = ray.train.torch.prepare_data_loader(DataLoader(
-            self.valid["rows"], batch_size=cfg.data.eval_batch_size, collate_fn=collate_eval))
+        self.valid_loader = ray.train.torch.prepare_data_loader(
+            DataLoader(self.valid["rows"], batch_size=cfg.data.eval_batch_size, collate_fn=collate_eval)
+        )
         self.opts = dataclasses.replace(cfg.decode, beam=cfg.train.valid_beam)
         self.metrics_log = MetricsLog(log_dir) if self.is_rank0 and log_dir else None
-        self.profiler = StepProfiler(cfg.train.profile_steps, start=cfg.train.log_every,
-                                     prefix=log_dir / f"profile-rank{self.rank}" if log_dir else None,
-                                     cuda=device.type == "cuda")
+        self.profiler = StepProfiler(
+            cfg.train.profile_steps,
+            start=cfg.train.log_every,
+            prefix=log_dir / f"profile-rank{self.rank}" if log_dir else None,
+            cuda=device.type == "cuda",
+        )
 
     def run(self) -> None:
         """Train until max_steps, the epoch limit or the time budget; evaluate and report."""
         cfg, stop = self.cfg, False
         self.evaluated: Optional[int] = None  # the step of this attempt's last evaluation
         self.loop_t0, self.data_s, self.eval_s = time.perf_counter(), 0.0, 0.0
-        while not stop and self.step < cfg.train.max_steps and (
-                cfg.train.epochs is None or self.epoch < cfg.train.epochs):
+        while (
+            not stop and self.step < cfg.train.max_steps and (cfg.train.epochs is None or self.epoch < cfg.train.epochs)
+        ):
             self.upcoming = self.open_stream(Position(self.epoch + 1), start=False)
             stop = self.train_epoch(self.stream, mark=self.mark)
             if not stop:
@@ -214,9 +264,17 @@ class WorkerLoop(Trainer):
 
     def open_stream(self, position: Position, start: bool = True) -> TrainStream:
         """This worker's stream of the epoch `position` is in, reading ahead once started."""
-        stream = TrainStream(self.train_files, self.cfg.data, self.cfg.train.seed, self.rank,
-                             self.world_size, position, trace=self.trace is not None,
-                             pin_memory=self.device.type == "cuda", segment=self.segment)
+        stream = TrainStream(
+            self.train_files,
+            self.cfg.data,
+            self.cfg.train.seed,
+            self.rank,
+            self.world_size,
+            position,
+            trace=self.trace is not None,
+            pin_memory=self.device.type == "cuda",
+            segment=self.segment,
+        )
         return stream.start() if start else stream
 
     def train_epoch(self, batches: Iterable[Batch], mark: Callable[[], Any] = lambda: None) -> bool:
@@ -265,8 +323,10 @@ class WorkerLoop(Trainer):
         GPU, the peak of the memory its tensors took there."""
         waited = self.data_s + self.stream.busy_s
         training = time.perf_counter() - self.loop_t0 - self.eval_s  # validation excluded
-        usage = {"data_share": waited / max(training, 1e-9),
-                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        usage = {
+            "data_share": waited / max(training, 1e-9),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
         if self.device.type == "cuda":  # allocator statistics: read on the host, no device sync
             usage["peak_gpu_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return usage
@@ -282,17 +342,31 @@ class WorkerLoop(Trainer):
         metrics = super().log_train()
         t0 = time.perf_counter()
         try:
-            metrics.update(evaluate(self.model, self.valid_loader, self.tokenizer, self.valid["refs"],
-                                    self.opts, self.collective, self.autocast))
+            metrics.update(
+                evaluate(
+                    self.model,
+                    self.valid_loader,
+                    self.tokenizer,
+                    self.valid["refs"],
+                    self.opts,
+                    self.collective,
+                    self.autocast,
+                )
+            )
         except torch.cuda.OutOfMemoryError as err:
             size = self.run_cfg.data.eval_batch_size
-            raise ValueError(f"CUDA out of memory validating at step {self.step} with data.eval_batch_size="
-                             f"{size}: retry with --set data.eval_batch_size={max(1, size // 2)}") from err
+            raise ValueError(
+                f"CUDA out of memory validating at step {self.step} with data.eval_batch_size="
+                f"{size}: retry with --set data.eval_batch_size={max(1, size // 2)}"
+            ) from err
         self.eval_s += time.perf_counter() - t0
         metrics.update(step=self.step, **self.usage())
         if self.is_rank0:
-            print(f"step {self.step} | valid loss {metrics['valid_loss']:.3f} | "
-                  f"BLEU {metrics['valid_bleu']:.2f} | chrF {metrics['valid_chrf']:.2f}", flush=True)
+            print(
+                f"step {self.step} | valid loss {metrics['valid_loss']:.3f} | "
+                f"BLEU {metrics['valid_bleu']:.2f} | chrF {metrics['valid_chrf']:.2f}",
+                flush=True,
+            )
         if self.metrics_log:
             self.metrics_log.write(self.step, metrics)
         if self.logs:  # before the checkpoint registers: a resume finds the logs up to it
@@ -302,8 +376,11 @@ class WorkerLoop(Trainer):
 
 
 # torch 2.13 renamed DDP's broadcast_buffers (deprecated, with a warning) to forward_sync_buffers.
-_BUFFER_SYNC = next(k for k in ("forward_sync_buffers", "broadcast_buffers")
-                    if k in inspect.signature(DistributedDataParallel).parameters)
+_BUFFER_SYNC = next(
+    k
+    for k in ("forward_sync_buffers", "broadcast_buffers")
+    if k in inspect.signature(DistributedDataParallel).parameters
+)
 
 
 def ddp_kwargs(cfg: Config) -> dict:
@@ -328,14 +405,18 @@ def compress_gradients(model: torch.nn.Module, cfg: Config, world_size: int) -> 
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
 
 
-def restore_rng(rng_states: Optional[list], rank: int, world_size: int, device: torch.device,
-                seed: int, step: int, cuda=torch.cuda) -> None:
+def restore_rng(
+    rng_states: Optional[list], rank: int, world_size: int, device: torch.device, seed: int, step: int, cuda=torch.cuda
+) -> None:
     """Continue this rank's dropout streams from a checkpoint's RNG states, else reseed them."""
     if rng_states and len(rng_states) == world_size:
         if set_rng_state(rng_states[rank], device, cuda):
             return  # dropout continues exactly
-        print(f"rank {rank}: the checkpoint holds no RNG state for {device} (saved on a CPU, or by an older "
-              "raymt that saw fewer GPUs): dropout is reseeded, as after a resize", flush=True)
+        print(
+            f"rank {rank}: the checkpoint holds no RNG state for {device} (saved on a CPU, or by an older "
+            "raymt that saw fewer GPUs): dropout is reseeded, as after a resize",
+            flush=True,
+        )
     # Each rank draws its own dropout masks (after a resize: not those of step 0 again).
     torch.manual_seed(seed * 1000 + rank + 1 + 7919 * step)
 
@@ -346,10 +427,14 @@ def out_of_memory_hint(step: int, cfg: Config, gpu_bytes: Optional[int]) -> str:
     gpu = f" (GPU {gpu_bytes / 2**30:.0f} GiB)" if gpu_bytes else ""
     where = f"CUDA out of memory at step {step} with data.max_tokens={max_tokens} per worker{gpu}"
     if max_tokens // 2 < smallest:  # config.py's lower bound: one pair of data.max_len must fit
-        return (f"{where}: data.max_tokens cannot go below data.max_len + 2 = {smallest}; lower "
-                "data.max_len (longer pairs are dropped) or train a smaller model")
-    return (f"{where}: retry with --set data.max_tokens={max_tokens // 2} "
-            f"--set optim.update_freq={2 * update_freq} (same global batch)")
+        return (
+            f"{where}: data.max_tokens cannot go below data.max_len + 2 = {smallest}; lower "
+            "data.max_len (longer pairs are dropped) or train a smaller model"
+        )
+    return (
+        f"{where}: retry with --set data.max_tokens={max_tokens // 2} "
+        f"--set optim.update_freq={2 * update_freq} (same global batch)"
+    )
 
 
 def elastic_batch(cfg: Config, world_size: int, verbose: bool = False) -> Config:
@@ -360,10 +445,12 @@ def elastic_batch(cfg: Config, world_size: int, verbose: bool = False) -> Config
     wanted = cfg.optim.update_freq * cfg.train.num_workers
     update_freq = -(-wanted // world_size)  # rounded up: never a smaller batch than the recipe's
     if verbose:
-        print(f"{world_size} of {cfg.train.num_workers} workers: optim.update_freq "
-              f"{cfg.optim.update_freq} -> {update_freq} keeps the global batch"
-              + ("" if wanted % world_size == 0 else f" ({world_size * update_freq}/{wanted} of it)"),
-              flush=True)
+        print(
+            f"{world_size} of {cfg.train.num_workers} workers: optim.update_freq "
+            f"{cfg.optim.update_freq} -> {update_freq} keeps the global batch"
+            + ("" if wanted % world_size == 0 else f" ({world_size * update_freq}/{wanted} of it)"),
+            flush=True,
+        )
     return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, update_freq=update_freq))
 
 

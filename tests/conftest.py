@@ -84,13 +84,28 @@ def start_head(log: Path, env: dict) -> tuple[subprocess.Popen, Path]:
     """`ray start --head --block` on free ports and a temp dir of its own; (process, temp dir)
     once it has started, or an AssertionError with its log."""
     temp_dir = Path(f"/tmp/rmt{secrets.token_hex(3)}")  # short: unix socket paths
-    ports = {flag: free_port() for flag in ("port", "dashboard-port", "dashboard-agent-listen-port",
-                                            "ray-client-server-port")}
+    ports = {
+        flag: free_port()
+        for flag in ("port", "dashboard-port", "dashboard-agent-listen-port", "ray-client-server-port")
+    }
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus=2",
-         "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--disable-usage-stats",
-         f"--temp-dir={temp_dir}", *(f"--{flag}={port}" for flag, port in ports.items())],
-        env=env, start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--num-cpus=2",
+            "--dashboard-host=127.0.0.1",
+            "--include-dashboard=true",
+            "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
+            *(f"--{flag}={port}" for flag, port in ports.items()),
+        ],
+        env=env,
+        start_new_session=True,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.time() + 180
     while "will now block forever" not in log.read_text():  # every Ray process is up
         if proc.poll() is not None or time.time() > deadline:
@@ -112,9 +127,15 @@ def ray_head(tmp_path_factory) -> Iterator[RayHead]:
     """
     import s3
 
-    env = dict(os.environ, **s3.ENV, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-               RAY_DATA_LOG_LEVEL="WARNING", RAY_TRAIN_ENABLE_PRINT_PATCH="0",
-               RAY_DASHBOARD_STARTUP_TIMEOUT_S="300")  # Ray's 60 s fails on a busy machine
+    env = dict(
+        os.environ,
+        **s3.ENV,
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_DATA_LOG_LEVEL="WARNING",
+        RAY_TRAIN_ENABLE_PRINT_PATCH="0",
+        RAY_DASHBOARD_STARTUP_TIMEOUT_S="300",
+    )  # Ray's 60 s fails on a busy machine
     logs = tmp_path_factory.mktemp("ray_head")
     for attempt in range(3):  # Ray gives its raylet 30 s to register: a busy machine may need another go
         try:
@@ -166,9 +187,11 @@ _RAY_FORWARDED = re.compile(r"^(\x1b\[[0-9;]*m)?\(([^)]*pid=\d+[^)]*|raylet[^)]*
 @pytest.fixture
 def err_lines(capsys):
     """Return a function giving captured stderr lines, less lines forwarded from Ray actors."""
+
     def lines() -> list[str]:
         err = capsys.readouterr().err.strip().splitlines()
         return [line for line in err if not _RAY_FORWARDED.match(line)]
+
     return lines
 
 
@@ -189,13 +212,42 @@ REFERENCE_STEPS = 80
 
 def tiny_run(storage, name: str, max_steps: int, *extra: str) -> list[str]:
     """The command of a tiny 2-worker `python -m raymt.train` run named `name` under `storage`."""
-    return [sys.executable, "-m", "raymt.train", "--storage-path", str(storage), "--name", name,
-            "--preset", "tiny", "--num-workers", "2", "--max-steps", str(max_steps),
-            "--set", "train.eval_every=20", "--set", "train.log_every=10",
-            "--set", "model.dropout=0.1", "--set", "train.trace_data=true",
-            "--set", "data.vocab_size=256", "--set", "data.builtin_train_size=800",
-            "--set", "data.builtin_eval_size=30", "--set", "data.max_tokens=256",
-            "--set", "optim.warmup_steps=20", "--set", "decode.beam=2", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "raymt.train",
+        "--storage-path",
+        str(storage),
+        "--name",
+        name,
+        "--preset",
+        "tiny",
+        "--num-workers",
+        "2",
+        "--max-steps",
+        str(max_steps),
+        "--set",
+        "train.eval_every=20",
+        "--set",
+        "train.log_every=10",
+        "--set",
+        "model.dropout=0.1",
+        "--set",
+        "train.trace_data=true",
+        "--set",
+        "data.vocab_size=256",
+        "--set",
+        "data.builtin_train_size=800",
+        "--set",
+        "data.builtin_eval_size=30",
+        "--set",
+        "data.max_tokens=256",
+        "--set",
+        "optim.warmup_steps=20",
+        "--set",
+        "decode.beam=2",
+        *extra,
+    ]
 
 
 class ReferenceRun:
@@ -213,8 +265,13 @@ def reference_run(tmp_path_factory, ray_head) -> ReferenceRun:
     here, benchmarks/NOTES.md). Nobody trains it further."""
     storage = tmp_path_factory.mktemp("reference")
     ray_head.wait_idle()
-    out = subprocess.run(tiny_run(storage, "ref", REFERENCE_STEPS), capture_output=True, text=True,
-                         timeout=400, env=dict(os.environ, RAY_ADDRESS=ray_head.address))
+    out = subprocess.run(
+        tiny_run(storage, "ref", REFERENCE_STEPS),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=dict(os.environ, RAY_ADDRESS=ray_head.address),
+    )
     return ReferenceRun(out, storage / "ref")
 
 

@@ -22,9 +22,13 @@ def free_port() -> int:
 
 
 PORT = free_port()  # the server's, known before it starts: the Ray head's env points at it
-ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-       "AWS_ENDPOINT_URL": f"http://127.0.0.1:{PORT}"}
+ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_ENDPOINT_URL": f"http://127.0.0.1:{PORT}",
+}
 
 
 @pytest.fixture(scope="session")

@@ -107,20 +107,42 @@ def fake_autoscaling_config(gcs_address: str) -> dict:
     up to one 2-CPU node and one node with a (fake) GPU, all from zero (cluster.yaml's min_workers: 0).
     The provider is loaded as an external one: the wheel lacks its example.yaml of defaults."""
     return {
-        "cluster_name": "raymt-fake", "max_workers": 2, "upscaling_speed": 1.0, "idle_timeout_minutes": 1,
-        "provider": {"type": "external", "gcs_address": gcs_address,
-                     "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
-                     "disable_launch_config_check": True, "disable_node_updaters": True, "use_node_id_as_ip": True},
+        "cluster_name": "raymt-fake",
+        "max_workers": 2,
+        "upscaling_speed": 1.0,
+        "idle_timeout_minutes": 1,
+        "provider": {
+            "type": "external",
+            "gcs_address": gcs_address,
+            "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
+            "disable_launch_config_check": True,
+            "disable_node_updaters": True,
+            "use_node_id_as_ip": True,
+        },
         "auth": {"ssh_user": "ray"},
         "available_node_types": {
             "ray.head.default": {"resources": {"CPU": 1}, "node_config": {}, "max_workers": 0},
             "cpu_2x": {"resources": {"CPU": 2}, "node_config": {}, "min_workers": 0, "max_workers": 1},
-            "gpu_1x": {"resources": {"CPU": 1, "GPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": 1}},
+            "gpu_1x": {"resources": {"CPU": 1, "GPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": 1},
+        },
         "head_node_type": "ray.head.default",
-        **{key: [] for key in ("cluster_synced_files", "rsync_exclude", "rsync_filter", "initialization_commands",
-                               "setup_commands", "head_setup_commands", "worker_setup_commands",
-                               "head_start_ray_commands", "worker_start_ray_commands")},
-        "file_mounts": {}, "file_mounts_sync_continuously": False}
+        **{
+            key: []
+            for key in (
+                "cluster_synced_files",
+                "rsync_exclude",
+                "rsync_filter",
+                "initialization_commands",
+                "setup_commands",
+                "head_setup_commands",
+                "worker_setup_commands",
+                "head_start_ray_commands",
+                "worker_start_ray_commands",
+            )
+        },
+        "file_mounts": {},
+        "file_mounts_sync_continuously": False,
+    }
 
 
 @pytest.mark.slow
@@ -139,21 +161,42 @@ def test_docs_cluster_flow_against_rays_fake_autoscaler(tmp_path):
     from pathlib import Path
 
     import psutil
-
     from conftest import ROOT, free_port, stop_group, tiny_run
 
     port = free_port()
     config = tmp_path / "autoscaler.json"
     config.write_text(json.dumps(fake_autoscaling_config(f"127.0.0.1:{port}")))
     temp_dir, log = Path(f"/tmp/rmt{secrets.token_hex(3)}"), tmp_path / "head.log"
-    env = dict(os.environ, RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1", RAY_AUTH_MODE="disabled",
-               RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_ENABLE_PRINT_PATCH="0")
+    env = dict(
+        os.environ,
+        RAY_FAKE_CLUSTER="1",
+        AUTOSCALER_UPDATE_INTERVAL_S="1",
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_TRAIN_ENABLE_PRINT_PATCH="0",
+    )
     head = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus=1", f"--port={port}",
-         f"--dashboard-port={free_port()}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-         f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
-         "--disable-usage-stats", f"--temp-dir={temp_dir}", f"--autoscaling-config={config}"],
-        env=env, start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--num-cpus=1",
+            f"--port={port}",
+            f"--dashboard-port={free_port()}",
+            "--dashboard-host=127.0.0.1",
+            "--include-dashboard=true",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--ray-client-server-port={free_port()}",
+            "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
+            f"--autoscaling-config={config}",
+        ],
+        env=env,
+        start_new_session=True,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     driver_env = dict(env, RAY_ADDRESS=f"127.0.0.1:{port}", PYTHONPATH=str(ROOT))
     try:
         deadline = time.time() + 180
@@ -161,16 +204,26 @@ def test_docs_cluster_flow_against_rays_fake_autoscaler(tmp_path):
             assert head.poll() is None and time.time() < deadline, log.read_text()[-2000:]
             time.sleep(0.5)
         # --gpu: 1 GPU worker on a cluster with none; the autoscaler adds the gpu_1x node
-        out = subprocess.run([sys.executable, "-c", "import ray; ray.init(); from raymt.cluster import plan; "
-                              "print(plan(1, use_gpu=True, grow_timeout_s=240).resources())"],
-                             env=driver_env, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import ray; ray.init(); from raymt.cluster import plan; "
+                "print(plan(1, use_gpu=True, grow_timeout_s=240).resources())",
+            ],
+            env=driver_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         assert "waiting for the autoscaler: 0/1 GPUs up, 0:00 of at most 4:00" in out.stdout
         assert "{'CPU': 1.0, 'GPU': 1}" in out.stdout
         # a training run whose 2 workers x 1 CPU (and Ray Data's CPU) need the cpu_2x node too
         storage = tmp_path / "runs"
-        command = tiny_run(storage, "grown", 10, "--set", "train.cpus_per_worker=1",
-                           "--set", "train.autoscale_timeout_s=240")
+        command = tiny_run(
+            storage, "grown", 10, "--set", "train.cpus_per_worker=1", "--set", "train.autoscale_timeout_s=240"
+        )
         out = subprocess.run(command, env=driver_env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert "waiting for the autoscaler:" in out.stdout and "CPUs up" in out.stdout

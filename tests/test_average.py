@@ -4,17 +4,19 @@ import json
 
 import pytest
 import torch
+from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 from raymt import average, translate
 from raymt.checkpoint import load_model, load_weights
 from raymt.decoding import DecodeOptions
 from raymt.decoding import translate as translate_sentences
-from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 # (directory name, step, valid_bleu, valid_loss); names sort differently from steps on purpose.
-RUN = [("checkpoint_2026-01-01_10-00-00.000003", 30, 1.5, 4.0),
-       ("checkpoint_2026-01-01_09-00-00.000001", 10, 2.5, 4.4),
-       ("checkpoint_2026-01-01_09-30-00.000002", 20, 0.5, 3.9)]
+RUN = [
+    ("checkpoint_2026-01-01_10-00-00.000003", 30, 1.5, 4.0),
+    ("checkpoint_2026-01-01_09-00-00.000001", 10, 2.5, 4.4),
+    ("checkpoint_2026-01-01_09-30-00.000002", 20, 0.5, 3.9),
+]
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +26,25 @@ def run_dir(tmp_path_factory):
     results = []
     for seed, (name, step, bleu, loss) in enumerate(RUN):
         make_checkpoint(run / name, seed=seed, step=step)
-        results.append({"version": 0, "checkpoint_dir_name": name,
-                        "metrics": {"valid_loss": loss, "valid_bleu": bleu, "step": step, "epoch": 1}})
-    (run / "checkpoint_manager_snapshot.json").write_text(json.dumps(
-        {"ray_version": "2.60.0", "checkpoint_results": results, "checkpoint_report_indices": [1, 2, 3],
-         "latest_checkpoint_result": results[0], "pending_training_results": [], "current_report_index": 4}))
+        results.append(
+            {
+                "version": 0,
+                "checkpoint_dir_name": name,
+                "metrics": {"valid_loss": loss, "valid_bleu": bleu, "step": step, "epoch": 1},
+            }
+        )
+    (run / "checkpoint_manager_snapshot.json").write_text(
+        json.dumps(
+            {
+                "ray_version": "2.60.0",
+                "checkpoint_results": results,
+                "checkpoint_report_indices": [1, 2, 3],
+                "latest_checkpoint_result": results[0],
+                "pending_training_results": [],
+                "current_report_index": 4,
+            }
+        )
+    )
     return run
 
 
@@ -40,8 +56,9 @@ def test_average_of_three_loads_and_translates(run_dir, tmp_path, capsys):
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, sum(s[key] for s in states) / 3, atol=1e-6, rtol=1e-6)
     assert not torch.equal(model.embed.weight, states[0]["embed.weight"])
-    hyps = translate_sentences(model, tokenizer, ["Germany and March 3, 2021", "Belize"],
-                               DecodeOptions(beam=2, max_len_b=4))
+    hyps = translate_sentences(
+        model, tokenizer, ["Germany and March 3, 2021", "Belize"], DecodeOptions(beam=2, max_len_b=4)
+    )
     assert len(hyps) == 2 and all(isinstance(h, str) for h in hyps)
     capsys.readouterr()
     assert translate.main(["--checkpoint", str(tmp_path / "avg"), "--beam", "2", "Belize"]) == 0
@@ -67,9 +84,11 @@ def test_cli_best_writes_a_checkpoint(run_dir, tmp_path, capsys):
 @pytest.mark.parametrize("case", ["too_many", "other_model", "other_vocab", "metric", "overwrite"])
 def test_refusals_are_one_line(run_dir, tmp_path, case, err_lines):
     first = str(run_dir / RUN[0][0])
-    args = {"too_many": [str(run_dir), "--last", "4"],
-            "metric": [str(run_dir), "--best", "2", "--metric", "valid_ter"],
-            "overwrite": ["--checkpoints", first, first]}.get(case)
+    args = {
+        "too_many": [str(run_dir), "--last", "4"],
+        "metric": [str(run_dir), "--best", "2", "--metric", "valid_ter"],
+        "overwrite": ["--checkpoints", first, first],
+    }.get(case)
     if case == "other_model":
         args = ["--checkpoints", first, str(make_checkpoint(tmp_path / "narrow", d_model=16))]
     elif case == "other_vocab":
@@ -78,8 +97,13 @@ def test_refusals_are_one_line(run_dir, tmp_path, case, err_lines):
     assert average.main([*args, "--output", out]) == 2
     err = err_lines()
     assert len(err) == 1 and err[0].startswith("raymt.average: error: ")
-    expected = {"too_many": "only 3 checkpoint(s)", "other_model": "model.d_model=16 vs 32",
-                "other_vocab": "same vocabulary", "metric": "'valid_ter'", "overwrite": "is one of"}[case]
+    expected = {
+        "too_many": "only 3 checkpoint(s)",
+        "other_model": "model.d_model=16 vs 32",
+        "other_vocab": "same vocabulary",
+        "metric": "'valid_ter'",
+        "overwrite": "is one of",
+    }[case]
     assert expected in err[0]
 
 

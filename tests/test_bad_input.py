@@ -2,16 +2,26 @@
 code 2, nothing written. (Corpus rows of the README's table are in test_prepare.py.)"""
 
 import pytest
+from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401
 
 from raymt import train, translate
-from raymt.data import prepare
 from raymt.config import PrepareConfig
-from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401
+from raymt.data import prepare
 
 pytestmark = pytest.mark.timeout(300)
 
-TINY = ["--preset", "tiny", "--max-steps", "2", "--set", "data.builtin_train_size=200",
-        "--set", "data.builtin_eval_size=10", "--set", "data.vocab_size=256"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--max-steps",
+    "2",
+    "--set",
+    "data.builtin_train_size=200",
+    "--set",
+    "data.builtin_eval_size=10",
+    "--set",
+    "data.vocab_size=256",
+]
 
 
 def error_line(capsys, prog: str) -> str:
@@ -38,9 +48,13 @@ def test_checkpoint_of_another_vocabulary(ray_cluster, checkpoint, tmp_path, cap
     other = tokenizer(128)
     corpus = tmp_path / "corpus"
     pairs = (["a b c", "d e f"] * 20, ["g h i", "j k l"] * 20)
-    prepare.prepare_corpus(PrepareConfig(vocab_size=128), str(corpus),
-                           [prepare.Source(kind="pairs", pairs=pairs)],
-                           [prepare.Source(kind="pairs", pairs=pairs)], tokenizer=other)
+    prepare.prepare_corpus(
+        PrepareConfig(vocab_size=128),
+        str(corpus),
+        [prepare.Source(kind="pairs", pairs=pairs)],
+        [prepare.Source(kind="pairs", pairs=pairs)],
+        tokenizer=other,
+    )
     argv = ["--resume", str(checkpoint), "--corpus", str(corpus), "--storage-path", str(tmp_path / "runs")]
     assert train.main(argv) == 2
     assert "has a different SentencePiece model than the corpus" in error_line(capsys, "raymt.train")
@@ -71,10 +85,14 @@ def test_unwritable_storage_path(tmp_path, capsys):
     assert (tmp_path / "a_file").read_text() == "x"
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--num-workers", "8"], "train.num_workers=8 x 0.25 CPUs needs 2 CPUs"),
-    (["--gpu", "--num-workers", "2"], "with --gpu needs 2 GPUs; the cluster has 0"),
-    (["--gpu"], "--gpu: the cluster has no GPU now; pass --num-workers N")])  # one worker per GPU: none
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--num-workers", "8"], "train.num_workers=8 x 0.25 CPUs needs 2 CPUs"),
+        (["--gpu", "--num-workers", "2"], "with --gpu needs 2 GPUs; the cluster has 0"),
+        (["--gpu"], "--gpu: the cluster has no GPU now; pass --num-workers N"),
+    ],
+)  # one worker per GPU: none
 def test_more_workers_or_gpus_than_the_cluster_has(ray_cluster, tmp_path, capsys, flags, expected):
     assert train.main([*TINY, *flags, "--storage-path", str(tmp_path / "runs")]) == 2
     assert expected in error_line(capsys, "raymt.train")

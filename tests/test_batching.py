@@ -68,8 +68,11 @@ def row_by_row_batches(src_lens, tgt_lens, max_tokens, rng):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300)), max_size=400),
-       st.integers(1, 4096), st.integers(0, 2**32 - 1))
+@given(
+    st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300)), max_size=400),
+    st.integers(1, 4096),
+    st.integers(0, 2**32 - 1),
+)
 def test_vectorized_cut_equals_the_row_by_row_cut(lens, max_tokens, seed):
     src_lens = np.array([s for s, _ in lens], dtype=np.int64)
     tgt_lens = np.array([t for _, t in lens], dtype=np.int64)
@@ -97,9 +100,9 @@ def test_padded_widths_are_multiples_and_the_budget_counts_them():
         assert batch.src.shape[1] - 8 < src_lens[b].max() <= batch.src.shape[1]
         assert batch.num_tokens == int((batch.tgt_out != PAD_ID).sum())  # counted on the host
         exact = collate([rows[i] + [EOS_ID] for i in b], [tgt_rows[i] for i in b])
-        assert torch.equal(batch.src[:, :exact.src.shape[1]], exact.src)
-        assert torch.equal(batch.tgt_in[:, :exact.tgt_in.shape[1]], exact.tgt_in)
-        assert not batch.src[:, exact.src.shape[1]:].any()  # the extra columns are PAD (0)
+        assert torch.equal(batch.src[:, : exact.src.shape[1]], exact.src)
+        assert torch.equal(batch.tgt_in[:, : exact.tgt_in.shape[1]], exact.tgt_in)
+        assert not batch.src[:, exact.src.shape[1] :].any()  # the extra columns are PAD (0)
 
 
 def test_shape_ladder_bounds_the_shapes_of_an_epoch():
@@ -111,8 +114,7 @@ def test_shape_ladder_bounds_the_shapes_of_an_epoch():
     tgt = (np.full(int(tgt_lens.sum()), 5, np.int32), np.concatenate([[0], np.cumsum(tgt_lens)]))
 
     def shapes(multiple):
-        cut = chunk_batches(src_lens + 1, tgt_lens + 1, 16384, 2048, np.random.default_rng(0),
-                            pad_multiple=multiple)
+        cut = chunk_batches(src_lens + 1, tgt_lens + 1, 16384, 2048, np.random.default_rng(0), pad_multiple=multiple)
         batches = [collate_flat(src, tgt, b, multiple) for b in cut]
         return {(tuple(b.src.shape), tuple(b.tgt_out.shape)) for b in batches}
 
@@ -126,4 +128,6 @@ def test_shape_ladder_bounds_the_shapes_of_an_epoch():
 def test_pad_batch_pads_rows_with_prefix_and_suffix():
     assert pad_batch([[5, 6], [7]]).tolist() == [[5, 6], [7, PAD_ID]]
     assert pad_batch([[5, 6], [7]], prefix=BOS_ID, suffix=EOS_ID, multiple=8).tolist() == [
-        [BOS_ID, 5, 6, EOS_ID] + [PAD_ID] * 4, [BOS_ID, 7, EOS_ID] + [PAD_ID] * 5]
+        [BOS_ID, 5, 6, EOS_ID] + [PAD_ID] * 4,
+        [BOS_ID, 7, EOS_ID] + [PAD_ID] * 5,
+    ]

@@ -15,13 +15,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from test_model import mixed_batch
+from tiny_checkpoint import one_thread  # noqa: F401  (autouse: one torch thread)
 
 from raymt.config import tiny
 from raymt.decoding import DecodeOptions, beam_search_nbest, decode_nbest, greedy_scored
 from raymt.model import Transformer
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from test_model import mixed_batch
-from tiny_checkpoint import one_thread  # noqa: F401  (autouse: one torch thread)
 
 LENGTHS = [7, 2, 5, 9, 3]  # a batch of mixed lengths
 VOCAB = 64
@@ -40,8 +40,9 @@ def random_model(seed: int) -> Transformer:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(seed)
     for _ in range(100):
-        src = mixed_batch(torch.randint(2, 10, (16,), generator=g).tolist(), VOCAB,
-                          int(torch.randint(0, 10**6, (1,), generator=g)))
+        src = mixed_batch(
+            torch.randint(2, 10, (16,), generator=g).tolist(), VOCAB, int(torch.randint(0, 10**6, (1,), generator=g))
+        )
         tgt = torch.cat([torch.full((16, 1), BOS_ID), src], 1)  # BOS + copy of the source
         logits = model(src, tgt[:, :-1])  # (B, T, V)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), tgt[:, 1:].reshape(-1), ignore_index=PAD_ID)
@@ -132,20 +133,29 @@ def test_greedy_matches_reference(seed, alpha):
 @pytest.mark.parametrize("beam", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_beam_matches_reference(seed, beam, alpha):
-    check_beam(random_model(seed), mixed_batch(LENGTHS, VOCAB, seed),
-               DecodeOptions(beam=beam, length_penalty=alpha, max_len_a=1.0, max_len_b=4))
+    check_beam(
+        random_model(seed),
+        mixed_batch(LENGTHS, VOCAB, seed),
+        DecodeOptions(beam=beam, length_penalty=alpha, max_len_a=1.0, max_len_b=4),
+    )
 
 
 @pytest.mark.parametrize("beam", [1, 3, 5])
 def test_beam_at_length_limits_matches_reference(beam):
     """Short limits (0.5 * src_len + 1): some sentences are cut by forced EOS, others end."""
-    check_beam(random_model(2), mixed_batch(LENGTHS, VOCAB, 2),
-               DecodeOptions(beam=beam, length_penalty=0.6, max_len_a=0.5, max_len_b=1))
+    check_beam(
+        random_model(2),
+        mixed_batch(LENGTHS, VOCAB, 2),
+        DecodeOptions(beam=beam, length_penalty=0.6, max_len_a=0.5, max_len_b=1),
+    )
 
 
 def test_uncached_beam_matches_reference():
-    check_beam(random_model(3), mixed_batch(LENGTHS, VOCAB, 3),
-               DecodeOptions(beam=3, length_penalty=1.0, max_len_a=1.0, max_len_b=4, use_cache=False))
+    check_beam(
+        random_model(3),
+        mixed_batch(LENGTHS, VOCAB, 3),
+        DecodeOptions(beam=3, length_penalty=1.0, max_len_a=1.0, max_len_b=4, use_cache=False),
+    )
 
 
 def check_beam(model, src, opts):
@@ -154,7 +164,7 @@ def check_beam(model, src, opts):
     for row, nbest in zip(rows_of(src), fast):
         ref = ref_beam(model, row, opts)
         assert 1 <= len(nbest) == min(opts.beam, len(ref))
-        assert_same(nbest, ref[:opts.beam])
+        assert_same(nbest, ref[: opts.beam])
 
 
 def test_models_exercise_pruning():

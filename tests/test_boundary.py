@@ -8,9 +8,29 @@ from pathlib import Path
 
 import raymt
 
-PLAIN = ["model", "decoding", "tokenizer", "batching", "checkpoint", "config", "optim", "metrics",
-         "export", "average", "profiling", "storage", "data", "data.builtin", "data.text", "data.format", "data.stream", "trainer", "plot", "data.inputs",
-         "precision"]
+PLAIN = [
+    "model",
+    "decoding",
+    "tokenizer",
+    "batching",
+    "checkpoint",
+    "config",
+    "optim",
+    "metrics",
+    "export",
+    "average",
+    "profiling",
+    "storage",
+    "data",
+    "data.builtin",
+    "data.text",
+    "data.format",
+    "data.stream",
+    "trainer",
+    "plot",
+    "data.inputs",
+    "precision",
+]
 
 
 def module_path(module: str) -> Path:
@@ -50,8 +70,10 @@ def test_plain_modules_import_neither_ray_nor_torch_distributed():
 
 
 def test_translating_loads_no_ray():
-    code = ("import sys, raymt.translate, raymt.model, raymt.decoding, raymt.tokenizer, raymt.batching,"
-            "raymt.data.text, raymt.data.format, raymt.data.stream;"
-            "print('ray' in sys.modules)")
+    code = (
+        "import sys, raymt.translate, raymt.model, raymt.decoding, raymt.tokenizer, raymt.batching,"
+        "raymt.data.text, raymt.data.format, raymt.data.stream;"
+        "print('ray' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

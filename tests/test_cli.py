@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_checkpoint import make_checkpoint
 
 from raymt.__main__ import COMMANDS, main
-from tiny_checkpoint import make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 # runpy warns when a test has already imported the module it runs; the console command has not
@@ -17,16 +17,14 @@ RERUN = pytest.mark.filterwarnings("ignore:'raymt.translate' found in sys.module
 
 def raymt(*args: str) -> subprocess.CompletedProcess:
     """Run `python -m raymt ARGS` (what the `raymt` console script runs) and capture its output."""
-    return subprocess.run([sys.executable, "-m", "raymt", *args], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "raymt", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 def test_help_lists_every_command():
     out = raymt("--help")
     assert out.returncode == 0, out.stderr
     listed = re.findall(r"^  (\w+) ", out.stdout, re.M)
-    assert listed == ["train", "tune", "data", "translate", "evaluate", "average", "export",
-                      "plot"]
+    assert listed == ["train", "tune", "data", "translate", "evaluate", "average", "export", "plot"]
 
 
 def test_translate_help_is_the_module_help():
@@ -65,12 +63,10 @@ def test_a_command_exits_with_its_module_status(capsys):
 def test_console_script_points_at_the_dispatcher():
     text = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'^\[project\.scripts\]\nraymt = "raymt\.__main__:main"$', text, re.M)
-    assert set(COMMANDS) == {"train", "tune", "data", "translate", "evaluate", "average", "export",
-                             "plot"}
+    assert set(COMMANDS) == {"train", "tune", "data", "translate", "evaluate", "average", "export", "plot"}
 
 
-@pytest.mark.parametrize("command, extras", [("train", []), ("shell", []), ("test", ["test"]),
-                                                     ("lint", ["lint"])])
+@pytest.mark.parametrize("command, extras", [("train", []), ("shell", []), ("test", ["test"]), ("lint", ["lint"])])
 def test_run_sh_installs_only_the_extras_a_command_needs(tmp_path, command, extras):
     """run.sh with a stub venv (python and pip that log their arguments): what it would install."""
     (tmp_path / "pyproject.toml").write_text("")
@@ -83,7 +79,6 @@ def test_run_sh_installs_only_the_extras_a_command_needs(tmp_path, command, extr
     for tool in ("python", "pip"):
         (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n')
         (bin_dir / tool).chmod(0o755)
-    subprocess.run(["bash", str(tmp_path / "run.sh"), command], check=True, timeout=30,
-                   capture_output=True)
+    subprocess.run(["bash", str(tmp_path / "run.sh"), command], check=True, timeout=30, capture_output=True)
     installs = [line.split()[-1] for line in log.read_text().splitlines() if line.startswith("pip install -e")]
     assert installs == ["."] + [f".[{e}]" for e in extras]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import free_port
+
 from raymt import storage as raymt_storage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,8 +53,7 @@ def test_cluster_yaml_exposes_nothing_but_ssh():
 
 def ray_cli(*args, env, timeout=120, check=True):
     ray_bin = str(Path(sys.executable).parent / "ray")
-    return subprocess.run([ray_bin, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, check=check)
+    return subprocess.run([ray_bin, *args], env=env, capture_output=True, text=True, timeout=timeout, check=check)
 
 
 def wait_for_nodes(address: str, count: int, env: dict, timeout: float = 90) -> None:
@@ -76,36 +75,94 @@ def test_two_node_ray_job_submit(tmp_path, request, where):
     bucket = request.getfixturevalue("s3_bucket") if where == "s3" else None  # sets AWS_* first
     env = dict(os.environ)
     # Token authentication (Ray's default since 2.59), with a token for this test only.
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
-               PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
-               RAY_TRAIN_ENABLE_PRINT_PATCH="0")
+    env.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(16),
+        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+        RAY_TRAIN_ENABLE_PRINT_PATCH="0",
+    )
     port, dashboard = free_port(), free_port()
     address = f"127.0.0.1:{port}"
     temp_dir = Path(f"/tmp/rmt{secrets.token_hex(3)}")  # short: unix socket paths
     started = []
     try:
-        started.append(subprocess.Popen(
-            [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
-             f"--port={port}", f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1",
-             "--num-cpus=1", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
-             "--include-dashboard=true"],
-            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        started.append(
+            subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "ray"),
+                    "start",
+                    "--head",
+                    "--block",
+                    f"--port={port}",
+                    f"--dashboard-port={dashboard}",
+                    "--dashboard-host=127.0.0.1",
+                    "--num-cpus=1",
+                    "--node-ip-address=127.0.0.1",
+                    f"--temp-dir={temp_dir}",
+                    "--include-dashboard=true",
+                ],
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         wait_for_nodes(address, 1, env)
-        started.append(subprocess.Popen(
-            [str(Path(sys.executable).parent / "ray"), "start", "--block", f"--address={address}",
-             "--num-cpus=1", "--node-ip-address=127.0.0.1"],
-            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        started.append(
+            subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "ray"),
+                    "start",
+                    "--block",
+                    f"--address={address}",
+                    "--num-cpus=1",
+                    "--node-ip-address=127.0.0.1",
+                ],
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         wait_for_nodes(address, 2, env)
 
         storage = f"{bucket}/{secrets.token_hex(4)}" if bucket else str(tmp_path / "runs")
         for _ in range(10):  # the head's job agent may still be starting: Ray says "try again later"
             out = ray_cli(
-                "job", "submit", f"--address=http://127.0.0.1:{dashboard}", f"--working-dir={ROOT}",
-                "--", "python", "-m", "raymt.train", "--preset", "tiny", "--num-workers", "2",
-                "--max-steps", "20", "--storage-path", storage, "--name", "job",
-                "--set", "train.eval_every=20", "--set", "data.vocab_size=256",
-                "--set", "data.builtin_train_size=800", "--set", "data.builtin_eval_size=40",
-                "--set", "decode.beam=1", "--set", "train.trace_data=true", env=env, timeout=480, check=False)
+                "job",
+                "submit",
+                f"--address=http://127.0.0.1:{dashboard}",
+                f"--working-dir={ROOT}",
+                "--",
+                "python",
+                "-m",
+                "raymt.train",
+                "--preset",
+                "tiny",
+                "--num-workers",
+                "2",
+                "--max-steps",
+                "20",
+                "--storage-path",
+                storage,
+                "--name",
+                "job",
+                "--set",
+                "train.eval_every=20",
+                "--set",
+                "data.vocab_size=256",
+                "--set",
+                "data.builtin_train_size=800",
+                "--set",
+                "data.builtin_eval_size=40",
+                "--set",
+                "decode.beam=1",
+                "--set",
+                "train.trace_data=true",
+                env=env,
+                timeout=480,
+                check=False,
+            )
             if "No available agent to submit job" not in out.stdout + out.stderr:
                 break
             time.sleep(3)

@@ -3,28 +3,50 @@
 import dataclasses
 
 import pytest
+from test_download import MULTI30K, serve
 
 from raymt.config import Config, apply_overrides, tiny
 from raymt.data import download
 from raymt.data import format as corpus_format
 from raymt.data.__main__ import main
-from test_download import MULTI30K, serve
 
-pytestmark = [pytest.mark.timeout(600),
-              pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(),
-                                 reason="needs ../shared/data/multi30k")]
+pytestmark = [
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason="needs ../shared/data/multi30k"),
+]
 
 
 def test_prepare_multi30k_over_http_for_a_run(ray_cluster, tmp_path, monkeypatch, capsys):
     # The local copy holds test_2016_flickr only; upstream also has the 2017 sets.
     spec = download.DATASETS["multi30k"]
-    monkeypatch.setitem(download.DATASETS, "multi30k", dataclasses.replace(
-        spec, test_sets={"test_2016_flickr": spec.test_sets["test_2016_flickr"]}))
+    monkeypatch.setitem(
+        download.DATASETS,
+        "multi30k",
+        dataclasses.replace(spec, test_sets={"test_2016_flickr": spec.test_sets["test_2016_flickr"]}),
+    )
     out = tmp_path / "corpus"
     with serve(MULTI30K) as server:
-        status = main(["prepare", "--dataset", "multi30k", "--src", "en", "--tgt", "de",
-                            "--mirror", server.url, "--cache-dir", str(tmp_path / "cache"),
-                            "--out", str(out), "--vocab-size", "1000", "--shard-pairs", "8000"])
+        status = main(
+            [
+                "prepare",
+                "--dataset",
+                "multi30k",
+                "--src",
+                "en",
+                "--tgt",
+                "de",
+                "--mirror",
+                server.url,
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--out",
+                str(out),
+                "--vocab-size",
+                "1000",
+                "--shard-pairs",
+                "8000",
+            ]
+        )
     assert status == 0, capsys.readouterr().err
     manifest = corpus_format.read_manifest(str(out))
     files = corpus_format.train_files(str(out), manifest)

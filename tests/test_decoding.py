@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from test_model import mixed_batch
 
 from raymt.config import tiny
 from raymt.decoding import DecodeOptions, beam_search, decode, greedy
 from raymt.model import Transformer
-from test_model import mixed_batch
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -33,9 +33,10 @@ def test_beam_finds_at_least_greedy_score(tiny_model):
 
     def logprob(hyp, row):
         from raymt.tokenizer import BOS_ID, EOS_ID
+
         tgt = torch.tensor([[BOS_ID, *hyp, EOS_ID]])
         with torch.no_grad():
-            lp = torch.log_softmax(tiny_model(src[row:row + 1], tgt[:, :-1]), -1)
+            lp = torch.log_softmax(tiny_model(src[row : row + 1], tgt[:, :-1]), -1)
         return lp[0].gather(1, tgt[0, 1:, None]).sum().item()
 
     greedy_hyps = greedy(tiny_model, src, opts)

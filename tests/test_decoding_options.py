@@ -1,13 +1,13 @@
 """Decoding options: n-best lists, sampling, option errors, translate CLI flags."""
 
 import pytest
-
-from raymt import translate
-from raymt.decoding import (DecodeOptions, beam_search, decode_nbest, greedy_scored,
-                            translate as translate_sentences, translate_nbest)
 from test_beam_reference import LENGTHS, VOCAB, random_model
 from test_model import mixed_batch
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
+
+from raymt import translate
+from raymt.decoding import DecodeOptions, beam_search, decode_nbest, greedy_scored, translate_nbest
+from raymt.decoding import translate as translate_sentences
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,9 @@ def test_sampled_scores_are_model_log_probs(model_and_src):
     model, src = model_and_src
     opts = DecodeOptions(beam=1, sample=True, seed=3, temperature=2.0, top_k=5, length_penalty=0.0)
     from test_beam_reference import ref_log_probs, rows_of
+
     from raymt.tokenizer import BOS_ID, EOS_ID
+
     for row, (score, ids) in zip(rows_of(src), greedy_scored(model, src, opts)):
         prefix, total = [BOS_ID], 0.0
         for token in ids + [EOS_ID]:
@@ -49,11 +51,18 @@ def test_sampled_scores_are_model_log_probs(model_and_src):
         assert score == pytest.approx(total, abs=1e-4)
 
 
-@pytest.mark.parametrize("kwargs, n_best, message", [
-    ({"beam": 0}, 1, "beam=0"), ({"beam": 3, "sample": True}, 1, "use beam 1"),
-    ({"beam": 1, "sample": True, "temperature": 0.0}, 1, "temperature"),
-    ({"beam": 1, "sample": True, "top_k": -1}, 1, "top_k"), ({"beam": 2}, 3, "n_best=3"),
-    ({"beam": 1}, 2, "n_best=2"), ({"length_penalty": -1.0}, 1, "length_penalty")])
+@pytest.mark.parametrize(
+    "kwargs, n_best, message",
+    [
+        ({"beam": 0}, 1, "beam=0"),
+        ({"beam": 3, "sample": True}, 1, "use beam 1"),
+        ({"beam": 1, "sample": True, "temperature": 0.0}, 1, "temperature"),
+        ({"beam": 1, "sample": True, "top_k": -1}, 1, "top_k"),
+        ({"beam": 2}, 3, "n_best=3"),
+        ({"beam": 1}, 2, "n_best=2"),
+        ({"length_penalty": -1.0}, 1, "length_penalty"),
+    ],
+)
 def test_bad_options_raise_value_error(model_and_src, kwargs, n_best, message):
     model, src = model_and_src
     with pytest.raises(ValueError, match=message):

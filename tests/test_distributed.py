@@ -41,8 +41,7 @@ def run_steps(model, groups, cfg, collective, device="cpu"):
     flat = [b for g in groups for b in g]
     steps = 0
     for update in lockstep(flat, cfg.optim.update_freq, torch.device(device), collective):
-        _, applied = train_step(model, opt, update.batches, update.num_tokens, cfg,
-                                world_size=collective.world_size)
+        _, applied = train_step(model, opt, update.batches, update.num_tokens, cfg, world_size=collective.world_size)
         assert applied.item() == 1
         steps += 1
     return steps
@@ -59,13 +58,15 @@ def worker_loop(loop_config):
     rank = ray.train.get_context().get_world_rank()
     model = ray.train.torch.prepare_model(fresh_model(cfg))
     src, tgt = loop_config["src"][rank], loop_config["tgt"][rank]
-    micro = [collate(src[i:i + 3], tgt[i:i + 3]) for i in range(0, len(src), 3)]
+    micro = [collate(src[i : i + 3], tgt[i : i + 3]) for i in range(0, len(src), 3)]
     model.eval()
     with torch.no_grad():
         outputs = [model(b.src, b.tgt_in) for b in micro]
     steps = run_steps(model, [micro], cfg, TorchCollective())
-    torch.save({"outputs": outputs, "steps": steps, "params": unwrap(model).state_dict()},
-               f"{loop_config['out']}/rank{rank}.pt")
+    torch.save(
+        {"outputs": outputs, "steps": steps, "params": unwrap(model).state_dict()},
+        f"{loop_config['out']}/rank{rank}.pt",
+    )
     ray.train.report({"steps": steps})
 
 
@@ -75,11 +76,12 @@ def fit_two_workers(tmp_path, cfg, src_parts, tgt_parts):
     from ray.train.torch import TorchTrainer
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    TorchTrainer(worker_loop,
-                 train_loop_config={"config": cfg.to_dict(), "src": src_parts, "tgt": tgt_parts,
-                                    "out": str(tmp_path)},
-                 scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-                 run_config=RunConfig(storage_path=str(tmp_path / "ray"))).fit()
+    TorchTrainer(
+        worker_loop,
+        train_loop_config={"config": cfg.to_dict(), "src": src_parts, "tgt": tgt_parts, "out": str(tmp_path)},
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+        run_config=RunConfig(storage_path=str(tmp_path / "ray")),
+    ).fit()
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 
@@ -98,8 +100,7 @@ def test_two_workers_match_one_process_on_the_union(ray_cluster, tmp_path):
 
     # Reference: one process, each update on the union of both workers' micro-batches.
     reference = fresh_model(cfg)
-    micro = [[collate(s[i:i + 3], t[i:i + 3]) for i in range(0, len(s), 3)]
-             for s, t in zip(parts_src, parts_tgt)]
+    micro = [[collate(s[i : i + 3], t[i : i + 3]) for i in range(0, len(s), 3)] for s, t in zip(parts_src, parts_tgt)]
     reference.eval()
     with torch.no_grad():
         for rank in range(2):
@@ -115,7 +116,7 @@ def test_two_workers_match_one_process_on_the_union(ray_cluster, tmp_path):
                     torch.testing.assert_close(out[i, :n], full[offset + 3 * j + i, :n], atol=1e-5, rtol=1e-5)
 
     opt = sgd(reference)
-    updates = [(micro[0][k:k + 2], micro[1][k:k + 2]) for k in range(0, 6, 2)]
+    updates = [(micro[0][k : k + 2], micro[1][k : k + 2]) for k in range(0, 6, 2)]
     for mine, theirs in updates:
         group = mine + theirs
         train_step(reference, opt, group, sum(b.num_tokens for b in group), cfg)

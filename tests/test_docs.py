@@ -46,8 +46,11 @@ def profiler_label(dotted: str) -> bool:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_named_path_name_and_field_exists(page):
-    fields = {f"{s.name}.{f.name}" for s in dataclasses.fields(Config)
-              for f in dataclasses.fields(s.type if isinstance(s.type, type) else getattr(Config(), s.name))}
+    fields = {
+        f"{s.name}.{f.name}"
+        for s in dataclasses.fields(Config)
+        for f in dataclasses.fields(s.type if isinstance(s.type, type) else getattr(Config(), s.name))
+    }
     missing = []
     for span in spans(page):
         missing += [p for p in PATH.findall(span) if not (ROOT / p).exists() and "<" not in p]

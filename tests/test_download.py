@@ -32,16 +32,18 @@ SHA256 = {  # the real upstream files, as in raymt.download
 
 # ----------------------------------------------------------------------------- server
 
+
 @dataclasses.dataclass
 class Server:
     """What the test server serves and saw; tests set the fault knobs."""
+
     root: Path
     url: str = ""
-    requests: list = dataclasses.field(default_factory=list)   # dicts: name, range, status, sent
-    ranges: bool = True                                         # False: ignore Range, answer 200
+    requests: list = dataclasses.field(default_factory=list)  # dicts: name, range, status, sent
+    ranges: bool = True  # False: ignore Range, answer 200
     drop_after: dict = dataclasses.field(default_factory=dict)  # name -> bytes, then close (once)
-    errors: dict = dataclasses.field(default_factory=dict)      # name -> how many 503s first
-    corrupt: set = dataclasses.field(default_factory=set)       # names served with bytes flipped
+    errors: dict = dataclasses.field(default_factory=dict)  # name -> how many 503s first
+    corrupt: set = dataclasses.field(default_factory=set)  # names served with bytes flipped
 
     def seen(self, name: str) -> list:
         """Requests for one file name."""
@@ -71,12 +73,17 @@ def _handler(server: Server) -> type:
             start = int(match.group(1))
             if start >= len(data):
                 return self._reply(record, 416, b"", {"Content-Range": f"bytes */{len(data)}"})
-            return self._reply(record, 206, data[start:],
-                               {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"},
-                               limit=server.drop_after.pop(name, None))
+            return self._reply(
+                record,
+                206,
+                data[start:],
+                {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"},
+                limit=server.drop_after.pop(name, None),
+            )
 
-        def _reply(self, record: dict, status: int, body: bytes, headers: dict | None = None,
-                   limit: int | None = None) -> None:
+        def _reply(
+            self, record: dict, status: int, body: bytes, headers: dict | None = None, limit: int | None = None
+        ) -> None:
             """Send BODY, or only its first LIMIT bytes and then close (a dropped connection)."""
             record["status"] = status
             self.send_response(status)
@@ -121,8 +128,11 @@ def fast_retries(monkeypatch):
 def m30k(monkeypatch):
     """Server over the local Multi30k copy, which holds only the test_2016_flickr test set."""
     spec = download.DATASETS["multi30k"]
-    monkeypatch.setitem(download.DATASETS, "multi30k", dataclasses.replace(
-        spec, test_sets={"test_2016_flickr": spec.test_sets["test_2016_flickr"]}))
+    monkeypatch.setitem(
+        download.DATASETS,
+        "multi30k",
+        dataclasses.replace(spec, test_sets={"test_2016_flickr": spec.test_sets["test_2016_flickr"]}),
+    )
     with serve(MULTI30K) as server:
         yield server
 
@@ -143,6 +153,7 @@ def _one_line_error(excinfo) -> str:
 
 
 # ----------------------------------------------------------------------------- multi30k
+
 
 @needs_multi30k
 def test_multi30k_through_mirror(tmp_path, m30k, err_lines):
@@ -254,10 +265,12 @@ def test_second_fetch_reuses_cache(tmp_path, m30k):
 
 
 def test_unknown_names_and_pairs(tmp_path):
-    cases = [("europarl", "en", "de", "unknown dataset 'europarl'; known datasets: multi30k, wmt14"),
-             ("multi30k", "en", "es", "multi30k has no en-es"),
-             ("multi30k", "en", "en", "multi30k has no en-en"),
-             ("wmt14", "en", "fr", "wmt14 has no en-fr; supported pairs: en-de, de-en")]
+    cases = [
+        ("europarl", "en", "de", "unknown dataset 'europarl'; known datasets: multi30k, wmt14"),
+        ("multi30k", "en", "es", "multi30k has no en-es"),
+        ("multi30k", "en", "en", "multi30k has no en-en"),
+        ("wmt14", "en", "fr", "wmt14 has no en-fr; supported pairs: en-de, de-en"),
+    ]
     for name, src, tgt, expected in cases:
         with pytest.raises(ValueError) as excinfo:
             fetch_dataset(name, src, tgt, tmp_path, mirror="http://127.0.0.1:9/")
@@ -301,6 +314,7 @@ def test_unknown_checksums_are_trusted_on_first_use(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- wmt14
 
+
 def _tgz(path: Path, members: dict[str, bytes]) -> str:
     """Write a .tgz with these members; its MD5."""
     with tarfile.open(path, "w:gz") as tar:
@@ -314,29 +328,53 @@ def _tgz(path: Path, members: dict[str, bytes]) -> str:
 def _sgml(setid: str, lines: list[str]) -> bytes:
     """A newstest file in the WMT "fake SGML" layout."""
     segs = "".join(f'<seg id="{i}">{line}</seg>\n' for i, line in enumerate(lines, 1))
-    return (f'<srcset setid="{setid}" srclang="any">\n<doc sysid="ref" docid="d1" genre="news" '
-            f'origlang="en">\n<p>\n{segs}</p>\n</doc>\n</srcset>\n').encode()
+    return (
+        f'<srcset setid="{setid}" srclang="any">\n<doc sysid="ref" docid="d1" genre="news" '
+        f'origlang="en">\n<p>\n{segs}</p>\n</doc>\n</srcset>\n'
+    ).encode()
 
 
 def _fake_wmt14(root: Path) -> tuple[str, str]:
     """The five WMT14 tarballs, members named as upstream; MD5s of the two test tarballs."""
     root.mkdir()
-    _tgz(root / "de-en.tgz", {"europarl-v7.de-en.de": b"ep de 1\nep de 2\n",
-                              "europarl-v7.de-en.en": b"ep en 1\nep en 2\n"})
-    _tgz(root / "training-parallel-commoncrawl.tgz", {
-        "commoncrawl.de-en.annotation": b"x\n", "commoncrawl.fr-en.fr": b"cc fr\n",
-        "commoncrawl.de-en.de": b"cc de 1\ncc\rde 2\r\n", "commoncrawl.de-en.en": b"cc en 1\ncc en 2"})
-    _tgz(root / "training-parallel-nc-v9.tgz", {
-        "training/news-commentary-v9.de-en.de": b"nc de\n",
-        "training/news-commentary-v9.de-en.en": b"nc en\n",
-        "training/news-commentary-v9.cs-en.cs": b"nc cs\n"})
-    md5_13 = _tgz(root / "test.tgz", {
-        f"test/newstest2013-src.{lang}.sgm": _sgml("newstest2013", [f"nt13 {lang} {i}" for i in range(3)])
-        for lang in ("en", "de", "fr")})
-    md5_14 = _tgz(root / "test-filtered.tgz", {
-        f"test/newstest2014-deen-{side}.{lang}.sgm":
-            _sgml("newstest2014", [f"nt14 {side} {lang}  {i} " for i in range(4)])
-        for side in ("src", "ref") for lang in ("en", "de")})
+    _tgz(
+        root / "de-en.tgz",
+        {"europarl-v7.de-en.de": b"ep de 1\nep de 2\n", "europarl-v7.de-en.en": b"ep en 1\nep en 2\n"},
+    )
+    _tgz(
+        root / "training-parallel-commoncrawl.tgz",
+        {
+            "commoncrawl.de-en.annotation": b"x\n",
+            "commoncrawl.fr-en.fr": b"cc fr\n",
+            "commoncrawl.de-en.de": b"cc de 1\ncc\rde 2\r\n",
+            "commoncrawl.de-en.en": b"cc en 1\ncc en 2",
+        },
+    )
+    _tgz(
+        root / "training-parallel-nc-v9.tgz",
+        {
+            "training/news-commentary-v9.de-en.de": b"nc de\n",
+            "training/news-commentary-v9.de-en.en": b"nc en\n",
+            "training/news-commentary-v9.cs-en.cs": b"nc cs\n",
+        },
+    )
+    md5_13 = _tgz(
+        root / "test.tgz",
+        {
+            f"test/newstest2013-src.{lang}.sgm": _sgml("newstest2013", [f"nt13 {lang} {i}" for i in range(3)])
+            for lang in ("en", "de", "fr")
+        },
+    )
+    md5_14 = _tgz(
+        root / "test-filtered.tgz",
+        {
+            f"test/newstest2014-deen-{side}.{lang}.sgm": _sgml(
+                "newstest2014", [f"nt14 {side} {lang}  {i} " for i in range(4)]
+            )
+            for side in ("src", "ref")
+            for lang in ("en", "de")
+        },
+    )
     return md5_13, md5_14
 
 
@@ -347,18 +385,15 @@ def test_wmt14_spec_takes_test_sets_from_sacrebleu():
     assert spec.valid.remote.url == SACREBLEU["wmt13"].data[0]
     assert spec.valid.remote.digest == "md5:" + SACREBLEU["wmt13"].md5[0]
     assert spec.tests[0].remote.digest == "md5:" + SACREBLEU["wmt14"].md5[0]
-    assert spec.tests[0].members["en-de"] == ("test/newstest2014-deen-src.en.sgm",
-                                              "test/newstest2014-deen-ref.de.sgm")
+    assert spec.tests[0].members["en-de"] == ("test/newstest2014-deen-src.en.sgm", "test/newstest2014-deen-ref.de.sgm")
     assert all(part.remote.digest is None for part in spec.train)  # none known: trust on first use
 
 
 def test_wmt14_from_fake_tarballs(tmp_path, monkeypatch, capsys):
     md5_13, md5_14 = _fake_wmt14(tmp_path / "served")
     spec = download.DATASETS["wmt14"]
-    valid = dataclasses.replace(spec.valid, remote=dataclasses.replace(
-        spec.valid.remote, digest=f"md5:{md5_13}"))
-    test = dataclasses.replace(spec.tests[0], remote=dataclasses.replace(
-        spec.tests[0].remote, digest=f"md5:{md5_14}"))
+    valid = dataclasses.replace(spec.valid, remote=dataclasses.replace(spec.valid.remote, digest=f"md5:{md5_13}"))
+    test = dataclasses.replace(spec.tests[0], remote=dataclasses.replace(spec.tests[0].remote, digest=f"md5:{md5_14}"))
     monkeypatch.setitem(download.DATASETS, "wmt14", dataclasses.replace(spec, valid=valid, tests=(test,)))
     cache = tmp_path / "cache"
     with serve(tmp_path / "served") as server:
@@ -371,11 +406,14 @@ def test_wmt14_from_fake_tarballs(tmp_path, monkeypatch, capsys):
             assert f.read() == "ep de 1\nep de 2\ncc de 1\ncc de 2\nnc de\n"  # lone \r -> space
         assert Path(splits["valid"][1]).read_text() == "nt13 de 0\nnt13 de 1\nnt13 de 2\n"
         assert Path(splits["newstest2014"][0]).read_text().splitlines() == [
-            f"nt14 src en {i}" for i in range(4)]  # sacrebleu's extraction collapses spaces
+            f"nt14 src en {i}" for i in range(4)
+        ]  # sacrebleu's extraction collapses spaces
         assert Path(splits["newstest2014"][1]).read_text().startswith("nt14 ref de 0\n")
         assert set(download._records(cache)) == {
-            "wmt14/de-en.tgz", "wmt14/training-parallel-commoncrawl.tgz",
-            "wmt14/training-parallel-nc-v9.tgz"}
+            "wmt14/de-en.tgz",
+            "wmt14/training-parallel-commoncrawl.tgz",
+            "wmt14/training-parallel-nc-v9.tgz",
+        }
         assert "5 sentence pairs from 3 corpora" in capsys.readouterr().err
         # the other direction shares train and newstest2013; newstest2014 has its own files
         count = len(server.requests)

@@ -10,12 +10,23 @@ import pytest
 pytestmark = pytest.mark.timeout(600)
 
 # Ray's internal chatter that a default run keeps in Ray's log files (raymt.cluster.init_ray).
-RAY_CHATTER = ["gcs_actor_scheduler.cc", "Failed to kill actor", "worker processes have been started",
-               "maximum expected startup concurrency", "PreemptionWatcher", "Progress bars disabled",
-               "Setting up process group for", "Started training worker group", "Moving model to device",
-               "Wrapping provided model in DistributedDataParallel", "Token authentication is enabled",
-               "Started a local Ray instance", " INFO ", "Reporting training result",
-               "Checkpoint successfully created"]
+RAY_CHATTER = [
+    "gcs_actor_scheduler.cc",
+    "Failed to kill actor",
+    "worker processes have been started",
+    "maximum expected startup concurrency",
+    "PreemptionWatcher",
+    "Progress bars disabled",
+    "Setting up process group for",
+    "Started training worker group",
+    "Moving model to device",
+    "Wrapping provided model in DistributedDataParallel",
+    "Token authentication is enabled",
+    "Started a local Ray instance",
+    " INFO ",
+    "Reporting training result",
+    "Checkpoint successfully created",
+]
 
 
 def run(args, **kw):
@@ -38,15 +49,18 @@ def test_train_and_translate(tmp_path, reference_run):
     assert sorted(p.name for p in plots.iterdir()) == ["curves_step.png", "curves_time.png"]
 
     ckpt = json.loads((run_dir / "summary.json").read_text())["best_checkpoint"]
-    out = run(["raymt.translate", "--checkpoint", ckpt, "--beam", "3",
-               "Germany and March 3, 2021", "Monday, July 4, 1999"], timeout=120)
+    out = run(
+        ["raymt.translate", "--checkpoint", ckpt, "--beam", "3", "Germany and March 3, 2021", "Monday, July 4, 1999"],
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.splitlines()) == 2
 
     ref = tmp_path / "ref.de"
     ref.write_text("Deutschland und 3. März 2021\n")
-    out = run(["raymt.translate", "--checkpoint", ckpt, "--ref", str(ref)],
-              input="Germany and March 3, 2021\n", timeout=120)
+    out = run(
+        ["raymt.translate", "--checkpoint", ckpt, "--ref", str(ref)], input="Germany and March 3, 2021\n", timeout=120
+    )
     assert out.returncode == 0 and "BLEU" in out.stderr and "nrefs:1" in out.stderr
 
 

@@ -67,29 +67,70 @@ def test_a_run_shrinks_after_a_lost_node_and_grows_back(tmp_path):
     # Driver and Train controller on the head, whose one CPU serves Ray Data's tasks there;
     # a worker takes 2 CPUs, so one fits on each 2-CPU node and none on the head. Fast health
     # checks: a lost node is declared dead in seconds.
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "_system_config": {"health_check_period_ms": 500,
-                                          "health_check_failure_threshold": 4}})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
+        },
+    )
     nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
     cluster.wait_for_nodes()
     log = tmp_path / "train.log"
     run_dir = tmp_path / "elastic"
     tail = lambda: log.read_text()[-3000:]  # noqa: E731
-    cmd = [sys.executable, "-m", "raymt.train", "--storage-path", str(tmp_path), "--name", "elastic",
-           "--preset", "tiny", "--num-workers", "2", "--max-steps", str(STEPS),
-           "--set", "train.min_workers=1", "--set", "train.resize_interval_s=2",
-           "--set", "train.max_failures=3", "--set", "train.cpus_per_worker=2",
-           "--set", "train.eval_every=10", "--set", "train.log_every=10", "--set", "train.num_to_keep=2",
-           "--set", "train.trace_data=true", "--set", "model.dropout=0.1",
-           "--set", "data.vocab_size=256", "--set", "data.builtin_train_size=1200",
-           "--set", "data.builtin_eval_size=20", "--set", "data.max_tokens=256"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "raymt.train",
+        "--storage-path",
+        str(tmp_path),
+        "--name",
+        "elastic",
+        "--preset",
+        "tiny",
+        "--num-workers",
+        "2",
+        "--max-steps",
+        str(STEPS),
+        "--set",
+        "train.min_workers=1",
+        "--set",
+        "train.resize_interval_s=2",
+        "--set",
+        "train.max_failures=3",
+        "--set",
+        "train.cpus_per_worker=2",
+        "--set",
+        "train.eval_every=10",
+        "--set",
+        "train.log_every=10",
+        "--set",
+        "train.num_to_keep=2",
+        "--set",
+        "train.trace_data=true",
+        "--set",
+        "model.dropout=0.1",
+        "--set",
+        "data.vocab_size=256",
+        "--set",
+        "data.builtin_train_size=1200",
+        "--set",
+        "data.builtin_eval_size=20",
+        "--set",
+        "data.max_tokens=256",
+    ]
     try:
         with log.open("w") as sink:
-            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-                                    # A group of 2 that cannot start (the lost node's CPUs still
-                                    # counted) gives up in 15 s, not 60, and restarts smaller.
-                                    env=dict(os.environ, RAY_ADDRESS=cluster.address,
-                                             RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="15"))
+            proc = subprocess.Popen(
+                cmd,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                # A group of 2 that cannot start (the lost node's CPUs still
+                # counted) gives up in 15 s, not 60, and restarts smaller.
+                env=dict(os.environ, RAY_ADDRESS=cluster.address, RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="15"),
+            )
             wait_for(lambda: registered_checkpoints(str(run_dir)) >= 2, "two checkpoints", proc, tail)
             cluster.remove_node(nodes[1], allow_graceful=False)  # the node is lost
             wait_for(lambda: "resized from 2 to 1" in log.read_text(), "the shrink to 1 worker", proc, tail)
@@ -104,8 +145,11 @@ def test_a_run_shrinks_after_a_lost_node_and_grows_back(tmp_path):
     assert "resized from 2 to 1" in out and "resized from 1 to 2" in out, out[-4000:]
     assert "optim.update_freq 1 -> 2" in out  # 1 worker keeps the global batch of 2
     # Each resize resumed from a checkpoint written in the middle of an epoch.
-    resizes = re.findall(r"resized from (\d) to (\d) workers: they share the (\d+) pairs left of epoch "
-                         r"\d+ \((\d+) trained before", out)
+    resizes = re.findall(
+        r"resized from (\d) to (\d) workers: they share the (\d+) pairs left of epoch "
+        r"\d+ \((\d+) trained before",
+        out,
+    )
     assert [r[:2] for r in resizes] == [("2", "1"), ("1", "2")], resizes
     assert all(int(left) > 0 and int(before) > 0 for _, _, left, before in resizes), resizes
     seen = traced_pairs(run_dir)
@@ -114,5 +158,6 @@ def test_a_run_shrinks_after_a_lost_node_and_grows_back(tmp_path):
     expected = corpus_pairs(run_dir, max_len=200)
     for epoch in range(last_epoch):  # every finished epoch: each pair exactly once
         got = Counter({d: n for (e, d), n in seen.items() if e == epoch})
-        assert got == expected, f"epoch {epoch}: {sum((got - expected).values())} extra, " \
-                                f"{sum((expected - got).values())} missing"
+        assert got == expected, (
+            f"epoch {epoch}: {sum((got - expected).values())} extra, {sum((expected - got).values())} missing"
+        )

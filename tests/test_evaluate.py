@@ -7,12 +7,12 @@ import sys
 
 import pytest
 import torch
+from tiny_checkpoint import make_checkpoint, write_pairs
 
 from raymt import evaluate, metrics
 from raymt.checkpoint import load_model
 from raymt.data.text import read_parallel
 from raymt.decoding import DecodeOptions, translate_nbest
-from tiny_checkpoint import make_checkpoint, write_pairs
 
 pytestmark = pytest.mark.timeout(300)
 OPTS = DecodeOptions(beam=3, max_len_a=1.0, max_len_b=5)
@@ -25,8 +25,12 @@ def files(tmp_path_factory):
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # as in each actor, so that scores match bit for bit
     root = tmp_path_factory.mktemp("evaluate")
-    yield {"checkpoint": make_checkpoint(root / "checkpoint"), "root": root,
-           "a": write_pairs(root / "set_a", 21, seed=5), "b": write_pairs(root / "set_b", 13, seed=6, gz=True)}
+    yield {
+        "checkpoint": make_checkpoint(root / "checkpoint"),
+        "root": root,
+        "a": write_pairs(root / "set_a", 21, seed=5),
+        "b": write_pairs(root / "set_b", 13, seed=6, gz=True),
+    }
     torch.set_num_threads(before)
 
 
@@ -36,8 +40,21 @@ def sources(files):
 
 def test_two_actors_equal_one_actor_and_translate(ray_cluster, files):
     out_dir = files["root"] / "out"
-    status = evaluate.main(["--checkpoint", str(files["checkpoint"]), "--test", str(files["a"]),
-                            "--test", str(files["b"]), "--num-actors", "2", "--output-dir", str(out_dir), *FLAGS])
+    status = evaluate.main(
+        [
+            "--checkpoint",
+            str(files["checkpoint"]),
+            "--test",
+            str(files["a"]),
+            "--test",
+            str(files["b"]),
+            "--num-actors",
+            "2",
+            "--output-dir",
+            str(out_dir),
+            *FLAGS,
+        ]
+    )
     assert status == 0
     report = json.loads((out_dir / "report.json").read_text())
     two = [(out_dir / f"set_{n}.de.hyp").read_text(encoding="utf-8").split("\n")[:-1] for n in "ab"]
@@ -64,8 +81,14 @@ def test_cli_translate_gives_the_same_hypotheses(files):
     """`python -m raymt.translate` on the same input prints what the actors decoded."""
     src = sources(files)[0]
     command = [sys.executable, "-m", "raymt.translate", "--checkpoint", str(files["checkpoint"]), *FLAGS]
-    out = subprocess.run(command, input="".join(s + "\n" for s in src), capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        command,
+        input="".join(s + "\n" for s in src),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr
     model, tokenizer, _ = load_model(files["checkpoint"])
     expected = [h[0][1] for h in translate_nbest(model, tokenizer, src, OPTS, 1, batch_size=8)]
@@ -95,14 +118,24 @@ def test_bad_input_is_one_line_before_ray(files, case, tmp_path, monkeypatch, er
     assert evaluate.main(args + [a for t in tests for a in ("--test", t)]) == 2
     err = err_lines()
     assert len(err) == 1 and err[0].startswith("raymt.evaluate: error: ")
-    expected = {"no_checkpoint": "does not exist", "no_file": "missing file", "line_counts": "has 5 lines",
-                "duplicate_name": "two test sets", "beam": "beam=0"}[case]
+    expected = {
+        "no_checkpoint": "does not exist",
+        "no_file": "missing file",
+        "line_counts": "has 5 lines",
+        "duplicate_name": "two test sets",
+        "beam": "beam=0",
+    }[case]
     assert expected in err[0]
 
 
-@pytest.mark.parametrize("flags, message", [(["--num-actors", "5"], "needs 1.25 CPUs but the cluster's 2 CPUs"),
-                                            (["--gpu", "--num-actors", "2"], "needs 2 GPUs; the cluster has 0"),
-                                            (["--gpu"], "--gpu: the cluster has no GPU now; pass --num-actors N")])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--num-actors", "5"], "needs 1.25 CPUs but the cluster's 2 CPUs"),
+        (["--gpu", "--num-actors", "2"], "needs 2 GPUs; the cluster has 0"),
+        (["--gpu"], "--gpu: the cluster has no GPU now; pass --num-actors N"),
+    ],
+)
 def test_actors_that_cannot_be_placed_are_one_line(ray_cluster, files, tmp_path, flags, message, err_lines):
     args = ["--checkpoint", str(files["checkpoint"]), "--test", str(files["a"]), "--output-dir", str(tmp_path)]
     assert evaluate.main(args + flags) == 2
@@ -111,8 +144,13 @@ def test_actors_that_cannot_be_placed_are_one_line(ray_cluster, files, tmp_path,
 
 
 def test_cli_exits_2_without_starting_ray(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "raymt.evaluate", "--checkpoint", str(tmp_path),
-                          "--test", str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "raymt.evaluate", "--checkpoint", str(tmp_path), "--test", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [f"raymt.evaluate: error: {tmp_path}/config.json does not exist; "
-                                               f"is {tmp_path} a raymt checkpoint directory?"]
+    assert out.stderr.strip().splitlines() == [
+        f"raymt.evaluate: error: {tmp_path}/config.json does not exist; is {tmp_path} a raymt checkpoint directory?"
+    ]

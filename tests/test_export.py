@@ -6,10 +6,10 @@ import sys
 
 import pytest
 import torch
+from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 from raymt import export, translate
 from raymt.checkpoint import load_model, load_weights
-from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 SENTENCES = ["Germany and March 3, 2021", "Monday, July 4, 1999 and twelve kilometers"]
 
@@ -53,10 +53,13 @@ def test_export_translates_like_the_checkpoint(checkpoint, tmp_path, capsys):
 
 def test_exported_model_translates_without_ray(checkpoint, tmp_path):
     out = export.export_model(checkpoint, tmp_path / "model", "torch")
-    code = ("import sys, raymt.translate as t; status = t.main(['--checkpoint', sys.argv[1], '--beam', '1', "
-            "'--max-len-b', '3', 'Belize']); print('ray' in sys.modules, status)")
-    run = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
+    code = (
+        "import sys, raymt.translate as t; status = t.main(['--checkpoint', sys.argv[1], '--beam', '1', "
+        "'--max-len-b', '3', 'Belize']); print('ray' in sys.modules, status)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[-1] == "False 0"
 

@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401 (autouse fixture)
 
 from raymt import export
 from raymt.checkpoint import save_checkpoint
@@ -21,15 +22,13 @@ from raymt.data.builtin import generate
 from raymt.decoding import DecodeOptions, beam_search_nbest, encode_sources, greedy, pad_batch
 from raymt.model import Transformer
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401 (autouse fixture)
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 # 250 pieces: the model's vocabulary is padded to 256, so the export needs filler tokens.
 SPM_VOCAB = 250
 # (pre_norm, activation, d_model, encoder layers; 2 decoder layers): both norms, and the erf GELU.
-VARIANTS = {"pre-relu": (True, "relu", 32, 2), "post-relu": (False, "relu", 32, 2),
-            "post-gelu": (False, "gelu", 16, 1)}
+VARIANTS = {"pre-relu": (True, "relu", 32, 2), "post-relu": (False, "relu", 32, 2), "post-gelu": (False, "gelu", 16, 1)}
 # a = 1.5 is exact in binary, so raymt's float32 limit and the one computed here agree.
 GREEDY = DecodeOptions(beam=1, max_len_a=1.5, max_len_b=5)
 
@@ -38,8 +37,14 @@ def fit(pre_norm: bool, activation: str, d_model: int, layers: int) -> Transform
     """A tiny model after 80 Adam steps on en->de pairs: enough to end most sentences."""
     torch.manual_seed(0)
     tok = tokenizer(SPM_VOCAB)
-    cfg = dataclasses.replace(tiny(), d_model=d_model, num_encoder_layers=layers, num_decoder_layers=2,
-                              pre_norm=pre_norm, activation=activation)
+    cfg = dataclasses.replace(
+        tiny(),
+        d_model=d_model,
+        num_encoder_layers=layers,
+        num_decoder_layers=2,
+        pre_norm=pre_norm,
+        activation=activation,
+    )
     model = Transformer(cfg, tok.vocab_size)
     src, tgt = generate(400, "en", "de", seed=1)
     sources = [tok.encode(s) + [EOS_ID] for s in src]
@@ -90,8 +95,9 @@ def test_greedy_output_is_raymt_greedy_output(exported):
     got = []
     for src in sources:  # one call per sentence: each gets raymt's own length limit
         limit = int(GREEDY.max_len_a * len(src) + GREEDY.max_len_b)  # EOS included
-        result = translator.translate_batch([pieces(vocab, src)], beam_size=1, max_decoding_length=limit - 1,
-                                            min_decoding_length=0)
+        result = translator.translate_batch(
+            [pieces(vocab, src)], beam_size=1, max_decoding_length=limit - 1, min_decoding_length=0
+        )
         got.append([vocab.index(p) for p in result[0].hypotheses[0]])
     assert got == expected
     # Real outputs: most sentences end by themselves, with several tokens each.
@@ -110,7 +116,7 @@ def test_token_log_probs_match(exported):
     log_probs = logits.log_softmax(-1).gather(2, tgt[:, 1:, None]).squeeze(2)  # (B, T)
     for row, (out, result) in enumerate(zip(outputs, scored)):
         assert len(result.log_probs) == len(out) + 1  # the tokens and EOS
-        assert torch.allclose(torch.tensor(result.log_probs), log_probs[row, :len(out) + 1], atol=1e-4)
+        assert torch.allclose(torch.tensor(result.log_probs), log_probs[row, : len(out) + 1], atol=1e-4)
 
 
 def test_beam_output_is_raymt_beam_output(exported):
@@ -123,9 +129,15 @@ def test_beam_output_is_raymt_beam_output(exported):
         limit = int(opts.max_len_a * len(src) + opts.max_len_b)
         if any(len(ids) + 1 >= limit for _, ids in hyps):
             continue  # at the limit raymt forces EOS while CTranslate2 truncates
-        result = translator.translate_batch([pieces(vocab, src)], beam_size=5, num_hypotheses=5, length_penalty=0.0,
-                                            max_decoding_length=limit - 1, min_decoding_length=0,
-                                            return_scores=True)[0]
+        result = translator.translate_batch(
+            [pieces(vocab, src)],
+            beam_size=5,
+            num_hypotheses=5,
+            length_penalty=0.0,
+            max_decoding_length=limit - 1,
+            min_decoding_length=0,
+            return_scores=True,
+        )[0]
         assert [[vocab.index(p) for p in h] for h in result.hypotheses] == [ids for _, ids in hyps]
         assert result.scores == pytest.approx([s for s, _ in hyps], abs=1e-3)
         compared += 1
@@ -139,13 +151,31 @@ def random_checkpoint(tmp_path_factory):
 
 def test_cli_writes_a_ctranslate2_directory(random_checkpoint, tmp_path, err_lines):
     out = tmp_path / "ct2"
-    run = subprocess.run([sys.executable, "-m", "raymt.export", "--checkpoint", str(random_checkpoint),
-                          "--output", str(out), "--format", "ctranslate2"], capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raymt.export",
+            "--checkpoint",
+            str(random_checkpoint),
+            "--output",
+            str(out),
+            "--format",
+            "ctranslate2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert "ctranslate2.Translator" in run.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.bin", "raymt_config.json",
-                                                     "shared_vocabulary.json", "spm.model"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.bin",
+        "raymt_config.json",
+        "shared_vocabulary.json",
+        "spm.model",
+    ]
     assert json.loads((out / "raymt_config.json").read_text())["vocab_size"] == 256
     translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
     assert len(translator.translate_batch([["▁Germany"]], beam_size=1, max_decoding_length=3)) == 1
@@ -169,6 +199,7 @@ def test_missing_ctranslate2_is_one_line_error(random_checkpoint, tmp_path, monk
     monkeypatch.setitem(sys.modules, "ctranslate2.specs", None)  # makes the import fail
     out = tmp_path / "ct2"
     assert export.main(["--checkpoint", str(random_checkpoint), "--output", str(out), "--format", "ctranslate2"]) == 2
-    assert err_lines() == ["raymt.export: error: --format ctranslate2 needs the ctranslate2 package: "
-                           "pip install ctranslate2"]
+    assert err_lines() == [
+        "raymt.export: error: --format ctranslate2 needs the ctranslate2 package: pip install ctranslate2"
+    ]
     assert not out.exists()

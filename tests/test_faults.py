@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REFERENCE_STEPS, tiny_run
+
 from raymt.batching import collate
 from raymt.checkpoint import RAY_SNAPSHOT_FILE
 from raymt.config import Config, tiny
@@ -115,8 +115,9 @@ def reference(reference_run):
 def assert_mid_epoch(checkpoint) -> None:
     """The checkpoint a run resumed from was written in the middle of an epoch."""
     state = torch.load(checkpoint / "train_state.pt", weights_only=True)
-    assert all(p["epoch"] == state["epoch"] and (p["chunk"], p["batches"]) != (0, 0)
-               for p in state["data_positions"]), state["data_positions"]
+    assert all(
+        p["epoch"] == state["epoch"] and (p["chunk"], p["batches"]) != (0, 0) for p in state["data_positions"]
+    ), state["data_positions"]
 
 
 def assert_same_as_reference(run_dir, reference) -> None:
@@ -142,8 +143,12 @@ def test_killed_worker_then_killed_driver_resume_exactly(tmp_path, reference, ra
     on. At step 80 it has the parameters of an uninterrupted run, each pair trained once at the
     same step."""
     run_dir = tmp_path / "faults"
-    proc = subprocess.Popen(tiny_run(tmp_path, "faults", STEPS, "--set", "train.max_failures=1"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        tiny_run(tmp_path, "faults", STEPS, "--set", "train.max_failures=1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     wait_until(lambda: checkpoint_steps(run_dir), proc)
     pids = ray_address.train_workers()
     assert pids, "no training worker process found"
@@ -162,8 +167,12 @@ def test_killed_worker_then_killed_driver_resume_exactly(tmp_path, reference, ra
     assert_mid_epoch(checkpoint_at(run_dir, latest))
 
     # --resume RUN with a larger --max-steps: on from the latest checkpoint, past the old end.
-    out = subprocess.run([sys.executable, "-m", "raymt.train", "--resume", str(run_dir),
-                          "--max-steps", str(STEPS + 10)], capture_output=True, text=True, timeout=400)
+    out = subprocess.run(
+        [sys.executable, "-m", "raymt.train", "--resume", str(run_dir), "--max-steps", str(STEPS + 10)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     logged = [int(m) for m in re.findall(r"step (\d+)/", out.stdout + out.stderr)]
     assert logged and min(logged) > latest and f"step {STEPS + 10}/{STEPS + 10}" in out.stdout + out.stderr

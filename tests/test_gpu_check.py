@@ -45,8 +45,21 @@ def test_gpu_runs_get_the_gpu_defaults(tmp_path):
 
     args = gpu_check.parse_args(["--out", str(tmp_path), "--work", str(tmp_path), "--corpus", str(tmp_path)])
     sizes = gpu_check.FULL
-    user = build_config(parse_args(["--gpu", "--num-workers", "1", "--preset", sizes.preset, "--max-steps",
-                                    str(sizes.steps), "--corpus", str(tmp_path)]))  # a one-GPU user
+    user = build_config(
+        parse_args(
+            [
+                "--gpu",
+                "--num-workers",
+                "1",
+                "--preset",
+                sizes.preset,
+                "--max-steps",
+                str(sizes.steps),
+                "--corpus",
+                str(tmp_path),
+            ]
+        )
+    )  # a one-GPU user
     for extra in ([], ["--set", "train.compile=true"]):
         flags = gpu_check.train_flags(args, sizes, "ray", sizes.steps, *gpu_check.speed_flags(sizes, 1.0), *extra)
         cfg = gpu_check.train_config(gpu_check.parse_args(["--part", "train", "--", *flags]))
@@ -55,23 +68,28 @@ def test_gpu_runs_get_the_gpu_defaults(tmp_path):
         assert (cfg.train.max_steps, cfg.train.eval_every, cfg.train.log_every) == (200, 200, 25)
 
 
-@pytest.mark.parametrize("name, card, dtype, tflops", [
-    ("NVIDIA H100 80GB HBM3", "H100 SXM", "bf16", 989.0),
-    ("NVIDIA H100 PCIe", "H100 PCIe", "bf16", 756.0),
-    ("NVIDIA H200", "H200", "bf16", 989.0),
-    ("NVIDIA A100-SXM4-80GB", "A100", "bf16", 312.0),
-    ("NVIDIA A10G", "A10G", "bf16", 70.0),  # not an A100
-    ("NVIDIA L4", "L4", "bf16", 121.0),  # not an L40S
-    ("NVIDIA L40S", "L40S", "bf16", 362.0),
-    ("Tesla V100-SXM2-16GB", "V100 SXM2", "fp16", 125.0),
-    ("Tesla T4", "T4", "fp16", 65.0),
-])
+@pytest.mark.parametrize(
+    "name, card, dtype, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", "bf16", 989.0),
+        ("NVIDIA H100 PCIe", "H100 PCIe", "bf16", 756.0),
+        ("NVIDIA H200", "H200", "bf16", 989.0),
+        ("NVIDIA A100-SXM4-80GB", "A100", "bf16", 312.0),
+        ("NVIDIA A10G", "A10G", "bf16", 70.0),  # not an A100
+        ("NVIDIA L4", "L4", "bf16", 121.0),  # not an L40S
+        ("NVIDIA L40S", "L40S", "bf16", 362.0),
+        ("Tesla V100-SXM2-16GB", "V100 SXM2", "fp16", 125.0),
+        ("Tesla T4", "T4", "fp16", 65.0),
+    ],
+)
 def test_card_peaks_match_device_names(name, card, dtype, tflops):
     assert gpu_check.card_peak(name) == (card, dtype, tflops)
 
 
-@pytest.mark.parametrize("name, capability, dtype, peak", [("NVIDIA H200", (9, 0), "bf16", 989.0),
-                                                       ("Tesla V100-SXM2-16GB", (7, 0), "fp16", 125.0)])
+@pytest.mark.parametrize(
+    "name, capability, dtype, peak",
+    [("NVIDIA H200", (9, 0), "bf16", 989.0), ("Tesla V100-SXM2-16GB", (7, 0), "fp16", 125.0)],
+)
 def test_matmul_part_on_a_fake_gpu(tmp_path, monkeypatch, name, capability, dtype, peak):
     """The GPU branch of the first part (a mistake there would cost a lent GPU's session)."""
     import torch
@@ -87,15 +105,28 @@ def test_matmul_part_on_a_fake_gpu(tmp_path, monkeypatch, name, capability, dtyp
     assert gpu_check.part_matmul(args, gpu_check.FULL) == 0
     result = json.loads((tmp_path / "matmul.json").read_text())
     assert calls == [("cuda", {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype], gpu_check.FULL.matmul_n)]
-    assert (result["gpu"], result["peak_tflops"], result["dtype"], result["matmul_tflops"]) == (name, peak, dtype, 700.0)
+    assert (result["gpu"], result["peak_tflops"], result["dtype"], result["matmul_tflops"]) == (
+        name,
+        peak,
+        dtype,
+        700.0,
+    )
     assert result["capability"] == "sm_%d%d" % capability
 
 
 def test_unknown_card_has_no_peak_and_says_so():
     assert gpu_check.card_peak("NVIDIA GeForce RTX 4090") is None
-    parts = {"matmul": {"gpu": "NVIDIA GeForce RTX 4090", "card": None, "peak_tflops": None, "dtype": "bf16",
-                        "matmul_tflops": 150.0, "n": 8192},
-             "ray": {"tokens_per_s": 1e5, "flops_per_token": 3e8}}
+    parts = {
+        "matmul": {
+            "gpu": "NVIDIA GeForce RTX 4090",
+            "card": None,
+            "peak_tflops": None,
+            "dtype": "bf16",
+            "matmul_tflops": 150.0,
+            "n": 8192,
+        },
+        "ray": {"tokens_per_s": 1e5, "flops_per_token": 3e8},
+    }
     rows = gpu_check.table_rows(parts, cpu=False)
     cells = {(r[0], r[1]): r for r in rows}
     assert cells[("gpu", "-")][3] == "n/a (unknown card)"
@@ -104,12 +135,20 @@ def test_unknown_card_has_no_peak_and_says_so():
 
 def test_gpu_table_from_fake_parts():
     """The figures a GPU run would give, as the table shows them."""
-    parts = {"matmul": {"gpu": "NVIDIA H200", "capability": "sm_90", "card": "H200", "peak_tflops": 989.0,
-                        "dtype": "bf16", "matmul_tflops": 700.0, "n": 8192},
-             "ray": {"tokens_per_s": 1.0e6, "flops_per_token": 4e8, "data_share": 0.0123, "peak_gpu_mb": None},
-             "plain": {"tokens_per_s": 1.25e6, "flops_per_token": 4e8, "peak_gpu_mb": 40960.0,
-                       "syncs_per_step": 0.04},
-             "compiled": {"error": "timed out after 120 s"}}
+    parts = {
+        "matmul": {
+            "gpu": "NVIDIA H200",
+            "capability": "sm_90",
+            "card": "H200",
+            "peak_tflops": 989.0,
+            "dtype": "bf16",
+            "matmul_tflops": 700.0,
+            "n": 8192,
+        },
+        "ray": {"tokens_per_s": 1.0e6, "flops_per_token": 4e8, "data_share": 0.0123, "peak_gpu_mb": None},
+        "plain": {"tokens_per_s": 1.25e6, "flops_per_token": 4e8, "peak_gpu_mb": 40960.0, "syncs_per_step": 0.04},
+        "compiled": {"error": "timed out after 120 s"},
+    }
     text = gpu_check.markdown(gpu_check.table_rows(parts, cpu=False))
     t = table(text)
     assert t[("mfu", "ray")]["peak"] == "40.4%" and t[("mfu", "ray")]["matmul"] == "57.1%"
@@ -130,8 +169,9 @@ def test_run_figures_from_metrics_csv(tmp_path):
     """tok/s leaves out the warm-up interval and weighs the others by time; the run's last data_share;
     peak GPU memory when the worker logs it."""
     logged = tmp_path / "metrics.csv"
-    logged.write_text("step,tokens_per_s,valid_bleu,data_share,peak_gpu_mb\n"
-                      "25,10,,0.5,100\n50,200,,0.1,300\n100,100,1.5,0.05,310\n")
+    logged.write_text(
+        "step,tokens_per_s,valid_bleu,data_share,peak_gpu_mb\n25,10,,0.5,100\n50,200,,0.1,300\n100,100,1.5,0.05,310\n"
+    )
     figures = gpu_check.metrics_figures(str(logged))
     # 25 steps at 200 tok/s and 50 at 100 (about as many tokens a step): 75 steps in 0.625 "s".
     assert figures == {"tokens_per_s": pytest.approx(120.0), "steps": 75, "data_share": 0.05, "peak_gpu_mb": 310.0}
@@ -150,8 +190,8 @@ def test_syncs_counted_once_each(monkeypatch):
 
     def three_syncs():
         for _ in range(3):
-            warnings.warn("called a synchronizing CUDA operation")
-        warnings.warn("something else")
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+        warnings.warn("something else", stacklevel=1)
 
     assert gpu_check.count_syncs(three_syncs) == 3
     assert modes == ["warn", "default"]
@@ -161,8 +201,13 @@ def test_syncs_counted_once_each(monkeypatch):
 def test_tiny_gpu_check_on_cpu(tmp_path, ray_address):
     out = tmp_path / "check"
     # Parts have their own caps; a busy shared machine gets 3x of them.
-    run = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--tiny", "--out", str(out), "--timeout-scale", "3"],
-                         capture_output=True, text=True, timeout=1450, cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu", "--tiny", "--out", str(out), "--timeout-scale", "3"],
+        capture_output=True,
+        text=True,
+        timeout=1450,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     t = table(run.stdout)
     for name in ("ray", "plain"):
@@ -184,8 +229,10 @@ def test_tiny_gpu_check_on_cpu(tmp_path, ray_address):
     assert parts["ray"]["steps"] == gpu_check.TINY.steps - gpu_check.TINY.log_every
     assert parts["plain"]["steps"] == parts["ray"]["steps"]  # the same batches after the same warm-up
     # The same model on the same batches: the same losses at every progress line.
-    ray_loss, plain_loss = (dict(re.findall(r"step (\d+)/\d+ \| epoch \d+ \| loss ([\d.]+)",
-                                            (out / f"{name}.log").read_text())) for name in ("ray", "plain"))
+    ray_loss, plain_loss = (
+        dict(re.findall(r"step (\d+)/\d+ \| epoch \d+ \| loss ([\d.]+)", (out / f"{name}.log").read_text()))
+        for name in ("ray", "plain")
+    )
     steps = [str(s) for s in range(gpu_check.TINY.log_every, gpu_check.TINY.steps + 1, gpu_check.TINY.log_every)]
     for step in steps:
         assert float(ray_loss[step]) == pytest.approx(float(plain_loss[step]), abs=0.01), (step, ray_loss, plain_loss)

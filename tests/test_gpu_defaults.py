@@ -25,8 +25,7 @@ class FakeDataset:
         return self
 
     def take_all(self):
-        return [{"set": r["set"], "index": i, "score": -1.0, "hyp": f"hyp {i}"}
-                for r in self.rows for i in r["index"]]
+        return [{"set": r["set"], "index": i, "score": -1.0, "hyp": f"hyp {i}"} for r in self.rows for i in r["index"]]
 
 
 def test_gpu_run_decodes_its_test_set_on_an_actor_pool_of_gpus_not_on_the_driver(tmp_path, monkeypatch):
@@ -46,7 +45,11 @@ def test_gpu_run_decodes_its_test_set_on_an_actor_pool_of_gpus_not_on_the_driver
     make_checkpoint(stored, step=7)
     scores = train.score_test_set(checkpoint, (src, tgt), cfg, str(stored))
     assert seen["fn"] is evaluate.BatchTranslator
-    assert (seen["num_gpus"], seen["num_cpus"], seen["compute"].min_size) == (1, 1.0, 3)  # one GPU an actor, one actor a worker
+    assert (seen["num_gpus"], seen["num_cpus"], seen["compute"].min_size) == (
+        1,
+        1.0,
+        3,
+    )  # one GPU an actor, one actor a worker
     assert seen["fn_constructor_kwargs"]["device"] == "cuda"
     assert seen["fn_constructor_kwargs"]["checkpoint"] == str(stored)  # not the driver's copy
     assert scores["num_sentences"] == 20 and scores["beam"] == cfg.decode.beam
@@ -94,20 +97,22 @@ def test_gpu_run_gets_a_gpu_step_budget_and_validation_interval():
     assert (mine.train.max_steps, mine.train.eval_every, mine.optim.warmup_steps) == (3000, 500, 750)
 
 
-@pytest.mark.parametrize("argv, lr", [
-    (["--num-workers", "1"], 8.0e-4),  # 32k tokens: the paper's 7.0e-4 x sqrt(32768 / 25000)
-    (["--num-workers", "1", "--set", "data.max_tokens=12500"], 4.9e-4),  # half the paper's batch
-    (["--num-workers", "2", "--set", "data.max_tokens=12500", "--set", "optim.update_freq=2"], 9.9e-4),
-    (["--num-workers", "8"], 1.4e-3),  # 262k tokens: x3.2, capped at twice the paper's lr
-])
+@pytest.mark.parametrize(
+    "argv, lr",
+    [
+        (["--num-workers", "1"], 8.0e-4),  # 32k tokens: the paper's 7.0e-4 x sqrt(32768 / 25000)
+        (["--num-workers", "1", "--set", "data.max_tokens=12500"], 4.9e-4),  # half the paper's batch
+        (["--num-workers", "2", "--set", "data.max_tokens=12500", "--set", "optim.update_freq=2"], 9.9e-4),
+        (["--num-workers", "8"], 1.4e-3),  # 262k tokens: x3.2, capped at twice the paper's lr
+    ],
+)
 def test_lr_follows_the_global_batch(argv, lr):
     cfg = build_config(parse_args(["--gpu", "--preset", "base", *argv]))
     assert (cfg.optim.lr, cfg.optim.warmup_steps) == (lr, 4000)
 
 
 def test_gpu_run_prints_its_schedule_at_start(tmp_path, monkeypatch, capsys):
-    cfg = build_config(parse_args(["--gpu", "--preset", "base", "--num-workers", "8",
-                                   "--storage-path", str(tmp_path)]))
+    cfg = build_config(parse_args(["--gpu", "--preset", "base", "--num-workers", "8", "--storage-path", str(tmp_path)]))
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt  # the run's first step after its start-up lines
@@ -117,7 +122,8 @@ def test_gpu_run_prints_its_schedule_at_start(tmp_path, monkeypatch, capsys):
         train.run(cfg)
     assert capsys.readouterr().out.startswith(
         "lr 1.4e-3 and warmup 4000 for a global batch of 262k tokens (8 workers x 32768 x update_freq 1): "
-        "the paper's 25k-token schedule, lr x sqrt(batch ratio) = x3.24, capped at x2")
+        "the paper's 25k-token schedule, lr x sqrt(batch ratio) = x3.24, capped at x2"
+    )
 
 
 def test_run_from_a_checkpoint_keeps_its_batch_schedule(tmp_path):

@@ -10,11 +10,29 @@ import numpy as np
 import pytest
 
 from raymt.config import DataConfig
-from raymt.data.inputs import (BT_TAG, CorpusSpec, Piece, allocate, as_single_pair, check_corpora,
-                               corpora_from_flags, sample_sizes,
-                               corpora_from_tables, decode_tags, epoch_pieces, epoch_rows, iter_pieces,
-                               lang_tag, parse_pairs, reserved_pieces, sampling_probs, single_pair,
-                               source_tags, split_spec, stream_ranges)
+from raymt.data.inputs import (
+    BT_TAG,
+    CorpusSpec,
+    Piece,
+    allocate,
+    as_single_pair,
+    check_corpora,
+    corpora_from_flags,
+    corpora_from_tables,
+    decode_tags,
+    epoch_pieces,
+    epoch_rows,
+    iter_pieces,
+    lang_tag,
+    parse_pairs,
+    reserved_pieces,
+    sample_sizes,
+    sampling_probs,
+    single_pair,
+    source_tags,
+    split_spec,
+    stream_ranges,
+)
 
 SIZES = [100_003, 9_001, 517]  # awkward sizes: floats of n_i / N are not exact
 
@@ -62,11 +80,14 @@ def test_sentencepiece_sample_is_balanced_by_the_temperature():
     assert small == 10_000 and big == 200_000 - round(200_000 * sampling_probs([1_000_000, 10_000], 5.0)[1])
 
 
-@pytest.mark.parametrize("args, message", [
-    (([10, 0], 1.0), "cleaning emptied"),
-    (([10, 5], 0.0), "data.temperature=0.0 must be > 0"),
-    (([10, 5], 1.0, [1.0, 0.0]), "weights"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (([10, 0], 1.0), "cleaning emptied"),
+        (([10, 5], 0.0), "data.temperature=0.0 must be > 0"),
+        (([10, 5], 1.0, [1.0, 0.0]), "weights"),
+    ],
+)
 def test_sampling_rejects_bad_values(args, message):
     with pytest.raises(ValueError, match=message):
         sampling_probs(*args)
@@ -109,8 +130,7 @@ def test_resume_from_any_position_continues_the_same_schedule():
     full = list(iter_pieces(rows, seed=4, num_epochs=3, piece_rows=256))
     for at in (1, 17, len(full) // 2, len(full) - 1):
         epoch, piece, _ = full[at]
-        resumed = list(iter_pieces(rows, seed=4, epoch=epoch, piece=piece, num_epochs=3 - epoch,
-                                   piece_rows=256))
+        resumed = list(iter_pieces(rows, seed=4, epoch=epoch, piece=piece, num_epochs=3 - epoch, piece_rows=256))
         assert resumed == full[at:]
 
 
@@ -143,41 +163,50 @@ def test_corpus_spec_holds_tuples_and_names():
     assert CorpusSpec("en", "de").builtin
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(src_lang="en", tgt_lang="en"), "both 'en': pick two languages"),
-    (dict(src_lang="en", tgt_lang="d e"), "must be a language code"),
-    (dict(src_lang="en", tgt_lang="de", origin="synthetic"), "origin='synthetic' must be one of real, bt"),
-    (dict(src_lang="en", tgt_lang="de", weight=0), "weight=0 must be a number > 0"),
-    (dict(src_lang="en", tgt_lang="de", weight=float("nan")), "must be a number > 0"),
-    (dict(src_lang="en", tgt_lang="de", origin="bt"), "back-translated corpus needs files: pass --bt en-de:PATH"),
-    (dict(src_lang="en", tgt_lang="de", train=["a", "a"]), "listed twice"),
-    (dict(src_lang="en", tgt_lang="de", train=[3]), "must be a path or a list of paths"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(src_lang="en", tgt_lang="en"), "both 'en': pick two languages"),
+        (dict(src_lang="en", tgt_lang="d e"), "must be a language code"),
+        (dict(src_lang="en", tgt_lang="de", origin="synthetic"), "origin='synthetic' must be one of real, bt"),
+        (dict(src_lang="en", tgt_lang="de", weight=0), "weight=0 must be a number > 0"),
+        (dict(src_lang="en", tgt_lang="de", weight=float("nan")), "must be a number > 0"),
+        (dict(src_lang="en", tgt_lang="de", origin="bt"), "back-translated corpus needs files: pass --bt en-de:PATH"),
+        (dict(src_lang="en", tgt_lang="de", train=["a", "a"]), "listed twice"),
+        (dict(src_lang="en", tgt_lang="de", train=[3]), "must be a path or a list of paths"),
+    ],
+)
 def test_corpus_spec_rejects_mistakes_in_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message) as err:
         CorpusSpec(**kwargs)
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("en-de:data/train", (("en", "de"), "data/train")),
-    ("pt_BR-eng_Latn:x.tsv", (("pt_BR", "eng_Latn"), "x.tsv")),
-    ("en-de:s3://bucket/bt/", (("en", "de"), "s3://bucket/bt/")),
-    ("s3://bucket/train", (None, "s3://bucket/train")),
-    ("data/train", (None, "data/train")),
-    ("./a:b", (None, "./a:b")),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("en-de:data/train", (("en", "de"), "data/train")),
+        ("pt_BR-eng_Latn:x.tsv", (("pt_BR", "eng_Latn"), "x.tsv")),
+        ("en-de:s3://bucket/bt/", (("en", "de"), "s3://bucket/bt/")),
+        ("s3://bucket/train", (None, "s3://bucket/train")),
+        ("data/train", (None, "data/train")),
+        ("./a:b", (None, "./a:b")),
+    ],
+)
 def test_split_spec(spec, expected):
     assert split_spec(spec, "--train") == expected
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("en:x", "'en' is not a language pair"),
-    ("pt-BR-en:x", "use pt_BR, not pt-BR"),
-    ("en-en:x", "two different codes"),
-    ("en-de:", "nothing after 'en-de:'"),
-    ("", "empty SPEC"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("en:x", "'en' is not a language pair"),
+        ("pt-BR-en:x", "use pt_BR, not pt-BR"),
+        ("en-en:x", "two different codes"),
+        ("en-de:", "nothing after 'en-de:'"),
+        ("", "empty SPEC"),
+    ],
+)
 def test_split_spec_rejects_malformed_specs(spec, message):
     with pytest.raises(ValueError, match=message):
         split_spec(spec, "--train")
@@ -190,48 +219,68 @@ def test_parse_pairs():
 
 
 def test_flags_group_by_pair_and_origin():
-    corpora = corpora_from_flags(["en-de:a", "b", "de-en:c"], ["s3://x/bt"],
-                                 ["en-de:va", "de-en:vb"], ["en-de:t1", "en-de:t2"], ("en", "de"))
-    assert corpora == [CorpusSpec("en", "de", ("a", "b"), valid="va", test=("t1", "t2")),
-                       CorpusSpec("de", "en", ("c",), valid="vb"),
-                       CorpusSpec("en", "de", ("s3://x/bt",), "bt")]
+    corpora = corpora_from_flags(
+        ["en-de:a", "b", "de-en:c"], ["s3://x/bt"], ["en-de:va", "de-en:vb"], ["en-de:t1", "en-de:t2"], ("en", "de")
+    )
+    assert corpora == [
+        CorpusSpec("en", "de", ("a", "b"), valid="va", test=("t1", "t2")),
+        CorpusSpec("de", "en", ("c",), valid="vb"),
+        CorpusSpec("en", "de", ("s3://x/bt",), "bt"),
+    ]
     both = corpora_from_flags(["en-de:m30k", "de-en:m30k"], [], ["en-de:val", "de-en:val"], [], ("en", "de"))
     # One prefix, two directions.
     assert [(c.pair, c.train) for c in both] == [("en-de", ("m30k",)), ("de-en", ("m30k",))]
 
 
-@pytest.mark.parametrize("flags, message", [
-    ((["en-de:a", "en-fr:b"], [], ["en-de:v"], []), "pair en-fr has no validation set: pass --valid en-fr:PREFIX"),
-    ((["en-de:a"], [], ["en-de:v", "en-fr:w"], []), "--valid en-fr:... names a pair with no --train or --bt data"),
-    ((["en-de:a"], [], ["v", "en-de:w"], []), "--valid is given 2 times for en-de"),
-    ((["en-de:a"], ["en-de:a"], ["v"], []), r"a \(en-de\) is in two corpora of one pair"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ((["en-de:a", "en-fr:b"], [], ["en-de:v"], []), "pair en-fr has no validation set: pass --valid en-fr:PREFIX"),
+        ((["en-de:a"], [], ["en-de:v", "en-fr:w"], []), "--valid en-fr:... names a pair with no --train or --bt data"),
+        ((["en-de:a"], [], ["v", "en-de:w"], []), "--valid is given 2 times for en-de"),
+        ((["en-de:a"], ["en-de:a"], ["v"], []), r"a \(en-de\) is in two corpora of one pair"),
+    ],
+)
 def test_flags_reject_mistakes(flags, message):
     with pytest.raises(ValueError, match=message):
         corpora_from_flags(*flags, default_pair=("en", "de"))
 
 
 def test_tables_give_corpora():
-    corpora = corpora_from_tables([
-        {"src_lang": "en", "tgt_lang": "de", "train": "europarl", "valid": "dev", "weight": 2.0},
-        {"src_lang": "en", "tgt_lang": "de", "train": ["bt1", "bt2"], "origin": "bt"},
-        {"src_lang": "en", "tgt_lang": "fr"},  # the built-in corpus's en-fr
-    ])
+    corpora = corpora_from_tables(
+        [
+            {"src_lang": "en", "tgt_lang": "de", "train": "europarl", "valid": "dev", "weight": 2.0},
+            {"src_lang": "en", "tgt_lang": "de", "train": ["bt1", "bt2"], "origin": "bt"},
+            {"src_lang": "en", "tgt_lang": "fr"},  # the built-in corpus's en-fr
+        ]
+    )
     assert [c.name for c in corpora] == ["en-de", "en-de.bt", "en-fr"]
     assert corpora[0].weight == 2.0 and corpora[1].train == ("bt1", "bt2") and corpora[2].builtin
 
 
-@pytest.mark.parametrize("tables, message", [
-    ([{"src_lang": "en", "tgt_lang": "de", "path": "x"}], r"data.corpora\[0\]: unknown key\(s\) path"),
-    ([{"src_lang": "en", "train": "x"}], "tgt_lang missing"),
-    ([{"src_lang": "en", "tgt_lang": "de", "train": "x", "valid": "v"},
-      {"src_lang": "en", "tgt_lang": "de", "train": "y"}], "corpus en-de is given twice"),
-    ([{"src_lang": "en", "tgt_lang": "de", "train": "x", "valid": "v"},
-      {"src_lang": "en", "tgt_lang": "de", "train": "y", "origin": "bt", "valid": "w"}],
-     "pair en-de has 2 validation sets"),
-    ([{"src_lang": "en", "tgt_lang": "ja"}], "language 'ja' is not in the built-in corpus"),
-    ([], "non-empty list of tables"),
-])
+@pytest.mark.parametrize(
+    "tables, message",
+    [
+        ([{"src_lang": "en", "tgt_lang": "de", "path": "x"}], r"data.corpora\[0\]: unknown key\(s\) path"),
+        ([{"src_lang": "en", "train": "x"}], "tgt_lang missing"),
+        (
+            [
+                {"src_lang": "en", "tgt_lang": "de", "train": "x", "valid": "v"},
+                {"src_lang": "en", "tgt_lang": "de", "train": "y"},
+            ],
+            "corpus en-de is given twice",
+        ),
+        (
+            [
+                {"src_lang": "en", "tgt_lang": "de", "train": "x", "valid": "v"},
+                {"src_lang": "en", "tgt_lang": "de", "train": "y", "origin": "bt", "valid": "w"},
+            ],
+            "pair en-de has 2 validation sets",
+        ),
+        ([{"src_lang": "en", "tgt_lang": "ja"}], "language 'ja' is not in the built-in corpus"),
+        ([], "non-empty list of tables"),
+    ],
+)
 def test_tables_reject_mistakes(tables, message):
     with pytest.raises(ValueError, match=message):
         corpora_from_tables(tables)
@@ -246,19 +295,30 @@ def test_single_pair_config_is_one_corpus():
     assert corpora == [CorpusSpec("fr", "es", ("tr",), valid="va", test=("te",))]
     check_corpora(corpora)
     assert reserved_pieces(corpora) == []  # no tag: the SentencePiece model stays as today's
-    assert as_single_pair(corpora) == {"data.src_lang": "fr", "data.tgt_lang": "es", "data.train": "tr",
-                                       "data.valid": "va", "data.test": "te"}
+    assert as_single_pair(corpora) == {
+        "data.src_lang": "fr",
+        "data.tgt_lang": "es",
+        "data.train": "tr",
+        "data.valid": "va",
+        "data.test": "te",
+    }
     assert as_single_pair([builtin])["data.train"] is None
 
 
 def test_only_one_real_corpus_of_one_file_maps_back_to_todays_fields():
     flags = corpora_from_flags(["en-de:x"], [], ["en-de:v"], [], ("fr", "es"))
-    assert as_single_pair(flags) == {"data.src_lang": "en", "data.tgt_lang": "de", "data.train": "x",
-                                     "data.valid": "v", "data.test": None}
+    assert as_single_pair(flags) == {
+        "data.src_lang": "en",
+        "data.tgt_lang": "de",
+        "data.train": "x",
+        "data.valid": "v",
+        "data.test": None,
+    }
     assert as_single_pair(corpora_from_flags(["x"], ["y"], ["v"], [], ("en", "de"))) is None  # + bt
     assert as_single_pair(corpora_from_flags(["x", "y"], [], ["v"], [], ("en", "de"))) is None  # 2 files
-    assert as_single_pair(corpora_from_flags(["en-de:x", "de-en:x"], [], ["en-de:v", "de-en:v"], [],
-                                             ("en", "de"))) is None
+    assert (
+        as_single_pair(corpora_from_flags(["en-de:x", "de-en:x"], [], ["en-de:v", "de-en:v"], [], ("en", "de"))) is None
+    )
     assert epoch_rows([1234], 5.0) == [1234]
 
 
@@ -306,9 +366,16 @@ def _write_corpora(directory, sizes: list[int]) -> tuple[list[list], dict[str, i
         for lo, hi in ((0, n // 2), (n // 2, n)):
             path, ids = str(directory / f"c{i}-{lo}.parquet"), range(lo, hi)
             src = [[5 + i, 100 + r] + [7] * (r % 5) for r in ids]  # lengths 2-6
-            pq.write_table(pa.table({"src_ids": pa.array(src, pa.list_(pa.int32())),
-                                     "tgt_ids": pa.array([[9, 100 + r] for r in ids], pa.list_(pa.int32()))}),
-                           path, row_group_size=20)
+            pq.write_table(
+                pa.table(
+                    {
+                        "src_ids": pa.array(src, pa.list_(pa.int32())),
+                        "tgt_ids": pa.array([[9, 100 + r] for r in ids], pa.list_(pa.int32())),
+                    }
+                ),
+                path,
+                row_group_size=20,
+            )
             corpora[i].append(Shard(path, hi - lo))
             first[path] = lo
     return corpora, first
@@ -330,17 +397,24 @@ class _MixedPlan:
         """The mixed epoch's plan (stands in for raymt.data.stream.epoch_reads)."""
         from raymt.data.stream import sub_plan
 
-        return [read for p in epoch_pieces(self.rows, seed, epoch, self.piece_rows)
-                for k, a, b in stream_ranges(self.sizes[p.corpus], p.lo, p.hi)
-                for read in sub_plan(self.corpus_reads(seed, p.corpus, k), a, b)]
+        return [
+            read
+            for p in epoch_pieces(self.rows, seed, epoch, self.piece_rows)
+            for k, a, b in stream_ranges(self.sizes[p.corpus], p.lo, p.hi)
+            for read in sub_plan(self.corpus_reads(seed, p.corpus, k), a, b)
+        ]
 
     def planned(self, seed: int, epoch: int) -> Counter:
         """(corpus, row id) of each corpus's stream window [epoch r_i, (epoch + 1) r_i)."""
         from raymt.data.stream import sub_plan
 
-        return Counter((i, self.first[path] + x) for i, r in enumerate(self.rows)
-                       for k, a, b in stream_ranges(self.sizes[i], epoch * r, (epoch + 1) * r)
-                       for path, s, e in sub_plan(self.corpus_reads(seed, i, k), a, b) for x in range(s, e))
+        return Counter(
+            (i, self.first[path] + x)
+            for i, r in enumerate(self.rows)
+            for k, a, b in stream_ranges(self.sizes[i], epoch * r, (epoch + 1) * r)
+            for path, s, e in sub_plan(self.corpus_reads(seed, i, k), a, b)
+            for x in range(s, e)
+        )
 
 
 def test_mixed_plan_through_todays_stream_is_exact(tmp_path, monkeypatch):
@@ -352,8 +426,9 @@ def test_mixed_plan_through_todays_stream_is_exact(tmp_path, monkeypatch):
     corpora, first = _write_corpora(tmp_path, sizes)
     plan = _MixedPlan(corpora, first, epoch_rows(sizes, 5.0), piece_rows=16)
     monkeypatch.setattr(stream, "epoch_reads", plan.epoch_reads)
-    monkeypatch.setattr(stream, "slice_bounds", lambda files, s, e, rank, world: stream.row_bounds(
-        sum(plan.rows), rank, world))
+    monkeypatch.setattr(
+        stream, "slice_bounds", lambda files, s, e, rank, world: stream.row_bounds(sum(plan.rows), rank, world)
+    )
     cfg = DataConfig(window_rows=32, shuffle_buffer_rows=32, max_tokens=64, max_len=20)
 
     def run(rank, world, position, segment=None, stop=None):
@@ -380,6 +455,7 @@ def test_mixed_plan_through_todays_stream_is_exact(tmp_path, monkeypatch):
     new = [run(r, 3, *stream.resume_point(corpora, cfg, seed, 1, saved, None, r, 3)) for r in range(3)]
     assert trained(*old, *new) == plan.planned(seed, 1)  # resized from 2 workers to 3 mid-epoch
     for i, n in enumerate(sizes):  # windows tile each corpus's stream: each pair once per corpus epoch
-        seen = Counter(row for epoch in range(6) for (c, row), m in plan.planned(seed, epoch).items()
-                       if c == i for _ in range(m))
+        seen = Counter(
+            row for epoch in range(6) for (c, row), m in plan.planned(seed, epoch).items() if c == i for _ in range(m)
+        )
         assert len(seen) == n and set(seen.values()) <= {6 * plan.rows[i] // n, -(-6 * plan.rows[i] // n)}

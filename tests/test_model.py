@@ -15,7 +15,7 @@ def mixed_batch(lengths, vocab=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     out = torch.full((len(lengths), max(lengths)), PAD_ID)
     for i, n in enumerate(lengths):
-        out[i, :n - 1] = torch.randint(4, vocab, (n - 1,), generator=g)
+        out[i, : n - 1] = torch.randint(4, vocab, (n - 1,), generator=g)
         out[i, n - 1] = EOS_ID
     return out
 
@@ -28,7 +28,7 @@ def test_split_batch_gives_rows_of_unsplit_batch(tiny_model):
         for rows in (slice(0, 4), slice(4, 8), slice(2, 3)):
             s, t = src[rows], tgt[rows]
             # Each shard trims its own padding, as a worker's collate would.
-            s, t = s[:, :int((s != PAD_ID).sum(1).max())], t[:, :int((t != PAD_ID).sum(1).max())]
+            s, t = s[:, : int((s != PAD_ID).sum(1).max())], t[:, : int((t != PAD_ID).sum(1).max())]
             part = tiny_model(s, t)
             for i in range(part.size(0)):
                 n = int((t[i] != PAD_ID).sum())

@@ -18,8 +18,9 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch, ray_address):
     monkeypatch.setenv("RAYMT_NOTEBOOK_PLOTS", str(tmp_path / "plots"))
     monkeypatch.setenv("RAYMT_STORAGE_PATH", str(tmp_path / "runs"))
     nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
-    NotebookClient(nb, timeout=540, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()  # raises on error
+    NotebookClient(
+        nb, timeout=540, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()  # raises on error
 
     for name in ("training.png", "sweep.png"):
         path = tmp_path / "plots" / name

@@ -5,6 +5,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: E402, F401 (autouse fixture)
+
 from raymt import export  # noqa: E402
 from raymt.batching import collate  # noqa: E402
 from raymt.checkpoint import save_checkpoint  # noqa: E402
@@ -13,7 +15,6 @@ from raymt.decoding import DecodeOptions, _max_lengths, decode, length_batches, 
 from raymt.model import Transformer  # noqa: E402
 from raymt.optim import loss_sum, make_optimizer  # noqa: E402
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
-from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: E402, F401 (autouse fixture)
 
 VOCAB = tokenizer().vocab_size
 SENTENCES = ["Monday, July 4, 1999", "twelve kilometers and March 3, 2021"]
@@ -22,9 +23,17 @@ SENTENCES = ["Monday, July 4, 1999", "twelve kilometers and March 3, 2021"]
 def post_norm_model(activation: str = "relu", layers: int = 2, seed: int = 0) -> Transformer:
     """A random tiny post-norm raymt model without dropout."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=layers,
-                      num_decoder_layers=layers, dropout=0.0, activation=activation,
-                      pre_norm=False, max_positions=64)
+    cfg = ModelConfig(
+        d_model=32,
+        num_heads=2,
+        d_ff=64,
+        num_encoder_layers=layers,
+        num_decoder_layers=layers,
+        dropout=0.0,
+        activation=activation,
+        pre_norm=False,
+        max_positions=64,
+    )
     model = Transformer(cfg, VOCAB).eval()
     with torch.no_grad():  # norms away from their (1, 0) init, so that a missed copy shows
         for name, param in model.named_parameters():
@@ -49,8 +58,10 @@ def exported(model: Transformer, tmp_path, name: str = "marian"):
 def random_rows(n: int, max_len: int, seed: int) -> list[list[int]]:
     """n random rows of 1..max_len ordinary tokens."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, VOCAB, (int(k),), generator=g).tolist()
-            for k in torch.randint(1, max_len + 1, (n,), generator=g)]
+    return [
+        torch.randint(4, VOCAB, (int(k),), generator=g).tolist()
+        for k in torch.randint(1, max_len + 1, (n,), generator=g)
+    ]
 
 
 def hf_logits(marian, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
@@ -81,8 +92,9 @@ def test_exported_model_has_raymts_logits(activation, tmp_path):
         expected = model(batch.src, batch.tgt_in)
         torch.testing.assert_close(hf_logits(marian, batch.src, batch.tgt_in), expected, atol=1e-5, rtol=1e-5)
         # The in-memory twin (raymt's own position values) agrees too.
-        torch.testing.assert_close(hf_logits(export.to_marian(model), batch.src, batch.tgt_in), expected,
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            hf_logits(export.to_marian(model), batch.src, batch.tgt_in), expected, atol=1e-5, rtol=1e-5
+        )
 
 
 def test_exported_tokenizer_gives_raymts_ids(tmp_path):
@@ -118,11 +130,18 @@ def hf_search(marian, src: torch.Tensor, limits: torch.Tensor, beam: int) -> lis
     """HF `generate` with raymt's per-sentence limits (EOS only, once a row holds `limit` tokens)."""
     everything = list(range(VOCAB))
     allowed = lambda i, ids: [EOS_ID] if ids.numel() >= int(limits[i]) else everything  # ids: BOS + output
-    out = marian.generate(input_ids=src, attention_mask=src != PAD_ID, num_beams=beam, do_sample=False,
-                          max_new_tokens=int(limits.max()), early_stopping=True, length_penalty=0.0,
-                          prefix_allowed_tokens_fn=allowed)
+    out = marian.generate(
+        input_ids=src,
+        attention_mask=src != PAD_ID,
+        num_beams=beam,
+        do_sample=False,
+        max_new_tokens=int(limits.max()),
+        early_stopping=True,
+        length_penalty=0.0,
+        prefix_allowed_tokens_fn=allowed,
+    )
     rows = [row[1:] for row in out.tolist()]
-    return [row[:row.index(EOS_ID)] if EOS_ID in row else row for row in rows]
+    return [row[: row.index(EOS_ID)] if EOS_ID in row else row for row in rows]
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
@@ -140,8 +159,9 @@ def test_search_matches_raymt(activation, beam, tmp_path):
         got: list[list[int]] = [[] for _ in sources]
         for idx in length_batches([len(s) for s in sources], batch_size):
             src = pad_batch([sources[i] for i in idx])
-            for i, ours, theirs in zip(idx, decode(model, src, opts),
-                                       hf_search(marian, src, _max_lengths(model, src, opts), beam)):
+            for i, ours, theirs in zip(
+                idx, decode(model, src, opts), hf_search(marian, src, _max_lengths(model, src, opts), beam)
+            ):
                 expected[i], got[i] = ours, theirs
         assert got == expected
         ended += ended_by_eos(expected, sources, a, b)

@@ -5,8 +5,9 @@ import pytest
 from raymt.cluster import data_cpus, plan
 
 
-@pytest.mark.parametrize("num_cpus, num, cpus, threads", [(2, 2, 0.5, 1), (8, 2, 3.5, 3), (16, 4, 3.75, 3),
-                                                          (1, 1, 0.5, 1)])
+@pytest.mark.parametrize(
+    "num_cpus, num, cpus, threads", [(2, 2, 0.5, 1), (8, 2, 3.5, 3), (16, 4, 3.75, 3), (1, 1, 0.5, 1)]
+)
 def test_workers_share_what_ray_data_leaves(num_cpus, num, cpus, threads):
     workers = plan(num, total={"CPU": num_cpus})
     assert workers.cpus == cpus and workers.num_threads == threads
@@ -26,11 +27,15 @@ def test_gpu_workers():
     assert workers.resources() == {"CPU": 1.0, "GPU": 1} and workers.fits == 2
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"num": 8}, "train.num_workers=8 x 0.25 CPUs needs 2 CPUs but the cluster's 2 CPUs leave 1"),
-    ({"num": 2, "cpus_each": 1.0}, "needs 2 CPUs but the cluster's 2 CPUs leave 1"),
-    ({"num": 3, "use_gpu": True}, "train.num_workers=3 with --gpu needs 3 GPUs; the cluster has 0"),
-    ({"num": 5, "what": "--num-actors 5", "fix": "lower --num-actors"}, "--num-actors 5 x 0.25 CPUs")])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num": 8}, "train.num_workers=8 x 0.25 CPUs needs 2 CPUs but the cluster's 2 CPUs leave 1"),
+        ({"num": 2, "cpus_each": 1.0}, "needs 2 CPUs but the cluster's 2 CPUs leave 1"),
+        ({"num": 3, "use_gpu": True}, "train.num_workers=3 with --gpu needs 3 GPUs; the cluster has 0"),
+        ({"num": 5, "what": "--num-actors 5", "fix": "lower --num-actors"}, "--num-actors 5 x 0.25 CPUs"),
+    ],
+)
 def test_what_does_not_fit_is_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message) as err:
         plan(total={"CPU": 2}, **kwargs)

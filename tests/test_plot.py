@@ -23,12 +23,26 @@ def write_run(root: Path, name: str, num_steps: int = 200, speed: float = 1.0) -
         rows.writeheader()
         for step in range(10, num_steps + 1, 10):
             time_s = round(step * 0.7 / speed, 2)
-            rows.writerow({"step": step, "epoch": 0, "time_s": time_s, "lr": 1e-3,
-                           "train_loss": 8 * math.exp(-step / 80) + 1, "tokens_per_s": 900.0})
+            rows.writerow(
+                {
+                    "step": step,
+                    "epoch": 0,
+                    "time_s": time_s,
+                    "lr": 1e-3,
+                    "train_loss": 8 * math.exp(-step / 80) + 1,
+                    "tokens_per_s": 900.0,
+                }
+            )
             if step % 50 == 0:
-                rows.writerow({"step": step, "time_s": time_s + 1, "valid_loss": 7 * math.exp(-step / 90) + 1.5,
-                               "valid_bleu": 30 * (1 - math.exp(-step / 100)),
-                               "valid_chrf": 55 * (1 - math.exp(-step / 100))})
+                rows.writerow(
+                    {
+                        "step": step,
+                        "time_s": time_s + 1,
+                        "valid_loss": 7 * math.exp(-step / 90) + 1.5,
+                        "valid_bleu": 30 * (1 - math.exp(-step / 100)),
+                        "valid_chrf": 55 * (1 - math.exp(-step / 100)),
+                    }
+                )
     return root / name
 
 

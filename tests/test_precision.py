@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_trainer import VOCAB, batches, count_host_syncs, small_config
+from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
 
 from raymt import precision
 from raymt.checkpoint import load_train_state
@@ -17,8 +19,6 @@ from raymt.model import build_model
 from raymt.optim import inverse_sqrt, make_optimizer
 from raymt.precision import for_inference, for_training, native_bf16
 from raymt.trainer import Trainer, collate_eval, evaluate, restore_training, train_step
-from test_trainer import VOCAB, batches, count_host_syncs, small_config
-from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -27,9 +27,11 @@ CPU = torch.device("cpu")
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """A GPU of the given compute capability: bf16 units from 8.0 on (A100), none before (V100, T4)."""
+
     def install(major: int, minor: int = 0):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: major >= 8)
+
     return install
 
 
@@ -61,9 +63,11 @@ def test_a_gpu_without_bf16_trains_in_fp16_with_a_grad_scaler(fake_gpu):
     chosen = for_training(CUDA, Config(), VOCAB)
     assert chosen.dtype == torch.float16
     assert isinstance(chosen.grad_scaler(), torch.amp.GradScaler)
-    assert chosen.line(CUDA) == ("precision: forward pass in fp16 autocast (fp32 weights), TF32 off, dynamic "
-                                 "loss scaling (GradScaler) on cuda:0 (no bf16 units; no TF32 before compute "
-                                 "capability 8.0; this GPU has 7.0)")
+    assert chosen.line(CUDA) == (
+        "precision: forward pass in fp16 autocast (fp32 weights), TF32 off, dynamic "
+        "loss scaling (GradScaler) on cuda:0 (no bf16 units; no TF32 before compute "
+        "capability 8.0; this GPU has 7.0)"
+    )
     inference = for_inference(CUDA, Config(), VOCAB)
     assert inference.dtype == torch.float16  # decoding needs no scaler, but the same dtype
 
@@ -74,7 +78,10 @@ def test_ampere_trains_in_bf16_with_tf32_unless_turned_off(fake_gpu, tf32_flags)
     chosen = for_training(CUDA, Config(), VOCAB).apply()
     assert chosen.dtype == torch.bfloat16 and chosen.grad_scaler() is None
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
-    assert chosen.line(CUDA) == "precision: forward pass in bf16 autocast (fp32 weights), TF32 on, no loss scaling on cuda:0"
+    assert (
+        chosen.line(CUDA)
+        == "precision: forward pass in bf16 autocast (fp32 weights), TF32 on, no loss scaling on cuda:0"
+    )
 
     cfg = Config()
     cfg.train.bf16, cfg.train.tf32 = False, False
@@ -92,8 +99,9 @@ def test_the_cpu_probe_rejects_bf16_where_it_measures_slower(monkeypatch, cache)
     cfg = Config()
     slower = for_training(CPU, cfg, VOCAB)
     assert slower.dtype is None and slower.autocast().__class__.__name__ == "nullcontext"
-    assert slower.line(CPU) == ("precision: forward pass in fp32 on cpu "
-                                "(bf16 measured 0.97x fp32 for this model; bf16 needs 1.05x)")
+    assert slower.line(CPU) == (
+        "precision: forward pass in fp32 on cpu (bf16 measured 0.97x fp32 for this model; bf16 needs 1.05x)"
+    )
     again = for_training(CPU, cfg, VOCAB)  # the cache answers: no second probe
     assert measured == [1] and "0.97x fp32 for this model; cached" in again.line(CPU)
     assert for_inference(CPU, cfg, VOCAB).dtype is None
@@ -103,7 +111,10 @@ def test_the_cpu_probe_rejects_bf16_where_it_measures_slower(monkeypatch, cache)
     wider.model.d_model, wider.model.d_ff = 256, 1024  # another shape: measured apart
     faster = for_training(CPU, wider, VOCAB)
     assert faster.dtype == torch.bfloat16 and faster.grad_scaler() is None
-    assert faster.line(CPU) == "precision: forward pass in bf16 autocast (fp32 weights) on cpu (bf16 measured 1.46x fp32 for this model)"
+    assert (
+        faster.line(CPU)
+        == "precision: forward pass in bf16 autocast (fp32 weights) on cpu (bf16 measured 1.46x fp32 for this model)"
+    )
     assert for_inference(CPU, wider, VOCAB).dtype == torch.bfloat16  # the cached result, no probe
 
     cfg.train.bf16 = False  # keeps forcing fp32, without a probe
@@ -130,7 +141,7 @@ FP16 = precision.Precision("cpu", torch.float16)  # CPU autocast has fp16 too: t
 
 def overflowing_scaler() -> torch.amp.GradScaler:
     """A loss scaler whose first scale overflows fp16 gradients, and backs off to 16 after."""
-    return torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, backoff_factor=2.0 ** -20)
+    return torch.amp.GradScaler("cpu", init_scale=2.0**24, backoff_factor=2.0**-20)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -163,7 +174,7 @@ def test_a_scaled_step_equals_the_unscaled_one():
     """The gradients are unscaled before clipping and the step: the loss scale changes nothing."""
     cfg = small_config()
     results = []
-    for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)):
+    for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0**16)):
         torch.manual_seed(0)
         model, optimizer, _ = restore_training(build_model(cfg.model, VOCAB), cfg, None, None, lambda m: m)
         for batch in batches(3):
@@ -182,30 +193,42 @@ def test_the_loss_scale_is_checkpointed_and_restored(monkeypatch, tmp_path):
     cfg = small_config()
     torch.manual_seed(0)
     tok = tokenizer()
-    model, optimizer, scheduler = restore_training(build_model(cfg.model, tok.vocab_size), cfg, None, None,
-                                                   lambda m: m)
+    model, optimizer, scheduler = restore_training(build_model(cfg.model, tok.vocab_size), cfg, None, None, lambda m: m)
     scaler = overflowing_scaler()
     batch = batches(1)[0]
     train_step(model, optimizer, [batch], batch.num_tokens, cfg, FP16.autocast, scaler=scaler)
     saved = {}
-    monkeypatch.setattr(ray.train, "report", lambda metrics, checkpoint=None:
-                        saved.update(load_train_state(checkpoint.path)))
+    monkeypatch.setattr(
+        ray.train, "report", lambda metrics, checkpoint=None: saved.update(load_train_state(checkpoint.path))
+    )
     loop = types.SimpleNamespace(
-        collective=worker.Collective(), is_rank0=True, model=model, run_cfg=cfg, tokenizer=tok,
-        optimizer=optimizer, scheduler=scheduler, step=1, epoch=0, segment=None, scaler=scaler,
+        collective=worker.Collective(),
+        is_rank0=True,
+        model=model,
+        run_cfg=cfg,
+        tokenizer=tok,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        step=1,
+        epoch=0,
+        segment=None,
+        scaler=scaler,
         device=torch.device("cpu"),
-        position=types.SimpleNamespace(to_dict=lambda: {}))
+        position=types.SimpleNamespace(to_dict=lambda: {}),
+    )
     worker._report({}, loop)
     assert saved["grad_scaler"]["scale"] == 16.0
 
     resumed = torch.amp.GradScaler("cpu")
-    restore_training(build_model(cfg.model, tok.vocab_size), cfg, model.state_dict(), saved, lambda m: m,
-                     scaler=resumed)
+    restore_training(
+        build_model(cfg.model, tok.vocab_size), cfg, model.state_dict(), saved, lambda m: m, scaler=resumed
+    )
     assert resumed.get_scale() == 16.0
     fresh = torch.amp.GradScaler("cpu")  # a checkpoint of a bf16 run has no scaler state
-    restore_training(build_model(cfg.model, tok.vocab_size), cfg, None, {**saved, "grad_scaler": None},
-                     lambda m: m, scaler=fresh)
-    assert fresh.get_scale() == 2.0 ** 16
+    restore_training(
+        build_model(cfg.model, tok.vocab_size), cfg, None, {**saved, "grad_scaler": None}, lambda m: m, scaler=fresh
+    )
+    assert fresh.get_scale() == 2.0**16
 
 
 def test_validation_runs_its_forward_passes_and_decoding_under_autocast():
@@ -217,7 +240,8 @@ def test_validation_runs_its_forward_passes_and_decoding_under_autocast():
     for layer in model.modules():
         if isinstance(layer, torch.nn.Linear):
             layer.register_forward_hook(
-                lambda module, args, out: seen.append((torch.is_autocast_enabled("cpu"), out.dtype)))
+                lambda module, args, out: seen.append((torch.is_autocast_enabled("cpu"), out.dtype))
+            )
     src = [tok.encode(s) for s in ("one two", "three")]
     rows = [{"index": i, "src_ids": s + [3], "tgt_ids": s} for i, s in enumerate(src)]
     loader = [collate_eval(rows)]
@@ -239,8 +263,9 @@ def test_profile_step_records_what_it_measured_and_the_start_up_line_agrees(monk
     monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size: pytest.fail("probed"))
     cfg = Config()
     line = profile_step.record_cpu_bf16(cfg, VOCAB, {"raymt": [1000.0, 1010.0], "cpu-bf16": [970.0, 980.0]})
-    assert line == ("precision: forward pass in fp32 on cpu "
-                    "(bf16 measured 0.97x fp32 for this model; cached; bf16 needs 1.05x)")
+    assert line == (
+        "precision: forward pass in fp32 on cpu (bf16 measured 0.97x fp32 for this model; cached; bf16 needs 1.05x)"
+    )
     assert for_training(CPU, cfg, VOCAB).line(CPU) == line  # what a run of this model prints
     assert profile_step.record_cpu_bf16(cfg, VOCAB, {"raymt": [1000.0]}) is None  # bf16 not compared
 
@@ -249,10 +274,11 @@ def test_translate_evaluate_and_the_test_set_decode_in_the_choice_for_inference(
     """raymt.translate, raymt.evaluate's actor and the test-set decode of raymt.train autocast
     as for_inference says: here bf16 on a CPU whose cached probe found it pays for this model."""
     import numpy as np
-
-    from raymt import evaluate as evaluate_module, train, translate
-    from raymt.checkpoint import load_model
     from tiny_checkpoint import make_checkpoint
+
+    from raymt import evaluate as evaluate_module
+    from raymt import train, translate
+    from raymt.checkpoint import load_model
 
     checkpoint = make_checkpoint(tmp_path / "checkpoint")
     _, tok, cfg = load_model(checkpoint)
@@ -266,6 +292,7 @@ def test_translate_evaluate_and_the_test_set_decode_in_the_choice_for_inference(
         def wrapped(*args, **kwargs):
             seen.append((name, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
             return real(*args, **kwargs)
+
         monkeypatch.setattr(module, name, wrapped)
 
     spy(translate, "translate_nbest")

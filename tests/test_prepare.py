@@ -15,8 +15,10 @@ from raymt.data import format as corpus_format
 from raymt.data import prepare
 from raymt.data.__main__ import main
 
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
-         "sigma tau upsilon phi chi psi omega").split()
+WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+    "sigma tau upsilon phi chi psi omega"
+).split()
 SMALL = ["--vocab-size", "80", "--sp-model-type", "bpe"]  # tiny vocabulary: seconds per corpus
 
 
@@ -33,8 +35,9 @@ def mirrored(count: int, start: int = 0) -> list[tuple[str, str]]:
 def write_lines(path: Path, lines: list, compress: str = "") -> Path:
     """Write lines (str or raw bytes) to path, gzip/xz/zstd-compressed as asked."""
     data = b"".join((x if isinstance(x, bytes) else x.encode()) + b"\n" for x in lines)
-    opener = {"gz": gzip.open, "xz": lzma.open,
-              "zst": lambda p, mode: pa.CompressedOutputStream(str(p), "zstd")}.get(compress, open)
+    opener = {"gz": gzip.open, "xz": lzma.open, "zst": lambda p, mode: pa.CompressedOutputStream(str(p), "zstd")}.get(
+        compress, open
+    )
     with opener(path, "wb") as f:
         f.write(data)
     return path
@@ -56,8 +59,9 @@ def decoded_train(out: Path) -> Counter:
     for path, num_pairs, index in corpus_format.train_files(str(out), manifest):
         table = pq.read_table(path)
         assert table.num_rows == num_pairs and table.schema.field("src_ids").type == pa.list_(pa.int32())
-        lengths = [len(s) + len(t) for s, t in zip(table.column("src_ids").to_pylist(),
-                                                  table.column("tgt_ids").to_pylist())]
+        lengths = [
+            len(s) + len(t) for s, t in zip(table.column("src_ids").to_pylist(), table.column("tgt_ids").to_pylist())
+        ]
         # What epoch slices balance on: tokens after every 1024 rows and after the last.
         ends = [*range(1024, num_pairs, 1024), num_pairs]
         assert list(index) == [sum(lengths[:e]) for e in ends]
@@ -86,8 +90,9 @@ def test_text_gz_corpus_end_to_end(ray_cluster, tmp_path, capsys):
     valid = write_prefix(tmp_path / "val", mirrored(5, 100) + [("", "leer")])
     test = write_prefix(tmp_path / "newstest", mirrored(3, 200))
     out = tmp_path / "corpus"
-    status, stdout, _ = run_cli(capsys, "--out", str(out), "--train", prefix, "--valid", valid,
-                                "--test", test, "--shard-pairs", "7", *SMALL)
+    status, stdout, _ = run_cli(
+        capsys, "--out", str(out), "--train", prefix, "--valid", valid, "--test", test, "--shard-pairs", "7", *SMALL
+    )
     assert status == 0
     assert "kept pairs" in stdout and "dropped: ratio" in stdout
     manifest = json.loads((out / "manifest.json").read_text())
@@ -117,8 +122,9 @@ def write_table_input(tmp_path: Path, kind: str, pairs: list[tuple]) -> list[str
         lines = [json.dumps({"id": i, "en": s, "de": t}) for i, (s, t) in enumerate(pairs)]
         return ["--train", str(write_lines(tmp_path / "train.jsonl.zst", lines, "zst"))]
     path = tmp_path / "train.parquet"
-    pq.write_table(pa.table({"german": [t for _, t in pairs], "score": [1.0] * len(pairs),
-                             "english": [s for s, _ in pairs]}), path)
+    pq.write_table(
+        pa.table({"german": [t for _, t in pairs], "score": [1.0] * len(pairs), "english": [s for s, _ in pairs]}), path
+    )
     return ["--train", str(path), "--src-col", "english", "--tgt-col", "german"]
 
 
@@ -139,24 +145,62 @@ def test_table_inputs(ray_cluster, tmp_path, capsys, kind):
 def test_cleaning_counts_are_exact(ray_cluster, tmp_path, capsys):
     normal = mirrored(20)  # with --vocab-size 200 every word is one token: lengths are known
     long_pair = (" ".join(WORDS * 2), " ".join(reversed(WORDS * 2)))  # 48 tokens or more each side
-    src = [s for s, _ in normal] + ["", "solo", "x" * 500, long_pair[0], "beta",
-                                    normal[0][0], normal[1][0], long_pair[0], normal[2][0]]
-    tgt = [t for _, t in normal] + ["leer", "   ", "kurz", long_pair[1], " ".join(WORDS[:12]),
-                                    normal[0][1], normal[1][1], long_pair[1], normal[2][1] + " anders"]
+    src = [s for s, _ in normal] + [
+        "",
+        "solo",
+        "x" * 500,
+        long_pair[0],
+        "beta",
+        normal[0][0],
+        normal[1][0],
+        long_pair[0],
+        normal[2][0],
+    ]
+    tgt = [t for _, t in normal] + [
+        "leer",
+        "   ",
+        "kurz",
+        long_pair[1],
+        " ".join(WORDS[:12]),
+        normal[0][1],
+        normal[1][1],
+        long_pair[1],
+        normal[2][1] + " anders",
+    ]
     src.append(b"caf\xe9 latin-1")  # invalid UTF-8, dropped and counted with --skip-invalid
     tgt.append("kaffee")
     write_lines(tmp_path / "train.en", src)
     write_lines(tmp_path / "train.de", tgt)
     valid = write_prefix(tmp_path / "val", mirrored(3, 100))
     out = tmp_path / "corpus"
-    status, stdout, err = run_cli(capsys, "--out", str(out), "--train", str(tmp_path / "train"),
-                                  "--valid", valid, "--max-len", "30", "--max-chars", "400",
-                                  "--dedup", "--skip-invalid", "--vocab-size", "200")
+    status, stdout, err = run_cli(
+        capsys,
+        "--out",
+        str(out),
+        "--train",
+        str(tmp_path / "train"),
+        "--valid",
+        valid,
+        "--max-len",
+        "30",
+        "--max-chars",
+        "400",
+        "--dedup",
+        "--skip-invalid",
+        "--vocab-size",
+        "200",
+    )
     assert status == 0, err
     train = json.loads((out / "manifest.json").read_text())["splits"]["train"]
     # The second copy of the over-long pair counts as too_long: rules apply in order.
-    assert train["dropped"] == {"invalid_utf8": 1, "empty": 2, "too_long_chars": 1, "too_long": 2,
-                                "ratio": 1, "duplicate": 2}
+    assert train["dropped"] == {
+        "invalid_utf8": 1,
+        "empty": 2,
+        "too_long_chars": 1,
+        "too_long": 2,
+        "ratio": 1,
+        "duplicate": 2,
+    }
     assert (train["input_pairs"], train["num_pairs"]) == (30, 21)
     expected = Counter(normal + [(normal[2][0], normal[2][1] + " anders")])
     assert decoded_train(out) == expected
@@ -165,8 +209,10 @@ def test_cleaning_counts_are_exact(ray_cluster, tmp_path, capsys):
 
 def small_corpus(tmp_path: Path, name: str, count: int = 24) -> tuple[str, str]:
     """A train and a valid prefix."""
-    return (write_prefix(tmp_path / f"{name}-train", mirrored(count)),
-            write_prefix(tmp_path / f"{name}-val", mirrored(3, 100)))
+    return (
+        write_prefix(tmp_path / f"{name}-train", mirrored(count)),
+        write_prefix(tmp_path / f"{name}-val", mirrored(3, 100)),
+    )
 
 
 def test_rerun_is_a_no_op_and_overwrite_is_explicit(ray_cluster, tmp_path, capsys):
@@ -184,13 +230,16 @@ def test_rerun_is_a_no_op_and_overwrite_is_explicit(ray_cluster, tmp_path, capsy
     assert (out / "manifest.json").read_text() == before
     assert run_cli(capsys, *changed, "--overwrite")[0] == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["splits"]["train"]["num_pairs"] == 30 and manifest["fingerprint"] != json.loads(before)["fingerprint"]
+    assert (
+        manifest["splits"]["train"]["num_pairs"] == 30 and manifest["fingerprint"] != json.loads(before)["fingerprint"]
+    )
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("corpus")) == ["corpus"]
     # A directory with other content is never replaced, --overwrite or not.
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "todo.txt").write_text("keep me")
-    status, _, err = run_cli(capsys, "--out", str(tmp_path / "notes"), "--train", train, "--valid", valid,
-                             "--overwrite", *SMALL)
+    status, _, err = run_cli(
+        capsys, "--out", str(tmp_path / "notes"), "--train", train, "--valid", valid, "--overwrite", *SMALL
+    )
     assert status == 2 and "holds no prepared corpus" in error_line(err)
     assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
 
@@ -201,14 +250,25 @@ def bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
     if case == "line_counts":
         write_lines(tmp_path / "t.en", ["a b", "c d", "e f"])
         write_lines(tmp_path / "t.de", ["a b", "c d"])
-        return ["--train", str(tmp_path / "t"), "--valid", valid], f"{tmp_path}/t.de ends after 2 lines but {tmp_path}/t.en"
+        return [
+            "--train",
+            str(tmp_path / "t"),
+            "--valid",
+            valid,
+        ], f"{tmp_path}/t.de ends after 2 lines but {tmp_path}/t.en"
     if case == "missing":
         return ["--train", train, "--valid", str(tmp_path / "nope")], f"missing file {tmp_path}/nope.en"
     if case == "empty":
         (tmp_path / "e.en").write_text("")
         write_lines(tmp_path / "e.de", ["x"])
-        return ["--src-file", str(tmp_path / "e.en"), "--tgt-file", str(tmp_path / "e.de"),
-                "--valid", valid], f"{tmp_path}/e.en is empty"
+        return [
+            "--src-file",
+            str(tmp_path / "e.en"),
+            "--tgt-file",
+            str(tmp_path / "e.de"),
+            "--valid",
+            valid,
+        ], f"{tmp_path}/e.en is empty"
     if case == "utf8":
         write_lines(tmp_path / "u.en", ["fine", b"bad \xff byte", "fine"])
         write_lines(tmp_path / "u.de", ["gut", "schlecht", "gut"])
@@ -229,15 +289,37 @@ def bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
         write_lines(tmp_path / "t.tsv", ["a\tb", "only one column"])
         return ["--train", str(tmp_path / "t.tsv"), "--valid", valid], f"{tmp_path}/t.tsv:2: 1 tab-separated column"
     if case == "all_dropped":
-        return ["--train", train, "--valid", valid, "--max-chars", "3"], "all 12 training pairs were dropped (too_long_chars 12)"
+        return [
+            "--train",
+            train,
+            "--valid",
+            valid,
+            "--max-chars",
+            "3",
+        ], "all 12 training pairs were dropped (too_long_chars 12)"
     if case == "no_valid":
         return ["--train", train], "--valid is missing"
     assert case == "option"
     return ["--train", train, "--valid", valid, "--vocab-size", "100"], "prepare.vocab_size=100 must be a multiple of 8"
 
 
-@pytest.mark.parametrize("case", ["line_counts", "missing", "empty", "utf8", "utf8_valid", "column",
-                                  "column_type", "json", "tsv", "all_dropped", "no_valid", "option"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "line_counts",
+        "missing",
+        "empty",
+        "utf8",
+        "utf8_valid",
+        "column",
+        "column_type",
+        "json",
+        "tsv",
+        "all_dropped",
+        "no_valid",
+        "option",
+    ],
+)
 def test_bad_inputs_fail_in_one_line(ray_cluster, tmp_path, capsys, case):
     flags, message = bad_input(tmp_path, case)
     out = tmp_path / "corpus"
@@ -255,9 +337,13 @@ def test_pairs_source_with_a_given_tokenizer(ray_cluster, tmp_path):
     tokenizer = train_tokenizer([s for p in pairs for s in p], 80, "bpe")
     src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
     cfg = PrepareConfig(vocab_size=80, shard_pairs=20)
-    manifest = prepare.prepare_corpus(cfg, str(tmp_path / "c"), [prepare.Source("pairs", pairs=(src, tgt))],
-                                      [prepare.Source("pairs", pairs=(src[:5], tgt[:5]))],
-                                      tokenizer=tokenizer)
+    manifest = prepare.prepare_corpus(
+        cfg,
+        str(tmp_path / "c"),
+        [prepare.Source("pairs", pairs=(src, tgt))],
+        [prepare.Source("pairs", pairs=(src[:5], tgt[:5]))],
+        tokenizer=tokenizer,
+    )
     assert corpus_format.load_tokenizer(str(tmp_path / "c"), manifest).model_proto == tokenizer.model_proto
     assert [f.num_pairs for f in corpus_format.train_files(str(tmp_path / "c"), manifest)] == [20, 20, 10]
     assert decoded_train(tmp_path / "c") == Counter(pairs)
@@ -278,7 +364,7 @@ def equivalence_inputs(tmp_path: Path, kind: str) -> list[prepare.Source]:
     for part, table_kind in zip((pairs[150:250], pairs[250:], pairs[:40]), ("tsv", "jsonl", "parquet")):
         (tmp_path / table_kind).mkdir()
         flags = write_table_input(tmp_path / table_kind, table_kind, part)
-        cols = flags[flags.index("--src-col") + 1:][::2] if "--src-col" in flags else [None, None]
+        cols = flags[flags.index("--src-col") + 1 :][::2] if "--src-col" in flags else [None, None]
         sources.append(prepare.Source(table_kind, paths=(flags[1],), src_col=cols[0], tgt_col=cols[1]))
     return sources
 
@@ -321,7 +407,10 @@ def test_specs_and_manifest_errors(tmp_path):
     (tmp_path / "pq").mkdir()
     for name in ("b.parquet", "a.parquet", "notes.txt"):
         (tmp_path / "pq" / name).write_text("")
-    assert prepare.source_from_spec(str(tmp_path / "pq"), cfg).paths == (f"{tmp_path}/pq/a.parquet", f"{tmp_path}/pq/b.parquet")
+    assert prepare.source_from_spec(str(tmp_path / "pq"), cfg).paths == (
+        f"{tmp_path}/pq/a.parquet",
+        f"{tmp_path}/pq/b.parquet",
+    )
     with pytest.raises(ValueError, match="http"):
         https = prepare.Source("tsv", ("https://example.com/x.tsv",))
         prepare.check_sources(cfg, [https], [https])
@@ -344,8 +433,10 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
 
     def fetch_dataset(name, src_lang, tgt_lang, cache_dir, mirror=None):
         calls.append((name, src_lang, tgt_lang, cache_dir, mirror))
-        return {split: (f"{cache_dir}/{split}.{src_lang}", f"{cache_dir}/{split}.{tgt_lang}")
-                for split in ("train", "valid", "test_2016_flickr")}
+        return {
+            split: (f"{cache_dir}/{split}.{src_lang}", f"{cache_dir}/{split}.{tgt_lang}")
+            for split in ("train", "valid", "test_2016_flickr")
+        }
 
     monkeypatch.setitem(sys.modules, "raymt.data.download", types.SimpleNamespace(fetch_dataset=fetch_dataset))
     monkeypatch.setenv("RAYMT_CACHE", str(tmp_path / "cache"))
@@ -355,17 +446,19 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
         args = prepare_parser().parse_args(["prepare", "--out", str(tmp_path / "o"), *argv])
         return prepare_sources(args, prepare_config(args))
 
-    train, valid, tests = sources("--dataset", "multi30k", "--src", "de", "--tgt", "en", "--test", extra,
-                                  "--mirror", "http://mirror.example")
+    train, valid, tests = sources(
+        "--dataset", "multi30k", "--src", "de", "--tgt", "en", "--test", extra, "--mirror", "http://mirror.example"
+    )
     assert calls == [("multi30k", "de", "en", tmp_path / "cache", "http://mirror.example")]
     assert train[0].paths == (f"{tmp_path}/cache/train.de", f"{tmp_path}/cache/train.en")
     assert valid[0].paths[0].endswith("valid.de") and sorted(tests) == ["extra", "test_2016_flickr"]
     train, valid, tests = sources("--dataset", "builtin", "--test-name", "x", "--test", extra)
     assert train[0].kind == "pairs" and len(train[0].pairs[0]) == 24000 and sorted(tests) == ["test", "x"]
-    for argv, message in [(["--dataset", "multi30k", "--train", extra], "pass one of them"),
-                          (["--train", extra, "--valid", extra, "--mirror", "m"], "only apply with --dataset"),
-                          (["--train", extra, "--valid", extra, "--test", extra, "--test", extra],
-                           "two test sets are named 'extra'")]:
+    for argv, message in [
+        (["--dataset", "multi30k", "--train", extra], "pass one of them"),
+        (["--train", extra, "--valid", extra, "--mirror", "m"], "only apply with --dataset"),
+        (["--train", extra, "--valid", extra, "--test", extra, "--test", extra], "two test sets are named 'extra'"),
+    ]:
         with pytest.raises(ValueError, match=message):
             sources(*argv)
 
@@ -381,9 +474,24 @@ def test_train_run_prepares_with_the_data_cleaning_options(ray_cluster, tmp_path
     pairs = mirrored(120) + doubled + mirrored(4)
     prefix = write_prefix(tmp_path / "train", pairs)
     valid = write_prefix(tmp_path / "valid", mirrored(5, 500))
-    args = parse_args(["--train", prefix, "--valid", valid, "--storage-path", str(tmp_path / "runs"),
-                       "--set", "data.max_ratio=1.5", "--set", "data.dedup=true",
-                       "--set", "data.vocab_size=80", "--set", "data.sp_model_type=bpe"])
+    args = parse_args(
+        [
+            "--train",
+            prefix,
+            "--valid",
+            valid,
+            "--storage-path",
+            str(tmp_path / "runs"),
+            "--set",
+            "data.max_ratio=1.5",
+            "--set",
+            "data.dedup=true",
+            "--set",
+            "data.vocab_size=80",
+            "--set",
+            "data.sp_model_type=bpe",
+        ]
+    )
     cfg, run_data = plan_data(build_config(args), tmp_path / "run", None, None)
     _, tokenizer = materialize(cfg, run_data)
     manifest = corpus_format.read_manifest(run_data.corpus)
@@ -392,8 +500,7 @@ def test_train_run_prepares_with_the_data_cleaning_options(ray_cluster, tmp_path
 
     def ratio_drops(max_ratio: float) -> int:
         rule = {"max_len": cfg.data.max_len, "max_ratio": max_ratio, "ratio_min_len": cfg.data.ratio_min_len}
-        return sum(_token_rule(len(tokenizer.encode(s)), len(tokenizer.encode(t)), rule) == "ratio"
-                   for s, t in pairs)
+        return sum(_token_rule(len(tokenizer.encode(s)), len(tokenizer.encode(t)), rule) == "ratio" for s, t in pairs)
 
     dropped = manifest["splits"]["train"]["dropped"]
     assert dropped["ratio"] == ratio_drops(1.5) > ratio_drops(3.0)

@@ -3,6 +3,7 @@
 import json
 
 import torch
+from tiny_checkpoint import one_thread  # noqa: F401
 
 from raymt.batching import collate
 from raymt.config import Config, tiny
@@ -10,7 +11,6 @@ from raymt.model import Transformer
 from raymt.optim import make_optimizer
 from raymt.profiling import PARTS, StepProfiler
 from raymt.trainer import lockstep, train_step
-from tiny_checkpoint import one_thread  # noqa: F401
 
 
 def test_profiler_covers_its_window_and_names_the_step_parts(tmp_path):

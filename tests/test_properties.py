@@ -10,15 +10,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_checkpoint import tokenizer
 
-from raymt.data import prepare
-from raymt.data.text import decode
-from raymt.trainer import Collective, Done, lockstep
 from raymt.batching import chunk_batches, collate
+from raymt.data import prepare
 from raymt.data.format import TOKEN_INDEX_ROWS, Shard, token_index
 from raymt.data.stream import epoch_slice
+from raymt.data.text import decode
 from raymt.tokenizer import EOS_ID
-from tiny_checkpoint import tokenizer
+from raymt.trainer import Collective, Done, lockstep
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 OPTIONS = {"max_chars": 40, "max_len": 12, "max_ratio": 3.0, "ratio_min_len": 3, "dedup": True, "seed": 1}
@@ -31,8 +31,7 @@ def test_cleaning_and_tokenizing_any_unicode_accounts_for_every_pair(rows):
     tally = prepare._Tally()  # counts land here instead of in a Ray actor
     src = [s.strip() for s, _ in rows]
     tgt = [t.strip() for _, t in rows]
-    table = pa.table({"src": src, "tgt": tgt, "source": [0] * len(rows),
-                      "line": list(range(1, len(rows) + 1))})
+    table = pa.table({"src": src, "tgt": tgt, "source": [0] * len(rows), "line": list(range(1, len(rows) + 1))})
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(prepare, "_report", lambda _, key, counts: tally.put(key, counts))
         out = prepare._tokenize_block(table, tok.model_proto, OPTIONS, None)
@@ -65,8 +64,12 @@ def test_any_bytes_decode_or_fail_in_one_line(raw):
 
 
 @FAST
-@given(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60)), min_size=1, max_size=300),
-       st.integers(8, 200), st.sampled_from([64, 128, 512]), st.integers(0, 2**32 - 1))
+@given(
+    st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60)), min_size=1, max_size=300),
+    st.integers(8, 200),
+    st.sampled_from([64, 128, 512]),
+    st.integers(0, 2**32 - 1),
+)
 def test_chunk_batches_keep_every_row_once_within_budget(lengths, window_rows, max_tokens, seed):
     src_lens, tgt_lens = (np.array(x) for x in zip(*lengths))
     batches = chunk_batches(src_lens, tgt_lens, window_rows, max_tokens, np.random.default_rng(seed))
@@ -77,8 +80,12 @@ def test_chunk_batches_keep_every_row_once_within_budget(lengths, window_rows, m
 
 
 @FAST
-@given(st.lists(st.integers(0, 500), min_size=1, max_size=12), st.integers(1, 8),
-       st.integers(0, 1000), st.integers(0, 10**6))
+@given(
+    st.lists(st.integers(0, 500), min_size=1, max_size=12),
+    st.integers(1, 8),
+    st.integers(0, 1000),
+    st.integers(0, 10**6),
+)
 def test_epoch_slices_cover_each_pair_once_and_balance(sizes, world_size, epoch, seed):
     files = [(f"part-{i}", n) for i, n in enumerate(sizes)]
     seen, per_rank = Counter(), []
@@ -91,12 +98,18 @@ def test_epoch_slices_cover_each_pair_once_and_balance(sizes, world_size, epoch,
 
 
 @FAST
-@given(st.lists(st.lists(st.integers(2, 120), max_size=3000), min_size=1, max_size=6),
-       st.integers(1, 8), st.integers(0, 1000), st.integers(0, 10**6))
+@given(
+    st.lists(st.lists(st.integers(2, 120), max_size=3000), min_size=1, max_size=6),
+    st.integers(1, 8),
+    st.integers(0, 1000),
+    st.integers(0, 10**6),
+)
 def test_token_balanced_slices_cover_each_pair_once_and_balance_tokens(shards, world_size, epoch, seed):
     # Shards of very different sentence lengths, as when sources are concatenated.
-    files = [Shard(f"part-{i}", len(lens), tuple(token_index(np.array(lens, dtype=np.int64))))
-             for i, lens in enumerate(shards)]
+    files = [
+        Shard(f"part-{i}", len(lens), tuple(token_index(np.array(lens, dtype=np.int64))))
+        for i, lens in enumerate(shards)
+    ]
     lengths = {f"part-{i}": lens for i, lens in enumerate(shards)}
     seen, tokens = Counter(), []
     for rank in range(world_size):
@@ -105,8 +118,10 @@ def test_token_balanced_slices_cover_each_pair_once_and_balance_tokens(shards, w
         seen.update((path, i) for path, start, end in plan for i in range(start, end))
     assert seen == Counter((f.path, i) for f in files for i in range(f.num_pairs))
     # Each cut lands in the right index block: off by at most a block's tokens per cut.
-    block = max((sum(lens[j:j + TOKEN_INDEX_ROWS]) for lens in shards
-                 for j in range(0, len(lens), TOKEN_INDEX_ROWS)), default=0)
+    block = max(
+        (sum(lens[j : j + TOKEN_INDEX_ROWS]) for lens in shards for j in range(0, len(lens), TOKEN_INDEX_ROWS)),
+        default=0,
+    )
     total = sum(map(sum, shards))
     assert all(abs(t - total / world_size) <= 2 * block + 1 for t in tokens)
 
@@ -137,8 +152,9 @@ def test_workers_stay_in_lockstep_whatever_they_hold(counts, update_freq):
     def run(rank: int) -> None:
         world.local.rank = rank
         batches = [collate([[5, EOS_ID]], [[6] * (rank + 1)]) for _ in range(counts[rank])]
-        steps[rank] = [(len(u.batches), u.num_tokens) for u in
-                       lockstep(batches, update_freq, torch.device("cpu"), world)]
+        steps[rank] = [
+            (len(u.batches), u.num_tokens) for u in lockstep(batches, update_freq, torch.device("cpu"), world)
+        ]
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(len(counts))]
     for t in threads:

@@ -10,24 +10,31 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
 
 from raymt.batching import chunk_batches, collate
 from raymt.config import Config, batch_schedule
 from raymt.data.builtin import generate
 from raymt.model import build_model
+from raymt.precision import autocast_for
 from raymt.tokenizer import EOS_ID
 from raymt.train import build_config, parse_args
-from raymt.precision import autocast_for
 from raymt.trainer import Trainer, restore_training
-from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
 
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"
 RECIPES = sorted(RECIPE_DIR.glob("*.toml"))
 HEADER_KEYS = ("corpus", "hardware", "global batch", "expected", "time", "run", "scaling")
 GLOBAL_BATCH = re.compile(r"(\d+) workers? × (\d+) tokens × (\d+) accumulation = (\d+) tokens per update")
 # The model shrunk to test size and the run moved to the CPU; nothing else is overridden.
-TINY = ["model.d_model=16", "model.num_heads=2", "model.d_ff=32", "model.num_encoder_layers=1",
-        "model.num_decoder_layers=1", "train.use_gpu=false", "train.max_steps=20"]
+TINY = [
+    "model.d_model=16",
+    "model.num_heads=2",
+    "model.d_ff=32",
+    "model.num_encoder_layers=1",
+    "model.num_decoder_layers=1",
+    "train.use_gpu=false",
+    "train.max_steps=20",
+]
 
 
 def recipe_config(path: Path, *overrides: str) -> Config:
@@ -38,8 +45,7 @@ def recipe_config(path: Path, *overrides: str) -> Config:
 def header(path: Path) -> dict[str, str]:
     """The leading comment block: its first line as 'title', then `# key: text` entries whose
     continuation lines (`#   ...`) are joined to them."""
-    lines = list(itertools.takewhile(lambda line: line.startswith("#"),
-                                     path.read_text(encoding="utf-8").splitlines()))
+    lines = list(itertools.takewhile(lambda line: line.startswith("#"), path.read_text(encoding="utf-8").splitlines()))
     fields = {"title": lines[0][1:].strip()}
     key = None
     for line in lines[1:]:
@@ -72,8 +78,9 @@ def test_the_named_recipes_exist():
 def test_recipe_loads_and_its_header_matches_its_fields(path):
     cfg = recipe_config(path)  # every field is a config field, every value valid
     fields = header(path)
-    assert re.fullmatch(rf"raymt recipe {re.escape(path.stem)}, version \d+ \(\d{{4}}-\d\d-\d\d\)",
-                        fields["title"]), fields["title"]
+    assert re.fullmatch(rf"raymt recipe {re.escape(path.stem)}, version \d+ \(\d{{4}}-\d\d-\d\d\)", fields["title"]), (
+        fields["title"]
+    )
     assert set(HEADER_KEYS) <= set(fields), sorted(set(HEADER_KEYS) - set(fields))
     workers, tokens, accumulation, total = map(int, GLOBAL_BATCH.search(fields["global batch"]).groups())
     assert (workers, tokens, accumulation) == (cfg.train.num_workers, cfg.data.max_tokens, cfg.optim.update_freq)
@@ -94,8 +101,9 @@ def _batches(cfg: Config, seed: int):
     tgt_lens = np.array([len(t) + 1 for t in tgt_ids])  # BOS / EOS
     rng = np.random.default_rng(seed)
     for _ in itertools.count():
-        for rows in chunk_batches(src_lens, tgt_lens, cfg.data.window_rows, cfg.data.max_tokens, rng,
-                                  pad_multiple=cfg.data.pad_multiple):
+        for rows in chunk_batches(
+            src_lens, tgt_lens, cfg.data.window_rows, cfg.data.max_tokens, rng, pad_multiple=cfg.data.pad_multiple
+        ):
             yield collate([src_ids[i] for i in rows], [tgt_ids[i] for i in rows])
 
 
@@ -104,8 +112,9 @@ def test_every_recipe_trains_twenty_steps():
     for path in RECIPES:
         cfg = recipe_config(path, *TINY)
         torch.manual_seed(0)
-        model, optimizer, scheduler = restore_training(build_model(cfg.model, tokenizer().vocab_size),
-                                                       cfg, None, None, lambda m: m)
+        model, optimizer, scheduler = restore_training(
+            build_model(cfg.model, tokenizer().vocab_size), cfg, None, None, lambda m: m
+        )
         before = [p.detach().clone() for p in model.parameters()]
         device = torch.device("cpu")
         trainer = Trainer(cfg, model, optimizer, scheduler, device, autocast=autocast_for(device, cfg.train.bf16))

@@ -40,8 +40,7 @@ def write_shard(path, src_lens, tgt_lens, seed=0) -> list[tuple[str, int]]:
         offsets = pa.array(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
         return pa.ListArray.from_arrays(offsets, values)
 
-    pq.write_table(pa.table({"src_ids": column(src_lens), "tgt_ids": column(tgt_lens)}), path,
-                   row_group_size=8192)
+    pq.write_table(pa.table({"src_ids": column(src_lens), "tgt_ids": column(tgt_lens)}), path, row_group_size=8192)
     return [(str(path), len(src_lens))]
 
 
@@ -55,7 +54,7 @@ def real_pairs(batch) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     out = []
     for s, t in zip(batch.src.tolist(), batch.tgt_out.tolist()):
         if t[0] != PAD_ID:
-            out.append((tuple(s[:s.index(EOS_ID)]), tuple(t[:t.index(EOS_ID)])))
+            out.append((tuple(s[: s.index(EOS_ID)]), tuple(t[: t.index(EOS_ID)])))
     return out
 
 
@@ -106,8 +105,9 @@ def test_a_compiled_model_compiles_nothing_new_for_the_dummy_batch(tmp_path):
 
     src_lens, tgt_lens = wmt_like(150, seed=4)
     files = write_shard(tmp_path / "part.parquet", np.minimum(src_lens, 30), np.minimum(tgt_lens, 30))
-    one_layer = ModelConfig(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1,
-                            dropout=0.0)  # little to trace
+    one_layer = ModelConfig(
+        d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1, dropout=0.0
+    )  # little to trace
     cfg = Config(model=one_layer, data=DataConfig(max_tokens=512, max_len=30, pad_multiple=8, shape_buckets=4))
     torch.manual_seed(0)
     model = Transformer(cfg.model, vocab_size=VOCAB)
@@ -147,8 +147,9 @@ def test_padding_rows_and_columns_change_no_loss_or_token_count(tmp_path):
 def test_a_laddered_stream_resumes_exactly(tmp_path, stop_after):
     src_lens, tgt_lens = wmt_like(3000, seed=3)
     files = write_shard(tmp_path / "part.parquet", src_lens, tgt_lens, seed=3)
-    cfg = DataConfig(max_tokens=2048, max_len=200, pad_multiple=8, shape_buckets=6,
-                     window_rows=500, shuffle_buffer_rows=1000)
+    cfg = DataConfig(
+        max_tokens=2048, max_len=200, pad_multiple=8, shape_buckets=6, window_rows=500, shuffle_buffer_rows=1000
+    )
     stream = lambda position: TrainStream(files, cfg, seed=5, rank=0, world_size=2, position=position)
     full = [real_pairs(b) for b in stream(Position(2))]
     first, head = stream(Position(2)), []
@@ -171,8 +172,12 @@ def test_the_gpu_and_compiled_defaults_turn_the_ladder_on_and_the_cpu_keeps_free
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 120), st.integers(1, 120)), min_size=1, max_size=300),
-       st.integers(2, 10), st.sampled_from([1, 8]), st.integers(0, 2**32 - 1))
+@given(
+    st.lists(st.tuples(st.integers(1, 120), st.integers(1, 120)), min_size=1, max_size=300),
+    st.integers(2, 10),
+    st.sampled_from([1, 8]),
+    st.integers(0, 2**32 - 1),
+)
 def test_laddered_batches_keep_every_row_once_on_at_most_shape_buckets_shapes(lens, buckets, multiple, seed):
     cfg = DataConfig(max_tokens=512, max_len=120, pad_multiple=multiple, shape_buckets=buckets)
     ladder = ShapeLadder.from_config(cfg)
@@ -180,8 +185,7 @@ def test_laddered_batches_keep_every_row_once_on_at_most_shape_buckets_shapes(le
     assert all(w % multiple == 0 for w in ladder.widths)
     src_lens = np.array([s for s, _ in lens]) + 1  # EOS / BOS included
     tgt_lens = np.array([t for _, t in lens]) + 1
-    batches = chunk_batches(src_lens, tgt_lens, 100, cfg.max_tokens, np.random.default_rng(seed),
-                            ladder=ladder)
+    batches = chunk_batches(src_lens, tgt_lens, 100, cfg.max_tokens, np.random.default_rng(seed), ladder=ladder)
     assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(len(lens)))
     for b in batches:
         rows, width = ladder.shape(int(max(src_lens[b].max(), tgt_lens[b].max())))

@@ -14,17 +14,18 @@ import uuid
 
 import pytest
 import torch
+from conftest import REFERENCE_STEPS as STEPS
+from conftest import tiny_run
+from test_bad_input import error_line
+from test_export import plant_malicious_pickle
+from test_faults import assert_mid_epoch, assert_same_as_reference, final_weights, trained_pairs
+from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 from raymt import average, export, storage, train, translate
 from raymt.config import Config, PrepareConfig
 from raymt.data import format as corpus_format
 from raymt.data import prepare
 from raymt.data.builtin import generate
-from test_bad_input import error_line
-from test_export import plant_malicious_pickle
-from conftest import REFERENCE_STEPS as STEPS, tiny_run
-from test_faults import assert_mid_epoch, assert_same_as_reference, final_weights, trained_pairs
-from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -100,9 +101,28 @@ def test_evaluate_checkpoint_and_test_set_uris(prefix, tmp_path, ray_address):
     storage.upload_dir(make_checkpoint(tmp_path / "ckpt", seed=4), f"{prefix}/ckpt")
     test_prefix = upload_pairs(f"{prefix}/raw/test", 6, seed=3)
     out = tmp_path / "eval"
-    run_cli(["raymt.evaluate", "--checkpoint", f"{prefix}/ckpt", "--test", test_prefix, "--output-dir", str(out),
-             "--num-actors", "1", "--num-cpus", "1", "--beam", "1", "--max-len-a", "0", "--max-len-b", "4"],
-            tmp_path)
+    run_cli(
+        [
+            "raymt.evaluate",
+            "--checkpoint",
+            f"{prefix}/ckpt",
+            "--test",
+            test_prefix,
+            "--output-dir",
+            str(out),
+            "--num-actors",
+            "1",
+            "--num-cpus",
+            "1",
+            "--beam",
+            "1",
+            "--max-len-a",
+            "0",
+            "--max-len-b",
+            "4",
+        ],
+        tmp_path,
+    )
     report = json.loads((out / "report.json").read_text())
     assert report["checkpoint"] == f"{prefix}/ckpt" and report["test_sets"]["test"]["num_sentences"] == 6
 
@@ -140,8 +160,7 @@ def test_prepare_out_uri(ray_cluster, prefix):
 
 def run_cli(args: list, cwd, timeout: int = 600) -> str:
     """Run `python -m ...` in `cwd` (the environment, with the S3 endpoint, is inherited)."""
-    out = subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True,
-                         timeout=timeout)
+    out = subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     return out.stdout + out.stderr
 
@@ -159,21 +178,45 @@ def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
     upload_pairs(f"{raw}/test", 12, seed=3)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    argv = ["--train", f"{raw}/train", "--valid", f"{raw}/valid", "--test", f"{raw}/test",
-            "--storage-path", f"{prefix}/runs", "--name", "quick", "--max-steps", "4", "--preset", "tiny",
-            "--num-workers", "2", "--set", "train.eval_every=2", "--set", "train.log_every=2",
-            "--set", "data.vocab_size=128", "--set", "data.max_tokens=256", "--set", "decode.beam=1"]
+    argv = [
+        "--train",
+        f"{raw}/train",
+        "--valid",
+        f"{raw}/valid",
+        "--test",
+        f"{raw}/test",
+        "--storage-path",
+        f"{prefix}/runs",
+        "--name",
+        "quick",
+        "--max-steps",
+        "4",
+        "--preset",
+        "tiny",
+        "--num-workers",
+        "2",
+        "--set",
+        "train.eval_every=2",
+        "--set",
+        "train.log_every=2",
+        "--set",
+        "data.vocab_size=128",
+        "--set",
+        "data.max_tokens=256",
+        "--set",
+        "decode.beam=1",
+    ]
     run_cli(["raymt.train", *argv], cwd)
     run_dir = f"{prefix}/runs/quick"
     names = storage.listdir(run_dir)
-    for name in ("raymt_config.json", "spm.model", "corpus", "logs", "summary.json", "plots",
-                 train.RAY_SNAPSHOT_FILE):
+    for name in ("raymt_config.json", "spm.model", "corpus", "logs", "summary.json", "plots", train.RAY_SNAPSHOT_FILE):
         assert name in names, names
     assert train.registered_checkpoints(run_dir) == 2
     assert corpus_format.read_manifest(f"{run_dir}/corpus")["splits"]["train"]["num_pairs"] > 300
     assert storage.listdir(f"{run_dir}/logs/tensorboard")[0].startswith("events.out.tfevents")
-    steps = [int(row.split(",")[0]) for row in
-             storage.read_bytes(f"{run_dir}/{train.METRICS_CSV}").decode().splitlines()[1:]]
+    steps = [
+        int(row.split(",")[0]) for row in storage.read_bytes(f"{run_dir}/{train.METRICS_CSV}").decode().splitlines()[1:]
+    ]
     assert set(steps) == {2, 4}
     assert list(cwd.iterdir()) == []
 
@@ -211,8 +254,13 @@ def test_killed_driver_resumes_from_s3_exactly(prefix, tmp_path):
     storage.download_dir(f"{storage_path}/ref", reference_dir)
     reference = final_weights(reference_dir), trained_pairs(reference_dir)
 
-    proc = subprocess.Popen(tiny_run(storage_path, "killed", STEPS, *extra), cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        tiny_run(storage_path, "killed", STEPS, *extra),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     wait_for_remote_checkpoints(f"{storage_path}/killed", 2, proc)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and every process of its local Ray
     proc.wait()
@@ -225,8 +273,10 @@ def test_killed_driver_resumes_from_s3_exactly(prefix, tmp_path):
     assert list(fresh.iterdir()) == []
     run_dir = tmp_path / "killed"
     storage.download_dir(f"{storage_path}/killed", run_dir)
-    start = [p.parent for p in run_dir.glob("checkpoint_*/train_state.pt")
-             if torch.load(p, weights_only=True)["step"] == resumed[0]]
+    start = [
+        p.parent
+        for p in run_dir.glob("checkpoint_*/train_state.pt")
+        if torch.load(p, weights_only=True)["step"] == resumed[0]
+    ]
     assert_mid_epoch(start[0])
     assert_same_as_reference(run_dir, reference)
-

@@ -11,8 +11,15 @@ import torch
 from raymt.batching import collate, collate_flat
 from raymt.config import DataConfig
 from raymt.data.format import Shard, token_index
-from raymt.data.stream import (Position, Segment, TrainStream, epoch_slice, flat, restore_position,
-                               resume_point, skip_rows)
+from raymt.data.stream import (
+    Position,
+    TrainStream,
+    epoch_slice,
+    flat,
+    restore_position,
+    resume_point,
+    skip_rows,
+)
 
 
 def write_shards(tmp_path, sizes, seed=0):
@@ -23,9 +30,11 @@ def write_shards(tmp_path, sizes, seed=0):
         src = [rng.integers(4, 50, rng.integers(1, 12)).tolist() for _ in range(n)]
         tgt = [rng.integers(4, 50, rng.integers(1, 12)).tolist() for _ in range(n)]
         path = tmp_path / f"part-{k:05d}.parquet"
-        pq.write_table(pa.table({"src_ids": pa.array(src, pa.list_(pa.int32())),
-                                 "tgt_ids": pa.array(tgt, pa.list_(pa.int32()))}), path,
-                       row_group_size=97)
+        pq.write_table(
+            pa.table({"src_ids": pa.array(src, pa.list_(pa.int32())), "tgt_ids": pa.array(tgt, pa.list_(pa.int32()))}),
+            path,
+            row_group_size=97,
+        )
         files.append((str(path), n))
         pairs += [(tuple(s), tuple(t)) for s, t in zip(src, tgt)]
     return files, pairs
@@ -35,7 +44,7 @@ def batch_pairs(batch):
     """(src without EOS, tgt) tuples of a collated batch."""
     out = []
     for s, t in zip(batch.src.tolist(), batch.tgt_out.tolist()):
-        s, t = s[:s.index(3)], t[:t.index(3)]
+        s, t = s[: s.index(3)], t[: t.index(3)]
         out.append((tuple(s), tuple(t)))
     return out
 
@@ -61,8 +70,9 @@ def test_epoch_slices_cover_every_row_once_and_balance():
 def test_slices_balance_tokens_across_sources_of_different_lengths():
     # Two sources: 5000 short pairs (10 tokens) and 5000 long ones (40 tokens).
     lengths = {"short": [10] * 5000, "long": [40] * 5000}
-    tokens = lambda files, rank: sum(sum(lengths[p][a:b]) for p, a, b in
-                                     epoch_slice(files, seed=1, epoch=0, rank=rank, world_size=2))
+    tokens = lambda files, rank: sum(
+        sum(lengths[p][a:b]) for p, a, b in epoch_slice(files, seed=1, epoch=0, rank=rank, world_size=2)
+    )
     by_rows = [(p, 5000) for p in lengths]
     assert sorted(tokens(by_rows, r) for r in (0, 1)) == [50_000, 200_000]
     by_tokens = [Shard(p, 5000, tuple(token_index(np.array(v)))) for p, v in lengths.items()]
@@ -85,8 +95,9 @@ CFG = dict(max_tokens=64, max_len=10, window_rows=50, shuffle_buffer_rows=120)
 
 def stream(files, rank, world_size, position, num_epochs=1, segment=None, **data):
     cfg = DataConfig(**CFG, **data)
-    return TrainStream(files, cfg, seed=3, rank=rank, world_size=world_size, position=position,
-                       num_epochs=num_epochs, segment=segment)
+    return TrainStream(
+        files, cfg, seed=3, rank=rank, world_size=world_size, position=position, num_epochs=num_epochs, segment=segment
+    )
 
 
 def test_streams_see_each_pair_once_and_repeat_exactly(tmp_path):
@@ -168,8 +179,9 @@ def test_resized_epoch_trains_every_pair_once(tmp_path, steps):
     for world_size, n in zip((2, 3, 1), steps):
         positions, segment = [], None
         for rank in range(world_size):
-            position, segment = resume_point(files, DataConfig(**CFG), 3, 0, state["data_positions"],
-                                             state["data_segment"], rank, world_size)
+            position, segment = resume_point(
+                files, DataConfig(**CFG), 3, 0, state["data_positions"], state["data_segment"], rank, world_size
+            )
             s = stream(files, rank, world_size, position, segment=segment)
             seen.update(take(s, n) if world_size > 1 else [p for b in s for p in batch_pairs(b)])
             positions.append(s.position.to_dict())

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_checkpoint import one_thread  # noqa: F401
 
 from raymt.batching import collate
 from raymt.config import Config, apply_overrides, tiny
 from raymt.model import build_model
 from raymt.trainer import Trainer, compile_model, restore_training, train_step
-from tiny_checkpoint import one_thread  # noqa: F401
 
 VOCAB = 64
 
@@ -21,8 +21,9 @@ VOCAB = 64
 def rows(n: int, seed: int, max_len: int = 12) -> list:
     """n token-id rows of 2..max_len ids."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, VOCAB, (int(k),), generator=g).tolist()
-            for k in torch.randint(2, max_len, (n,), generator=g)]
+    return [
+        torch.randint(4, VOCAB, (int(k),), generator=g).tolist() for k in torch.randint(2, max_len, (n,), generator=g)
+    ]
 
 
 def batches(num: int, seed: int = 0) -> list:
@@ -66,7 +67,8 @@ def test_restored_optimizer_state_lives_on_the_parameters_device():
             torch.__future__.set_swap_module_params_on_conversion(swap)
 
     moved, restored, restored_scheduler = restore_training(
-        build_model(cfg.model, VOCAB), cfg, model.state_dict(), saved, place)
+        build_model(cfg.model, VOCAB), cfg, model.state_dict(), saved, place
+    )
     assert len(placed) == 1 and restored_scheduler.last_epoch == 2
     params = list(moved.parameters())
     assert all(p.device.type == "meta" for p in params)
@@ -96,6 +98,7 @@ def count_host_syncs(monkeypatch) -> list:
             if Path(sys._getframe(1).f_code.co_filename).name != "batching.py":
                 calls.append(_name)
             return _original(self, *args, **kwargs)
+
         monkeypatch.setattr(torch.Tensor, name, wrapper)
     return calls
 
@@ -125,7 +128,8 @@ def _two_process_worker(rank: int, init_file: str, out: str) -> None:
     cfg = small_config(max_steps=20, log_every=5, eval_every=1000)
     torch.manual_seed(0)
     model, optimizer, scheduler = restore_training(
-        build_model(cfg.model, VOCAB), cfg, None, None, torch.nn.parallel.DistributedDataParallel)
+        build_model(cfg.model, VOCAB), cfg, None, None, torch.nn.parallel.DistributedDataParallel
+    )
     trainer = Trainer(cfg, model, optimizer, scheduler, torch.device("cpu"), collective=TorchCollective())
     data = batches(25 if rank == 0 else 12, seed=rank * 1000)  # rank 1 runs out: dummy steps
     with pytest.MonkeyPatch.context() as mp:
@@ -141,8 +145,10 @@ def test_two_gloo_processes_step_without_host_syncs(tmp_path):
     env = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env])  # children import this file
     try:
-        procs = [ctx.Process(target=_two_process_worker, args=(r, str(tmp_path / "init"), str(tmp_path / f"r{r}.pt")))
-                 for r in range(2)]
+        procs = [
+            ctx.Process(target=_two_process_worker, args=(r, str(tmp_path / "init"), str(tmp_path / f"r{r}.pt")))
+            for r in range(2)
+        ]
         for p in procs:
             p.start()
         for p in procs:
@@ -193,8 +199,9 @@ def test_compiled_model_does_not_recompile_per_batch():
 
     cfg = small_config(max_steps=1000, log_every=100, eval_every=1000)
     torch.manual_seed(0)
-    model, optimizer, scheduler = restore_training(build_model(cfg.model, VOCAB), cfg, None, None,
-                                                   lambda m: compile_model(m, backend=counting_backend))
+    model, optimizer, scheduler = restore_training(
+        build_model(cfg.model, VOCAB), cfg, None, None, lambda m: compile_model(m, backend=counting_backend)
+    )
     trainer = Trainer(cfg, model, optimizer, scheduler, torch.device("cpu"))
     epoch = padded(16, 0)
     assert len({(b.src.shape, b.tgt_in.shape) for b in epoch}) > 4
@@ -210,8 +217,7 @@ def test_a_smaller_elastic_group_keeps_the_global_batch(capsys):
     group, or the full elastic one, keeps the config as it is."""
     from raymt.worker import elastic_batch
 
-    cfg = apply_overrides(Config(), {"train.num_workers": "4", "train.min_workers": "1",
-                                     "optim.update_freq": "2"})
+    cfg = apply_overrides(Config(), {"train.num_workers": "4", "train.min_workers": "1", "optim.update_freq": "2"})
     assert [elastic_batch(cfg, w).optim.update_freq for w in (4, 2, 1, 3)] == [2, 4, 8, 3]
     elastic_batch(cfg, 3, verbose=True)
     assert "3 of 4 workers: optim.update_freq 2 -> 3 keeps the global batch (9/8 of it)" in capsys.readouterr().out

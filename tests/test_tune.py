@@ -16,31 +16,51 @@ from raymt.tune import parse_space
 
 pytestmark = pytest.mark.timeout(600)
 
-TINY_TRIAL = ["--preset", "tiny", "--num-workers", "1", "--max-steps", "20",
-              "--set", "train.eval_every=10", "--set", "train.log_every=10",
-              "--set", "data.vocab_size=256", "--set", "data.builtin_train_size=600",
-              "--set", "data.builtin_eval_size=30", "--set", "data.max_tokens=512"]
+TINY_TRIAL = [
+    "--preset",
+    "tiny",
+    "--num-workers",
+    "1",
+    "--max-steps",
+    "20",
+    "--set",
+    "train.eval_every=10",
+    "--set",
+    "train.log_every=10",
+    "--set",
+    "data.vocab_size=256",
+    "--set",
+    "data.builtin_train_size=600",
+    "--set",
+    "data.builtin_eval_size=30",
+    "--set",
+    "data.max_tokens=512",
+]
 
 
-@pytest.mark.parametrize("search, grid, message", [
-    (["optim.lr=loguniform:1e-4"], [], "expected two numbers LOW:HIGH"),
-    (["optim.lr=loguniform:3e-3:1e-4"], [], "LOW must be below HIGH"),
-    (["optim.lr=gauss:1:2"], [], "unknown distribution 'gauss'"),
-    (["optim.lr"], [], "must look like section.field=DIST:ARGS"),
-    (["optim.lrate=uniform:0:1"], [], "unknown config field 'optim.lrate'"),
-    ([], ["model.dropout=0.1,2.0"], r"model.dropout=2.0 must be in \[0, 1\)"),
-    ([], ["train.max_steps=ten"], "'ten' is not a valid int"),
-    ([], ["data.vocab_size=4000,8000"], "prepares its corpus once"),  # it would be ignored
-    (["data.max_ratio=uniform:1.5:3"], [], "prepares its corpus once"),
-])
+@pytest.mark.parametrize(
+    "search, grid, message",
+    [
+        (["optim.lr=loguniform:1e-4"], [], "expected two numbers LOW:HIGH"),
+        (["optim.lr=loguniform:3e-3:1e-4"], [], "LOW must be below HIGH"),
+        (["optim.lr=gauss:1:2"], [], "unknown distribution 'gauss'"),
+        (["optim.lr"], [], "must look like section.field=DIST:ARGS"),
+        (["optim.lrate=uniform:0:1"], [], "unknown config field 'optim.lrate'"),
+        ([], ["model.dropout=0.1,2.0"], r"model.dropout=2.0 must be in \[0, 1\)"),
+        ([], ["train.max_steps=ten"], "'ten' is not a valid int"),
+        ([], ["data.vocab_size=4000,8000"], "prepares its corpus once"),  # it would be ignored
+        (["data.max_ratio=uniform:1.5:3"], [], "prepares its corpus once"),
+    ],
+)
 def test_bad_search_spaces_are_one_clear_error(search, grid, message):
     with pytest.raises(ValueError, match=message):
         parse_space(search, grid)
 
 
 def tune_cli(*args, timeout=400, **kw):
-    return subprocess.run([sys.executable, "-m", "raymt.tune", *args], capture_output=True,
-                          text=True, timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "raymt.tune", *args], capture_output=True, text=True, timeout=timeout, **kw
+    )
 
 
 def test_impossible_resources_fail_before_any_trial(tmp_path, ray_cluster, err_lines):
@@ -63,8 +83,17 @@ def trial_runs(sweep: Path) -> dict[str, list[dict]]:
 def test_a_one_trial_sweep_end_to_end(tmp_path, ray_address):
     """`python -m raymt.tune` end to end on one trial (the notebook runs two at once through
     `run_sweep`; the slow test below, two in turn, interrupted and resumed)."""
-    out = tune_cli(*TINY_TRIAL, "--grid", "optim.lr=1e-2", "--scheduler", "fifo",
-                   "--storage-path", str(tmp_path), "--sweep-name", "s")
+    out = tune_cli(
+        *TINY_TRIAL,
+        "--grid",
+        "optim.lr=1e-2",
+        "--scheduler",
+        "fifo",
+        "--storage-path",
+        str(tmp_path),
+        "--sweep-name",
+        "s",
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     runs = trial_runs(tmp_path / "s")
     assert len(runs) == 1 and all(len(r) == 1 and "valid_bleu" in r[0]["valid"] for r in runs.values()), runs
@@ -90,10 +119,22 @@ def test_a_one_trial_sweep_end_to_end(tmp_path, ray_address):
 def test_two_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
     sweep = tmp_path / "s"
     # One trial at a time: the first has finished and the second not when the sweep is stopped.
-    args = [*TINY_TRIAL, "--grid", "optim.lr=1e-3,1e-2", "--scheduler", "fifo", "--max-concurrent", "1",
-            "--storage-path", str(tmp_path), "--sweep-name", "s"]
-    proc = subprocess.Popen([sys.executable, "-m", "raymt.tune", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    args = [
+        *TINY_TRIAL,
+        "--grid",
+        "optim.lr=1e-3,1e-2",
+        "--scheduler",
+        "fifo",
+        "--max-concurrent",
+        "1",
+        "--storage-path",
+        str(tmp_path),
+        "--sweep-name",
+        "s",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raymt.tune", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.time() + 300
     while not ((sweep / "trials").exists() and trial_runs(sweep)):
         assert time.time() < deadline and proc.poll() is None, proc.stdout.read()[-3000:]
@@ -124,26 +165,47 @@ def test_pbt_on_two_nodes_hands_checkpoints_over_through_storage(tmp_path, monke
     """PBT where each trial actor and its training workers are on different nodes: a trial
     continuing another's checkpoint gets it from the sweep's storage, not from a temp dir on
     the trial actor's node (which the workers' node cannot read)."""
+    from conftest import free_port
     from ray.cluster_utils import Cluster
     from ray.util.state import list_actors
-
-    from conftest import free_port
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     trial_node_tmp = tmp_path / "trial-node-tmp"  # the head's node-local temp dir
     trial_node_tmp.mkdir()
     # The head has no CPU: no training worker runs there. The other node has the CPUs and less
     # memory than a trial actor asks for (64 MiB): every trial actor runs on the head.
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": True, "dashboard_port": free_port(),
-        "dashboard_agent_listen_port": free_port(), "env_vars": {"TMPDIR": str(trial_node_tmp)}})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "include_dashboard": True,
+            "dashboard_port": free_port(),
+            "dashboard_agent_listen_port": free_port(),
+            "env_vars": {"TMPDIR": str(trial_node_tmp)},
+        },
+    )
     cluster.add_node(num_cpus=2, memory=32 * 2**20, dashboard_agent_listen_port=free_port())
     cluster.wait_for_nodes()
     try:
-        out = tune_cli(*TINY_TRIAL, "--max-steps", "40", "--grid", "optim.lr=1e-4,1e-2",
-                       "--scheduler", "pbt", "--max-concurrent", "2", "--set", "train.cpus_per_worker=0.5",
-                       "--storage-path", str(tmp_path), "--sweep-name", "pbt", timeout=900,
-                       env={**os.environ, "RAY_ADDRESS": cluster.address})
+        out = tune_cli(
+            *TINY_TRIAL,
+            "--max-steps",
+            "40",
+            "--grid",
+            "optim.lr=1e-4,1e-2",
+            "--scheduler",
+            "pbt",
+            "--max-concurrent",
+            "2",
+            "--set",
+            "train.cpus_per_worker=0.5",
+            "--storage-path",
+            str(tmp_path),
+            "--sweep-name",
+            "pbt",
+            timeout=900,
+            env={**os.environ, "RAY_ADDRESS": cluster.address},
+        )
         actors = list_actors(address=cluster.address, limit=10000, raise_on_missing_output=False)
     finally:
         cluster.shutdown()
@@ -246,8 +308,9 @@ def test_a_sweep_with_failed_trials_exits_1(capsys):
     assert exit_status([{"status": "completed"}, {"status": "stopped"}]) == 0
     assert capsys.readouterr().err == ""
     assert exit_status([{"status": "completed"}, {"status": "error"}, {"status": "error"}]) == 1
-    assert capsys.readouterr().err.strip() == ("raymt.tune: error: 2 of 3 trials failed; the lines "
-                                               "above say where their tracebacks are")
+    assert capsys.readouterr().err.strip() == (
+        "raymt.tune: error: 2 of 3 trials failed; the lines above say where their tracebacks are"
+    )
 
 
 @pytest.mark.slow  # PBT's case (the PBT test is slow too)
@@ -255,32 +318,45 @@ def test_a_sweep_with_failed_trials_exits_1(capsys):
 def test_a_trial_continuing_at_its_last_step_ends_with_a_checkpoint(ray_cluster, tmp_path):
     """PBT may hand a trial a donor checkpoint at max_steps: it reports it instead of failing."""
     import torch
+    from tiny_checkpoint import tokenizer
 
     from raymt.checkpoint import load_train_state, save_checkpoint
     from raymt.config import Config, DataConfig, TrainConfig, tiny
     from raymt.model import Transformer
     from raymt.optim import inverse_sqrt, make_optimizer
     from raymt.train import run
-    from tiny_checkpoint import tokenizer
 
-    cfg = Config(model=tiny(), data=DataConfig(vocab_size=256, builtin_train_size=200,
-                                              builtin_eval_size=8),
-                 train=TrainConfig(num_workers=1, max_steps=20, eval_every=10, cpus_per_worker=0.5,
-                                   storage_path=str(tmp_path), name="continued"))
+    cfg = Config(
+        model=tiny(),
+        data=DataConfig(vocab_size=256, builtin_train_size=200, builtin_eval_size=8),
+        train=TrainConfig(
+            num_workers=1,
+            max_steps=20,
+            eval_every=10,
+            cpus_per_worker=0.5,
+            storage_path=str(tmp_path),
+            name="continued",
+        ),
+    )
     model = Transformer(cfg.model, tokenizer(256).vocab_size)
     optimizer = make_optimizer(model, cfg.optim)
     scheduler = inverse_sqrt(optimizer, cfg.optim.warmup_steps)
     for _ in range(20):  # no gradients: the optimizer leaves the weights alone
         optimizer.step()
         scheduler.step()
-    donor = save_checkpoint(tmp_path / "donor", model, cfg, tokenizer(256), {
-        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "step": 20, "epoch": 0})
+    donor = save_checkpoint(
+        tmp_path / "donor",
+        model,
+        cfg,
+        tokenizer(256),
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": 20, "epoch": 0},
+    )
     summary = run(cfg, init_checkpoint=donor, score_test=False, init_full_state=True)
     assert load_train_state(summary["best_checkpoint"])["step"] == 20
     assert set(summary["valid"]) >= {"valid_loss", "valid_bleu"}
-    torch.testing.assert_close(torch.load(Path(summary["best_checkpoint"]) / "model.pt",
-                                          weights_only=True), model.state_dict())
+    torch.testing.assert_close(
+        torch.load(Path(summary["best_checkpoint"]) / "model.pt", weights_only=True), model.state_dict()
+    )
 
 
 def test_janitor_removes_groups_whose_cpus_nobody_uses(ray_cluster):
@@ -349,26 +425,32 @@ def test_the_default_grid_runs_in_an_order_that_lets_asha_stop_trials():
     assert max(finished, key=finished.get) == 4e-3  # the best of the full run still finishes
 
 
-@pytest.mark.parametrize("values, order", [
-    ([5e-4, 1e-3, 2e-3, 4e-3, 1e-2], [2e-3, 5e-4, 1e-2, 1e-3, 4e-3]),  # median, extremes, midpoints
-    ([4, 1, 3, 2], [3, 1, 4, 2]),
-    ([0.1, 0.2], [0.1, 0.2]),
-    (["adam", "sgd", "lion"], ["adam", "sgd", "lion"]),  # not numbers: as given
-])
+@pytest.mark.parametrize(
+    "values, order",
+    [
+        ([5e-4, 1e-3, 2e-3, 4e-3, 1e-2], [2e-3, 5e-4, 1e-2, 1e-3, 4e-3]),  # median, extremes, midpoints
+        ([4, 1, 3, 2], [3, 1, 4, 2]),
+        ([0.1, 0.2], [0.1, 0.2]),
+        (["adam", "sgd", "lion"], ["adam", "sgd", "lion"]),  # not numbers: as given
+    ],
+)
 def test_spread_covers_the_range_first(values, order):
     from raymt.tune import spread
 
     assert spread(values) == order
 
 
-@pytest.mark.parametrize("max_steps, eval_every, num_trials, rungs", [
-    (300, 100, 5, (100, 2)),  # the default sweep: rungs at 100 and 200
-    (300, 50, 5, (50, 2)),  # 5 trials: about log2(5) rungs, at validations
-    (3000, 100, 8, (300, 2)),  # 8 trials: 3 halvings leave one trial (300, 600, 1200)
-    (2700, 100, 27, (100, 3)),  # 27 trials: thirds at 100, 300, 900
-    (20, 10, 2, (10, 2)),  # never before the first validation
-    (100, 200, 4, (100, 2)),  # nor past max_steps
-])
+@pytest.mark.parametrize(
+    "max_steps, eval_every, num_trials, rungs",
+    [
+        (300, 100, 5, (100, 2)),  # the default sweep: rungs at 100 and 200
+        (300, 50, 5, (50, 2)),  # 5 trials: about log2(5) rungs, at validations
+        (3000, 100, 8, (300, 2)),  # 8 trials: 3 halvings leave one trial (300, 600, 1200)
+        (2700, 100, 27, (100, 3)),  # 27 trials: thirds at 100, 300, 900
+        (20, 10, 2, (10, 2)),  # never before the first validation
+        (100, 200, 4, (100, 2)),  # nor past max_steps
+    ],
+)
 def test_asha_rungs_are_sized_to_the_run(max_steps, eval_every, num_trials, rungs):
     from raymt.tune import asha_rungs
 
@@ -376,32 +458,49 @@ def test_asha_rungs_are_sized_to_the_run(max_steps, eval_every, num_trials, rung
 
 
 def fake_result(trial_id: str, lr: float, steps: list[int], bleus: list[float], max_steps: int = 300):
-    import pandas as pd
     from types import SimpleNamespace
+
+    import pandas as pd
 
     checkpoint = SimpleNamespace(path=f"/sweep/{trial_id}/checkpoint_000001")
     return SimpleNamespace(
-        metrics_dataframe=pd.DataFrame({"step": steps, "valid_bleu": bleus}), error=None,
-        config={"base": {"train": {"max_steps": max_steps}}, "optim.lr": lr}, path=f"/sweep/{trial_id}",
-        metrics={"trial_id": trial_id}, get_best_checkpoint=lambda metric, mode: checkpoint)
+        metrics_dataframe=pd.DataFrame({"step": steps, "valid_bleu": bleus}),
+        error=None,
+        config={"base": {"train": {"max_steps": max_steps}}, "optim.lr": lr},
+        path=f"/sweep/{trial_id}",
+        metrics={"trial_id": trial_id},
+        get_best_checkpoint=lambda metric, mode: checkpoint,
+    )
 
 
 def test_the_table_says_stopped_and_what_early_stopping_saved(tmp_path, capsys):
     from raymt.tune import print_table, summarize
 
-    summary = summarize([fake_result("t0", 2e-3, [100, 200, 300], [20, 50, 75]),
-                         fake_result("t1", 5e-4, [100], [5]),
-                         fake_result("t2", 1e-2, [100, 200], [40, 70])], "valid_bleu", tmp_path)
+    summary = summarize(
+        [
+            fake_result("t0", 2e-3, [100, 200, 300], [20, 50, 75]),
+            fake_result("t1", 5e-4, [100], [5]),
+            fake_result("t2", 1e-2, [100, 200], [40, 70]),
+        ],
+        "valid_bleu",
+        tmp_path,
+    )
     assert [(r["trial"], r["status"]) for r in summary["table"]] == [
-        ("t0", "completed"), ("t2", "stopped"), ("t1", "stopped")]
+        ("t0", "completed"),
+        ("t2", "stopped"),
+        ("t1", "stopped"),
+    ]
     print_table(summary)
     out = capsys.readouterr().out
     assert [line.split()[-1] for line in out.splitlines()[2:5]] == ["completed", "stopped", "stopped"]
     assert "early stopping saved 300 of 900 steps (33%): 2 of 3 trials stopped" in out
     assert "best checkpoint: /sweep/t0/checkpoint_000001" in out
     assert json.loads((tmp_path / "results.json").read_text())["steps"] == {"saved": 300, "total": 900, "stopped": 2}
-    print_table(summarize([fake_result("t0", 2e-3, [100, 200, 300], [20, 50, 75])], "valid_bleu", tmp_path,
-                          early_stopping=False))  # PBT, FIFO
+    print_table(
+        summarize(
+            [fake_result("t0", 2e-3, [100, 200, 300], [20, 50, 75])], "valid_bleu", tmp_path, early_stopping=False
+        )
+    )  # PBT, FIFO
     assert "early stopping" not in capsys.readouterr().out
 
 
@@ -420,4 +519,5 @@ def test_one_console_line_per_trial_result(capsys):
         "trial t1  optim.lr=0.0005  step 100  valid_bleu 12.35  running",
         "trial t1  optim.lr=0.0005  step 200  valid_bleu 20.00  stopped",
         "trial t1  optim.lr=0.0005  step 300  valid_bleu 30.00  completed",
-        "trial t1 failed: its traceback is in /sweep/t1/error.txt"]
+        "trial t1 failed: its traceback is in /sweep/t1/error.txt",
+    ]

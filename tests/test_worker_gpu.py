@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from ray.train import WorkerGroupError
+from tiny_checkpoint import one_thread  # noqa: F401
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from raymt import train
@@ -20,9 +21,7 @@ from raymt.metrics import MetricsLog
 from raymt.model import build_model
 from raymt.optim import inverse_sqrt, make_optimizer
 from raymt.trainer import Progress, Trainer, rng_state, set_rng_state
-from raymt.worker import (WorkerLoop, compress_gradients, ddp_kwargs, out_of_memory_hint, place_model,
-                          restore_rng)
-from tiny_checkpoint import one_thread  # noqa: F401
+from raymt.worker import WorkerLoop, compress_gradients, ddp_kwargs, out_of_memory_hint, place_model, restore_rng
 
 VOCAB = 64
 
@@ -120,8 +119,10 @@ def _ddp_worker(rank: int, init_file: str, kwargs: dict, out_dir: str) -> None:
     model.positions.add_(rank)  # a rank-local change: a broadcast from rank 0 would undo it
     batch = collate([[5, 6, 3]], [[7, 8]])
     ddp(batch.src, batch.tgt_in).sum().backward()
-    torch.save({"positions_sum": model.positions.sum(), "warnings": [str(w.message) for w in caught]},
-               Path(out_dir) / f"r{rank}.pt")
+    torch.save(
+        {"positions_sum": model.positions.sum(), "warnings": [str(w.message) for w in caught]},
+        Path(out_dir) / f"r{rank}.pt",
+    )
     dist.destroy_process_group()
 
 
@@ -155,21 +156,25 @@ def test_bf16_gradient_compression_is_opt_in_and_only_with_several_workers(monke
         compress_gradients(model, cfg, world_size)
         assert model.hooks == []
     prepared = []
-    monkeypatch.setattr("ray.train.torch.prepare_model",
-                        lambda m, parallel_strategy_kwargs: prepared.append(parallel_strategy_kwargs) or m)
+    monkeypatch.setattr(
+        "ray.train.torch.prepare_model",
+        lambda m, parallel_strategy_kwargs: prepared.append(parallel_strategy_kwargs) or m,
+    )
     model = place_model(FakeDDP(), on, world_size=16)  # the worker's own placement
     assert model.hooks == [(None, default_hooks.bf16_compress_hook)]
     assert prepared == [ddp_kwargs(on)]
 
 
-def worker_loop(cfg: Config, device: torch.device = torch.device("cpu")) -> WorkerLoop:
+CPU = torch.device("cpu")
+
+
+def worker_loop(cfg: Config, device: torch.device = CPU) -> WorkerLoop:
     """A WorkerLoop without Ray Train: its Trainer part on a tiny model, no stream or checkpoint."""
     loop = WorkerLoop.__new__(WorkerLoop)
     torch.manual_seed(0)
     model = build_model(cfg.model, VOCAB)
     optimizer = make_optimizer(model, cfg.optim)
-    Trainer.__init__(loop, cfg, model, optimizer, inverse_sqrt(optimizer, cfg.optim.warmup_steps),
-                     torch.device("cpu"))
+    Trainer.__init__(loop, cfg, model, optimizer, inverse_sqrt(optimizer, cfg.optim.warmup_steps), torch.device("cpu"))
     loop.run_cfg, loop.device = cfg, device
 
     class Upcoming:
@@ -194,20 +199,26 @@ def test_cuda_out_of_memory_in_a_step_becomes_one_line_naming_max_tokens(monkeyp
     with pytest.raises(ValueError) as err:
         loop.train_epoch([batch], mark=lambda: (None, []))
     line = str(err.value)
-    assert line == ("CUDA out of memory at step 8 with data.max_tokens=4096 per worker: retry with "
-                    "--set data.max_tokens=2048 --set optim.update_freq=2 (same global batch)")
+    assert line == (
+        "CUDA out of memory at step 8 with data.max_tokens=4096 per worker: retry with "
+        "--set data.max_tokens=2048 --set optim.update_freq=2 (same global batch)"
+    )
     retry = dict(re.findall(r"--set (\S+)=(\d+)", line))  # what it suggests is a valid config
     retried = apply_overrides(cfg, {k: int(v) for k, v in retry.items()})
     assert retried.data.max_tokens * retried.optim.update_freq == 4096 * cfg.optim.update_freq
 
     assert out_of_memory_hint(8, cfg, 24 * 2**30).startswith(
-        "CUDA out of memory at step 8 with data.max_tokens=4096 per worker (GPU 24 GiB): retry")
+        "CUDA out of memory at step 8 with data.max_tokens=4096 per worker (GPU 24 GiB): retry"
+    )
     floor = apply_overrides(cfg, {"data.max_len": 200, "data.max_tokens": 300})
     assert "cannot go below data.max_len + 2 = 202" in out_of_memory_hint(3, floor, None)
 
     monkeypatch.setattr("raymt.worker.evaluate", out_of_memory)  # validation: its own budget
-    with pytest.raises(ValueError, match=r"validating at step 7 with data.eval_batch_size=64: "
-                                         r"retry with --set data.eval_batch_size=32$"):
+    with pytest.raises(
+        ValueError,
+        match=r"validating at step 7 with data.eval_batch_size=64: "
+        r"retry with --set data.eval_batch_size=32$",
+    ):
         loop.evaluate_and_report()
 
 

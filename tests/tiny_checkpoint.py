@@ -30,8 +30,7 @@ def tokenizer(vocab_size: int = 256) -> Tokenizer:
     return train_tokenizer(src + tgt, vocab_size)
 
 
-def make_checkpoint(directory: Path, seed: int = 0, vocab_size: int = 256, d_model: int = 32,
-                    step: int = 0) -> Path:
+def make_checkpoint(directory: Path, seed: int = 0, vocab_size: int = 256, d_model: int = 32, step: int = 0) -> Path:
     """A random tiny model saved as a raymt checkpoint (model.pt, config.json, spm.model, train_state.pt)."""
     torch.manual_seed(seed)
     tok = tokenizer(vocab_size)

@@ -19,22 +19,36 @@ FLAG_NAMES = {"src_lang": "src", "tgt_lang": "tgt"}
 
 def prepare_parser() -> argparse.ArgumentParser:
     """Flags of `python -m raymt.data prepare`; every option names a PrepareConfig field."""
-    p = argparse.ArgumentParser(prog="python -m raymt.data", allow_abbrev=False,
-                                description="Corpus tools for raymt.")
+    p = argparse.ArgumentParser(prog="python -m raymt.data", allow_abbrev=False, description="Corpus tools for raymt.")
     sub = p.add_subparsers(dest="command", required=True)
-    q = sub.add_parser("prepare", allow_abbrev=False,
-                       help="raw parallel corpora -> SentencePiece model and Parquet shards",
-                       description="Clean, tokenize and shard parallel corpora with Ray Data.")
-    q.add_argument("--out", required=True, help="output directory or URI such as s3://bucket/corpus (made whole, or not at all)")
+    q = sub.add_parser(
+        "prepare",
+        allow_abbrev=False,
+        help="raw parallel corpora -> SentencePiece model and Parquet shards",
+        description="Clean, tokenize and shard parallel corpora with Ray Data.",
+    )
+    q.add_argument(
+        "--out", required=True, help="output directory or URI such as s3://bucket/corpus (made whole, or not at all)"
+    )
     q.add_argument("--src-file", action="append", default=[], help="training source file (repeatable)")
     q.add_argument("--tgt-file", action="append", default=[], help="training target file, paired in order")
-    q.add_argument("--train", action="append", default=[], metavar="SPEC",
-                   help="PREFIX (PREFIX.<src>, PREFIX.<tgt>, optionally .gz/.xz/.zst), a .tsv or "
-                        ".jsonl file (optionally compressed), or .parquet/.arrow file(s) (repeatable)")
+    q.add_argument(
+        "--train",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="PREFIX (PREFIX.<src>, PREFIX.<tgt>, optionally .gz/.xz/.zst), a .tsv or "
+        ".jsonl file (optionally compressed), or .parquet/.arrow file(s) (repeatable)",
+    )
     q.add_argument("--valid", metavar="SPEC", help="validation set, like --train")
     q.add_argument("--test", action="append", default=[], metavar="SPEC", help="test set (repeatable)")
-    q.add_argument("--test-name", action="append", default=[], metavar="NAME",
-                   help="names of the test sets, in order (default: the basename of each SPEC)")
+    q.add_argument(
+        "--test-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="names of the test sets, in order (default: the basename of each SPEC)",
+    )
     q.add_argument("--src-col", help="TSV column number, or JSONL key / Parquet column (default: --src)")
     q.add_argument("--tgt-col", help="TSV column number, or JSONL key / Parquet column (default: --tgt)")
     q.add_argument("--dataset", help="a named public corpus (downloaded and cached), or 'builtin'")
@@ -71,8 +85,9 @@ def prepare_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list,
         return source_from_spec(s, cfg, args.src_col, args.tgt_col)
 
     if len(args.src_file) != len(args.tgt_file):
-        raise ValueError(f"--src-file given {len(args.src_file)} time(s) but --tgt-file "
-                         f"{len(args.tgt_file)}: pass them in pairs")
+        raise ValueError(
+            f"--src-file given {len(args.src_file)} time(s) but --tgt-file {len(args.tgt_file)}: pass them in pairs"
+        )
     if len(args.test_name) > len(args.test):
         raise ValueError(f"{len(args.test_name)} --test-name for {len(args.test)} --test: one name per test set")
     train = [Source("text", pair) for pair in zip(args.src_file, args.tgt_file)]
@@ -88,8 +103,7 @@ def prepare_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list,
         if args.mirror or args.cache_dir:
             raise ValueError("--mirror and --cache-dir only apply with --dataset")
         if not train:
-            raise ValueError("no training data: pass --train PREFIX|FILE, --src-file/--tgt-file, "
-                             "or --dataset NAME")
+            raise ValueError("no training data: pass --train PREFIX|FILE, --src-file/--tgt-file, or --dataset NAME")
         if not valid:
             raise ValueError("--valid is missing: pass a validation prefix or file (all of it is scored)")
         return train, valid, tests
@@ -100,16 +114,16 @@ def prepare_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list,
     return train, valid or dataset_valid, {**{k: [v] for k, v in splits.items()}, **tests}
 
 
-def dataset_sources(name: str, cfg: PrepareConfig, cache_dir: Optional[str],
-                    mirror: Optional[str]) -> dict:
+def dataset_sources(name: str, cfg: PrepareConfig, cache_dir: Optional[str], mirror: Optional[str]) -> dict:
     """Split name -> Source of a named corpus: 'builtin' (generated) or a download (raymt.data.download)."""
     from raymt.data.prepare import Source
 
     if name == "builtin":
         from raymt.data import builtin
 
-        splits = builtin.builtin_splits(cfg.src_lang, cfg.tgt_lang, DataConfig.builtin_train_size,
-                                       DataConfig.builtin_eval_size, cfg.seed)
+        splits = builtin.builtin_splits(
+            cfg.src_lang, cfg.tgt_lang, DataConfig.builtin_train_size, DataConfig.builtin_eval_size, cfg.seed
+        )
         return {split: Source("pairs", pairs=pairs) for split, pairs in splits.items()}
     from raymt.data.download import fetch_dataset
 
@@ -130,8 +144,15 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         cfg = prepare_config(args)
         train, valid, tests = prepare_sources(args, cfg)
-        prepare_corpus(cfg, args.out, train, valid, tests, overwrite=args.overwrite,
-                       command=shlex.join(["python", "-m", "raymt.data", *argv]))
+        prepare_corpus(
+            cfg,
+            args.out,
+            train,
+            valid,
+            tests,
+            overwrite=args.overwrite,
+            command=shlex.join(["python", "-m", "raymt.data", *argv]),
+        )
     except ValueError as err:
         message = " ".join(str(err).split("\n"))  # one line, whatever the source
         print(f"raymt.data: error: {message}", file=sys.stderr)

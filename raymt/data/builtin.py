@@ -20,8 +20,16 @@ from babel.units import format_unit
 from num2words import num2words
 
 LANGS = ("en", "de", "fr", "es")
-UNITS = ("length-kilometer", "length-meter", "mass-kilogram", "duration-hour",
-         "duration-minute", "volume-liter", "duration-day", "length-centimeter")
+UNITS = (
+    "length-kilometer",
+    "length-meter",
+    "mass-kilogram",
+    "duration-hour",
+    "duration-minute",
+    "volume-liter",
+    "duration-day",
+    "length-centimeter",
+)
 CURRENCIES = ("EUR", "USD", "GBP", "JPY", "CHF")
 
 Phrase = Callable[[random.Random, tuple[str, ...]], dict[str, str]]
@@ -67,8 +75,10 @@ def _quantity(rng: random.Random, langs: tuple[str, ...]) -> dict[str, str]:
     n = rng.choice((rng.randrange(2, 20), rng.randrange(20, 100), rng.randrange(100, 1000)))
     unit = rng.choice(UNITS)
     # Format the digits (to get the plural form right), then spell the number out.
-    return {lang: format_unit(n, unit, length="long", locale=_LOCALES[lang]).replace(
-        str(n), num2words(n, lang=lang), 1) for lang in langs}
+    return {
+        lang: format_unit(n, unit, length="long", locale=_LOCALES[lang]).replace(str(n), num2words(n, lang=lang), 1)
+        for lang in langs
+    }
 
 
 def _money(rng: random.Random, langs: tuple[str, ...]) -> dict[str, str]:
@@ -85,8 +95,10 @@ def sentence(rng: random.Random, langs: tuple[str, ...] = LANGS) -> dict[str, st
     phrases = [rng.choice(PHRASES)(rng, langs) for _ in range(rng.choice((1, 2, 2, 3)))]
     # CLDR puts (narrow) no-break spaces in times and amounts; plain spaces keep the
     # text identical after SentencePiece's NFKC normalization.
-    return {lang: format_list([p[lang] for p in phrases], locale=_LOCALES[lang]).replace("\u202f", " ")
-            .replace("\xa0", " ") for lang in langs}
+    return {
+        lang: format_list([p[lang] for p in phrases], locale=_LOCALES[lang]).replace("\u202f", " ").replace("\xa0", " ")
+        for lang in langs
+    }
 
 
 def generate(num_pairs: int, src_lang: str, tgt_lang: str, seed: int) -> tuple[list[str], list[str]]:
@@ -103,8 +115,9 @@ def generate(num_pairs: int, src_lang: str, tgt_lang: str, seed: int) -> tuple[l
     return src, tgt
 
 
-def builtin_splits(src_lang: str, tgt_lang: str, train_size: int, eval_size: int,
-                   seed: int = 1) -> dict[str, tuple[list[str], list[str]]]:
+def builtin_splits(
+    src_lang: str, tgt_lang: str, train_size: int, eval_size: int, seed: int = 1
+) -> dict[str, tuple[list[str], list[str]]]:
     """Train/valid/test splits with no valid or test source sentence seen in training."""
     src, tgt = generate(train_size + 4 * eval_size, src_lang, tgt_lang, seed)
     held_out: dict[str, tuple[list[str], list[str]]] = {"valid": ([], []), "test": ([], [])}

@@ -27,26 +27,29 @@ from typing import IO, Callable, Optional, Union
 
 Splits = dict[str, tuple[str, str]]
 
-ATTEMPTS = 5          # tries per file; each retry resumes where the last one stopped
-BACKOFF_S = 1.0       # first wait between tries, doubled each time (tests set it near 0)
-TIMEOUT_S = 60.0      # socket timeout: a stalled server counts as a transient error
+ATTEMPTS = 5  # tries per file; each retry resumes where the last one stopped
+BACKOFF_S = 1.0  # first wait between tries, doubled each time (tests set it near 0)
+TIMEOUT_S = 60.0  # socket timeout: a stalled server counts as a transient error
 CHUNK = 1 << 20
 
 
 # ----------------------------------------------------------------------------- specs
 
+
 @dataclass(frozen=True)
 class Multi30kSpec:
     """Files BASE_URL/{split}.{lang}.gz, one per split and language."""
+
     base_url: str
     langs: tuple[str, ...]
-    test_sets: dict[str, tuple[str, ...]]   # test split -> languages that have it upstream
-    digests: dict[str, str]                 # file name -> "sha256:HEX", where known
+    test_sets: dict[str, tuple[str, ...]]  # test split -> languages that have it upstream
+    digests: dict[str, str]  # file name -> "sha256:HEX", where known
 
 
 @dataclass(frozen=True)
 class Remote:
     """One file to download; digest "sha256:HEX" / "md5:HEX", or None (trust on first use)."""
+
     url: str
     digest: Optional[str] = None
 
@@ -54,6 +57,7 @@ class Remote:
 @dataclass(frozen=True)
 class TrainPart:
     """A training tarball whose members STEM.<lang> (in any folder) hold one corpus."""
+
     remote: Remote
     stem: str
 
@@ -61,6 +65,7 @@ class TrainPart:
 @dataclass(frozen=True)
 class TestSet:
     """An SGML test set from sacrebleu's registry: tarball plus (src, ref) member per pair."""
+
     key: str
     sacrebleu_name: str
     remote: Remote
@@ -70,6 +75,7 @@ class TestSet:
 @dataclass(frozen=True)
 class WmtSpec:
     """Training tarballs concatenated into one corpus, plus newstest valid/test sets."""
+
     pairs: tuple[str, ...]
     train: tuple[TrainPart, ...]
     valid: TestSet
@@ -108,9 +114,11 @@ DATASETS: dict[str, Union[Multi30kSpec, WmtSpec]] = {
     "multi30k": Multi30kSpec(
         base_url="https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/",
         langs=("en", "de", "fr", "cs"),
-        test_sets={"test_2016_flickr": ("en", "de", "fr", "cs"),
-                   "test_2017_flickr": ("en", "de", "fr"),
-                   "test_2017_mscoco": ("en", "de", "fr")},
+        test_sets={
+            "test_2016_flickr": ("en", "de", "fr", "cs"),
+            "test_2017_flickr": ("en", "de", "fr"),
+            "test_2017_mscoco": ("en", "de", "fr"),
+        },
         digests={name: f"sha256:{hexdigest}" for name, hexdigest in _MULTI30K_SHA256.items()},
     ),
     # WMT14 en-de as in Vaswani et al. 2017. The three training tarballs have NO known
@@ -119,12 +127,11 @@ DATASETS: dict[str, Union[Multi30kSpec, WmtSpec]] = {
     # filtered set) come with the MD5 that sacrebleu's registry gives.
     "wmt14": WmtSpec(
         pairs=_WMT14_PAIRS,
-        train=(TrainPart(Remote("https://www.statmt.org/europarl/v7/de-en.tgz"),
-                         "europarl-v7.de-en"),
-               TrainPart(Remote("https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz"),
-                         "commoncrawl.de-en"),
-               TrainPart(Remote("https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz"),
-                         "news-commentary-v9.de-en")),
+        train=(
+            TrainPart(Remote("https://www.statmt.org/europarl/v7/de-en.tgz"), "europarl-v7.de-en"),
+            TrainPart(Remote("https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz"), "commoncrawl.de-en"),
+            TrainPart(Remote("https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz"), "news-commentary-v9.de-en"),
+        ),
         valid=_sacrebleu_test_set("newstest2013", "wmt13", _WMT14_PAIRS),
         tests=(_sacrebleu_test_set("newstest2014", "wmt14", _WMT14_PAIRS),),
     ),
@@ -133,8 +140,10 @@ DATASETS: dict[str, Union[Multi30kSpec, WmtSpec]] = {
 
 # ----------------------------------------------------------------------------- API
 
-def fetch_dataset(name: str, src_lang: str, tgt_lang: str, cache_dir: Path,
-                  mirror: Optional[str] = None) -> dict[str, tuple[str, str]]:
+
+def fetch_dataset(
+    name: str, src_lang: str, tgt_lang: str, cache_dir: Path, mirror: Optional[str] = None
+) -> dict[str, tuple[str, str]]:
     """Download (or reuse from cache_dir) a named corpus; return split name -> (src file, tgt file)."""
     spec = DATASETS.get(name)
     if spec is None:
@@ -161,15 +170,17 @@ def _url(url: str, mirror: Optional[str]) -> str:
 
 # ----------------------------------------------------------------------------- multi30k
 
-def _fetch_multi30k(name: str, spec: Multi30kSpec, src: str, tgt: str, cache_dir: Path,
-                    mirror: Optional[str]) -> Splits:
+
+def _fetch_multi30k(
+    name: str, spec: Multi30kSpec, src: str, tgt: str, cache_dir: Path, mirror: Optional[str]
+) -> Splits:
     """Multi30k: train, valid (upstream "val") and the test sets both languages have."""
     if src not in spec.langs or tgt not in spec.langs or src == tgt:
-        raise ValueError(f"{name} has no {src}-{tgt}: it supports any two different languages "
-                         f"of {', '.join(spec.langs)}")
+        raise ValueError(
+            f"{name} has no {src}-{tgt}: it supports any two different languages of {', '.join(spec.langs)}"
+        )
     splits = {"train": "train", "valid": "val"}
-    splits.update({test: test for test, langs in spec.test_sets.items()
-                   if src in langs and tgt in langs})
+    splits.update({test: test for test, langs in spec.test_sets.items() if src in langs and tgt in langs})
     result = {}
     for key, split in splits.items():
         files = []
@@ -183,39 +194,46 @@ def _fetch_multi30k(name: str, spec: Multi30kSpec, src: str, tgt: str, cache_dir
 
 # ----------------------------------------------------------------------------- wmt
 
-def _fetch_wmt(name: str, spec: WmtSpec, src: str, tgt: str, cache_dir: Path,
-               mirror: Optional[str]) -> Splits:
+
+def _fetch_wmt(name: str, spec: WmtSpec, src: str, tgt: str, cache_dir: Path, mirror: Optional[str]) -> Splits:
     """WMT: one concatenated training corpus, newstest valid and test sets."""
     pair = f"{src}-{tgt}"
     if pair not in spec.pairs:
         raise ValueError(f"{name} has no {pair}; supported pairs: {', '.join(spec.pairs)}")
     root = cache_dir / name
-    result = {"train": _wmt_train(spec.train, src, tgt, root, cache_dir, mirror),
-              "valid": _wmt_test(spec.valid, pair, root, cache_dir, mirror)}
+    result = {
+        "train": _wmt_train(spec.train, src, tgt, root, cache_dir, mirror),
+        "valid": _wmt_test(spec.valid, pair, root, cache_dir, mirror),
+    }
     for test in spec.tests:
         result[test.key] = _wmt_test(test, pair, root, cache_dir, mirror)
     return result
 
 
-def _wmt_train(parts: tuple[TrainPart, ...], src: str, tgt: str, root: Path, cache_dir: Path,
-               mirror: Optional[str]) -> tuple[str, str]:
+def _wmt_train(
+    parts: tuple[TrainPart, ...], src: str, tgt: str, root: Path, cache_dir: Path, mirror: Optional[str]
+) -> tuple[str, str]:
     """train.<pair>.<lang>.gz: every part's STEM.<lang> member, in spec order."""
     pair = "-".join(sorted((src, tgt)))  # the same corpus serves both directions
     outputs = {lang: root / f"train.{pair}.{lang}.gz" for lang in (src, tgt)}
     if not all(path.exists() for path in outputs.values()):
-        tarballs = [_fetch_file(part.remote, root / PurePosixPath(part.remote.url).name,
-                                cache_dir, mirror) for part in parts]
+        tarballs = [
+            _fetch_file(part.remote, root / PurePosixPath(part.remote.url).name, cache_dir, mirror) for part in parts
+        ]
         started = time.monotonic()
         temps = {lang: path.with_name(path.name + ".tmp") for lang, path in outputs.items()}
-        with gzip.open(temps[src], "wb", compresslevel=6) as src_out, \
-                gzip.open(temps[tgt], "wb", compresslevel=6) as tgt_out:
+        with (
+            gzip.open(temps[src], "wb", compresslevel=6) as src_out,
+            gzip.open(temps[tgt], "wb", compresslevel=6) as tgt_out,
+        ):
             writers = {src: src_out, tgt: tgt_out}  # level 6: 9 is far slower for ~1 GB of text
-            lines = sum(_append_part(part.stem, tarball, writers)
-                        for part, tarball in zip(parts, tarballs))
+            lines = sum(_append_part(part.stem, tarball, writers) for part, tarball in zip(parts, tarballs))
         for lang, path in outputs.items():  # renamed only when complete: a crash leaves no train file
             temps[lang].replace(path)
-        _log(f"{root.name}/train.{pair}: {lines} sentence pairs from {len(parts)} corpora "
-             f"in {time.monotonic() - started:.1f} s")
+        _log(
+            f"{root.name}/train.{pair}: {lines} sentence pairs from {len(parts)} corpora "
+            f"in {time.monotonic() - started:.1f} s"
+        )
     return str(outputs[src]), str(outputs[tgt])
 
 
@@ -229,8 +247,10 @@ def _append_part(stem: str, tarball: Path, writers: dict[str, IO[bytes]]) -> int
 
     _stream_members(tarball, set(wanted), copy)
     if len(set(counts.values())) != 1:
-        raise ValueError(f"{tarball.name}: {stem} members have different line counts {counts}; "
-                         f"delete {tarball} and download it again")
+        raise ValueError(
+            f"{tarball.name}: {stem} members have different line counts {counts}; "
+            f"delete {tarball} and download it again"
+        )
     return next(iter(counts.values()))
 
 
@@ -259,12 +279,13 @@ def _stream_members(tarball: Path, names: set[str], handle: Callable[[str, IO[by
                 handle(base, tar.extractfile(member))
                 found.add(base)
     if found != names:
-        raise ValueError(f"{tarball.name} lacks {', '.join(sorted(names - found))}; "
-                         f"delete {tarball} and download it again, or check the mirror")
+        raise ValueError(
+            f"{tarball.name} lacks {', '.join(sorted(names - found))}; "
+            f"delete {tarball} and download it again, or check the mirror"
+        )
 
 
-def _wmt_test(test: TestSet, pair: str, root: Path, cache_dir: Path,
-              mirror: Optional[str]) -> tuple[str, str]:
+def _wmt_test(test: TestSet, pair: str, root: Path, cache_dir: Path, mirror: Optional[str]) -> tuple[str, str]:
     """Plain-text source and reference of a newstest set, extracted from its SGML."""
     members = test.members[pair]
     outputs = [root / PurePosixPath(member).name.removesuffix(".sgm") for member in members]
@@ -283,8 +304,10 @@ def _wmt_test(test: TestSet, pair: str, root: Path, cache_dir: Path,
         _sgml_to_text(test.sacrebleu_name, raw / PurePosixPath(sgm).name, temp)
     counts = [_count_lines(temp) for temp in temps]
     if counts[0] != counts[1] or counts[0] == 0:
-        raise ValueError(f"{test.key} {pair}: source has {counts[0]} lines, reference {counts[1]}; "
-                         f"delete {tarball} and download it again")
+        raise ValueError(
+            f"{test.key} {pair}: source has {counts[0]} lines, reference {counts[1]}; "
+            f"delete {tarball} and download it again"
+        )
     for temp, path in zip(temps, outputs):
         temp.replace(path)
     return str(outputs[0]), str(outputs[1])
@@ -306,6 +329,7 @@ def _sgml_to_text(sacrebleu_name: str, sgm: Path, txt: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- downloads
+
 
 class _Transient(Exception):
     """A failure worth retrying (short read, unusable range answer)."""
@@ -335,9 +359,11 @@ def _fetch_file(remote: Remote, dest: Path, cache_dir: Path, mirror: Optional[st
     elif actual != expected:
         part.unlink()
         origin = "" if remote.digest else " (recorded in checksums.json on first use)"
-        raise ValueError(f"checksum mismatch for {key} from {url}: expected {expected}{origin}, "
-                         f"got {actual}; the file was deleted: run again, and if it persists "
-                         f"check the mirror")
+        raise ValueError(
+            f"checksum mismatch for {key} from {url}: expected {expected}{origin}, "
+            f"got {actual}; the file was deleted: run again, and if it persists "
+            f"check the mirror"
+        )
     part.replace(dest)
     _log(f"{key}: {_size(dest.stat().st_size)} in {time.monotonic() - started:.1f} s")
     return dest
@@ -352,15 +378,17 @@ def _download(url: str, part: Path) -> None:
         except urllib.error.HTTPError as err:
             err.close()
             if err.code < 500:  # 404, 403...: retrying will not help
-                raise ValueError(f"cannot download {url}: HTTP {err.code} {err.reason}; "
-                                 f"check the dataset name and the mirror") from None
+                raise ValueError(
+                    f"cannot download {url}: HTTP {err.code} {err.reason}; check the dataset name and the mirror"
+                ) from None
             error: Exception = err
-        except (urllib.error.URLError, http.client.HTTPException, ConnectionError,
-                TimeoutError, _Transient) as err:
+        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, _Transient) as err:
             error = err
         if attempt == ATTEMPTS:
-            raise ValueError(f"cannot download {url} after {ATTEMPTS} attempts ({error}); "
-                             f"check the network or the mirror: a new run resumes {part.name}") from None
+            raise ValueError(
+                f"cannot download {url} after {ATTEMPTS} attempts ({error}); "
+                f"check the network or the mirror: a new run resumes {part.name}"
+            ) from None
         wait = BACKOFF_S * 2 ** (attempt - 1)
         _log(f"{part.name}: {error}; retrying in {wait:.1f} s ({attempt}/{ATTEMPTS - 1})")
         time.sleep(wait)
@@ -373,8 +401,7 @@ def _download_once(url: str, part: Path) -> None:
     if offset:
         headers["Range"] = f"bytes={offset}-"
     try:
-        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                          timeout=TIMEOUT_S)
+        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
     except urllib.error.HTTPError as err:
         if err.code != 416 or not offset:
             raise
@@ -385,8 +412,7 @@ def _download_once(url: str, part: Path) -> None:
         part.unlink()
         raise _Transient(f"server rejected resuming at byte {offset}; starting over") from None
     with response:
-        if response.status == 206 and not response.headers.get("Content-Range", "").startswith(
-                f"bytes {offset}-"):
+        if response.status == 206 and not response.headers.get("Content-Range", "").startswith(f"bytes {offset}-"):
             part.unlink()
             raise _Transient("server answered a different byte range; starting over")
         # 206: the rest of the file. 200: the server ignores Range, so the whole file again.
@@ -413,7 +439,7 @@ def _size(n: int) -> str:
 
 
 def _digest(path: Path, algo: str) -> str:
-    """"ALGO:HEX" of a file."""
+    """ "ALGO:HEX" of a file."""
     hasher = hashlib.new(algo)
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
@@ -440,5 +466,7 @@ def _trust(cache_dir: Path, key: str, digest: str, how: str) -> None:
     temp = cache_dir / "checksums.json.tmp"
     temp.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
     temp.replace(cache_dir / "checksums.json")  # atomic: a crash never leaves half a record file
-    _log(f"{key}: no known checksum; {how} file recorded as {digest} in checksums.json "
-         f"(trusted on first use, verified on reuse)")
+    _log(
+        f"{key}: no known checksum; {how} file recorded as {digest} in checksums.json "
+        f"(trusted on first use, verified on reuse)"
+    )

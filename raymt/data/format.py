@@ -67,21 +67,26 @@ def read_manifest(corpus: str) -> dict:
     try:
         manifest = json.loads(read_bytes(uri))
     except (OSError, pa.ArrowException):
-        raise ValueError(f"{corpus} is not a prepared corpus (no {MANIFEST_FILE}): make one with "
-                         f"python -m raymt.data prepare --out {corpus} ...") from None
+        raise ValueError(
+            f"{corpus} is not a prepared corpus (no {MANIFEST_FILE}): make one with "
+            f"python -m raymt.data prepare --out {corpus} ..."
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{uri} is not valid JSON ({err}): prepare the corpus again") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else None
-        raise ValueError(f"{uri} has format {found!r}, not {FORMAT!r}: prepare the corpus again "
-                         "with this version of raymt")
+        raise ValueError(
+            f"{uri} has format {found!r}, not {FORMAT!r}: prepare the corpus again with this version of raymt"
+        )
     return manifest
 
 
 def train_files(corpus: str, manifest: dict) -> list[Shard]:
     """A `Shard` (path or URI, pairs, token index) per training shard, in order."""
-    return [Shard(storage.join(corpus, f["path"]), f["num_pairs"], tuple(f.get("token_index", ())))
-            for f in manifest["splits"]["train"]["files"]]
+    return [
+        Shard(storage.join(corpus, f["path"]), f["num_pairs"], tuple(f.get("token_index", ())))
+        for f in manifest["splits"]["train"]["files"]
+    ]
 
 
 def eval_pairs(corpus: str, manifest: dict, split: str) -> Pairs:
@@ -118,7 +123,9 @@ def eval_rows(pairs: Pairs, tokenizer: Tokenizer, max_positions: int) -> list[di
     limit = max_positions - 2
     src_ids = tokenizer.encode_batch(pairs[0])
     tgt_ids = tokenizer.encode_batch(pairs[1])
-    rows = [{"index": i, "src_ids": s[:limit] + [EOS_ID], "tgt_ids": t[:limit]}
-            for i, (s, t) in enumerate(zip(src_ids, tgt_ids))]
+    rows = [
+        {"index": i, "src_ids": s[:limit] + [EOS_ID], "tgt_ids": t[:limit]}
+        for i, (s, t) in enumerate(zip(src_ids, tgt_ids))
+    ]
     rows.sort(key=lambda r: (len(r["src_ids"]), len(r["tgt_ids"])))
     return rows

@@ -46,8 +46,10 @@ def _check(ok: bool, message: str) -> None:
 
 def _check_lang(lang: Any, where: str) -> None:
     """A language code as `PrepareConfig` accepts it: letters, digits, '-' or '_'."""
-    _check(isinstance(lang, str) and bool(lang) and lang.replace("-", "").replace("_", "").isalnum(),
-           f"{where}={lang!r} must be a language code such as en or pt_BR")
+    _check(
+        isinstance(lang, str) and bool(lang) and lang.replace("-", "").replace("_", "").isalnum(),
+        f"{where}={lang!r} must be a language code such as en or pt_BR",
+    )
 
 
 @dataclass(frozen=True)
@@ -71,30 +73,39 @@ class CorpusSpec:
         where = f"corpus {self.src_lang}-{self.tgt_lang}"
         _check_lang(self.src_lang, f"{where}: src_lang")
         _check_lang(self.tgt_lang, f"{where}: tgt_lang")
-        _check(self.src_lang != self.tgt_lang,
-               f"{where}: src_lang and tgt_lang are both {self.src_lang!r}: pick two languages")
-        _check(self.origin in ORIGINS,
-               f"{where}: origin={self.origin!r} must be one of {', '.join(ORIGINS)}")
-        _check(isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0,
-               f"{where}: weight={self.weight!r} must be a number > 0")
+        _check(
+            self.src_lang != self.tgt_lang,
+            f"{where}: src_lang and tgt_lang are both {self.src_lang!r}: pick two languages",
+        )
+        _check(self.origin in ORIGINS, f"{where}: origin={self.origin!r} must be one of {', '.join(ORIGINS)}")
+        _check(
+            isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0,
+            f"{where}: weight={self.weight!r} must be a number > 0",
+        )
         # Tables and flags may give one string or a list; the spec holds tuples.
         object.__setattr__(self, "train", _paths(self.train, f"{where}: train"))
         object.__setattr__(self, "test", _paths(self.test, f"{where}: test"))
-        _check(self.valid is None or (isinstance(self.valid, str) and bool(self.valid)),
-               f"{where}: valid={self.valid!r} must be a prefix or file")
-        _check(self.origin == "real" or bool(self.train),
-               f"{where}: a back-translated corpus needs files: pass --bt {self.pair}:PATH")
-        _check(len(set(self.train)) == len(self.train),
-               f"{where}: a file is listed twice in train={list(self.train)}: list each once")
+        _check(
+            self.valid is None or (isinstance(self.valid, str) and bool(self.valid)),
+            f"{where}: valid={self.valid!r} must be a prefix or file",
+        )
+        _check(
+            self.origin == "real" or bool(self.train),
+            f"{where}: a back-translated corpus needs files: pass --bt {self.pair}:PATH",
+        )
+        _check(
+            len(set(self.train)) == len(self.train),
+            f"{where}: a file is listed twice in train={list(self.train)}: list each once",
+        )
 
     @property
     def pair(self) -> str:
-        """"en-de": the direction this corpus trains."""
+        """ "en-de": the direction this corpus trains."""
         return f"{self.src_lang}-{self.tgt_lang}"
 
     @property
     def name(self) -> str:
-        """"en-de", or "en-de.bt" for back-translated pairs: its directory and its summary row."""
+        """ "en-de", or "en-de.bt" for back-translated pairs: its directory and its summary row."""
         return self.pair if self.origin == "real" else f"{self.pair}.{self.origin}"
 
     @property
@@ -106,8 +117,10 @@ class CorpusSpec:
 def _paths(value: Any, where: str) -> tuple[str, ...]:
     """A tuple of non-empty strings from one string or a list of them."""
     items = (value,) if isinstance(value, str) else value
-    _check(isinstance(items, (list, tuple)) and all(isinstance(v, str) and v for v in items),
-           f"{where}={value!r} must be a path or a list of paths")
+    _check(
+        isinstance(items, (list, tuple)) and all(isinstance(v, str) and v for v in items),
+        f"{where}={value!r} must be a path or a list of paths",
+    )
     return tuple(items)
 
 
@@ -117,9 +130,11 @@ def _paths(value: Any, where: str) -> tuple[str, ...]:
 def parse_pair(text: str, where: str) -> tuple[str, str]:
     """("en", "de") from "en-de"; a one-line ValueError naming `where` otherwise."""
     match = PAIR.match(text)
-    _check(match is not None and match.group(1) != match.group(2),
-           f"{where}: {text!r} is not a language pair: write SRC-TGT with two different codes, "
-           "e.g. en-de (use pt_BR, not pt-BR)")
+    _check(
+        match is not None and match.group(1) != match.group(2),
+        f"{where}: {text!r} is not a language pair: write SRC-TGT with two different codes, "
+        "e.g. en-de (use pt_BR, not pt-BR)",
+    )
     return match.group(1), match.group(2)
 
 
@@ -146,8 +161,9 @@ def split_spec(spec: str, flag: str) -> tuple[Optional[tuple[str, str]], str]:
     return pair, rest
 
 
-def corpora_from_flags(train: Sequence[str], bt: Sequence[str], valid: Sequence[str],
-                       test: Sequence[str], default_pair: tuple[str, str]) -> list[CorpusSpec]:
+def corpora_from_flags(
+    train: Sequence[str], bt: Sequence[str], valid: Sequence[str], test: Sequence[str], default_pair: tuple[str, str]
+) -> list[CorpusSpec]:
     """Corpora of repeated --train/--bt/--valid/--test SPECs, in order; a bare SPEC is `default_pair`'s.
 
     Specs of one pair and origin are one corpus (as repeated --train is today); a pair's
@@ -158,28 +174,34 @@ def corpora_from_flags(train: Sequence[str], bt: Sequence[str], valid: Sequence[
         for spec in specs:
             pair, location = split_spec(spec, flag)
             grouped.setdefault((*(pair or default_pair), origin), []).append(location)
-    evals = {"valid": _eval_specs(valid, "--valid", default_pair),
-             "test": _eval_specs(test, "--test", default_pair)}
+    evals = {"valid": _eval_specs(valid, "--valid", default_pair), "test": _eval_specs(test, "--test", default_pair)}
     for kind, by_pair in evals.items():
         for pair in by_pair:
-            _check(any(key[:2] == pair for key in grouped),
-                   f"--{kind} {'-'.join(pair)}:... names a pair with no --train or --bt data: "
-                   "drop it or add its data")
+            _check(
+                any(key[:2] == pair for key in grouped),
+                f"--{kind} {'-'.join(pair)}:... names a pair with no --train or --bt data: drop it or add its data",
+            )
     corpora, seen = [], set()
     for (src, tgt, origin), locations in grouped.items():
         first = (src, tgt) not in seen
         seen.add((src, tgt))
         valid_specs = evals["valid"].get((src, tgt), []) if first else []
-        _check(len(valid_specs) <= 1,
-               f"--valid is given {len(valid_specs)} times for {src}-{tgt}: one per pair")
-        corpora.append(CorpusSpec(src, tgt, tuple(locations), origin, valid=(valid_specs or [None])[0],
-                                  test=tuple(evals["test"].get((src, tgt), [])) if first else ()))
+        _check(len(valid_specs) <= 1, f"--valid is given {len(valid_specs)} times for {src}-{tgt}: one per pair")
+        corpora.append(
+            CorpusSpec(
+                src,
+                tgt,
+                tuple(locations),
+                origin,
+                valid=(valid_specs or [None])[0],
+                test=tuple(evals["test"].get((src, tgt), [])) if first else (),
+            )
+        )
     check_corpora(corpora)
     return corpora
 
 
-def _eval_specs(specs: Sequence[str], flag: str,
-                default_pair: tuple[str, str]) -> dict[tuple[str, str], list[str]]:
+def _eval_specs(specs: Sequence[str], flag: str, default_pair: tuple[str, str]) -> dict[tuple[str, str], list[str]]:
     """Locations of --valid/--test SPECs by pair, in order."""
     by_pair: dict[tuple[str, str], list[str]] = {}
     for spec in specs:
@@ -193,26 +215,26 @@ TABLE_KEYS = tuple(f.name for f in fields(CorpusSpec))
 
 def corpora_from_tables(tables: Any, where: str = "data.corpora") -> list[CorpusSpec]:
     """Corpora of `[[data.corpora]]` TOML tables (dicts with CorpusSpec's fields), checked."""
-    _check(isinstance(tables, list) and all(isinstance(t, dict) for t in tables) and bool(tables),
-           f"{where} must be a non-empty list of tables ([[data.corpora]] in TOML)")
+    _check(
+        isinstance(tables, list) and all(isinstance(t, dict) for t in tables) and bool(tables),
+        f"{where} must be a non-empty list of tables ([[data.corpora]] in TOML)",
+    )
     corpora = []
     for i, table in enumerate(tables):
         unknown = sorted(set(table) - set(TABLE_KEYS))
-        _check(not unknown,
-               f"{where}[{i}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(TABLE_KEYS)}")
+        _check(not unknown, f"{where}[{i}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(TABLE_KEYS)}")
         missing = [k for k in ("src_lang", "tgt_lang") if k not in table]
-        _check(not missing,
-               f"{where}[{i}]: {' and '.join(missing)} missing: every corpus names its languages")
+        _check(not missing, f"{where}[{i}]: {' and '.join(missing)} missing: every corpus names its languages")
         corpora.append(CorpusSpec(**table))
     check_corpora(corpora)
     return corpora
 
 
-def single_pair(src_lang: str, tgt_lang: str, train: Optional[str], valid: Optional[str],
-                test: Optional[str]) -> list[CorpusSpec]:
+def single_pair(
+    src_lang: str, tgt_lang: str, train: Optional[str], valid: Optional[str], test: Optional[str]
+) -> list[CorpusSpec]:
     """Today's data.src_lang/tgt_lang/train/valid/test as the one corpus they describe."""
-    return [CorpusSpec(src_lang, tgt_lang, (train,) if train else (), valid=valid,
-                       test=(test,) if test else ())]
+    return [CorpusSpec(src_lang, tgt_lang, (train,) if train else (), valid=valid, test=(test,) if test else ())]
 
 
 def as_single_pair(corpora: Sequence[CorpusSpec]) -> Optional[dict[str, Optional[str]]]:
@@ -223,8 +245,13 @@ def as_single_pair(corpora: Sequence[CorpusSpec]) -> Optional[dict[str, Optional
     (c,) = corpora
     if c.origin != "real" or len(c.train) > 1 or len(c.test) > 1:
         return None
-    return {"data.src_lang": c.src_lang, "data.tgt_lang": c.tgt_lang, "data.valid": c.valid,
-            "data.train": (c.train or (None,))[0], "data.test": (c.test or (None,))[0]}
+    return {
+        "data.src_lang": c.src_lang,
+        "data.tgt_lang": c.tgt_lang,
+        "data.valid": c.valid,
+        "data.train": (c.train or (None,))[0],
+        "data.test": (c.test or (None,))[0],
+    }
 
 
 def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> None:
@@ -234,24 +261,33 @@ def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> Non
     _check(bool(corpora), "no training corpus: pass --train SRC-TGT:PATH or a [[data.corpora]] table")
     names = [c.name for c in corpora]
     duplicates = sorted({n for n in names if names.count(n) > 1})
-    _check(not duplicates, f"corpus {', '.join(duplicates)} is given twice: give one per pair and "
-                           "origin, listing all its files in train = [...]")
+    _check(
+        not duplicates,
+        f"corpus {', '.join(duplicates)} is given twice: give one per pair and "
+        "origin, listing all its files in train = [...]",
+    )
     # A prefix may serve both directions (en-de and de-en), not two corpora of one pair.
     files = [(c.pair, f) for c in corpora for f in c.train]
     twice = sorted({f"{f} ({p})" for p, f in files if files.count((p, f)) > 1})
-    _check(not twice, f"{', '.join(twice)} is in two corpora of one pair: real and back-translated "
-                      "pairs come from different files")
+    _check(
+        not twice,
+        f"{', '.join(twice)} is in two corpora of one pair: real and back-translated pairs come from different files",
+    )
     for c in corpora:
         for lang in (c.src_lang, c.tgt_lang) if c.builtin else ():
-            _check(lang in BUILTIN_LANGS, f"corpus {c.name}: language {lang!r} is not in the built-in "
-                                          f"corpus ({', '.join(BUILTIN_LANGS)}); pass files for it")
+            _check(
+                lang in BUILTIN_LANGS,
+                f"corpus {c.name}: language {lang!r} is not in the built-in "
+                f"corpus ({', '.join(BUILTIN_LANGS)}); pass files for it",
+            )
     for pair in dict.fromkeys(c.pair for c in corpora):
         of_pair = [c for c in corpora if c.pair == pair]
         given = [c.valid for c in of_pair if c.valid is not None]
         _check(len(given) <= 1, f"pair {pair} has {len(given)} validation sets: give one per pair")
-        _check(given or not need_valid or any(c.builtin for c in of_pair),
-               f"pair {pair} has no validation set: pass --valid {pair}:PREFIX "
-               "(or valid = ... in its table)")
+        _check(
+            given or not need_valid or any(c.builtin for c in of_pair),
+            f"pair {pair} has no validation set: pass --valid {pair}:PREFIX (or valid = ... in its table)",
+        )
 
 
 # ---------------------------------------------------------------- tags
@@ -290,23 +326,28 @@ def decode_tags(tgt_lang: Optional[str], trained: Sequence[str], reserved: Seque
     if tgt_lang is None:
         _check(not tagged, f"this model translates into {', '.join(trained)}: pass --tgt-lang")
         return []
-    _check(tgt_lang in trained, f"--tgt-lang {tgt_lang}: this model was trained to translate into "
-                                f"{', '.join(trained)}; pick one of them")
+    _check(
+        tgt_lang in trained,
+        f"--tgt-lang {tgt_lang}: this model was trained to translate into {', '.join(trained)}; pick one of them",
+    )
     return [lang_tag(tgt_lang)] if tagged else []
 
 
 # ---------------------------------------------------------------- temperature mixing
 
 
-def sampling_probs(sizes: Sequence[int], temperature: float,
-                   weights: Optional[Sequence[float]] = None) -> np.ndarray:
+def sampling_probs(sizes: Sequence[int], temperature: float, weights: Optional[Sequence[float]] = None) -> np.ndarray:
     """p_i ~ (w_i n_i)^(1/T), normalized: T=1 proportional to size, larger T flatter, inf uniform."""
     _check(temperature > 0, f"data.temperature={temperature!r} must be > 0 (1 = proportional)")
-    _check(len(sizes) > 0 and all(n > 0 for n in sizes),
-           f"corpus sizes {list(sizes)} must be > 0: a corpus that cleaning emptied cannot be sampled")
+    _check(
+        len(sizes) > 0 and all(n > 0 for n in sizes),
+        f"corpus sizes {list(sizes)} must be > 0: a corpus that cleaning emptied cannot be sampled",
+    )
     weights = [1.0] * len(sizes) if weights is None else weights
-    _check(len(weights) == len(sizes) and all(w > 0 for w in weights),
-           f"corpus weights {list(weights)} must be > 0, one per corpus")
+    _check(
+        len(weights) == len(sizes) and all(w > 0 for w in weights),
+        f"corpus weights {list(weights)} must be > 0, one per corpus",
+    )
     weighted = np.asarray(sizes, dtype=np.float64) * np.asarray(weights, dtype=np.float64)
     # Powers of shares, not of sizes: (n / max n)^(1/T) stays in (0, 1] for any n and T.
     powered = (weighted / weighted.max()) ** (1.0 / temperature)
@@ -319,21 +360,21 @@ def allocate(total: int, probs: Sequence[float]) -> list[int]:
     exact = np.asarray(probs, dtype=np.float64) * total
     counts = np.floor(exact).astype(np.int64)
     order = sorted(range(len(counts)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in order[:total - int(counts.sum())]:
+    for i in order[: total - int(counts.sum())]:
         counts[i] += 1
     return [max(int(c), 1) for c in counts]
 
 
-def sample_sizes(counts: Sequence[int], sample_pairs: int, temperature: float,
-                 weights: Optional[Sequence[float]] = None) -> list[int]:
+def sample_sizes(
+    counts: Sequence[int], sample_pairs: int, temperature: float, weights: Optional[Sequence[float]] = None
+) -> list[int]:
     """Pairs of each corpus in the SentencePiece sample: `sample_pairs` split by the training
     temperature, each at most its corpus's `counts` (one corpus: min(sample_pairs, n), today's)."""
     shares = allocate(sample_pairs, sampling_probs(counts, temperature, weights))
     return [min(k, n) for k, n in zip(shares, counts)]
 
 
-def epoch_rows(sizes: Sequence[int], temperature: float,
-               weights: Optional[Sequence[float]] = None) -> list[int]:
+def epoch_rows(sizes: Sequence[int], temperature: float, weights: Optional[Sequence[float]] = None) -> list[int]:
     """Rows each corpus gives every epoch: the epoch holds sum(w_i n_i) rows split by
     `sampling_probs`; at T=1 with weights 1 that is each corpus once (r_i = n_i)."""
     weights = [1.0] * len(sizes) if weights is None else list(weights)
@@ -367,8 +408,9 @@ def epoch_pieces(rows: Sequence[int], seed: int, epoch: int, piece_rows: int = P
     return pieces
 
 
-def iter_pieces(rows: Sequence[int], seed: int, epoch: int = 0, piece: int = 0,
-                num_epochs: int = 1, piece_rows: int = PIECE_ROWS) -> Iterator[tuple[int, int, Piece]]:
+def iter_pieces(
+    rows: Sequence[int], seed: int, epoch: int = 0, piece: int = 0, num_epochs: int = 1, piece_rows: int = PIECE_ROWS
+) -> Iterator[tuple[int, int, Piece]]:
     """(epoch, index, piece) from piece `piece` of `epoch` on, for `num_epochs` epochs: a run
     resumed at any (epoch, piece) continues exactly where an uninterrupted one would."""
     for e in range(epoch, epoch + num_epochs):

@@ -45,8 +45,18 @@ import raymt
 from raymt import storage
 from raymt.cluster import init_ray, machine_cpus
 from raymt.config import PrepareConfig
-from raymt.data.format import (COLUMNS, FORMAT, MANIFEST_FILE, MAX_BLOCK_BYTES, SPM_FILE, TEST_DIR,
-                               TRAIN_DIR, VALID_FILE, read_manifest, token_index)
+from raymt.data.format import (
+    COLUMNS,
+    FORMAT,
+    MANIFEST_FILE,
+    MAX_BLOCK_BYTES,
+    SPM_FILE,
+    TEST_DIR,
+    TRAIN_DIR,
+    VALID_FILE,
+    read_manifest,
+    token_index,
+)
 from raymt.data.text import COMPRESSED, decode, lines, resolve
 from raymt.storage import InputError, filesystem, first_line
 from raymt.tokenizer import Tokenizer, train_tokenizer
@@ -94,8 +104,10 @@ def _text_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
         n += 1
         if s is end or t is end:
             short, long = (src_uri, tgt_uri) if s is end else (tgt_uri, src_uri)
-            raise InputError(f"{short} ends after {n - 1} lines but {long} has more: line i of one "
-                             "must translate line i of the other; align the two files")
+            raise InputError(
+                f"{short} ends after {n - 1} lines but {long} has more: line i of one "
+                "must translate line i of the other; align the two files"
+            )
         yield decode(s, src_uri, n, on_invalid), decode(t, tgt_uri, n, on_invalid), n
     if n == 0:
         raise InputError(f"{src_uri} and {tgt_uri} have no lines: pass files with sentence pairs")
@@ -116,8 +128,10 @@ def _tsv_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
             if not line.strip():
                 yield "", "", n  # a blank line is an empty pair, dropped and counted as such
                 continue
-            raise InputError(f"{uri}:{n}: {len(fields)} tab-separated column(s) but column {need} "
-                             "is needed: fix the line, or pass --src-col/--tgt-col (0-based)")
+            raise InputError(
+                f"{uri}:{n}: {len(fields)} tab-separated column(s) but column {need} "
+                "is needed: fix the line, or pass --src-col/--tgt-col (0-based)"
+            )
         yield fields[cols[0]], fields[cols[1]], n
 
 
@@ -133,19 +147,24 @@ def _jsonl_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
-            raise InputError(f"{uri}:{n}: not valid JSON ({err.msg} at column {err.colno}): "
-                             "write one JSON object per line") from None
+            raise InputError(
+                f"{uri}:{n}: not valid JSON ({err.msg} at column {err.colno}): write one JSON object per line"
+            ) from None
         if not isinstance(obj, dict):
-            raise InputError(f"{uri}:{n}: a JSON {type(obj).__name__}, not an object: write one "
-                             f'{{"{keys[0]}": ..., "{keys[1]}": ...}} object per line')
+            raise InputError(
+                f"{uri}:{n}: a JSON {type(obj).__name__}, not an object: write one "
+                f'{{"{keys[0]}": ..., "{keys[1]}": ...}} object per line'
+            )
         yield (*(_json_text(obj, key, uri, n) for key in keys), n)
 
 
 def _json_text(obj: dict, key: str, uri: str, line: int) -> str:
     """The string under `key` of a JSONL object (null counts as empty)."""
     if key not in obj:
-        raise InputError(f"{uri}:{line}: no key {key!r} (keys: {', '.join(map(repr, obj)) or 'none'}): "
-                         "pass --src-col/--tgt-col to name the keys")
+        raise InputError(
+            f"{uri}:{line}: no key {key!r} (keys: {', '.join(map(repr, obj)) or 'none'}): "
+            "pass --src-col/--tgt-col to name the keys"
+        )
     value = obj[key]
     if value is not None and not isinstance(value, str):
         raise InputError(f"{uri}:{line}: {key!r} is a JSON {type(value).__name__}, not a string")
@@ -187,8 +206,7 @@ def _pairs_rows(spec: dict, on_invalid: str) -> Iterator[tuple]:
         yield s, t, n
 
 
-ROW_READERS = {"text": _text_rows, "tsv": _tsv_rows, "jsonl": _jsonl_rows, "parquet": _table_rows,
-               "pairs": _pairs_rows}
+ROW_READERS = {"text": _text_rows, "tsv": _tsv_rows, "jsonl": _jsonl_rows, "parquet": _table_rows, "pairs": _pairs_rows}
 
 
 def _pair_chunks(spec: dict, on_invalid: str, counts: Counter) -> Iterator[tuple[list, list, list]]:
@@ -256,8 +274,7 @@ def _file_info(uri: str) -> dict:
     except (OSError, pa.ArrowException) as err:
         raise InputError(f"cannot access {uri}: {first_line(err)}") from None
     if info.type == pafs.FileType.NotFound:
-        raise InputError(f"missing file {uri}: check the path (inputs are local paths or "
-                         "s3://, gs://, hdfs:// URIs)")
+        raise InputError(f"missing file {uri}: check the path (inputs are local paths or s3://, gs://, hdfs:// URIs)")
     if info.type != pafs.FileType.File:
         raise InputError(f"{uri} is not a file: pass a file (or a prefix for text pairs)")
     if not info.size:
@@ -287,13 +304,12 @@ def _check_columns(uri: str, columns: tuple[str, str]) -> None:
     schema = _schema(uri)
     for col, flag in zip(columns, ("--src-col", "--tgt-col")):
         if col not in schema.names:
-            raise InputError(f"{uri} has no column {col!r} (columns: {', '.join(schema.names)}): "
-                             f"pass {flag} to name it")
+            raise InputError(
+                f"{uri} has no column {col!r} (columns: {', '.join(schema.names)}): pass {flag} to name it"
+            )
         tp = schema.field(col).type
-        if not (pa.types.is_string(tp) or pa.types.is_large_string(tp)
-                or pa.types.is_string_view(tp)):
-            raise InputError(f"{uri}: column {col!r} has type {tp}, not string: pass {flag} to "
-                             "name a text column")
+        if not (pa.types.is_string(tp) or pa.types.is_large_string(tp) or pa.types.is_string_view(tp)):
+            raise InputError(f"{uri}: column {col!r} has type {tp}, not string: pass {flag} to name a text column")
 
 
 def _check_source(source: Source, cfg: PrepareConfig, split: str) -> dict:
@@ -304,20 +320,24 @@ def _check_source(source: Source, cfg: PrepareConfig, split: str) -> dict:
         return _check_pairs(source, split)
     expected = {"text": 2, "tsv": 1, "jsonl": 1}.get(source.kind)
     if (expected and len(source.paths) != expected) or not source.paths:
-        raise ValueError(f"{split}: a {source.kind} source needs {expected or 'at least 1'} "
-                         f"path(s), got {len(source.paths)}")
+        raise ValueError(
+            f"{split}: a {source.kind} source needs {expected or 'at least 1'} path(s), got {len(source.paths)}"
+        )
     cols = _resolved_columns(source, cfg)
     if source.kind == "tsv" and not all(c.isdigit() for c in cols):
-        raise ValueError(f"TSV columns must be 0-based numbers, got --src-col {cols[0]!r} "
-                         f"--tgt-col {cols[1]!r}")
+        raise ValueError(f"TSV columns must be 0-based numbers, got --src-col {cols[0]!r} --tgt-col {cols[1]!r}")
     if cols[0] is not None and cols[0] == cols[1]:
         raise ValueError(f"--src-col and --tgt-col are both {cols[0]!r}: name two columns")
     files = [_file_info(uri) for uri in source.paths]
     if source.kind == "parquet":
         for uri in source.paths:
             _check_columns(uri, cols)
-    return {"split": split, "kind": source.kind, "files": files,
-            **({"src_col": cols[0], "tgt_col": cols[1]} if cols[0] is not None else {})}
+    return {
+        "split": split,
+        "kind": source.kind,
+        "files": files,
+        **({"src_col": cols[0], "tgt_col": cols[1]} if cols[0] is not None else {}),
+    }
 
 
 def _check_pairs(source: Source, split: str) -> dict:
@@ -326,8 +346,10 @@ def _check_pairs(source: Source, split: str) -> dict:
         raise ValueError(f"{split}: a pairs source needs pairs=(src_list, tgt_list)")
     src, tgt = source.pairs
     if len(src) != len(tgt):
-        raise ValueError(f"{split}: in-memory pairs have {len(src)} source but {len(tgt)} target "
-                         "sentences: the lists must be aligned")
+        raise ValueError(
+            f"{split}: in-memory pairs have {len(src)} source but {len(tgt)} target "
+            "sentences: the lists must be aligned"
+        )
     if not src:
         raise ValueError(f"{split}: in-memory pairs are empty")
     digest = hashlib.sha256(json.dumps([list(src), list(tgt)]).encode()).hexdigest()
@@ -337,12 +359,18 @@ def _check_pairs(source: Source, split: str) -> dict:
 def _task_spec(source: Source, cfg: PrepareConfig) -> dict:
     """What a reader needs of a source, as a plain dict that crosses to Ray tasks."""
     src_col, tgt_col = _resolved_columns(source, cfg)
-    return {"kind": source.kind, "paths": tuple(source.paths), "src_col": src_col, "tgt_col": tgt_col,
-            "pairs": source.pairs}
+    return {
+        "kind": source.kind,
+        "paths": tuple(source.paths),
+        "src_col": src_col,
+        "tgt_col": tgt_col,
+        "pairs": source.pairs,
+    }
 
 
-def check_sources(cfg: PrepareConfig, train: list[Source], valid: list[Source],
-                  test: Optional[dict[str, list[Source]]] = None) -> list[dict]:
+def check_sources(
+    cfg: PrepareConfig, train: list[Source], valid: list[Source], test: Optional[dict[str, list[Source]]] = None
+) -> list[dict]:
     """Check every input on the driver before Ray starts; the inputs' descriptions."""
     if not train:
         raise ValueError("no training data: pass --train, --src-file/--tgt-file or --dataset")
@@ -362,8 +390,9 @@ def check_sources(cfg: PrepareConfig, train: list[Source], valid: list[Source],
 def fingerprint(cfg: PrepareConfig, inputs: list[dict], tokenizer: Optional[Tokenizer]) -> str:
     """sha256 of everything the corpus depends on: options, inputs (paths, sizes, mtimes), tokenizer."""
     sp = hashlib.sha256(tokenizer.model_proto).hexdigest() if tokenizer is not None else None
-    blob = json.dumps({"format": FORMAT, "options": dataclasses.asdict(cfg), "inputs": inputs,
-                       "tokenizer": sp}, sort_keys=True)
+    blob = json.dumps(
+        {"format": FORMAT, "options": dataclasses.asdict(cfg), "inputs": inputs, "tokenizer": sp}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -419,10 +448,14 @@ def _sample_inputs(batch: pa.Table, specs: list[dict], options: dict, k: int) ->
         rows["h"].append([h for h, _ in kept])
         rows["src"].append([pair[0] for _, pair in kept])
         rows["tgt"].append([pair[1] for _, pair in kept])
-    return pa.table({"counts": pa.array(rows["counts"], pa.string()),
-                     "h": pa.array(rows["h"], pa.list_(pa.uint64())),
-                     "src": pa.array(rows["src"], pa.list_(pa.large_string())),
-                     "tgt": pa.array(rows["tgt"], pa.list_(pa.large_string()))})
+    return pa.table(
+        {
+            "counts": pa.array(rows["counts"], pa.string()),
+            "h": pa.array(rows["h"], pa.list_(pa.uint64())),
+            "src": pa.array(rows["src"], pa.list_(pa.large_string())),
+            "tgt": pa.array(rows["tgt"], pa.list_(pa.large_string())),
+        }
+    )
 
 
 def _offer(heap: list, members: set, k: int, h: int, pair: tuple) -> None:
@@ -443,9 +476,14 @@ def _read_inputs(batch: pa.Table, specs: list[dict], options: dict, tally: Any) 
     for idx in batch.column("idx").to_pylist():
         counts: Counter = Counter()
         for src, tgt, line_numbers in _pair_chunks(specs[idx], _on_invalid(options), counts):
-            yield pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string()),
-                            "source": pa.array([idx] * len(src), pa.int32()),
-                            "line": pa.array(line_numbers, pa.int64())})
+            yield pa.table(
+                {
+                    "src": pa.array(src, pa.string()),
+                    "tgt": pa.array(tgt, pa.string()),
+                    "source": pa.array([idx] * len(src), pa.int32()),
+                    "line": pa.array(line_numbers, pa.int64()),
+                }
+            )
         _report(tally, ("read", idx), counts)
 
 
@@ -473,8 +511,7 @@ def _tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: A
     if len(table):
         first = (table.column("source")[0].as_py(), table.column("line")[0].as_py())
         _report(tally, ("tokenize", *first, len(table)), counts)
-    out = {"src_ids": pa.array(out_src, pa.list_(pa.int32())),
-           "tgt_ids": pa.array(out_tgt, pa.list_(pa.int32()))}
+    out = {"src_ids": pa.array(out_src, pa.list_(pa.int32())), "tgt_ids": pa.array(out_tgt, pa.list_(pa.int32()))}
     if options["dedup"]:
         out["h"] = pa.array(hashes, pa.uint64())
     return pa.table(out)
@@ -537,9 +574,12 @@ def _sample(cfg: PrepareConfig, specs: list[dict]) -> tuple[list[str], Counter]:
     """Pass 1: read and clean every input; the sampled sentences (src then tgt) and the counts."""
     k = cfg.sp_sample_size
     ds = _inputs_dataset(specs).map_batches(
-        _sample_inputs, batch_size=1, batch_format="pyarrow",
+        _sample_inputs,
+        batch_size=1,
+        batch_format="pyarrow",
         fn_kwargs={"specs": specs, "options": dataclasses.asdict(cfg), "k": k},
-        label_selector=_driver_node())
+        label_selector=_driver_node(),
+    )
     return _merge_samples(ds.iter_batches(batch_size=None, batch_format="pyarrow"), k)
 
 
@@ -584,42 +624,62 @@ def _shard_names():
     return ShardNames()
 
 
-def _write_train(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, train_dir: Path,
-                 tally: Any) -> None:
+def _write_train(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, train_dir: Path, tally: Any) -> None:
     """Pass 2: read, tokenize in parallel tasks, filter, de-duplicate and write Parquet shards."""
     import ray.data
 
     options = dataclasses.asdict(cfg)
     # Read tasks run on this machine, where local inputs are; one task reads a whole input.
     ds = _inputs_dataset(specs).map_batches(
-        _read_inputs, batch_size=1, batch_format="pyarrow",
-        fn_kwargs={"specs": specs, "options": options, "tally": tally}, label_selector=_driver_node())
+        _read_inputs,
+        batch_size=1,
+        batch_format="pyarrow",
+        fn_kwargs={"specs": specs, "options": options, "tally": tally},
+        label_selector=_driver_node(),
+    )
     # Blocks of BLOCK_ROWS pairs are tokenized by tasks anywhere in the cluster. A strict
     # repartition is its own operator: Ray Data fuses neither the reads nor the tokenizing
     # into it, so tokenizing is not stuck in the (sequential) task of one input.
     ds = ds.repartition(target_num_rows_per_block=BLOCK_ROWS, strict=True)
-    ds = ds.map_batches(_tokenize_block, batch_size=None, batch_format="pyarrow",
-                        fn_kwargs={"model_proto": model_proto, "options": options, "tally": tally})
+    ds = ds.map_batches(
+        _tokenize_block,
+        batch_size=None,
+        batch_format="pyarrow",
+        fn_kwargs={"model_proto": model_proto, "options": options, "tally": tally},
+    )
     if cfg.dedup:
         # One actor, one call at a time: with preserve_order it sees the blocks in input order.
         # It reserves no CPU: set lookups are light, and a reserved share of a one-CPU machine
         # would leave the tokenizing tasks none.
-        one_by_one = ray.data.ActorPoolStrategy(size=1, max_tasks_in_flight_per_actor=1,
-                                                max_concurrent_calls_per_actor=1)
+        one_by_one = ray.data.ActorPoolStrategy(
+            size=1, max_tasks_in_flight_per_actor=1, max_concurrent_calls_per_actor=1
+        )
         with warnings.catch_warnings():
             # max_restarts has no named parameter yet, and it matters: a restarted actor
             # would have forgotten the pairs it saw, so fail instead.
             warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-            ds = ds.map_batches(_Dedup, batch_size=None, batch_format="pyarrow", compute=one_by_one,
-                                num_cpus=0, fn_kwargs={"tally": tally}, max_restarts=0)
+            ds = ds.map_batches(
+                _Dedup,
+                batch_size=None,
+                batch_format="pyarrow",
+                compute=one_by_one,
+                num_cpus=0,
+                fn_kwargs={"tally": tally},
+                max_restarts=0,
+            )
     # The output directory is local: the shards are written on this machine too.
-    ds.write_parquet(str(train_dir), min_rows_per_file=cfg.shard_pairs,
-                     max_rows_per_file=cfg.shard_pairs, filename_provider=_shard_names(),
-                     ray_remote_args={"label_selector": _driver_node()})
+    ds.write_parquet(
+        str(train_dir),
+        min_rows_per_file=cfg.shard_pairs,
+        max_rows_per_file=cfg.shard_pairs,
+        filename_provider=_shard_names(),
+        ray_remote_args={"label_selector": _driver_node()},
+    )
 
 
-def _write_train_here(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, train_dir: Path,
-                      tally: _Tally) -> None:
+def _write_train_here(
+    cfg: PrepareConfig, specs: list[dict], model_proto: bytes, train_dir: Path, tally: _Tally
+) -> None:
     """Pass 2 in the driver (`in_driver` inputs): the pairs and files `_write_train` writes."""
     options = dataclasses.asdict(cfg)
     inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
@@ -638,6 +698,7 @@ def _write_train_here(cfg: PrepareConfig, specs: list[dict], model_proto: bytes,
 
 def _name_shards(train_dir: Path, shard_pairs: int) -> list[dict]:
     """Rename the written files to part-00000.parquet ... in dataset order; their manifest entries."""
+
     def order(path: Path) -> tuple[int, int]:
         match = re.search(r"_(\d+)-(\d+)\.parquet$", path.name)
         assert match, f"unexpected file {path} written by Ray Data"
@@ -650,16 +711,21 @@ def _name_shards(train_dir: Path, shard_pairs: int) -> list[dict]:
         num_pairs = pq.ParquetFile(dest).metadata.num_rows
         if num_pairs > shard_pairs:
             raise RuntimeError(f"Ray Data wrote {num_pairs} rows to {dest}, over shard_pairs={shard_pairs}")
-        files.append({"path": f"{TRAIN_DIR}/{dest.name}", "num_pairs": num_pairs,
-                      "sha256": _sha256_file(dest), "token_index": _shard_token_index(dest)})
+        files.append(
+            {
+                "path": f"{TRAIN_DIR}/{dest.name}",
+                "num_pairs": num_pairs,
+                "sha256": _sha256_file(dest),
+                "token_index": _shard_token_index(dest),
+            }
+        )
     return files
 
 
 def _shard_token_index(path: Path) -> list[int]:
     """The shard's cumulative src + tgt tokens every TOKEN_INDEX_ROWS rows (raymt.data.format)."""
     table = pq.read_table(path, columns=COLUMNS)
-    lengths = sum(pc.list_value_length(table.column(c)).to_numpy(zero_copy_only=False)
-                  for c in COLUMNS)
+    lengths = sum(pc.list_value_length(table.column(c)).to_numpy(zero_copy_only=False) for c in COLUMNS)
     return token_index(lengths)
 
 
@@ -679,12 +745,15 @@ def _drop_summary(counts: dict) -> str:
 
 def _all_dropped(total: int, counts: dict) -> ValueError:
     """The error for a training set that the cleaning rules emptied."""
-    return ValueError(f"all {total} training pairs were dropped ({_drop_summary(counts)}): check the "
-                      "inputs, or relax --max-len/--max-chars/--max-ratio/--ratio-min-len")
+    return ValueError(
+        f"all {total} training pairs were dropped ({_drop_summary(counts)}): check the "
+        "inputs, or relax --max-len/--max-chars/--max-ratio/--ratio-min-len"
+    )
 
 
-def _train_split(cfg: PrepareConfig, specs: list[dict], tokenizer: Optional[Tokenizer],
-                 tmp: Path, here: bool) -> tuple[dict, Tokenizer]:
+def _train_split(
+    cfg: PrepareConfig, specs: list[dict], tokenizer: Optional[Tokenizer], tmp: Path, here: bool
+) -> tuple[dict, Tokenizer]:
     """Both passes over the training inputs (in the driver when `here`, else with Ray Data); the
     manifest's train entry and the tokenizer."""
     import ray
@@ -695,10 +764,17 @@ def _train_split(cfg: PrepareConfig, specs: list[dict], tokenizer: Optional[Toke
         sentences, first = (_sample_here if here else _sample)(cfg, specs)
         if not sentences:
             raise _all_dropped(first["input"], first)
-        _progress(f"training SentencePiece ({cfg.sp_model_type}, {cfg.vocab_size} pieces) on "
-                  f"{len(sentences) // 2} pairs")
-        tokenizer = train_tokenizer(sentences, cfg.vocab_size, cfg.sp_model_type,
-                                    sample_size=len(sentences), seed=cfg.seed, num_threads=machine_cpus())
+        _progress(
+            f"training SentencePiece ({cfg.sp_model_type}, {cfg.vocab_size} pieces) on {len(sentences) // 2} pairs"
+        )
+        tokenizer = train_tokenizer(
+            sentences,
+            cfg.vocab_size,
+            cfg.sp_model_type,
+            sample_size=len(sentences),
+            seed=cfg.seed,
+            num_threads=machine_cpus(),
+        )
     _progress("tokenizing and writing training shards")
     if here:
         tally = _Tally()
@@ -719,9 +795,14 @@ def _train_split(cfg: PrepareConfig, specs: list[dict], tokenizer: Optional[Toke
         raise _all_dropped(counts.get("input", 0), dropped)
     files = _name_shards(tmp / TRAIN_DIR, cfg.shard_pairs)
     assert kept == sum(f["num_pairs"] for f in files), (kept, files)
-    return {"files": files, "num_pairs": kept, "src_tokens": counts.get("src_tokens", 0),
-            "tgt_tokens": counts.get("tgt_tokens", 0), "input_pairs": counts.get("input", 0),
-            "dropped": dropped}, tokenizer
+    return {
+        "files": files,
+        "num_pairs": kept,
+        "src_tokens": counts.get("src_tokens", 0),
+        "tgt_tokens": counts.get("tgt_tokens", 0),
+        "input_pairs": counts.get("input", 0),
+        "dropped": dropped,
+    }, tokenizer
 
 
 def _eval_split(cfg: PrepareConfig, sources: list[Source], path: Path) -> int:
@@ -735,8 +816,7 @@ def _eval_split(cfg: PrepareConfig, sources: list[Source], path: Path) -> int:
             src += s
             tgt += t
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string())}),
-                   path)
+    pq.write_table(pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string())}), path)
     return len(src)
 
 
@@ -758,16 +838,21 @@ def _existing(out: str, fp: str, overwrite: bool) -> Optional[dict]:
     try:
         manifest = read_manifest(out)
     except ValueError:
-        raise ValueError(f"--out {out} is not empty and holds no prepared corpus: pick a new or "
-                         "empty directory (--overwrite only replaces a prepared corpus)") from None
+        raise ValueError(
+            f"--out {out} is not empty and holds no prepared corpus: pick a new or "
+            "empty directory (--overwrite only replaces a prepared corpus)"
+        ) from None
     if manifest.get("fingerprint") == fp and _complete(out, manifest):
         return manifest
     if not overwrite and manifest.get("fingerprint") == fp:
-        raise ValueError(f"--out {out} holds this corpus but misses some of its files: pass "
-                         "--overwrite to prepare it again")
+        raise ValueError(
+            f"--out {out} holds this corpus but misses some of its files: pass --overwrite to prepare it again"
+        )
     if not overwrite:
-        raise ValueError(f"--out {out} already holds a corpus prepared from other inputs or options: "
-                         "pass --overwrite to replace it, or pick another --out")
+        raise ValueError(
+            f"--out {out} already holds a corpus prepared from other inputs or options: "
+            "pass --overwrite to replace it, or pick another --out"
+        )
     return None
 
 
@@ -840,8 +925,7 @@ def _ray_data_settings() -> Iterator[None]:
     ctx.execution_options.preserve_order = True
     ctx.target_max_block_size = MAX_BLOCK_BYTES  # task memory independent of input sizes
     ctx.enable_progress_bars = False  # our progress lines and final table say enough
-    terminals = [h for h in logging.getLogger("ray.data").handlers
-                 if isinstance(h, logging.StreamHandler)]
+    terminals = [h for h in logging.getLogger("ray.data").handlers if isinstance(h, logging.StreamHandler)]
     for handler in terminals:
         handler.addFilter(_only_warnings)
     try:
@@ -873,9 +957,16 @@ def _user_error(err: BaseException) -> Optional[ValueError]:
     return None
 
 
-def prepare_corpus(cfg: PrepareConfig, out: str, train: list[Source], valid: list[Source],
-                   test: Optional[dict[str, list[Source]]] = None, tokenizer: Optional[Tokenizer] = None,
-                   overwrite: bool = False, command: Optional[str] = None) -> dict:
+def prepare_corpus(
+    cfg: PrepareConfig,
+    out: str,
+    train: list[Source],
+    valid: list[Source],
+    test: Optional[dict[str, list[Source]]] = None,
+    tokenizer: Optional[Tokenizer] = None,
+    overwrite: bool = False,
+    command: Optional[str] = None,
+) -> dict:
     """Prepare a corpus directory; returns the manifest dict. Starts Ray (ray.init) for inputs
     too large to prepare in the driver (`in_driver`)."""
     t0 = time.time()
@@ -892,9 +983,14 @@ def prepare_corpus(cfg: PrepareConfig, out: str, train: list[Source], valid: lis
     tmp = _staging(out)
     try:
         manifest = _build(cfg, tmp, train, valid, test or {}, tokenizer, here)
-        manifest.update(options=dataclasses.asdict(cfg), inputs=inputs, fingerprint=fp,
-                        command=command, created=datetime.datetime.now(datetime.timezone.utc)
-                        .isoformat(timespec="seconds"), raymt_version=raymt.__version__)
+        manifest.update(
+            options=dataclasses.asdict(cfg),
+            inputs=inputs,
+            fingerprint=fp,
+            command=command,
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            raymt_version=raymt.__version__,
+        )
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
         _install(tmp, out)
     except Exception as err:
@@ -908,13 +1004,19 @@ def prepare_corpus(cfg: PrepareConfig, out: str, train: list[Source], valid: lis
     return manifest
 
 
-def _build(cfg: PrepareConfig, tmp: Path, train: list[Source], valid: list[Source],
-           test: dict[str, list[Source]], tokenizer: Optional[Tokenizer], here: bool) -> dict:
+def _build(
+    cfg: PrepareConfig,
+    tmp: Path,
+    train: list[Source],
+    valid: list[Source],
+    test: dict[str, list[Source]],
+    tokenizer: Optional[Tokenizer],
+    here: bool,
+) -> dict:
     """Write every file of the corpus into `tmp` (training pairs in the driver when `here`); the
     manifest without its bookkeeping fields."""
     # The small sets first: their errors come before the long passes.
-    splits: dict[str, Any] = {"valid": {"path": VALID_FILE,
-                                        "num_pairs": _eval_split(cfg, valid, tmp / VALID_FILE)}}
+    splits: dict[str, Any] = {"valid": {"path": VALID_FILE, "num_pairs": _eval_split(cfg, valid, tmp / VALID_FILE)}}
     tests = {}
     for name, sources in test.items():
         path = f"{TEST_DIR}/{name}.parquet"
@@ -924,10 +1026,15 @@ def _build(cfg: PrepareConfig, tmp: Path, train: list[Source], valid: list[Sourc
         splits["train"], tokenizer = _train_split(cfg, specs, tokenizer, tmp, here)
     splits["test"] = tests
     (tmp / SPM_FILE).write_bytes(tokenizer.model_proto)
-    return {"format": FORMAT, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
-            "vocab_size": tokenizer.sp.get_piece_size(), "sp_model_type": cfg.sp_model_type,
-            "sp_model_sha256": hashlib.sha256(tokenizer.model_proto).hexdigest(),
-            "splits": {"train": splits["train"], "valid": splits["valid"], "test": tests}}
+    return {
+        "format": FORMAT,
+        "src_lang": cfg.src_lang,
+        "tgt_lang": cfg.tgt_lang,
+        "vocab_size": tokenizer.sp.get_piece_size(),
+        "sp_model_type": cfg.sp_model_type,
+        "sp_model_sha256": hashlib.sha256(tokenizer.model_proto).hexdigest(),
+        "splits": {"train": splits["train"], "valid": splits["valid"], "test": tests},
+    }
 
 
 def print_summary(manifest: dict, out: str, seconds: float) -> None:
@@ -935,9 +1042,13 @@ def print_summary(manifest: dict, out: str, seconds: float) -> None:
     train = manifest["splits"]["train"]
     rows = [("input pairs", train["input_pairs"])]
     rows += [(f"  dropped: {rule}", train["dropped"][rule]) for rule in DROP_RULES]
-    rows += [("kept pairs", train["num_pairs"]), ("src tokens", train["src_tokens"]),
-             ("tgt tokens", train["tgt_tokens"]), ("shards", len(train["files"])),
-             ("valid pairs", manifest["splits"]["valid"]["num_pairs"])]
+    rows += [
+        ("kept pairs", train["num_pairs"]),
+        ("src tokens", train["src_tokens"]),
+        ("tgt tokens", train["tgt_tokens"]),
+        ("shards", len(train["files"])),
+        ("valid pairs", manifest["splits"]["valid"]["num_pairs"]),
+    ]
     rows += [(f"test pairs: {name}", t["num_pairs"]) for name, t in manifest["splits"]["test"].items()]
     width = max(len(name) for name, _ in rows)
     print(f"\n=== raymt corpus {out} ===")
@@ -954,11 +1065,11 @@ def _strip_suffixes(name: str) -> str:
     lower = name.lower()
     for suffix in COMPRESSED:
         if lower.endswith(suffix):
-            name, lower = name[:-len(suffix)], lower[:-len(suffix)]
+            name, lower = name[: -len(suffix)], lower[: -len(suffix)]
             break
     for suffix in (".tsv", ".jsonl", ".ndjson", ".parquet", *ARROW_SUFFIXES):
         if lower.endswith(suffix):
-            return name[:-len(suffix)]
+            return name[: -len(suffix)]
     return name
 
 
@@ -982,22 +1093,21 @@ def _table_files(spec: str) -> Optional[tuple[str, ...]]:
             raise ValueError(f"no file matches {spec}: check the pattern")
         return tuple(matches)
     if "://" not in spec and os.path.isdir(spec):
-        found = sorted(str(p) for p in Path(spec).iterdir()
-                       if p.name.lower().endswith((".parquet", *ARROW_SUFFIXES)))
+        found = sorted(str(p) for p in Path(spec).iterdir() if p.name.lower().endswith((".parquet", *ARROW_SUFFIXES)))
         if not found:
-            raise ValueError(f"{spec} is a directory without .parquet or .arrow files: pass a "
-                             "prefix or a file")
+            raise ValueError(f"{spec} is a directory without .parquet or .arrow files: pass a prefix or a file")
         return tuple(found)
     return None
 
 
-def source_from_spec(spec: str, cfg: PrepareConfig, src_col: Optional[str] = None,
-                     tgt_col: Optional[str] = None) -> Source:
+def source_from_spec(
+    spec: str, cfg: PrepareConfig, src_col: Optional[str] = None, tgt_col: Optional[str] = None
+) -> Source:
     """A Source from a command-line SPEC: a .tsv/.jsonl(.gz) file, .parquet/.arrow file(s), or a prefix."""
     lower = spec.lower()
     for suffix in COMPRESSED:
         if lower.endswith(suffix):
-            lower = lower[:-len(suffix)]
+            lower = lower[: -len(suffix)]
             break
     if lower.endswith(".tsv"):
         return Source("tsv", (spec,), src_col, tgt_col)

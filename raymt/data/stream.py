@@ -77,16 +77,19 @@ class Segment:
 
     def to_dict(self) -> dict:
         """Plain lists and ints, as stored in a checkpoint."""
-        return {"epoch": self.epoch, "generation": self.generation,
-                "reads": [list(r) for r in self.reads], "done": list(self.done)}
+        return {
+            "epoch": self.epoch,
+            "generation": self.generation,
+            "reads": [list(r) for r in self.reads],
+            "done": list(self.done),
+        }
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> Optional["Segment"]:
         """The segment a checkpoint stored, or None."""
         if not d:
             return None
-        return cls(int(d["epoch"]), int(d["generation"]), [tuple(r) for r in d["reads"]],
-                   [int(i) for i in d["done"]])
+        return cls(int(d["epoch"]), int(d["generation"]), [tuple(r) for r in d["reads"]], [int(i) for i in d["done"]])
 
     @property
     def num_rows(self) -> int:
@@ -123,8 +126,7 @@ def row_bounds(num_rows: int, rank: int, world_size: int) -> tuple[int, int]:
     return num_rows * rank // world_size, num_rows * (rank + 1) // world_size
 
 
-def epoch_slice(files: Files, seed: int, epoch: int, rank: int,
-                world_size: int) -> list[tuple[str, int, int]]:
+def epoch_slice(files: Files, seed: int, epoch: int, rank: int, world_size: int) -> list[tuple[str, int, int]]:
     """This worker's rows of the epoch as (path, first row, end row) per file, in read order."""
     return sub_plan(epoch_reads(files, seed, epoch), *slice_bounds(files, seed, epoch, rank, world_size))
 
@@ -221,15 +223,14 @@ def flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     return array.values.to_numpy(zero_copy_only=False), array.offsets.to_numpy()
 
 
-def pair_hashes(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray],
-                idx: np.ndarray) -> list[str]:
+def pair_hashes(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray], idx: np.ndarray) -> list[str]:
     """A stable 64-bit hex digest of each pair's ids (for tracing what was trained on)."""
     out = []
     for i in idx:
         h = hashlib.blake2b(digest_size=8)
-        h.update(src[0][src[1][i]:src[1][i + 1]].astype(np.int32).tobytes())
+        h.update(src[0][src[1][i] : src[1][i + 1]].astype(np.int32).tobytes())
         h.update(b"|")
-        h.update(tgt[0][tgt[1][i]:tgt[1][i + 1]].astype(np.int32).tobytes())
+        h.update(tgt[0][tgt[1][i] : tgt[1][i + 1]].astype(np.int32).tobytes())
         out.append(h.hexdigest())
     return out
 
@@ -245,9 +246,20 @@ class TrainStream:
     waited.
     """
 
-    def __init__(self, files: Files, cfg: DataConfig, seed: int, rank: int, world_size: int,
-                 position: Position, trace: bool = False, prefetch: int = 16, pin_memory: bool = False,
-                 num_epochs: int = 1, segment: Optional[Segment] = None):
+    def __init__(
+        self,
+        files: Files,
+        cfg: DataConfig,
+        seed: int,
+        rank: int,
+        world_size: int,
+        position: Position,
+        trace: bool = False,
+        prefetch: int = 16,
+        pin_memory: bool = False,
+        num_epochs: int = 1,
+        segment: Optional[Segment] = None,
+    ):
         self.cfg, self.seed, self.rank, self.world_size = cfg, seed, rank, world_size
         self.files, self.num_epochs = files, num_epochs
         self.pin_memory = pin_memory  # page-locked batches for asynchronous copies to a GPU
@@ -335,36 +347,48 @@ class TrainStream:
                 for table in chunks(iter(read), self.chunk_rows):
                     src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
                     base = chunk_index * self.chunk_rows
-                    excluded = done[np.searchsorted(done, base):np.searchsorted(done, base + len(table))] - base
+                    excluded = done[np.searchsorted(done, base) : np.searchsorted(done, base + len(table))] - base
                     rng = chunk_rng(self.seed, epoch, self.rank, chunk_index, segment)
                     for b, idx in enumerate(cut_chunk(src, tgt, self.cfg, rng, excluded)[skip:], start=skip):
                         hashes = pair_hashes(src, tgt, idx) if self.trace else []
                         batch = collate_flat(src, tgt, idx, self.cfg.pad_multiple, ladder)
-                        yield ((batch.pin_memory() if self.pin_memory else batch),
-                               Position(epoch, chunk_index, b + 1), hashes)
+                        yield (
+                            (batch.pin_memory() if self.pin_memory else batch),
+                            Position(epoch, chunk_index, b + 1),
+                            hashes,
+                        )
                     chunk_index, skip = chunk_index + 1, 0
             finally:
                 read.close()
             chunk_index = 0
 
 
-def chunk_rng(seed: int, epoch: int, rank: int, chunk_index: int,
-              segment: Optional[Segment] = None) -> np.random.Generator:
+def chunk_rng(
+    seed: int, epoch: int, rank: int, chunk_index: int, segment: Optional[Segment] = None
+) -> np.random.Generator:
     """The generator that shuffles and cuts one chunk of a worker's slice."""
     return np.random.default_rng([seed, epoch, rank, chunk_index] + ([segment.generation] if segment else []))
 
 
-def cut_chunk(src, tgt, cfg: DataConfig, rng: np.random.Generator,
-              excluded: Optional[np.ndarray] = None) -> list[np.ndarray]:
+def cut_chunk(
+    src, tgt, cfg: DataConfig, rng: np.random.Generator, excluded: Optional[np.ndarray] = None
+) -> list[np.ndarray]:
     """A chunk's batches (row indices); pairs longer than data.max_len and `excluded` rows are dropped."""
     src_lens, tgt_lens = np.diff(src[1]), np.diff(tgt[1])
     ok = (src_lens > 0) & (tgt_lens > 0) & (src_lens <= cfg.max_len) & (tgt_lens <= cfg.max_len)
     if excluded is not None:
         ok[excluded] = False
     keep = np.flatnonzero(ok)
-    batches = chunk_batches(src_lens[keep] + 1, tgt_lens[keep] + 1, cfg.window_rows, cfg.max_tokens,
-                            rng, shuffle=cfg.shuffle_buffer_rows > 0, pad_multiple=cfg.pad_multiple,
-                            ladder=ShapeLadder.from_config(cfg))
+    batches = chunk_batches(
+        src_lens[keep] + 1,
+        tgt_lens[keep] + 1,
+        cfg.window_rows,
+        cfg.max_tokens,
+        rng,
+        shuffle=cfg.shuffle_buffer_rows > 0,
+        pad_multiple=cfg.pad_multiple,
+        ladder=ShapeLadder.from_config(cfg),
+    )
     return [keep[b] for b in batches]
 
 
@@ -378,6 +402,7 @@ def put_unless_stopping(q: queue.Queue, stopping: threading.Event, item) -> bool
             continue
     return False
 
+
 _END = object()  # the reader thread's end-of-stream marker
 
 
@@ -387,8 +412,7 @@ class _ReadAhead:
     def __init__(self, tables: Iterator[pa.Table], depth: int = 4):
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._pull, args=(tables,), daemon=True,
-                                       name="raymt-read")
+        self.thread = threading.Thread(target=self._pull, args=(tables,), daemon=True, name="raymt-read")
         self.thread.start()
 
     def _pull(self, tables: Iterator[pa.Table]) -> None:
@@ -427,8 +451,16 @@ def restore_position(saved: Optional[list], rank: int, world_size: int, epoch: i
     return position if position.epoch == epoch else Position(epoch)
 
 
-def resume_point(files: Files, cfg: DataConfig, seed: int, epoch: int, saved: Optional[list],
-                 segment: Optional[dict], rank: int, world_size: int) -> tuple[Position, Optional[Segment]]:
+def resume_point(
+    files: Files,
+    cfg: DataConfig,
+    seed: int,
+    epoch: int,
+    saved: Optional[list],
+    segment: Optional[dict],
+    rank: int,
+    world_size: int,
+) -> tuple[Position, Optional[Segment]]:
     """Where a worker's stream starts from a checkpoint's positions (and segment): the saved
     position, or, when the checkpoint was written by a group of another size, the start of a
     segment holding what the epoch has left (`resize_segment`)."""
@@ -438,8 +470,9 @@ def resume_point(files: Files, cfg: DataConfig, seed: int, epoch: int, saved: Op
     return restore_position(saved, rank, world_size, epoch), segment
 
 
-def resize_segment(files: Files, cfg: DataConfig, seed: int, epoch: int, saved: list[dict],
-                   segment: Optional[Segment]) -> Optional[Segment]:
+def resize_segment(
+    files: Files, cfg: DataConfig, seed: int, epoch: int, saved: list[dict], segment: Optional[Segment]
+) -> Optional[Segment]:
     """What `epoch` has left after the `len(saved)` workers stopped at `saved` positions, for a
     group of another size; None when none of it was trained (the epoch starts over).
 
@@ -465,9 +498,8 @@ def resize_segment(files: Files, cfg: DataConfig, seed: int, epoch: int, saved: 
             table = pa.concat_tables(read_plan(sub_plan(reads, start, end)))
             excluded = np.asarray(sorted(i - start for i in done if start <= i < end), dtype=np.int64)
             rng = chunk_rng(seed, epoch, rank, p.chunk, segment)
-            batches = cut_chunk(flat(table.column("src_ids")), flat(table.column("tgt_ids")), cfg,
-                                rng, excluded)
-            done.update(start + int(i) for idx in batches[:p.batches] for i in idx)
+            batches = cut_chunk(flat(table.column("src_ids")), flat(table.column("tgt_ids")), cfg, rng, excluded)
+            done.update(start + int(i) for idx in batches[: p.batches] for i in idx)
         if start < hi:
             left.append((start, hi))
     if not trained:

@@ -48,8 +48,10 @@ def lines(uri: str) -> Iterator[bytes]:
             if rest:
                 yield rest
     except (OSError, EOFError, lzma.LZMAError, pa.ArrowException) as err:
-        raise InputError(f"cannot read {uri}: {first_line(err)}; check that the file is complete "
-                         "and that its extension matches its compression") from None
+        raise InputError(
+            f"cannot read {uri}: {first_line(err)}; check that the file is complete "
+            "and that its extension matches its compression"
+        ) from None
 
 
 def decode(raw: bytes, uri: str, line: int, on_invalid: str) -> Optional[str]:
@@ -60,9 +62,11 @@ def decode(raw: bytes, uri: str, line: int, on_invalid: str) -> Optional[str]:
         if on_invalid == "skip":
             return None
         if on_invalid != "replace":
-            raise InputError(f"{uri}:{line}: not valid UTF-8 (byte {err.start} of the line): "
-                             "re-encode the file as UTF-8, or pass --skip-invalid to drop and "
-                             "count such pairs") from None
+            raise InputError(
+                f"{uri}:{line}: not valid UTF-8 (byte {err.start} of the line): "
+                "re-encode the file as UTF-8, or pass --skip-invalid to drop and "
+                "count such pairs"
+            ) from None
         text = raw.decode("utf-8", "replace")
     return text.lstrip("\ufeff") if line == 1 else text  # a byte-order mark is not text
 
@@ -77,9 +81,11 @@ def resolve(prefix: str, lang: str) -> str:
     candidates = [f"{prefix}.{lang}{ext}" for ext in ("", *COMPRESSED)]
     found = next((c for c in candidates if exists(c)), None)
     if found is None:
-        raise ValueError(f"missing file {prefix}.{lang} (also tried {', '.join(COMPRESSED)}): "
-                         "a prefix names PREFIX.<src lang> and PREFIX.<tgt lang>; or pass a "
-                         ".tsv/.jsonl/.parquet file")
+        raise ValueError(
+            f"missing file {prefix}.{lang} (also tried {', '.join(COMPRESSED)}): "
+            "a prefix names PREFIX.<src lang> and PREFIX.<tgt lang>; or pass a "
+            ".tsv/.jsonl/.parquet file"
+        )
     return found
 
 
@@ -88,8 +94,10 @@ def read_parallel(prefix: str, src_lang: str, tgt_lang: str) -> Pairs:
     src_uri, tgt_uri = resolve(prefix, src_lang), resolve(prefix, tgt_lang)
     src, tgt = read_lines(src_uri), read_lines(tgt_uri)
     if len(src) != len(tgt):
-        raise ValueError(f"{src_uri} has {len(src)} lines but {tgt_uri} has {len(tgt)}: "
-                         "line i of one must translate line i of the other")
+        raise ValueError(
+            f"{src_uri} has {len(src)} lines but {tgt_uri} has {len(tgt)}: "
+            "line i of one must translate line i of the other"
+        )
     if not src:
         raise ValueError(f"{src_uri} is empty")
     return src, tgt
