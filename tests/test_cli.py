@@ -76,7 +76,7 @@ def test_run_sh_installs_only_the_extras_a_command_needs(tmp_path, command, extr
     bin_dir.mkdir(parents=True)
     log = tmp_path / "calls.log"
     (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
-    for tool in ("python", "pip"):
+    for tool in ("python", "pip", "ruff"):
         (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n')
         (bin_dir / tool).chmod(0o755)
     subprocess.run(["bash", str(tmp_path / "run.sh"), command], check=True, timeout=30, capture_output=True)
