@@ -139,6 +139,11 @@ def test_two_trial_sweep_then_interrupt_and_resume(tmp_path, ray_address):
     while not ((sweep / "trials").exists() and trial_runs(sweep)):
         assert time.time() < deadline and proc.poll() is None, proc.stdout.read()[-3000:]
         time.sleep(1)
+    # summary.json is written just before the trial's function returns, and Tune marks the trial
+    # terminated only then (the trial polls its report queue every 0.5 s): interrupted inside
+    # that gap, a resumed sweep continues the trial from its last checkpoint (Tune's resume),
+    # which is not what this test is about. Let the trial end first.
+    time.sleep(3)
     proc.send_signal(signal.SIGINT)  # Tune saves its state and stops
     proc.wait(timeout=120)
     finished = {t: len(r) for t, r in trial_runs(sweep).items()}
@@ -209,6 +214,12 @@ def test_pbt_on_two_nodes_hands_checkpoints_over_through_storage(tmp_path, monke
         actors = list_actors(address=cluster.address, limit=10000, raise_on_missing_output=False)
     finally:
         cluster.shutdown()
+        # Cluster.shutdown resets this process's internal-KV client, which the session's driver
+        # (ray_cluster, still connected) needs: raymt.cluster asks the autoscaler status through it.
+        import ray
+
+        if ray.is_initialized():
+            ray.experimental.internal_kv._initialize_internal_kv(ray._private.worker.global_worker.gcs_client)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     # Tune's trial actors (its ImplicitFunc class) and the Train workers ran on different nodes.
     nodes = lambda cls: {a.node_id for a in actors if a.class_name == cls and a.node_id}  # noqa: E731
