@@ -80,26 +80,30 @@ def stop_group(proc: subprocess.Popen) -> None:
             pass
 
 
-def start_head(log: Path, env: dict) -> tuple[subprocess.Popen, Path]:
-    """`ray start --head --block` on free ports and a temp dir of its own; (process, temp dir)
-    once it has started, or an AssertionError with its log."""
+def start_head(
+    log: Path, env: dict, num_cpus: int = 2, port: int | None = None, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, Path]:
+    """`ray start --head --block` on free ports (GCS on `port` if given) and a temp dir of its own,
+    with `extra` flags; (process, temp dir) once it has started, or an AssertionError with its log."""
     temp_dir = Path(f"/tmp/rmt{secrets.token_hex(3)}")  # short: unix socket paths
     ports = {
         flag: free_port()
         for flag in ("port", "dashboard-port", "dashboard-agent-listen-port", "ray-client-server-port")
     }
+    ports["port"] = port or ports["port"]
     proc = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "ray"),
             "start",
             "--head",
             "--block",
-            "--num-cpus=2",
+            f"--num-cpus={num_cpus}",
             "--dashboard-host=127.0.0.1",
             "--include-dashboard=true",
             "--disable-usage-stats",
             f"--temp-dir={temp_dir}",
             *(f"--{flag}={port}" for flag, port in ports.items()),
+            *extra,
         ],
         env=env,
         start_new_session=True,

@@ -154,19 +154,17 @@ def test_docs_cluster_flow_against_rays_fake_autoscaler(tmp_path):
     GPUs are only a resource here: the --gpu request is planned (no CUDA), the training is on CPUs."""
     import json
     import os
-    import secrets
     import shutil
     import subprocess
     import sys
-    from pathlib import Path
 
     import psutil
-    from conftest import ROOT, free_port, stop_group, tiny_run
+    from conftest import ROOT, free_port, start_head, stop_group, tiny_run
 
     port = free_port()
     config = tmp_path / "autoscaler.json"
     config.write_text(json.dumps(fake_autoscaling_config(f"127.0.0.1:{port}")))
-    temp_dir, log = Path(f"/tmp/rmt{secrets.token_hex(3)}"), tmp_path / "head.log"
+    log = tmp_path / "head.log"
     env = dict(
         os.environ,
         RAY_FAKE_CLUSTER="1",
@@ -175,34 +173,9 @@ def test_docs_cluster_flow_against_rays_fake_autoscaler(tmp_path):
         RAY_USAGE_STATS_ENABLED="0",
         RAY_TRAIN_ENABLE_PRINT_PATCH="0",
     )
-    head = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "ray"),
-            "start",
-            "--head",
-            "--block",
-            "--num-cpus=1",
-            f"--port={port}",
-            f"--dashboard-port={free_port()}",
-            "--dashboard-host=127.0.0.1",
-            "--include-dashboard=true",
-            f"--dashboard-agent-listen-port={free_port()}",
-            f"--ray-client-server-port={free_port()}",
-            "--disable-usage-stats",
-            f"--temp-dir={temp_dir}",
-            f"--autoscaling-config={config}",
-        ],
-        env=env,
-        start_new_session=True,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
+    head, temp_dir = start_head(log, env, num_cpus=1, port=port, extra=(f"--autoscaling-config={config}",))
     driver_env = dict(env, RAY_ADDRESS=f"127.0.0.1:{port}", PYTHONPATH=str(ROOT))
     try:
-        deadline = time.time() + 180
-        while "will now block forever" not in log.read_text():
-            assert head.poll() is None and time.time() < deadline, log.read_text()[-2000:]
-            time.sleep(0.5)
         # --gpu: 1 GPU worker on a cluster with none; the autoscaler adds the gpu_1x node
         out = subprocess.run(
             [
