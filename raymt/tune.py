@@ -8,6 +8,7 @@ import json
 import math
 import sys
 import threading
+import time
 import typing
 from pathlib import Path
 from typing import Any, Optional
@@ -427,7 +428,9 @@ def run_sweep(
                 ),
             ),
         )
-    return summarize(tuner.fit(), metric, sweep_dir, early_stopping=scheduler == "asha")
+    started = time.monotonic()
+    results = tuner.fit()
+    return summarize(results, metric, sweep_dir, early_stopping=scheduler == "asha", wall_s=time.monotonic() - started)
 
 
 def connect(verbose: bool) -> None:
@@ -502,9 +505,11 @@ def shared_corpus(cfg: Config, sweep_dir: Path) -> Config:
     return apply_overrides(cfg, {"data.corpus": run_data.corpus, "data.train": None})
 
 
-def summarize(results, metric: str, sweep_dir: Path, early_stopping: bool = True) -> dict:
-    """One row per trial (its best metric, last step, status, checkpoint), best first, and
-    with `early_stopping` (ASHA) the steps it saved."""
+def summarize(
+    results, metric: str, sweep_dir: Path, early_stopping: bool = True, wall_s: Optional[float] = None
+) -> dict:
+    """One row per trial (its best metric, last step, minutes, status, checkpoint), best first,
+    with `early_stopping` (ASHA) the steps it saved, and the sweep's `wall_s` as minutes."""
     mode = METRICS[metric]
     rows, max_steps = [], 0
     for result in results:
@@ -523,6 +528,11 @@ def summarize(results, metric: str, sweep_dir: Path, early_stopping: bool = True
                 "trial": str(result.metrics.get("trial_id")),
                 **config,
                 "step": step,
+                **(
+                    {"minutes": round(result.metrics["time_total_s"] / 60, 1)}
+                    if "time_total_s" in result.metrics
+                    else {}
+                ),
                 metric: round(float(best), 2),
                 "status": status,
                 "checkpoint": checkpoint.path if checkpoint else None,
@@ -536,6 +546,7 @@ def summarize(results, metric: str, sweep_dir: Path, early_stopping: bool = True
         "table": rows,
         "best": rows[0] if rows and metric in rows[0] else None,
         "steps": steps_saved(rows, max_steps) if early_stopping else None,
+        "minutes": round(wall_s / 60, 1) if wall_s is not None else None,
     }
     (sweep_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str))
     _write_csv(rows, sweep_dir / "results.csv")
@@ -574,6 +585,8 @@ def print_table(summary: dict) -> None:
             f"\nearly stopping saved {steps['saved']} of {steps['total']} steps "
             f"({100 * steps['saved'] / steps['total']:.0f}%): {steps['stopped']} of {len(rows)} trials stopped"
         )
+    if summary.get("minutes") is not None:
+        print(f"\nsweep: {len(rows)} trials in {summary['minutes']} min")
     print(f"\nresults: {summary['sweep_dir']}/results.csv")
     if best:
         config = {k: v for k, v in best.items() if "." in k}

@@ -468,7 +468,9 @@ def test_asha_rungs_are_sized_to_the_run(max_steps, eval_every, num_trials, rung
     assert asha_rungs(max_steps, eval_every, num_trials) == rungs
 
 
-def fake_result(trial_id: str, lr: float, steps: list[int], bleus: list[float], max_steps: int = 300):
+def fake_result(
+    trial_id: str, lr: float, steps: list[int], bleus: list[float], max_steps: int = 300, seconds: float = 60.0
+):
     from types import SimpleNamespace
 
     import pandas as pd
@@ -479,7 +481,7 @@ def fake_result(trial_id: str, lr: float, steps: list[int], bleus: list[float], 
         error=None,
         config={"base": {"train": {"max_steps": max_steps}}, "optim.lr": lr},
         path=f"/sweep/{trial_id}",
-        metrics={"trial_id": trial_id},
+        metrics={"trial_id": trial_id, "time_total_s": seconds},
         get_best_checkpoint=lambda metric, mode: checkpoint,
     )
 
@@ -489,12 +491,13 @@ def test_the_table_says_stopped_and_what_early_stopping_saved(tmp_path, capsys):
 
     summary = summarize(
         [
-            fake_result("t0", 2e-3, [100, 200, 300], [20, 50, 75]),
-            fake_result("t1", 5e-4, [100], [5]),
-            fake_result("t2", 1e-2, [100, 200], [40, 70]),
+            fake_result("t0", 2e-3, [100, 200, 300], [20, 50, 75], seconds=93.0),
+            fake_result("t1", 5e-4, [100], [5], seconds=30.0),
+            fake_result("t2", 1e-2, [100, 200], [40, 70], seconds=61.0),
         ],
         "valid_bleu",
         tmp_path,
+        wall_s=200.0,
     )
     assert [(r["trial"], r["status"]) for r in summary["table"]] == [
         ("t0", "completed"),
@@ -505,6 +508,8 @@ def test_the_table_says_stopped_and_what_early_stopping_saved(tmp_path, capsys):
     out = capsys.readouterr().out
     assert [line.split()[-1] for line in out.splitlines()[2:5]] == ["completed", "stopped", "stopped"]
     assert "early stopping saved 300 of 900 steps (33%): 2 of 3 trials stopped" in out
+    assert [line.split()[-3] for line in out.splitlines()[2:5]] == ["1.6", "1.0", "0.5"]  # minutes per trial
+    assert "sweep: 3 trials in 3.3 min" in out
     assert "best checkpoint: /sweep/t0/checkpoint_000001" in out
     assert json.loads((tmp_path / "results.json").read_text())["steps"] == {"saved": 300, "total": 900, "stopped": 2}
     print_table(
