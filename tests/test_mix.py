@@ -122,9 +122,15 @@ def test_mixed_reads_follow_the_design(corpora):
 @pytest.mark.parametrize("temperature", [1.0, 5.0])
 def test_each_epoch_and_each_slice_holds_the_temperatures_mix(temperature):
     """Plan level, 1024-row pieces: an epoch gives corpus i its r_i = N p_i rows (p ~ n^(1/T)),
-    and every worker's token slice holds that mix within two pieces per corpus."""
-    sizes = [400_000, 60_000, 5_000]
-    corpora = [[Shard(f"c{i}/part-{k}", n // 4 + (k < n % 4), ()) for k in range(4)] for i, n in enumerate(sizes)]
+    and every worker's slice (equal tokens) holds that mix within two pieces per corpus."""
+    sizes = [400_000, 60_000, 6_000]
+    rng = np.random.default_rng(0)
+    corpora = [  # corpus i's pairs hold 4-20, 12-28, 20-36 tokens: equal tokens are not equal rows
+        [Shard(f"c{i}/part-{k}", m, tuple(token_index(rng.integers(4 + 8 * i, 21 + 8 * i, m)))) for k in range(4)]
+        for i, n in enumerate(sizes)
+        for m in [n // 4]
+    ]
+    corpora[1].append(Shard("c1/empty", 0, ()))  # a shard that cleaning emptied is never read
     mix = Mix.by_temperature(corpora, temperature)
     p = sampling_probs(sizes, temperature)
     assert np.abs(np.asarray(mix.rows) - sum(sizes) * p).max() <= 1
@@ -133,7 +139,8 @@ def test_each_epoch_and_each_slice_holds_the_temperatures_mix(temperature):
     else:
         assert mix.rows[0] < sizes[0] and mix.rows[2] > 4 * sizes[2]  # big one sampled down, small one up
     for epoch in (0, 3):
-        assert plan_counts(mix, epoch_reads(mix, 5, epoch)).tolist() == list(mix.rows)
+        reads = epoch_reads(mix, 5, epoch)
+        assert plan_counts(mix, reads).tolist() == list(mix.rows) and "c1/empty" not in {p for p, _, _ in reads}
         for world in (2, 3, 7):
             for rank in range(world):
                 got = plan_counts(mix, epoch_slice(mix, 5, epoch, rank, world))
