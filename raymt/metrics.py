@@ -6,7 +6,7 @@ import csv
 import time
 from importlib.metadata import version
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional, Sequence
 
 import sacrebleu
 
@@ -103,17 +103,50 @@ CSV_COLUMNS = (
 )
 
 
-class MetricsLog:
-    """Rank 0's live metrics: `metrics.csv` and a TensorBoard event file in one directory."""
+# Validation metrics kept per language pair (multilingual runs), as `valid_bleu/en-de`.
+PAIR_METRICS = ("valid_loss", "valid_bleu", "valid_chrf")
 
-    def __init__(self, directory: str | Path):
+
+def pair_columns(pairs: Sequence[str]) -> tuple[str, ...]:
+    """The per-pair metrics.csv columns of a multilingual run: valid_loss/en-de, valid_bleu/en-de,
+    valid_chrf/en-de for each pair in order; none for one pair (today's columns only)."""
+    return tuple(f"{metric}/{pair}" for pair in pairs for metric in PAIR_METRICS) if len(pairs) > 1 else ()
+
+
+def pair_metrics(per_pair: Mapping[str, dict], num_tokens: Mapping[str, int]) -> dict:
+    """One validation's metrics from each pair's (`raymt.trainer.evaluate`'s dict, by pair, and
+    the target tokens its loss is averaged over): the per-pair columns, and as `valid_bleu` and
+    `valid_chrf` their mean over pairs (what ranks checkpoints), `valid_loss` token-weighted.
+
+    One pair: its dict unchanged (no per-pair columns)."""
+    assert per_pair and set(per_pair) == set(num_tokens), (list(per_pair), list(num_tokens))
+    if len(per_pair) == 1:
+        return dict(next(iter(per_pair.values())))
+    out = {f"{metric}/{pair}": m[metric] for pair, m in per_pair.items() for metric in PAIR_METRICS}
+    tokens = sum(num_tokens.values())
+    out["valid_loss"] = sum(m["valid_loss"] * num_tokens[pair] for pair, m in per_pair.items()) / max(tokens, 1)
+    for metric in ("valid_bleu", "valid_chrf"):
+        out[metric] = sum(m[metric] for m in per_pair.values()) / len(per_pair)
+    # Every pair is scored by the same sacreBLEU metric: one signature stands for all.
+    first = next(iter(per_pair.values()))
+    out |= {k: v for k, v in first.items() if k.endswith("_signature")}
+    return out
+
+
+class MetricsLog:
+    """Rank 0's live metrics: `metrics.csv` and a TensorBoard event file in one directory.
+
+    `pairs` (a multilingual run's language pairs) adds their columns (`pair_columns`) after
+    today's; TensorBoard shows them as valid/bleu/en-de and so on."""
+
+    def __init__(self, directory: str | Path, pairs: Sequence[str] = ()):
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when used
 
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / "metrics.csv"
         new = not path.exists()  # a resumed run appends, in the columns its file has (older: fewer)
-        columns = CSV_COLUMNS if new else path.read_text().partition("\n")[0].split(",")
+        columns = CSV_COLUMNS + pair_columns(pairs) if new else path.read_text().partition("\n")[0].split(",")
         self.csv = path.open("a", newline="")
         self.rows = csv.DictWriter(self.csv, fieldnames=columns, extrasaction="ignore")
         if new:

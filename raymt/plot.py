@@ -5,6 +5,9 @@
 
 Reads each run's `logs/metrics.csv` (written by `raymt.metrics.MetricsLog`) and writes
 `curves_step.png` and `curves_time.png`. Every training run writes its own into `RUN/plots/`.
+A multilingual run's validation panels also draw one line per language pair (its
+`valid_bleu/en-de`, ... columns): in colours of their own for one run, in the run's colour
+and a dash pattern per pair when runs are overlaid.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ CURVES = (
     ("valid_chrf", "validation chrF"),
 )
 COLUMNS_READ = {"step", "time_s"} | {column for column, _ in CURVES}
+VALID_CURVES = {column for column, _ in CURVES if column.startswith("valid")}  # also drawn per pair
+# A pair's line when runs are overlaid (the run's colour, one dash pattern per pair).
+PAIR_DASHES = ("--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3)))
 # x axis -> (csv column, axis label, scale from the column's unit to the label's)
 X_AXES = {"step": ("step", "step", 1.0), "time": ("time_s", "wall-clock time (min)", 1 / 60)}
 FIGSIZE = (10.0, 7.0)  # inches; with DPI the PNG is 1000 x 700 pixels
@@ -61,7 +67,7 @@ def read_metrics(metrics_csv: Path) -> Rows:
         if "step" not in (reader.fieldnames or []):
             raise ValueError(f"{metrics_csv}: not a raymt metrics.csv (no 'step' column)")
         for raw in reader:
-            row = {k: float(v) for k, v in raw.items() if k in COLUMNS_READ and v not in ("", None)}
+            row = {k: float(v) for k, v in raw.items() if is_read(k) and v not in ("", None)}
             if "step" not in row:
                 continue
             if rows and (row.get("time_s", last_time) < last_time or row["step"] < rows[-1]["step"]):
@@ -74,6 +80,20 @@ def read_metrics(metrics_csv: Path) -> Rows:
     if not rows:
         raise ValueError(f"{metrics_csv}: no rows yet; plot once the run has logged a step")
     return rows
+
+
+def is_read(column: Optional[str]) -> bool:
+    """Whether a csv column is plotted: today's, or a pair's validation column (`valid_bleu/en-de`)."""
+    metric, slash, pair = (column or "").partition("/")
+    return column in COLUMNS_READ or bool(slash and pair and metric in VALID_CURVES)
+
+
+def pairs_of(rows: Rows) -> list[str]:
+    """The language pairs with validation columns of their own (a multilingual run), in order."""
+    found: dict[str, None] = {}
+    for row in rows:
+        found |= {key.partition("/")[2]: None for key in row if "/" in key}
+    return list(found)
 
 
 def series(rows: Rows, x: str, y: str) -> tuple[list[float], list[float]]:
@@ -90,17 +110,35 @@ def draw(runs: dict[str, Rows], axis: str, path: Path) -> Path:
     column, label, scale = X_AXES[axis]
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
+    pairs = {name: pairs_of(rows) for name, rows in runs.items()}
     for ax, (y, title) in zip(fig.subplots(2, 2).flat, CURVES):
         for i, (name, rows) in enumerate(runs.items()):
             xs, ys = series(rows, column, y)
             style = {"marker": "o", "markersize": 3} if y.startswith("valid") else {}
-            ax.plot([v * scale for v in xs], ys, color=f"C{i % 10}", label=name, **style)
+            shown = f"{name}: all pairs" if y in VALID_CURVES and pairs[name] else name
+            ax.plot([v * scale for v in xs], ys, color=f"C{i % 10}", label=shown, **style)
+            if y in VALID_CURVES:
+                draw_pairs(ax, rows, pairs[name], (column, scale), y, name if len(runs) > 1 else None, i)
         ax.set_title(title)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     fig.axes[0].legend(fontsize="small")
+    if any(pairs.values()):  # the validation BLEU panel names the pairs' lines
+        fig.axes[2].legend(fontsize="x-small")
     fig.savefig(path)
     return path
+
+
+def draw_pairs(ax, rows: Rows, pairs: list[str], x: tuple[str, float], y: str, run: Optional[str], i: int) -> None:
+    """One line per language pair of a validation curve: colours C1, C2, ... for one run;
+    the run's colour C`i` and a dash pattern per pair when several runs (`run` named) overlay."""
+    column, scale = x
+    for j, pair in enumerate(pairs):
+        xs, ys = series(rows, column, f"{y}/{pair}")
+        colour, dashes = (f"C{(j + 1) % 10}", "-") if run is None else (f"C{i % 10}", PAIR_DASHES[j % len(PAIR_DASHES)])
+        label = pair if run is None else f"{run}: {pair}"
+        style = {"marker": "o", "markersize": 2, "linewidth": 1}
+        ax.plot([v * scale for v in xs], ys, color=colour, linestyle=dashes, label=label, **style)
 
 
 def plot_runs(runs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:

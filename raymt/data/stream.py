@@ -21,6 +21,14 @@ the epoch from the shards (local or object storage, through pyarrow) instead:
 So a pair is seen exactly once per epoch, batch composition depends only on the seed and
 the epoch, and a resumed run neither repeats nor skips pairs.
 
+Several corpora (multilingual training, docs/design-inputs.md section 4) come as a `Mix`: each
+corpus's shards and the rows it gives every epoch (temperature sampling,
+`raymt.data.inputs.epoch_rows`). Corpus i's stream is its corpus epochs one after another;
+epoch e takes its rows [e r_i, (e + 1) r_i), cut into pieces of 1024 rows and interleaved by
+`raymt.data.inputs.epoch_pieces`. The concatenated reads are the epoch's plan, and everything
+after it (slices, chunks, batches, positions, resizes) is the one-corpus code. A `Mix` of one
+corpus that gives its own size every epoch runs that code on its shards, unchanged.
+
 When a checkpoint written by N workers is resumed by M (elastic training: Ray Train
 restarts a smaller group after a node is lost, a larger one when nodes return), the epoch's
 remaining rows become a `Segment`: the old workers' unread rows, minus the pairs of the
@@ -30,12 +38,14 @@ in equal row slices, so the resized epoch still trains every pair exactly once.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import queue
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -43,8 +53,12 @@ import pyarrow.parquet as pq
 
 from raymt.batching import Batch, ShapeLadder, chunk_batches, collate_flat
 from raymt.config import DataConfig
-from raymt.data.format import COLUMNS, TOKEN_INDEX_ROWS, Files, Shard
+from raymt.data.format import COLUMNS, TOKEN_INDEX_ROWS, TRAIN_DIR, Files, Shard
+from raymt.data.inputs import PIECE_ROWS, epoch_pieces, epoch_rows, stream_ranges
 from raymt.storage import filesystem
+
+# Orders an epoch's shards (a corpus epoch's, with the corpus index, in a mix of several).
+SHARD_ORDER = 7919
 
 
 @dataclass
@@ -105,15 +119,203 @@ class Segment:
         return row_bounds(self.num_rows, rank, world_size)
 
 
-def epoch_reads(files: Files, seed: int, epoch: int) -> list[tuple[str, int, int]]:
+# ---------------------------------------------------------------- several corpora
+
+
+@dataclass(frozen=True, eq=False)
+class Mix:
+    """Training corpora mixed by temperature: each corpus's shards and the rows it gives every
+    epoch (docs/design-inputs.md section 4). Stands in for `files` in the functions below."""
+
+    corpora: Sequence[Sequence[Shard]]  # stored as tuples of `Shard`
+    rows: Sequence[int]  # r_i: corpus i's rows per epoch (`raymt.data.inputs.epoch_rows`)
+    piece_rows: int = PIECE_ROWS  # rows of one piece of the interleaved schedule
+
+    def __post_init__(self) -> None:
+        corpora = tuple(tuple(Shard(*f) for f in shards) for shards in self.corpora)
+        object.__setattr__(self, "corpora", corpora)
+        object.__setattr__(self, "rows", tuple(int(r) for r in self.rows))
+        # Built by code from a prepared corpus's manifest: the user's mistakes are caught before.
+        assert len(self.rows) == len(corpora) > 0 and min(self.rows) > 0, (len(corpora), self.rows)
+        assert min(self.sizes) > 0 and self.piece_rows > 0, (self.sizes, self.piece_rows)
+        index = {f.path: i for i, shards in enumerate(corpora) for f in shards}
+        assert len(index) == sum(map(len, corpora)), "a shard is listed twice"
+        object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_shards", {f.path: f for shards in corpora for f in shards})
+        object.__setattr__(self, "_plans", {})  # (seed, epoch) -> reads and their tokens, the last two
+        object.__setattr__(self, "_lock", threading.Lock())  # a stream's reader thread plans ahead
+
+    def __reduce__(self):
+        # Sent to each worker (the lock does not pickle; the plans are computed again there).
+        return Mix, (self.corpora, self.rows, self.piece_rows)
+
+    @classmethod
+    def by_temperature(
+        cls,
+        corpora: Sequence[Sequence[Shard]],
+        temperature: float,
+        weights: Optional[Sequence[float]] = None,
+        piece_rows: int = PIECE_ROWS,
+    ) -> Mix:
+        """The mix of `corpora` sampled at `temperature` (p_i ~ (w_i n_i)^(1/T))."""
+        sizes = [sum(Shard(*f).num_pairs for f in shards) for shards in corpora]
+        return cls(corpora, epoch_rows(sizes, temperature, weights), piece_rows)
+
+    @property
+    def sizes(self) -> list[int]:
+        """n_i: pairs of each corpus (one corpus epoch)."""
+        return [sum(f.num_pairs for f in shards) for shards in self.corpora]
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of one epoch: sum of r_i."""
+        return sum(self.rows)
+
+    @property
+    def token_indexed(self) -> bool:
+        """Whether every shard has a token index (slices then hold equal tokens)."""
+        return all(f.token_index for shards in self.corpora for f in shards if f.num_pairs)
+
+    @property
+    def single(self) -> bool:
+        """One corpus read once per epoch: the one-corpus code runs on its shards."""
+        return len(self.corpora) == 1 and self.rows[0] == self.sizes[0]
+
+    @property
+    def names(self) -> list[str]:
+        """Each corpus's name: the `train/<name>/` directory of its shards, else its index."""
+        return [corpus_name(shards[0].path) or str(i) for i, shards in enumerate(self.corpora)]
+
+    def corpus_of(self, path: str) -> int:
+        """The index of the corpus a shard belongs to."""
+        return self._index[path]
+
+    def shard(self, path: str) -> Shard:
+        """The shard at `path`."""
+        return self._shards[path]
+
+
+def corpus_name(path: str) -> Optional[str]:
+    """ "en-de" for a shard at .../train/en-de/part-00000.parquet (a prepared corpus of several)."""
+    match = re.search(rf"(?:^|/){TRAIN_DIR}/([^/]+)/[^/]+$", path)
+    return match.group(1) if match else None
+
+
+def corpus_epoch_reads(mix: Mix, seed: int, corpus: int, k: int) -> list[tuple[str, int, int]]:
+    """Corpus `corpus`'s epoch `k`: its shards in the permutation [seed, k, 7919, corpus]
+    ([seed, k, 7919], the one-corpus order, in a mix of one)."""
+    shards = mix.corpora[corpus]
+    key = [seed, k, SHARD_ORDER] + ([corpus] if len(mix.corpora) > 1 else [])
+    order = np.random.default_rng(key).permutation(len(shards))
+    return [(shards[i].path, 0, shards[i].num_pairs) for i in order if shards[i].num_pairs]
+
+
+def mixed_reads(mix: Mix, seed: int, epoch: int) -> list[tuple[str, int, int]]:
+    """Every row of a mixed epoch as reads, in read order: each piece of `epoch_pieces`
+    mapped to its corpus epochs' shards; a read continuing the one before it joins it."""
+    return list(_mixed_plan(mix, seed, epoch)[0])
+
+
+def _mixed_plan(mix: Mix, seed: int, epoch: int) -> tuple[list[tuple[str, int, int]], list[float]]:
+    """A mixed epoch's reads and the tokens of each, kept on the mix for the next caller (every
+    slice of an epoch cuts the same plan)."""
+    key = (seed, epoch)
+    with mix._lock:
+        if key in mix._plans:
+            return mix._plans[key]
+        if len(mix._plans) >= 2:  # the epoch being read (and resized) and the next; older ones are done
+            mix._plans.pop(next(iter(mix._plans)))
+        reads, shard = _mixed_reads(mix, seed, epoch), mix.shard
+        indexed = mix.token_indexed  # else no tokens: slices hold equal rows
+        tokens = [_tokens_before(shard(p), e) - _tokens_before(shard(p), s) for p, s, e in reads] if indexed else []
+        mix._plans[key] = reads, tokens
+        return reads, tokens
+
+
+def _mixed_reads(mix: Mix, seed: int, epoch: int) -> list[tuple[str, int, int]]:
+    """`mixed_reads`, computed."""
+    sizes, reads = mix.sizes, []
+    corpus_epochs: dict[tuple[int, int], tuple[list, list[int]]] = {}  # (corpus, k) -> reads, offsets
+    for piece in epoch_pieces(mix.rows, seed, epoch, mix.piece_rows):
+        for k, lo, hi in stream_ranges(sizes[piece.corpus], piece.lo, piece.hi):
+            if (piece.corpus, k) not in corpus_epochs:
+                plan = corpus_epoch_reads(mix, seed, piece.corpus, k)
+                corpus_epochs[piece.corpus, k] = plan, np.cumsum([0] + [e - s for _, s, e in plan]).tolist()
+            plan, offsets = corpus_epochs[piece.corpus, k]
+            j = bisect.bisect_right(offsets, lo) - 1  # the read holding row lo of the corpus epoch
+            while lo < hi:
+                path, start, end = plan[j]
+                a, b = start + lo - offsets[j], min(end, start + hi - offsets[j])
+                if reads and reads[-1][0] == path and reads[-1][2] == a:
+                    reads[-1] = (path, reads[-1][1], b)
+                else:
+                    reads.append((path, a, b))
+                lo, j = offsets[j] + b - start, j + 1
+    return reads
+
+
+def mixed_bounds(mix: Mix, seed: int, epoch: int, rank: int, world_size: int) -> tuple[int, int]:
+    """A worker's rows [lo, hi) of a mixed epoch: equal shares of tokens (of rows when a shard
+    has no token index)."""
+    if not mix.token_indexed:
+        return row_bounds(mix.num_rows, rank, world_size)
+    reads, tokens = _mixed_plan(mix, seed, epoch)
+    return _mixed_cut(mix, reads, tokens, rank, world_size), _mixed_cut(mix, reads, tokens, rank + 1, world_size)
+
+
+def _mixed_cut(mix: Mix, reads: list, tokens: list[float], k: int, world_size: int) -> int:
+    """The row (in epoch order) where the first k/world_size of a mixed epoch's tokens end,
+    interpolated inside index blocks as `_token_cut` does (the same row for whole shards)."""
+    target = round(sum(tokens)) * k // world_size
+    rows, done = 0, 0.0
+    for (path, start, end), n in zip(reads, tokens):
+        if done + n < target or k == world_size:
+            rows, done = rows + end - start, done + n
+            continue
+        shard = mix.shard(path)
+        row = _row_at_tokens(shard, _tokens_before(shard, start) + target - done)
+        return rows + min(max(row, start), end) - start
+    return rows
+
+
+def _tokens_before(shard: Shard, row: int) -> float:
+    """Tokens of a shard's rows before `row`, spread evenly over each index block's rows."""
+    b = row // TOKEN_INDEX_ROWS
+    if b >= len(shard.token_index):
+        return float(shard.token_index[-1])
+    lo, hi = b * TOKEN_INDEX_ROWS, min((b + 1) * TOKEN_INDEX_ROWS, shard.num_pairs)
+    before = shard.token_index[b - 1] if b else 0
+    return before + (shard.token_index[b] - before) * (row - lo) / (hi - lo)
+
+
+def _row_at_tokens(shard: Shard, tokens: float) -> int:
+    """The shard row where `tokens` tokens end (`_tokens_before`'s inverse, rounded)."""
+    cumulative = np.asarray(shard.token_index, dtype=np.int64)
+    b = min(int(np.searchsorted(cumulative, tokens)), len(cumulative) - 1)
+    block_lo = b * TOKEN_INDEX_ROWS
+    block_hi = min(block_lo + TOKEN_INDEX_ROWS, shard.num_pairs)
+    before = int(cumulative[b - 1]) if b else 0
+    share = (tokens - before) / max(int(cumulative[b]) - before, 1)
+    return block_lo + round(share * (block_hi - block_lo))
+
+
+def epoch_reads(files: Union[Files, Mix], seed: int, epoch: int) -> list[tuple[str, int, int]]:
     """Every row of the epoch as (path, first row, end row) per file, in read order."""
+    if isinstance(files, Mix):
+        if not files.single:
+            return mixed_reads(files, seed, epoch)
+        files = files.corpora[0]
     files = [Shard(*f) for f in files]
     order = np.random.default_rng([seed, epoch, 7919]).permutation(len(files))
     return [(files[i].path, 0, files[i].num_pairs) for i in order if files[i].num_pairs]
 
 
-def slice_bounds(files: Files, seed: int, epoch: int, rank: int, world_size: int) -> tuple[int, int]:
+def slice_bounds(files: Union[Files, Mix], seed: int, epoch: int, rank: int, world_size: int) -> tuple[int, int]:
     """This worker's rows of the epoch, as [lo, hi) in epoch order: equal shares of tokens."""
+    if isinstance(files, Mix):
+        if not files.single:
+            return mixed_bounds(files, seed, epoch, rank, world_size)
+        files = files.corpora[0]
     files = [Shard(*f) for f in files]
     order = np.random.default_rng([seed, epoch, 7919]).permutation(len(files))
     if all(f.token_index for f in files if f.num_pairs):
@@ -126,7 +328,9 @@ def row_bounds(num_rows: int, rank: int, world_size: int) -> tuple[int, int]:
     return num_rows * rank // world_size, num_rows * (rank + 1) // world_size
 
 
-def epoch_slice(files: Files, seed: int, epoch: int, rank: int, world_size: int) -> list[tuple[str, int, int]]:
+def epoch_slice(
+    files: Union[Files, Mix], seed: int, epoch: int, rank: int, world_size: int
+) -> list[tuple[str, int, int]]:
     """This worker's rows of the epoch as (path, first row, end row) per file, in read order."""
     return sub_plan(epoch_reads(files, seed, epoch), *slice_bounds(files, seed, epoch, rank, world_size))
 
@@ -178,14 +382,18 @@ def sub_plan(plan: list[tuple[str, int, int]], lo: int, hi: int) -> list[tuple[s
     return out
 
 
-def read_plan(plan: list[tuple[str, int, int]]) -> Iterator[pa.Table]:
+def read_plan(plan: list[tuple[str, int, int]], corpus_of: Optional[Callable[[str], int]] = None) -> Iterator[pa.Table]:
     """Stream the planned rows in order, reading only the row groups that hold them.
 
     The plan is fixed by (seed, epoch, rank), so the worker reads its own rows straight from
     the shards (local or any pyarrow filesystem). A Ray Data read per epoch cost 1.4-3.4 s
     before its first block and a few CPU-seconds of task start-up on cores busy training
     (benchmarks/NOTES.md); Ray Data does the parallel work before this (`raymt.data.prepare`).
+    With `corpus_of` (a mixed plan: `Mix.corpus_of`), see `read_mixed`.
     """
+    if corpus_of is not None:
+        yield from read_mixed(plan, corpus_of)
+        return
     for path, start, end in plan:
         fs, local = filesystem(path)
         with fs.open_input_file(local) as f:
@@ -199,6 +407,64 @@ def read_plan(plan: list[tuple[str, int, int]]) -> Iterator[pa.Table]:
                 first += num_rows
                 if first >= end:
                     break
+
+
+def read_mixed(plan: list[tuple[str, int, int]], corpus_of: Callable[[str], int]) -> Iterator[pa.Table]:
+    """`read_plan` of a mixed plan: one read per 1024-row piece, so each corpus keeps its shard
+    open and its last row group decoded for the pieces that follow (one open and one row
+    group read per shard and row group visited, not per piece). Tables gain a `corpus` column."""
+    open_shards: dict[int, _OpenShard] = {}
+    try:
+        for path, start, end in plan:
+            corpus = corpus_of(path)
+            shard = open_shards.get(corpus)
+            if shard is None or shard.path != path:
+                if shard is not None:
+                    shard.close()
+                shard = open_shards[corpus] = _OpenShard(path)
+            for table in shard.rows(start, end):
+                yield table.append_column("corpus", pa.array(np.full(len(table), corpus, np.int32)))
+    finally:
+        for shard in open_shards.values():
+            shard.close()
+
+
+class _OpenShard:
+    """An open shard of a mixed read, and the last row group read from it."""
+
+    def __init__(self, path: str):
+        fs, local = filesystem(path)
+        self.path, self.file = path, fs.open_input_file(local)
+        self.parquet = pq.ParquetFile(self.file)
+        meta = self.parquet.metadata
+        # starts[g]: row group g's first row in the shard; starts[-1]: the shard's rows.
+        self.starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]).tolist()
+        self.group, self.table = -1, None
+
+    def rows(self, start: int, end: int) -> Iterator[pa.Table]:
+        """Rows [start, end) of the shard, one table per row group."""
+        g = bisect.bisect_right(self.starts, start) - 1
+        while g < len(self.starts) - 1 and self.starts[g] < end:
+            lo, hi = max(start, self.starts[g]), min(end, self.starts[g + 1])
+            if lo < hi:
+                if g != self.group:
+                    self.group, self.table = g, self.parquet.read_row_group(g, columns=COLUMNS)
+                yield self.table.slice(lo - self.starts[g], hi - lo)
+            g += 1
+
+    def close(self) -> None:
+        """Close the file."""
+        self.file.close()
+
+
+def _read(files: Union[Files, Mix], plan: list[tuple[str, int, int]]) -> Iterator[pa.Table]:
+    """`read_plan` for the stream of `files`: `read_mixed` when it mixes several corpora."""
+    return read_plan(plan, files.corpus_of) if _mixed(files) else read_plan(plan)
+
+
+def _mixed(files: Union[Files, Mix]) -> bool:
+    """Whether `files` is a mix that the one-corpus code does not read."""
+    return isinstance(files, Mix) and not files.single
 
 
 def chunks(tables: Iterator[pa.Table], chunk_rows: int) -> Iterator[pa.Table]:
@@ -248,7 +514,7 @@ class TrainStream:
 
     def __init__(
         self,
-        files: Files,
+        files: Union[Files, Mix],
         cfg: DataConfig,
         seed: int,
         rank: int,
@@ -262,6 +528,7 @@ class TrainStream:
     ):
         self.cfg, self.seed, self.rank, self.world_size = cfg, seed, rank, world_size
         self.files, self.num_epochs = files, num_epochs
+        self.names = files.names if isinstance(files, Mix) else []  # corpora of a mixed trace
         self.pin_memory = pin_memory  # page-locked batches for asynchronous copies to a GPU
         self.position = position
         self.segment = segment  # the rest of an epoch after a resize (elastic training)
@@ -342,15 +609,18 @@ class TrainStream:
             # Pairs a resized epoch trained before the resize, numbered from this slice's start.
             done = np.asarray(segment.done if segment else [], dtype=np.int64)
             done -= segment.bounds(self.rank, self.world_size)[0] if segment else 0
-            read = _ReadAhead(read_plan(plan))
+            read = _ReadAhead(_read(self.files, plan))
             try:
                 for table in chunks(iter(read), self.chunk_rows):
                     src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
                     base = chunk_index * self.chunk_rows
                     excluded = done[np.searchsorted(done, base) : np.searchsorted(done, base + len(table))] - base
                     rng = chunk_rng(self.seed, epoch, self.rank, chunk_index, segment)
+                    corpus = table.column("corpus").to_numpy() if "corpus" in table.column_names else None
                     for b, idx in enumerate(cut_chunk(src, tgt, self.cfg, rng, excluded)[skip:], start=skip):
                         hashes = pair_hashes(src, tgt, idx) if self.trace else []
+                        if hashes and corpus is not None:  # a mixed stream's trace names each pair's corpus
+                            hashes = [f"{self.names[corpus[i]]}:{h}" for i, h in zip(idx, hashes)]
                         batch = collate_flat(src, tgt, idx, self.cfg.pad_multiple, ladder)
                         yield (
                             (batch.pin_memory() if self.pin_memory else batch),
@@ -452,7 +722,7 @@ def restore_position(saved: Optional[list], rank: int, world_size: int, epoch: i
 
 
 def resume_point(
-    files: Files,
+    files: Union[Files, Mix],
     cfg: DataConfig,
     seed: int,
     epoch: int,
@@ -471,7 +741,7 @@ def resume_point(
 
 
 def resize_segment(
-    files: Files, cfg: DataConfig, seed: int, epoch: int, saved: list[dict], segment: Optional[Segment]
+    files: Union[Files, Mix], cfg: DataConfig, seed: int, epoch: int, saved: list[dict], segment: Optional[Segment]
 ) -> Optional[Segment]:
     """What `epoch` has left after the `len(saved)` workers stopped at `saved` positions, for a
     group of another size; None when none of it was trained (the epoch starts over).
@@ -495,7 +765,7 @@ def resize_segment(
         trained |= start > lo or p.batches > 0
         if p.batches:
             end = min(start + chunk_rows, hi)
-            table = pa.concat_tables(read_plan(sub_plan(reads, start, end)))
+            table = pa.concat_tables(_read(files, sub_plan(reads, start, end)))
             excluded = np.asarray(sorted(i - start for i in done if start <= i < end), dtype=np.int64)
             rng = chunk_rng(seed, epoch, rank, p.chunk, segment)
             batches = cut_chunk(flat(table.column("src_ids")), flat(table.column("tgt_ids")), cfg, rng, excluded)
