@@ -290,18 +290,19 @@ class DataConfig(CorpusOptions):
             _check(self.valid is not None, "--train is set but --valid is not: pass a validation file prefix")
 
     def _check_corpora(self) -> None:
-        """data.corpora: tables become CorpusSpecs, checked together (raymt.data.inputs), and
-        the single-pair fields that they replace are unset."""
+        """data.corpora: tables become CorpusSpecs, checked together (raymt.data.inputs); the
+        single-pair fields that they replace must be unset."""
         from raymt.data.inputs import check_corpora, corpora_from_tables
 
         _check(
             isinstance(self.corpora, list),
             f"data.corpora={self.corpora!r} must be a list of tables ([[data.corpora]] in TOML)",
         )
-        if not all(isinstance(c, CorpusSpec) for c in self.corpora):  # from a file or config.json
+        if all(isinstance(c, CorpusSpec) for c in self.corpora):
+            check_corpora(self.corpora)
+        else:  # tables of a config file or config.json, checked as they are read
             given = [dataclasses.asdict(c) if isinstance(c, CorpusSpec) else c for c in self.corpora]
             self.corpora = corpora_from_tables(given)
-        check_corpora(self.corpora)
         for name in ("corpus", "train", "valid", "test"):
             _check(
                 getattr(self, name) is None,

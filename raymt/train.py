@@ -343,6 +343,11 @@ def plan_corpora(
 def _prepared_corpora(cfg: Config, manifest: dict, known: Optional[Tokenizer], given: Optional[str]) -> RunData:
     """RunData of a prepared raymt-corpus/2 corpus: each pair's validation set and first test set."""
     corpus = cfg.data.corpus
+    if cfg.data.valid or cfg.data.test:
+        raise ValueError(
+            f"--valid/--test PREFIX replace a one-pair corpus's sets, but {corpus} holds several "
+            "pairs: prepare it again with --valid/--test SRC-TGT:SPEC"
+        )
     tokenizer = corpus_format.load_tokenizer(corpus, manifest)
     if known is not None and known.model_proto != tokenizer.model_proto:
         raise ValueError(

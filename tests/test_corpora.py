@@ -106,6 +106,9 @@ def test_flags_make_one_pair_or_corpora():
     # Two files of one pair: one real corpus, kept as data.corpora (today's data.train holds one prefix).
     two = build_config(parse_args(["--train", "a", "--train", "b", "--valid", "v"]))
     assert two.data.corpora == [CorpusSpec("en", "de", ("a", "b"), valid="v")]
+    # So is one .tsv/.jsonl/Parquet input: data.train/valid/test hold text prefixes only.
+    tsv = build_config(parse_args(["--train", "news.tsv.gz", "--valid", "v"]))
+    assert tsv.data.corpora == [CorpusSpec("en", "de", ("news.tsv.gz",), valid="v")] and tsv.data.train is None
 
 
 def test_tables_round_trip_and_old_configs_load(tmp_path):
@@ -326,6 +329,24 @@ def test_a_run_prepares_its_corpora_per_pair(tmp_path, no_ray):
     (untagged / "spm.model").write_bytes(train_tokenizer(["a b c", "d e f"] * 20, 24, "bpe").model_proto)
     with pytest.raises(ValueError, match="does not reserve the tag.s. <2de>, <2en>, <2fr>"):
         plan_data(cfg, tmp_path / "run3", None, untagged)
+
+
+def test_a_run_on_one_tsv_corpus_is_a_one_pair_run(tmp_path, no_ray):
+    """One real corpus that data.train cannot hold (a .tsv) is prepared as today's /1 corpus."""
+    for name, pairs in (("train", mirrored(60)), ("valid", mirrored(4, 500)), ("test", mirrored(3, 600))):
+        (tmp_path / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    argv = [f"--train=en-fr:{tmp_path}/train.tsv", f"--valid=en-fr:{tmp_path}/valid.tsv"]
+    argv += [f"--test=en-fr:{tmp_path}/test.tsv", "--set=data.vocab_size=96", "--set=data.sp_model_type=bpe"]
+    cfg, run_data = plan_data(build_config(parse_args(argv)), tmp_path / "run", None, None)
+    assert (cfg.data.src_lang, cfg.data.tgt_lang, run_data.mixed) == ("en", "fr", False)
+    assert run_data.eval_sets == {
+        "valid": tuple(map(list, zip(*mirrored(4, 500)))),
+        "test": tuple(map(list, zip(*mirrored(3, 600)))),
+    }
+    files, tokenizer = materialize(cfg, run_data)
+    manifest = corpus_format.read_manifest(run_data.corpus)
+    assert manifest["format"] == corpus_format.FORMAT and (manifest["src_lang"], manifest["tgt_lang"]) == ("en", "fr")
+    assert files == corpus_format.train_files(run_data.corpus, manifest) and sum(f.num_pairs for f in files) == 60
 
 
 # ---------------------------------------------------------------- bad input: one line, before Ray

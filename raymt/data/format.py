@@ -124,7 +124,10 @@ def _shards(corpus: str, train: dict) -> list[Shard]:
 def train_files(corpus: str, manifest: dict) -> list[Shard]:
     """A `Shard` (path or URI, pairs, token index) per training shard, in order (one-corpus format)."""
     if manifest["format"] != FORMAT:
-        raise ValueError(f"corpus {corpus} holds {len(manifest['corpora'])} corpora: read them with corpora()")
+        raise ValueError(
+            f"{corpus} holds {len(manifest['corpora'])} corpora ({FORMAT_CORPORA}); this reads one-pair "
+            "corpora only: pass a corpus prepared from one pair"
+        )
     return _shards(corpus, manifest["splits"]["train"])
 
 

@@ -17,6 +17,7 @@ docs/design-inputs.md. Plain Python and numpy: the functions here are pure, so t
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import fields
 from typing import Any, Iterator, NamedTuple, Optional, Sequence
@@ -25,6 +26,7 @@ import numpy as np
 
 from raymt.config import BUILTIN_LANGS, CorpusSpec, _check_lang
 from raymt.data.format import TOKEN_INDEX_ROWS
+from raymt.data.text import COMPRESSED
 
 BT_TAG = "<BT>"
 # Rows of one piece of the epoch's mixed schedule: the token index's block, so that a
@@ -155,10 +157,28 @@ def input_overrides(
     builtin = parse_pairs(pairs) if pairs else []
     corpora = corpora_from_flags(train, bt, valid, test, default_pair, builtin)
     single = as_single_pair(corpora)
-    if single is None:
+    # data.train/valid/test hold text prefixes; a .tsv/.jsonl/Parquet input needs data.corpora.
+    if single is None or not all(text_prefix(v) for k, v in single.items() if k[5:] in SETS and v):
         return {"data.corpora": corpora, "data.train": None, "data.valid": None, "data.test": None}
     fields_ = {k: v for k, v in single.items() if v is not None or k in ("data.train",)}
     return {**fields_, "data.corpora": []}
+
+
+SETS = ("train", "valid", "test")
+# Inputs that are files of pairs, not PREFIX.<lang> text files (raymt.data.prepare.source_from_spec).
+TABLE_SUFFIXES = (".tsv", ".jsonl", ".ndjson", ".parquet", ".arrow", ".feather", ".ipc")
+
+
+def text_prefix(spec: str) -> bool:
+    """Whether a SPEC's location names PREFIX.<src> and PREFIX.<tgt> text files, not a
+    .tsv/.jsonl/Parquet file or a directory."""
+    lower = spec.lower()
+    for suffix in COMPRESSED:
+        if lower.endswith(suffix):
+            lower = lower[: -len(suffix)]
+            break
+    local_dir = "://" not in spec and os.path.isdir(spec)
+    return not (lower.endswith(TABLE_SUFFIXES) or spec.endswith("/") or local_dir)
 
 
 def _eval_specs(specs: Sequence[str], flag: str, default_pair: tuple[str, str]) -> dict[tuple[str, str], list[str]]:
