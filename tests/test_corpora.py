@@ -292,6 +292,39 @@ def test_one_pair_stays_raymt_corpus_1(tmp_path, capsys, no_ray):
     assert corpus_format.prefix_ids(manifests[1], "en-de") == []
 
 
+@pytest.mark.slow  # Ray Data's start-up: ~15 s on 2 CPUs
+@pytest.mark.ci
+def test_ray_data_writes_the_tagged_corpora_the_driver_writes(ray_cluster, tmp_path, monkeypatch):
+    """Several corpora through Ray Data's tasks (large inputs) equal the driver's passes: the same
+    tagged SentencePiece model, counts and rows (tags included), shard by shard."""
+    cfg = PrepareConfig(vocab_size=120, sp_model_type="bpe", shard_pairs=40, dedup=True)
+    pairs = mirrored(70) + mirrored(10)  # 10 duplicates
+    bt = write_bt_dir(tmp_path / "bt", [(t, s) for s, t in mirrored(50, 300)] + [("x", "")])
+    specs = [CorpusSpec("en", "de", ("p",), valid="v"), CorpusSpec("en", "fr", ("p",), valid="v")]
+    specs.append(CorpusSpec("en", "de", (bt,), "bt"))
+    memory = prepare.Source("pairs", pairs=([s for s, _ in pairs], [t for _, t in pairs]))
+    corpora = [
+        prepare.CorpusInput(spec, [memory] if spec.origin == "real" else [prepare.bt_source(bt, spec, cfg)])
+        for spec in specs
+    ]
+    for c in corpora[:2]:
+        c.valid = [prepare.Source("pairs", pairs=(["a"], ["b"]))]
+
+    def prepared(out: Path) -> tuple:
+        manifest = prepare.prepare_corpora(cfg, str(out), corpora)
+        entries = corpus_format.corpora(str(out), manifest)
+        rows = [pq.read_table(shard.path).to_pylist() for c in entries for shard in c.files]
+        return [c["train"]["dropped"] for c in manifest["corpora"]], manifest["sp_model_sha256"], manifest["tags"], rows
+
+    here = prepared(tmp_path / "here")
+    monkeypatch.setattr(prepare, "DRIVER_PAIRS", 0)
+    monkeypatch.setattr(prepare, "DRIVER_BYTES", 0)
+    assert prepared(tmp_path / "ray") == here
+    assert [d["duplicate"] for d in here[0]] == [10, 10, 0] and here[0][2]["empty"] == 1
+    assert here[2]["reserved"] == {"<2de>": 4, "<2fr>": 5, BT_TAG: 6}
+    assert all(row["src_ids"][:2] == [4, 6] for row in here[3][-2]) and len(here[3]) == 2 + 2 + 2
+
+
 def test_eval_rows_put_the_pair_tag_first():
     tokenizer = train_tokenizer([s for pair in mirrored(30) for s in pair], 96, "bpe", control_symbols=["<2de>"])
     pairs = ([mirrored(1)[0][0]], [mirrored(1)[0][1]])

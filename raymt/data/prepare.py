@@ -34,7 +34,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -639,7 +639,12 @@ def _shard_names():
 
 
 def _write_train(
-    cfg: PrepareConfig, specs: list[dict], model_proto: bytes, train_dir: Path, tally: Any, prefix_ids: list = ()
+    cfg: PrepareConfig,
+    specs: list[dict],
+    model_proto: bytes,
+    train_dir: Path,
+    tally: Any,
+    prefix_ids: Sequence[int] = (),
 ) -> None:
     """Pass 2: read, tokenize in parallel tasks, filter, de-duplicate and write Parquet shards
     (`prefix_ids` before every source)."""
@@ -695,7 +700,12 @@ def _write_train(
 
 
 def _write_train_here(
-    cfg: PrepareConfig, specs: list[dict], model_proto: bytes, train_dir: Path, tally: _Tally, prefix_ids: list = ()
+    cfg: PrepareConfig,
+    specs: list[dict],
+    model_proto: bytes,
+    train_dir: Path,
+    tally: _Tally,
+    prefix_ids: Sequence[int] = (),
 ) -> None:
     """Pass 2 in the driver (`in_driver` inputs): the pairs and files `_write_train` writes."""
     options = {**dataclasses.asdict(cfg), "prefix_ids": list(prefix_ids)}
@@ -803,7 +813,7 @@ def _write_split(
     rel: str,
     here: bool,
     first: Optional[dict],
-    prefix_ids: list = (),
+    prefix_ids: Sequence[int] = (),
     where: str = "",
 ) -> dict:
     """Pass 2 over one corpus's inputs into tmp/`rel` (`prefix_ids` before every source); the
