@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import types
 import typing
@@ -66,6 +67,91 @@ class ModelConfig:
         )
 
 
+# Where a training corpus's pairs come from: real pairs, or "bt", sources made by
+# back-translating real target-side text (issue 29).
+ORIGINS = ("real", "bt")
+
+
+def _check_lang(lang: Any, where: str) -> None:
+    """A language code as `PrepareConfig` accepts it: letters, digits, '-' or '_'."""
+    _check(
+        isinstance(lang, str) and bool(lang) and lang.replace("-", "").replace("_", "").isalnum(),
+        f"{where}={lang!r} must be a language code such as en or pt_BR",
+    )
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """One training corpus: its languages, files, origin and weight, and its pair's eval sets."""
+
+    src_lang: str
+    tgt_lang: str
+    # Prefixes or files as `--train` takes them (raymt.data.prepare.source_from_spec);
+    # () means the built-in corpus (generated for these languages).
+    train: tuple[str, ...] = ()
+    # "real" pairs, or "bt": sources made by back-translating real target-side text.
+    origin: str = "real"
+    # Multiplies the corpus's size before the temperature: 2 at T=1 = the corpus twice per epoch.
+    weight: float = 1.0
+    # The pair's validation set (one per pair, on one of its corpora) and test sets.
+    valid: Optional[str] = None
+    test: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"corpus {self.src_lang}-{self.tgt_lang}"
+        _check_lang(self.src_lang, f"{where}: src_lang")
+        _check_lang(self.tgt_lang, f"{where}: tgt_lang")
+        _check(
+            self.src_lang != self.tgt_lang,
+            f"{where}: src_lang and tgt_lang are both {self.src_lang!r}: pick two languages",
+        )
+        _check(self.origin in ORIGINS, f"{where}: origin={self.origin!r} must be one of {', '.join(ORIGINS)}")
+        _check(
+            isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0,
+            f"{where}: weight={self.weight!r} must be a number > 0",
+        )
+        # Tables and flags may give one string or a list; the spec holds tuples.
+        object.__setattr__(self, "train", _paths(self.train, f"{where}: train"))
+        object.__setattr__(self, "test", _paths(self.test, f"{where}: test"))
+        _check(
+            self.valid is None or (isinstance(self.valid, str) and bool(self.valid)),
+            f"{where}: valid={self.valid!r} must be a prefix or file",
+        )
+        _check(
+            self.origin == "real" or bool(self.train),
+            f"{where}: a back-translated corpus needs files: pass --bt {self.pair}:PATH",
+        )
+        _check(
+            len(set(self.train)) == len(self.train),
+            f"{where}: a file is listed twice in train={list(self.train)}: list each once",
+        )
+
+    @property
+    def pair(self) -> str:
+        """ "en-de": the direction this corpus trains."""
+        return f"{self.src_lang}-{self.tgt_lang}"
+
+    @property
+    def name(self) -> str:
+        """ "en-de", or "en-de.bt" for back-translated pairs: its directory and its summary row."""
+        return self.pair if self.origin == "real" else f"{self.pair}.{self.origin}"
+
+    @property
+    def builtin(self) -> bool:
+        """Whether the pairs come from the built-in corpus."""
+        return not self.train
+
+
+def _paths(value: Any, where: str) -> tuple[str, ...]:
+    """A tuple of non-empty strings from one string or a list of them."""
+    items = (value,) if isinstance(value, str) else value
+    _check(
+        isinstance(items, (list, tuple)) and all(isinstance(v, str) and v for v in items),
+        f"{where}={value!r} must be a path or a list of paths",
+    )
+    return tuple(items)
+
+
 @dataclass
 class CorpusOptions:
     """How training pairs are tokenized and cleaned when a corpus is prepared: the same fields
@@ -87,10 +173,20 @@ class CorpusOptions:
     dedup: bool = False
     # Drop and count lines that are not valid UTF-8 instead of failing.
     skip_invalid: bool = False
+    # Several corpora are mixed with p_i ~ (weight_i * n_i)^(1/temperature) (raymt.data.inputs),
+    # and the SentencePiece sample is balanced the same way: 1 = proportional to size (as
+    # repeated --train files are concatenated), 5 as in M2M-100/XLM-R (small corpora up).
+    temperature: float = 1.0
+    # A reserved <BT> piece before every back-translated source (Caswell et al. 2019).
+    bt_tag: bool = True
 
     def check_corpus_options(self, section: str) -> None:
         """Validate the shared fields; messages name them as `section.field`."""
         _positive(self, section, "sp_sample_size", "max_len", "max_chars")
+        _check(
+            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0,
+            f"{section}.temperature={self.temperature!r} must be a number > 0 (1 = proportional, 5 flatter)",
+        )
         _check(
             self.sp_model_type in SP_MODEL_TYPES,
             f"{section}.sp_model_type={self.sp_model_type!r} must be one of {', '.join(SP_MODEL_TYPES)}",
@@ -138,6 +234,10 @@ class DataConfig(CorpusOptions):
     shape_buckets: int = 0
     shuffle_buffer_rows: int = 16384
     eval_batch_size: int = 64
+    # Several training corpora, each with its languages, files, origin ("real" or "bt"),
+    # weight and its pair's valid/test sets ([[data.corpora]] tables, or --train SRC-TGT:SPEC,
+    # --bt and --pairs flags); replaces src_lang/tgt_lang/train/valid/test. Empty: one pair.
+    corpora: list[CorpusSpec] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check(
@@ -177,7 +277,9 @@ class DataConfig(CorpusOptions):
             "data.corpus and data.train are both set: train either on a prepared corpus "
             "(--corpus) or on text files (--train)",
         )
-        if self.corpus is None and self.train is None:  # a corpus brings its own languages
+        if self.corpora:
+            self._check_corpora()
+        elif self.corpus is None and self.train is None:  # a corpus brings its own languages
             for lang in (self.src_lang, self.tgt_lang):
                 _check(
                     lang in BUILTIN_LANGS,
@@ -187,10 +289,33 @@ class DataConfig(CorpusOptions):
         elif self.train is not None:
             _check(self.valid is not None, "--train is set but --valid is not: pass a validation file prefix")
 
+    def _check_corpora(self) -> None:
+        """data.corpora: tables become CorpusSpecs, checked together (raymt.data.inputs); the
+        single-pair fields that they replace must be unset."""
+        from raymt.data.inputs import check_corpora, corpora_from_tables
+
+        _check(
+            isinstance(self.corpora, list),
+            f"data.corpora={self.corpora!r} must be a list of tables ([[data.corpora]] in TOML)",
+        )
+        if all(isinstance(c, CorpusSpec) for c in self.corpora):
+            check_corpora(self.corpora)
+        else:  # tables of a config file or config.json, checked as they are read
+            given = [dataclasses.asdict(c) if isinstance(c, CorpusSpec) else c for c in self.corpora]
+            self.corpora = corpora_from_tables(given)
+        for name in ("corpus", "train", "valid", "test"):
+            _check(
+                getattr(self, name) is None,
+                f"data.corpora and data.{name} are both set: give every corpus and its valid/test "
+                f"sets in data.corpora (--train/--valid/--test SRC-TGT:SPEC), or drop data.corpora",
+            )
+
     def sp_vocab_size(self) -> int:
         """The SentencePiece vocabulary size to train."""
         if self.vocab_size is not None:
             return self.vocab_size
+        if self.corpora:
+            return 1000 if all(c.builtin for c in self.corpora) else 8000
         return 1000 if self.train is None else 8000
 
 

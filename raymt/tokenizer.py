@@ -76,9 +76,14 @@ def train_tokenizer(
     sample_size: int = 200_000,
     seed: int = 1,
     num_threads: int = 1,
+    control_symbols: Sequence[str] = (),
 ) -> Tokenizer:
     """Train a joint SentencePiece model on a reservoir sample of at most `sample_size` lines,
-    with `num_threads` threads (the caller knows the machine: raymt.cluster.machine_cpus)."""
+    with `num_threads` threads (the caller knows the machine: raymt.cluster.machine_cpus).
+
+    `control_symbols` (tags such as <2de>, <BT>) get ids 4, 5, ... in order: never split,
+    never made from text (a literal "<2de>" stays text), dropped by `decode`.
+    """
     rng = random.Random(seed)
     sample: list[str] = []
     for n, line in enumerate(sentences):
@@ -91,6 +96,8 @@ def train_tokenizer(
     if not sample:
         raise ValueError("cannot train a tokenizer on an empty corpus")
     buffer = io.BytesIO()
+    # Passed only when there are some: a model without tags is trained exactly as before.
+    extra = {"control_symbols": list(control_symbols)} if control_symbols else {}
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sample),
         model_writer=buffer,
@@ -104,5 +111,6 @@ def train_tokenizer(
         hard_vocab_limit=False,
         num_threads=num_threads,
         minloglevel=2,
+        **extra,
     )
     return Tokenizer(buffer.getvalue())

@@ -60,14 +60,12 @@ def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
         "src_lang": "data.src_lang",
         "tgt_lang": "data.tgt_lang",
         "corpus": "data.corpus",
-        "train": "data.train",
-        "valid": "data.valid",
-        "test": "data.test",
         "storage_path": "train.storage_path",
         "name": "train.name",
     }
     for flag, field in flag_fields.items():
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"sets {field}")
+    add_input_flags(p)
     p.add_argument("--gpu", action="store_true", help="one GPU per worker (sets train.use_gpu)")
     p.add_argument(
         "--verbose",
@@ -76,6 +74,37 @@ def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
     )
     p.set_defaults(flag_fields=flag_fields)
     return p
+
+
+INPUT_HELP = (
+    "SPEC = [SRC-TGT:]LOCATION (a prefix, a .tsv/.jsonl/.parquet file or a URI); without "
+    "SRC-TGT: for data.src_lang-data.tgt_lang; repeatable"
+)
+
+
+def add_input_flags(p: argparse.ArgumentParser) -> None:
+    """--train/--valid/--test/--bt/--pairs: the corpora of a run (`raymt.data.inputs.input_overrides`)."""
+    p.add_argument("--train", action="append", default=[], metavar="SPEC", help=f"training pairs; {INPUT_HELP}")
+    p.add_argument(
+        "--valid", action="append", default=[], metavar="SPEC", help=f"one validation set per pair; {INPUT_HELP}"
+    )
+    p.add_argument("--test", action="append", default=[], metavar="SPEC", help=f"test set(s) of a pair; {INPUT_HELP}")
+    p.add_argument(
+        "--bt",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="back-translated pairs (a `raymt backtranslate` output directory, or files as --train) "
+        f"for the direction SRC-TGT trained; {INPUT_HELP}",
+    )
+    p.add_argument("--pairs", metavar="SRC-TGT,...", help="pairs of the built-in corpus, e.g. en-de,en-fr,de-en")
+
+
+def input_flags(args: argparse.Namespace, default_pair: tuple[str, str]) -> dict:
+    """The config fields that --train/--valid/--test/--bt/--pairs set (none when none is given)."""
+    from raymt.data.inputs import input_overrides
+
+    return input_overrides(args.train, args.bt, args.valid, args.test, args.pairs, default_pair)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -112,7 +141,11 @@ def build_config(
     flags = {field: getattr(args, flag) for flag, field in args.flag_fields.items() if getattr(args, flag) is not None}
     if args.gpu:
         flags["train.use_gpu"] = True
-    given = {**given, **flags, **parse_set_args(args.set)}
+    sets = parse_set_args(args.set)
+    # A bare SPEC is for the pair that the config file, flags and --set name.
+    lang = {**flags, **sets}
+    pair = (lang.get("data.src_lang", cfg.data.src_lang), lang.get("data.tgt_lang", cfg.data.tgt_lang))
+    given = {**given, **flags, **input_flags(args, pair), **sets}
     cfg = apply_overrides(cfg, given)
     if not new_run:
         return cfg
@@ -198,9 +231,14 @@ class RunData:
     """What a run trains and validates on, settled on the driver before Ray starts."""
 
     corpus: str  # a prepared corpus: given (data.corpus) or made in the run directory
-    eval_sets: dict  # "valid" and, when known, "test": (sources, references) in memory
+    # "valid" and, when known, "test": (sources, references) in memory; with several corpora
+    # (`mixed`) each maps a pair ("en-de") to its (sources, references), a test set per pair.
+    eval_sets: dict
     tokenizer: Optional[Tokenizer]  # known up front (corpus, resumed run, checkpoint) or None
     sources: Optional[list] = None  # inputs still to prepare into `corpus`
+    # Several corpora (data.corpora, or a raymt-corpus/2 --corpus): tags, a mix, sets per pair.
+    mixed: bool = False
+    corpora: Optional[list] = None  # data.corpora's prepare.CorpusInput list, still to prepare
 
 
 def plan_data(
@@ -210,8 +248,12 @@ def plan_data(
     from raymt.data import prepare
 
     known = _known_tokenizer(resume_dir, init_checkpoint)
+    if cfg.data.corpora:
+        return plan_corpora(cfg, run_dir, resume_dir, init_checkpoint, known)
     if cfg.data.corpus is not None:
         manifest = corpus_format.read_manifest(cfg.data.corpus)
+        if manifest["format"] == corpus_format.FORMAT_CORPORA:
+            return cfg, _prepared_corpora(cfg, manifest, known, init_checkpoint or resume_dir)
         cfg = apply_overrides(cfg, {"data.src_lang": manifest["src_lang"], "data.tgt_lang": manifest["tgt_lang"]})
         tokenizer = corpus_format.load_tokenizer(cfg.data.corpus, manifest)
         if known is not None and known.model_proto != tokenizer.model_proto:
@@ -254,6 +296,72 @@ def plan_data(
     return cfg, RunData(corpus_dir, splits, known, sources)
 
 
+def plan_corpora(
+    cfg: Config,
+    run_dir: str | Path,
+    resume_dir: Optional[str],
+    init_checkpoint: Optional[str | Path],
+    known: Optional[Tokenizer],
+) -> tuple[Config, RunData]:
+    """plan_data for data.corpora: each corpus's sources and each pair's validation and (first)
+    test set in memory, checked before Ray starts. One real corpus is today's single pair."""
+    from raymt.config import run_prepare_config
+    from raymt.data import inputs, prepare
+
+    specs = cfg.data.corpora
+    if not inputs.mixed(specs):  # its languages are the run's (the name, the test set's scorer)
+        cfg = apply_overrides(cfg, {"data.src_lang": specs[0].src_lang, "data.tgt_lang": specs[0].tgt_lang})
+    options = run_prepare_config(cfg)
+
+    def builtin_splits(spec, corpus_cfg) -> dict:
+        sizes = cfg.data.builtin_train_size, cfg.data.builtin_eval_size
+        made = builtin.builtin_splits(spec.src_lang, spec.tgt_lang, *sizes, cfg.train.seed)
+        return {split: prepare.Source(kind="pairs", pairs=pairs) for split, pairs in made.items()}
+
+    corpora = prepare.corpus_inputs(specs, options, builtin_splits)
+    valid, test = {}, {}
+    for c in corpora:
+        corpus_cfg = prepare.corpus_config(options, c.spec)
+        if c.valid:
+            valid[c.spec.pair] = prepare.read_eval(corpus_cfg, c.valid)
+        if c.test:
+            test[c.spec.pair] = prepare.read_eval(corpus_cfg, next(iter(c.test.values())))
+    if known is not None and inputs.mixed(specs):
+        prepare.check_tags(known, inputs.reserved_pieces(specs, cfg.data.bt_tag), str(init_checkpoint or resume_dir))
+    # Validation sets are prepared from memory, as a one-pair run's are (read once).
+    for c in corpora:
+        c.valid = [prepare.Source(kind="pairs", pairs=valid[c.spec.pair])] if c.valid else []
+    corpus_dir = storage.join(run_dir, CORPUS_DIR)
+    if resume_dir is not None and storage.exists(storage.join(corpus_dir, corpus_format.MANIFEST_FILE)):
+        corpora = None  # prepared when the run started
+    if not inputs.mixed(specs):
+        eval_sets = {"valid": valid[specs[0].pair], **({"test": test[specs[0].pair]} if test else {})}
+        return cfg, RunData(corpus_dir, eval_sets, known, corpora=corpora)
+    return cfg, RunData(corpus_dir, {"valid": valid, "test": test}, known, mixed=True, corpora=corpora)
+
+
+def _prepared_corpora(cfg: Config, manifest: dict, known: Optional[Tokenizer], given: Optional[str]) -> RunData:
+    """RunData of a prepared raymt-corpus/2 corpus: each pair's validation set and first test set."""
+    corpus = cfg.data.corpus
+    if cfg.data.valid or cfg.data.test:
+        raise ValueError(
+            f"--valid/--test PREFIX replace a one-pair corpus's sets, but {corpus} holds several "
+            "pairs: prepare it again with --valid/--test SRC-TGT:SPEC"
+        )
+    tokenizer = corpus_format.load_tokenizer(corpus, manifest)
+    if known is not None and known.model_proto != tokenizer.model_proto:
+        raise ValueError(
+            f"{given} has a different SentencePiece model than the corpus {corpus}: train from scratch on it"
+        )
+    valid, test = {}, {}
+    for pair in corpus_format.pairs(manifest):
+        valid[pair] = corpus_format.eval_pairs(corpus, manifest, "valid", pair)
+        tests = list(manifest["splits"].get("test", {}).get(pair, {}))
+        if tests:
+            test[pair] = corpus_format.eval_pairs(corpus, manifest, tests[0], pair)
+    return RunData(corpus, {"valid": valid, "test": test}, tokenizer, mixed=True)
+
+
 def _known_tokenizer(resume_dir: Optional[str], init_checkpoint: Optional[str | Path]) -> Optional[Tokenizer]:
     """The SentencePiece model a resumed run or a starting checkpoint already has."""
     for directory in (resume_dir, init_checkpoint):
@@ -263,17 +371,26 @@ def _known_tokenizer(resume_dir: Optional[str], init_checkpoint: Optional[str | 
     return None
 
 
-def materialize(cfg: Config, run_data: RunData) -> tuple[list[tuple[str, int]], Tokenizer]:
-    """Prepare the corpus if the run makes its own (Ray Data), then list its training shards."""
+def materialize(cfg: Config, run_data: RunData) -> tuple[list, Tokenizer]:
+    """Prepare the corpus if the run makes its own (Ray Data), then list its training shards:
+    a list of `Shard`s for one pair, a `format.Corpus` (its shards, tags, weight) per corpus
+    when the run has several (`run_data.mixed`)."""
     from raymt.config import run_prepare_config
     from raymt.data import prepare
 
-    if run_data.sources is not None:
+    if run_data.corpora is not None:
+        prepare.prepare_corpora(
+            run_prepare_config(cfg), run_data.corpus, run_data.corpora, tokenizer=run_data.tokenizer
+        )
+    elif run_data.sources is not None:
         options = run_prepare_config(cfg)
         valid = [prepare.Source(kind="pairs", pairs=run_data.eval_sets["valid"])]
         prepare.prepare_corpus(options, run_data.corpus, run_data.sources, valid, tokenizer=run_data.tokenizer)
     manifest = corpus_format.read_manifest(run_data.corpus)
-    return corpus_format.train_files(run_data.corpus, manifest), corpus_format.load_tokenizer(run_data.corpus, manifest)
+    tokenizer = corpus_format.load_tokenizer(run_data.corpus, manifest)
+    if run_data.mixed:
+        return corpus_format.corpora(run_data.corpus, manifest), tokenizer
+    return corpus_format.train_files(run_data.corpus, manifest), tokenizer
 
 
 SHAPE_FIELDS = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers", "pre_norm", "activation")
@@ -491,6 +608,11 @@ def run(
     if init_checkpoint is not None:  # before plan_data, which may generate the built-in corpus
         check_shape(cfg, init_checkpoint)
     cfg, run_data = plan_data(cfg, run_dir, resume_dir, init_checkpoint)
+    if run_data.mixed:
+        raise ValueError(
+            "training on several corpora (data.corpora with two or more, or back-translated pairs; "
+            "a raymt-corpus/2 --corpus) is not built yet: `raymt data prepare` makes their corpus"
+        )
     check_writable(run_dir)
     init_ray(dashboard=True, verbose=verbose)
     scaling(cfg)  # more workers or GPUs than the cluster has (or grows to): one line, before any data work

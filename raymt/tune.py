@@ -502,7 +502,7 @@ def shared_corpus(cfg: Config, sweep_dir: Path) -> Config:
         return cfg
     cfg, run_data = plan_data(cfg, sweep_dir, None, None)
     materialize(cfg, run_data)
-    return apply_overrides(cfg, {"data.corpus": run_data.corpus, "data.train": None})
+    return apply_overrides(cfg, {"data.corpus": run_data.corpus, "data.train": None, "data.corpora": []})
 
 
 def summarize(

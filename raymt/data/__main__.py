@@ -37,11 +37,27 @@ def prepare_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="SPEC",
-        help="PREFIX (PREFIX.<src>, PREFIX.<tgt>, optionally .gz/.xz/.zst), a .tsv or "
-        ".jsonl file (optionally compressed), or .parquet/.arrow file(s) (repeatable)",
+        help="[SRC-TGT:]PREFIX (PREFIX.<src>, PREFIX.<tgt>, optionally .gz/.xz/.zst), a .tsv or "
+        ".jsonl file (optionally compressed), or .parquet/.arrow file(s) (repeatable; SRC-TGT: "
+        "names the pair, default --src-(--tgt))",
     )
-    q.add_argument("--valid", metavar="SPEC", help="validation set, like --train")
+    q.add_argument(
+        "--valid", action="append", default=[], metavar="SPEC", help="validation set, like --train (one per pair)"
+    )
     q.add_argument("--test", action="append", default=[], metavar="SPEC", help="test set (repeatable)")
+    q.add_argument(
+        "--bt",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="back-translated pairs for the pair SRC-TGT trained: a `raymt backtranslate` output "
+        "directory (its bt.json names the model) or files as --train (repeatable)",
+    )
+    q.add_argument(
+        "--pairs",
+        metavar="SRC-TGT,...",
+        help="several pairs of the built-in corpus (or of --dataset), e.g. en-de,en-fr,de-en",
+    )
     q.add_argument(
         "--test-name",
         action="append",
@@ -56,7 +72,10 @@ def prepare_parser() -> argparse.ArgumentParser:
     q.add_argument("--cache-dir", help="with --dataset: download cache (default $RAYMT_CACHE or ~/.cache/raymt)")
     for f in dataclasses.fields(PrepareConfig):
         flag = "--" + FLAG_NAMES.get(f.name, f.name).replace("_", "-")
-        if f.type in (bool, "bool"):
+        if f.type in (bool, "bool") and f.default:
+            flag = "--no-" + flag[2:]
+            q.add_argument(flag, dest=f.name, action="store_false", default=None, help=f"unsets {f.name}")
+        elif f.type in (bool, "bool"):
             q.add_argument(flag, dest=f.name, action="store_true", help=f"sets {f.name}")
         else:
             q.add_argument(flag, dest=f.name, help=f"{f.name} (default {f.default})")
@@ -70,7 +89,7 @@ def prepare_config(args: argparse.Namespace) -> PrepareConfig:
     values = {}
     for f in dataclasses.fields(PrepareConfig):
         raw = getattr(args, f.name)
-        if raw is None or raw is False:
+        if raw is None or raw is f.default:
             continue
         flag = "--" + FLAG_NAMES.get(f.name, f.name).replace("_", "-")
         values[f.name] = raw if isinstance(raw, bool) else _parse_value(raw, hints[f.name], flag)
@@ -90,9 +109,11 @@ def prepare_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list,
         )
     if len(args.test_name) > len(args.test):
         raise ValueError(f"{len(args.test_name)} --test-name for {len(args.test)} --test: one name per test set")
+    if len(args.valid) > 1:
+        raise ValueError(f"--valid is given {len(args.valid)} times: one per pair (--valid SRC-TGT:SPEC)")
     train = [Source("text", pair) for pair in zip(args.src_file, args.tgt_file)]
     train += [spec(s) for s in args.train]
-    valid = [spec(args.valid)] if args.valid else []
+    valid = [spec(v) for v in args.valid]
     tests: dict[str, list] = {}
     for i, s in enumerate(args.test):
         name = args.test_name[i] if i < len(args.test_name) else spec_name(s)
@@ -112,6 +133,39 @@ def prepare_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list,
     splits = dataset_sources(args.dataset, cfg, args.cache_dir, args.mirror)
     train, dataset_valid = [splits.pop("train")], [splits.pop("valid")]
     return train, valid or dataset_valid, {**{k: [v] for k, v in splits.items()}, **tests}
+
+
+def several_corpora(args: argparse.Namespace) -> bool:
+    """Whether the flags name corpora with their languages (--bt, --pairs or a SRC-TGT: SPEC)."""
+    from raymt.data.inputs import split_spec
+
+    specs = [("--train", s) for s in args.train] + [("--valid", s) for s in args.valid]
+    specs += [("--test", s) for s in args.test]
+    return bool(args.bt or args.pairs) or any(split_spec(s, flag)[0] is not None for flag, s in specs)
+
+
+def prepare_corpora_inputs(args: argparse.Namespace, cfg: PrepareConfig) -> list:
+    """The corpora and their sources named by --train/--bt/--valid/--test SRC-TGT:SPEC and --pairs
+    (of the built-in corpus, or of --dataset); checked before Ray starts."""
+    from raymt.data.inputs import corpora_from_flags, parse_pairs, split_spec
+    from raymt.data.prepare import corpus_inputs
+
+    if args.src_file or args.tgt_file:
+        raise ValueError("--src-file/--tgt-file name one pair: with several, pass --train SRC-TGT:PREFIX")
+    if args.dataset is not None and not args.pairs:
+        raise ValueError("--dataset with several corpora: name its pairs with --pairs SRC-TGT,...")
+    if (args.mirror or args.cache_dir) and args.dataset is None:
+        raise ValueError("--mirror and --cache-dir only apply with --dataset")
+    if len(args.test_name) > len(args.test):
+        raise ValueError(f"{len(args.test_name)} --test-name for {len(args.test)} --test: one name per test set")
+    builtin = parse_pairs(args.pairs) if args.pairs else []
+    corpora = corpora_from_flags(args.train, args.bt, args.valid, args.test, (cfg.src_lang, cfg.tgt_lang), builtin)
+    names = {split_spec(s, "--test")[1]: name for s, name in zip(args.test, args.test_name)}
+
+    def splits(spec, corpus_cfg: PrepareConfig) -> dict:
+        return dataset_sources(args.dataset or "builtin", corpus_cfg, args.cache_dir, args.mirror)
+
+    return corpus_inputs(corpora, cfg, splits, args.src_col, args.tgt_col, names)
 
 
 def dataset_sources(name: str, cfg: PrepareConfig, cache_dir: Optional[str], mirror: Optional[str]) -> dict:
@@ -140,19 +194,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = prepare_parser().parse_args(argv)
     try:
-        from raymt.data.prepare import prepare_corpus
+        from raymt.data.prepare import prepare_corpora, prepare_corpus
 
         cfg = prepare_config(args)
-        train, valid, tests = prepare_sources(args, cfg)
-        prepare_corpus(
-            cfg,
-            args.out,
-            train,
-            valid,
-            tests,
-            overwrite=args.overwrite,
-            command=shlex.join(["python", "-m", "raymt.data", *argv]),
-        )
+        command = shlex.join(["python", "-m", "raymt.data", *argv])
+        if several_corpora(args):
+            corpora = prepare_corpora_inputs(args, cfg)
+            prepare_corpora(cfg, args.out, corpora, overwrite=args.overwrite, command=command)
+        else:
+            train, valid, tests = prepare_sources(args, cfg)
+            prepare_corpus(cfg, args.out, train, valid, tests, overwrite=args.overwrite, command=command)
     except ValueError as err:
         message = " ".join(str(err).split("\n"))  # one line, whatever the source
         print(f"raymt.data: error: {message}", file=sys.stderr)

@@ -8,13 +8,24 @@ Layout of a prepared corpus (paths in the manifest are relative to it):
     train/part-00000.parquet src_ids, tgt_ids: list<int32>, raw SentencePiece ids (no BOS/EOS)
     valid.parquet            src, tgt: stripped text; nothing dropped, every row is scored
     test/<name>.parquet      same as valid, one file per test set
+
+Several corpora (language pairs, back-translated pairs) make a `raymt-corpus/2` corpus, whose
+manifest lists them under "corpora" (docs/design-inputs.md, section 3):
+
+    spm.model                          the joint model; tag pieces (<2de>, <BT>) reserved
+    train/<name>/part-00000.parquet    per corpus (name en-de, or en-de.bt): src_ids start
+                                       with the corpus's source tags
+    valid/<pair>.parquet               one per pair, text (tags are put on when encoded)
+    test/<pair>/<name>.parquet         the pair's test sets
+
+`corpora(corpus, manifest)` reads either format (a /1 corpus is one real corpus).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import NamedTuple
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +37,10 @@ from raymt.storage import filesystem, read_bytes
 from raymt.tokenizer import EOS_ID, Tokenizer
 
 FORMAT = "raymt-corpus/1"
+# Several corpora with their languages and tags (raymt.data.prepare.prepare_corpora).
+FORMAT_CORPORA = "raymt-corpus/2"
+FORMATS = (FORMAT, FORMAT_CORPORA)
+VALID_DIR = "valid"
 MANIFEST_FILE = "manifest.json"
 SPM_FILE = "spm.model"
 VALID_FILE = "valid.parquet"
@@ -52,6 +67,24 @@ class Shard(NamedTuple):
 Files = list  # of Shard, or of (path, num_pairs) tuples
 
 
+class Corpus(NamedTuple):
+    """One training corpus of a prepared corpus: its languages, origin, tags and shards."""
+
+    name: str  # "en-de", or "en-de.bt" for back-translated pairs
+    src_lang: str
+    tgt_lang: str
+    origin: str  # "real" or "bt"
+    weight: float
+    source_tags: tuple  # pieces put before every training source, e.g. ("<2de>", "<BT>")
+    files: list  # of Shard
+    num_pairs: int
+
+    @property
+    def pair(self) -> str:
+        """ "en-de": the direction the corpus trains."""
+        return f"{self.src_lang}-{self.tgt_lang}"
+
+
 def token_index(num_tokens: np.ndarray, block_rows: int = TOKEN_INDEX_ROWS) -> list[int]:
     """Cumulative token counts after every `block_rows` rows and after the last row."""
     cumulative = np.cumsum(num_tokens, dtype=np.int64)
@@ -73,7 +106,7 @@ def read_manifest(corpus: str) -> dict:
         ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{uri} is not valid JSON ({err}): prepare the corpus again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS:
         found = manifest.get("format") if isinstance(manifest, dict) else None
         raise ValueError(
             f"{uri} has format {found!r}, not {FORMAT!r}: prepare the corpus again with this version of raymt"
@@ -81,17 +114,68 @@ def read_manifest(corpus: str) -> dict:
     return manifest
 
 
-def train_files(corpus: str, manifest: dict) -> list[Shard]:
-    """A `Shard` (path or URI, pairs, token index) per training shard, in order."""
+def _shards(corpus: str, train: dict) -> list[Shard]:
+    """The `Shard`s of a manifest's train entry, in order."""
     return [
-        Shard(storage.join(corpus, f["path"]), f["num_pairs"], tuple(f.get("token_index", ())))
-        for f in manifest["splits"]["train"]["files"]
+        Shard(storage.join(corpus, f["path"]), f["num_pairs"], tuple(f.get("token_index", ()))) for f in train["files"]
     ]
 
 
-def eval_pairs(corpus: str, manifest: dict, split: str) -> Pairs:
-    """The (sources, references) of "valid" or of a test set, every row."""
+def train_files(corpus: str, manifest: dict) -> list[Shard]:
+    """A `Shard` (path or URI, pairs, token index) per training shard, in order (one-corpus format)."""
+    if manifest["format"] != FORMAT:
+        raise ValueError(
+            f"{corpus} holds {len(manifest['corpora'])} corpora ({FORMAT_CORPORA}); this reads one-pair "
+            "corpora only: pass a corpus prepared from one pair"
+        )
+    return _shards(corpus, manifest["splits"]["train"])
+
+
+def corpora(corpus: str, manifest: dict) -> list[Corpus]:
+    """The training corpora of a prepared corpus, in manifest order; a `raymt-corpus/1` one is one
+    real, untagged corpus of its src_lang -> tgt_lang."""
+    if manifest["format"] == FORMAT:
+        train = manifest["splits"]["train"]
+        src, tgt = manifest["src_lang"], manifest["tgt_lang"]
+        return [Corpus(f"{src}-{tgt}", src, tgt, "real", 1.0, (), _shards(corpus, train), train["num_pairs"])]
+    return [
+        Corpus(
+            c["name"],
+            c["src_lang"],
+            c["tgt_lang"],
+            c["origin"],
+            c["weight"],
+            tuple(c["source_tags"]),
+            _shards(corpus, c["train"]),
+            c["train"]["num_pairs"],
+        )
+        for c in manifest["corpora"]
+    ]
+
+
+def pairs(manifest: dict) -> list[str]:
+    """The language pairs ("en-de") of a prepared corpus, in the order of its corpora."""
+    if manifest["format"] == FORMAT:
+        return [f"{manifest['src_lang']}-{manifest['tgt_lang']}"]
+    return list(dict.fromkeys(f"{c['src_lang']}-{c['tgt_lang']}" for c in manifest["corpora"]))
+
+
+def prefix_ids(manifest: dict, pair: str) -> list[int]:
+    """The ids put before a validation/test source of `pair`: its target tag when the corpus
+    reserves one (never <BT>); none for a one-pair corpus."""
+    reserved = manifest.get("tags", {}).get("reserved", {})
+    tag = f"<2{pair.split('-', 1)[1]}>"
+    return [reserved[tag]] if tag in reserved else []
+
+
+def eval_pairs(corpus: str, manifest: dict, split: str, pair: Optional[str] = None) -> Pairs:
+    """The (sources, references) of "valid" or of a test set, every row; of `pair` in a
+    several-corpora corpus."""
     splits = manifest["splits"]
+    if manifest["format"] == FORMAT_CORPORA:
+        if pair not in splits["valid"]:
+            raise ValueError(f"corpus {corpus} has no pair {pair!r}; it has: {', '.join(splits['valid'])}")
+        splits = {"valid": splits["valid"][pair], "test": splits.get("test", {}).get(pair, {})}
     entry = splits["valid"] if split == "valid" else splits.get("test", {}).get(split)
     if entry is None:
         known = ", ".join(["valid", *splits.get("test", {})])
@@ -114,8 +198,9 @@ def load_tokenizer(corpus: str, manifest: dict) -> Tokenizer:
     return Tokenizer(proto)
 
 
-def eval_rows(pairs: Pairs, tokenizer: Tokenizer, max_positions: int) -> list[dict]:
-    """In-memory validation/test rows with their index, sorted by length to limit padding.
+def eval_rows(pairs: Pairs, tokenizer: Tokenizer, max_positions: int, prefix_ids: Sequence[int] = ()) -> list[dict]:
+    """In-memory validation/test rows with their index, sorted by length to limit padding;
+    `prefix_ids` (a pair's target tag, `prefix_ids()`) go before every source.
 
     Nothing is dropped: over-long sources are truncated for decoding, and every
     reference still counts in BLEU.
@@ -123,8 +208,9 @@ def eval_rows(pairs: Pairs, tokenizer: Tokenizer, max_positions: int) -> list[di
     limit = max_positions - 2
     src_ids = tokenizer.encode_batch(pairs[0])
     tgt_ids = tokenizer.encode_batch(pairs[1])
+    prefix = list(prefix_ids)
     rows = [
-        {"index": i, "src_ids": s[:limit] + [EOS_ID], "tgt_ids": t[:limit]}
+        {"index": i, "src_ids": (prefix + s)[:limit] + [EOS_ID], "tgt_ids": t[:limit]}
         for i, (s, t) in enumerate(zip(src_ids, tgt_ids))
     ]
     rows.sort(key=lambda r: (len(r["src_ids"]), len(r["tgt_ids"])))

@@ -17,16 +17,17 @@ docs/design-inputs.md. Plain Python and numpy: the functions here are pure, so t
 from __future__ import annotations
 
 import math
+import os
 import re
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from raymt.config import BUILTIN_LANGS
+from raymt.config import BUILTIN_LANGS, CorpusSpec, _check_lang
 from raymt.data.format import TOKEN_INDEX_ROWS
+from raymt.data.text import COMPRESSED
 
-ORIGINS = ("real", "bt")
 BT_TAG = "<BT>"
 # Rows of one piece of the epoch's mixed schedule: the token index's block, so that a
 # worker's token share of a mixed epoch is cut at known counts.
@@ -42,86 +43,6 @@ def _check(ok: bool, message: str) -> None:
     """Raise a one-line ValueError for a user mistake when `ok` is false."""
     if not ok:
         raise ValueError(message)
-
-
-def _check_lang(lang: Any, where: str) -> None:
-    """A language code as `PrepareConfig` accepts it: letters, digits, '-' or '_'."""
-    _check(
-        isinstance(lang, str) and bool(lang) and lang.replace("-", "").replace("_", "").isalnum(),
-        f"{where}={lang!r} must be a language code such as en or pt_BR",
-    )
-
-
-@dataclass(frozen=True)
-class CorpusSpec:
-    """One training corpus: its languages, files, origin and weight, and its pair's eval sets."""
-
-    src_lang: str
-    tgt_lang: str
-    # Prefixes or files as `--train` takes them (raymt.data.prepare.source_from_spec);
-    # () means the built-in corpus (generated for these languages).
-    train: tuple[str, ...] = ()
-    # "real" pairs, or "bt": sources made by back-translating real target-side text.
-    origin: str = "real"
-    # Multiplies the corpus's size before the temperature: 2 at T=1 = the corpus twice per epoch.
-    weight: float = 1.0
-    # The pair's validation set (one per pair, on one of its corpora) and test sets.
-    valid: Optional[str] = None
-    test: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        where = f"corpus {self.src_lang}-{self.tgt_lang}"
-        _check_lang(self.src_lang, f"{where}: src_lang")
-        _check_lang(self.tgt_lang, f"{where}: tgt_lang")
-        _check(
-            self.src_lang != self.tgt_lang,
-            f"{where}: src_lang and tgt_lang are both {self.src_lang!r}: pick two languages",
-        )
-        _check(self.origin in ORIGINS, f"{where}: origin={self.origin!r} must be one of {', '.join(ORIGINS)}")
-        _check(
-            isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0,
-            f"{where}: weight={self.weight!r} must be a number > 0",
-        )
-        # Tables and flags may give one string or a list; the spec holds tuples.
-        object.__setattr__(self, "train", _paths(self.train, f"{where}: train"))
-        object.__setattr__(self, "test", _paths(self.test, f"{where}: test"))
-        _check(
-            self.valid is None or (isinstance(self.valid, str) and bool(self.valid)),
-            f"{where}: valid={self.valid!r} must be a prefix or file",
-        )
-        _check(
-            self.origin == "real" or bool(self.train),
-            f"{where}: a back-translated corpus needs files: pass --bt {self.pair}:PATH",
-        )
-        _check(
-            len(set(self.train)) == len(self.train),
-            f"{where}: a file is listed twice in train={list(self.train)}: list each once",
-        )
-
-    @property
-    def pair(self) -> str:
-        """ "en-de": the direction this corpus trains."""
-        return f"{self.src_lang}-{self.tgt_lang}"
-
-    @property
-    def name(self) -> str:
-        """ "en-de", or "en-de.bt" for back-translated pairs: its directory and its summary row."""
-        return self.pair if self.origin == "real" else f"{self.pair}.{self.origin}"
-
-    @property
-    def builtin(self) -> bool:
-        """Whether the pairs come from the built-in corpus."""
-        return not self.train
-
-
-def _paths(value: Any, where: str) -> tuple[str, ...]:
-    """A tuple of non-empty strings from one string or a list of them."""
-    items = (value,) if isinstance(value, str) else value
-    _check(
-        isinstance(items, (list, tuple)) and all(isinstance(v, str) and v for v in items),
-        f"{where}={value!r} must be a path or a list of paths",
-    )
-    return tuple(items)
 
 
 # ---------------------------------------------------------------- flags and tables
@@ -162,18 +83,29 @@ def split_spec(spec: str, flag: str) -> tuple[Optional[tuple[str, str]], str]:
 
 
 def corpora_from_flags(
-    train: Sequence[str], bt: Sequence[str], valid: Sequence[str], test: Sequence[str], default_pair: tuple[str, str]
+    train: Sequence[str],
+    bt: Sequence[str],
+    valid: Sequence[str],
+    test: Sequence[str],
+    default_pair: tuple[str, str],
+    builtin: Sequence[tuple[str, str]] = (),
 ) -> list[CorpusSpec]:
     """Corpora of repeated --train/--bt/--valid/--test SPECs, in order; a bare SPEC is `default_pair`'s.
 
     Specs of one pair and origin are one corpus (as repeated --train is today); a pair's
-    --valid and --test go to its first corpus.
+    --valid and --test go to its first corpus. `builtin` pairs (--pairs) come first, from the
+    built-in corpus (or the caller's --dataset).
     """
-    grouped: dict[tuple[str, str, str], list[str]] = {}
+    grouped: dict[tuple[str, str, str], list[str]] = {(*pair, "real"): [] for pair in builtin}
     for origin, flag, specs in (("real", "--train", train), ("bt", "--bt", bt)):
         for spec in specs:
             pair, location = split_spec(spec, flag)
-            grouped.setdefault((*(pair or default_pair), origin), []).append(location)
+            key = (*(pair or default_pair), origin)
+            _check(
+                key[:2] not in builtin or origin != "real",
+                f"--train {spec}: {'-'.join(key[:2])} also comes from --pairs: drop it from one of them",
+            )
+            grouped.setdefault(key, []).append(location)
     evals = {"valid": _eval_specs(valid, "--valid", default_pair), "test": _eval_specs(test, "--test", default_pair)}
     for kind, by_pair in evals.items():
         for pair in by_pair:
@@ -199,6 +131,54 @@ def corpora_from_flags(
         )
     check_corpora(corpora)
     return corpora
+
+
+def input_overrides(
+    train: Sequence[str],
+    bt: Sequence[str],
+    valid: Sequence[str],
+    test: Sequence[str],
+    pairs: Optional[str],
+    default_pair: tuple[str, str],
+) -> dict[str, Any]:
+    """Config fields of a run's data flags (`raymt train`, `raymt tune`): one real corpus of one
+    file and at most one test set sets today's data.src_lang/tgt_lang/train/valid/test
+    (`as_single_pair`); anything more sets data.corpora. Without --train/--bt/--pairs, a bare
+    --valid/--test overrides the sets of the built-in or a prepared (--corpus) corpus."""
+    if not (train or bt or pairs):
+        out: dict[str, Any] = {}
+        for flag, specs in (("valid", valid), ("test", test)):
+            _check(len(specs) <= 1, f"--{flag} is given {len(specs)} times: one without --train (or use SRC-TGT:SPEC)")
+            for spec in specs:
+                pair, location = split_spec(spec, f"--{flag}")
+                _check(pair is None, f"--{flag} {spec} names a pair with no --train, --bt or --pairs data")
+                out[f"data.{flag}"] = location
+        return out
+    builtin = parse_pairs(pairs) if pairs else []
+    corpora = corpora_from_flags(train, bt, valid, test, default_pair, builtin)
+    single = as_single_pair(corpora)
+    # data.train/valid/test hold text prefixes; a .tsv/.jsonl/Parquet input needs data.corpora.
+    if single is None or not all(text_prefix(v) for k, v in single.items() if k[5:] in SETS and v):
+        return {"data.corpora": corpora, "data.train": None, "data.valid": None, "data.test": None}
+    fields_ = {k: v for k, v in single.items() if v is not None or k in ("data.train",)}
+    return {**fields_, "data.corpora": []}
+
+
+SETS = ("train", "valid", "test")
+# Inputs that are files of pairs, not PREFIX.<lang> text files (raymt.data.prepare.source_from_spec).
+TABLE_SUFFIXES = (".tsv", ".jsonl", ".ndjson", ".parquet", ".arrow", ".feather", ".ipc")
+
+
+def text_prefix(spec: str) -> bool:
+    """Whether a SPEC's location names PREFIX.<src> and PREFIX.<tgt> text files, not a
+    .tsv/.jsonl/Parquet file or a directory."""
+    lower = spec.lower()
+    for suffix in COMPRESSED:
+        if lower.endswith(suffix):
+            lower = lower[: -len(suffix)]
+            break
+    local_dir = "://" not in spec and os.path.isdir(spec)
+    return not (lower.endswith(TABLE_SUFFIXES) or spec.endswith("/") or local_dir)
 
 
 def _eval_specs(specs: Sequence[str], flag: str, default_pair: tuple[str, str]) -> dict[tuple[str, str], list[str]]:
@@ -252,6 +232,12 @@ def as_single_pair(corpora: Sequence[CorpusSpec]) -> Optional[dict[str, Optional
         "data.train": (c.train or (None,))[0],
         "data.test": (c.test or (None,))[0],
     }
+
+
+def mixed(corpora: Sequence[CorpusSpec]) -> bool:
+    """Whether corpora need tags, a mix and the `raymt-corpus/2` format: several corpora, or a
+    back-translated one (one real corpus is today's single pair, whatever its files)."""
+    return len(corpora) > 1 or any(c.origin != "real" for c in corpora)
 
 
 def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> None:

@@ -34,7 +34,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,19 +44,22 @@ import pyarrow.parquet as pq
 import raymt
 from raymt import storage
 from raymt.cluster import init_ray, machine_cpus
-from raymt.config import PrepareConfig
+from raymt.config import CorpusSpec, PrepareConfig
 from raymt.data.format import (
     COLUMNS,
     FORMAT,
+    FORMAT_CORPORA,
     MANIFEST_FILE,
     MAX_BLOCK_BYTES,
     SPM_FILE,
     TEST_DIR,
     TRAIN_DIR,
+    VALID_DIR,
     VALID_FILE,
     read_manifest,
     token_index,
 )
+from raymt.data.inputs import check_corpora, mixed, reserved_pieces, sample_sizes, source_tags, target_langs
 from raymt.data.text import COMPRESSED, decode, lines, resolve
 from raymt.storage import InputError, filesystem, first_line
 from raymt.tokenizer import Tokenizer, train_tokenizer
@@ -75,6 +78,8 @@ DRIVER_PAIRS = 50_000  # pairs given in memory
 DRIVER_BYTES = 2 << 20  # bytes of input files, as stored (compressed or not)
 # Counts that both passes make (the second re-reads the inputs: they must not have changed).
 READ_COUNTS = ("input", "invalid_utf8", "empty", "too_long_chars")
+# PrepareConfig fields that only several corpora use (left out of a one-pair manifest).
+CORPORA_OPTIONS = ("temperature", "bt_tag")
 TEST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -387,11 +392,17 @@ def check_sources(
     return inputs
 
 
+def single_pair_options(cfg: PrepareConfig) -> dict:
+    """The options of a one-pair corpus, as before corpora had tags and temperatures: a corpus
+    prepared by an older raymt keeps its fingerprint ("already prepared")."""
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in CORPORA_OPTIONS}
+
+
 def fingerprint(cfg: PrepareConfig, inputs: list[dict], tokenizer: Optional[Tokenizer]) -> str:
     """sha256 of everything the corpus depends on: options, inputs (paths, sizes, mtimes), tokenizer."""
     sp = hashlib.sha256(tokenizer.model_proto).hexdigest() if tokenizer is not None else None
     blob = json.dumps(
-        {"format": FORMAT, "options": dataclasses.asdict(cfg), "inputs": inputs, "tokenizer": sp}, sort_keys=True
+        {"format": FORMAT, "options": single_pair_options(cfg), "inputs": inputs, "tokenizer": sp}, sort_keys=True
     )
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -494,6 +505,9 @@ def _tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: A
     src, tgt = table.column("src").to_pylist(), table.column("tgt").to_pylist()
     keep = _clean(src, tgt, options["max_chars"], counts)
     src_ids = tokenizer.encode_batch([src[i] for i in keep])
+    prefix = options.get("prefix_ids") or []  # the corpus's tags (prepare_corpora), counted by the length rules
+    if prefix:
+        src_ids = [prefix + ids for ids in src_ids]
     tgt_ids = tokenizer.encode_batch([tgt[i] for i in keep])
     out_src, out_tgt, hashes = [], [], []
     key = _hash_key(options["seed"])
@@ -624,11 +638,19 @@ def _shard_names():
     return ShardNames()
 
 
-def _write_train(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, train_dir: Path, tally: Any) -> None:
-    """Pass 2: read, tokenize in parallel tasks, filter, de-duplicate and write Parquet shards."""
+def _write_train(
+    cfg: PrepareConfig,
+    specs: list[dict],
+    model_proto: bytes,
+    train_dir: Path,
+    tally: Any,
+    prefix_ids: Sequence[int] = (),
+) -> None:
+    """Pass 2: read, tokenize in parallel tasks, filter, de-duplicate and write Parquet shards
+    (`prefix_ids` before every source)."""
     import ray.data
 
-    options = dataclasses.asdict(cfg)
+    options = {**dataclasses.asdict(cfg), "prefix_ids": list(prefix_ids)}
     # Read tasks run on this machine, where local inputs are; one task reads a whole input.
     ds = _inputs_dataset(specs).map_batches(
         _read_inputs,
@@ -678,10 +700,15 @@ def _write_train(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, trai
 
 
 def _write_train_here(
-    cfg: PrepareConfig, specs: list[dict], model_proto: bytes, train_dir: Path, tally: _Tally
+    cfg: PrepareConfig,
+    specs: list[dict],
+    model_proto: bytes,
+    train_dir: Path,
+    tally: _Tally,
+    prefix_ids: Sequence[int] = (),
 ) -> None:
     """Pass 2 in the driver (`in_driver` inputs): the pairs and files `_write_train` writes."""
-    options = dataclasses.asdict(cfg)
+    options = {**dataclasses.asdict(cfg), "prefix_ids": list(prefix_ids)}
     inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
     read = list(_read_inputs(inputs, specs, options, tally))
     read = pa.concat_tables(read) if read else pa.table({"src": [], "tgt": []})
@@ -696,8 +723,9 @@ def _write_train_here(
         pq.write_table(kept.slice(lo, cfg.shard_pairs), train_dir / f"driver_000000-{i}.parquet")
 
 
-def _name_shards(train_dir: Path, shard_pairs: int) -> list[dict]:
-    """Rename the written files to part-00000.parquet ... in dataset order; their manifest entries."""
+def _name_shards(train_dir: Path, shard_pairs: int, rel: str = TRAIN_DIR) -> list[dict]:
+    """Rename the written files to part-00000.parquet ... in dataset order; their manifest entries
+    (paths `rel`/part-...)."""
 
     def order(path: Path) -> tuple[int, int]:
         match = re.search(r"_(\d+)-(\d+)\.parquet$", path.name)
@@ -713,7 +741,7 @@ def _name_shards(train_dir: Path, shard_pairs: int) -> list[dict]:
             raise RuntimeError(f"Ray Data wrote {num_pairs} rows to {dest}, over shard_pairs={shard_pairs}")
         files.append(
             {
-                "path": f"{TRAIN_DIR}/{dest.name}",
+                "path": f"{rel}/{dest.name}",
                 "num_pairs": num_pairs,
                 "sha256": _sha256_file(dest),
                 "token_index": _shard_token_index(dest),
@@ -743,10 +771,10 @@ def _drop_summary(counts: dict) -> str:
     return ", ".join(f"{rule} {counts[rule]}" for rule in DROP_RULES if counts.get(rule)) or "none"
 
 
-def _all_dropped(total: int, counts: dict) -> ValueError:
-    """The error for a training set that the cleaning rules emptied."""
+def _all_dropped(total: int, counts: dict, where: str = "") -> ValueError:
+    """The error for a training set that the cleaning rules emptied (`where`: which corpus)."""
     return ValueError(
-        f"all {total} training pairs were dropped ({_drop_summary(counts)}): check the "
+        f"{where}all {total} training pairs were dropped ({_drop_summary(counts)}): check the "
         "inputs, or relax --max-len/--max-chars/--max-ratio/--ratio-min-len"
     )
 
@@ -756,8 +784,6 @@ def _train_split(
 ) -> tuple[dict, Tokenizer]:
     """Both passes over the training inputs (in the driver when `here`, else with Ray Data); the
     manifest's train entry and the tokenizer."""
-    import ray
-
     first = None
     if tokenizer is None:
         _progress(f"reading {len(specs)} training input(s) and sampling for SentencePiece")
@@ -776,14 +802,32 @@ def _train_split(
             num_threads=machine_cpus(),
         )
     _progress("tokenizing and writing training shards")
+    return _write_split(cfg, specs, tokenizer.model_proto, tmp, TRAIN_DIR, here, first), tokenizer
+
+
+def _write_split(
+    cfg: PrepareConfig,
+    specs: list[dict],
+    model_proto: bytes,
+    tmp: Path,
+    rel: str,
+    here: bool,
+    first: Optional[dict],
+    prefix_ids: Sequence[int] = (),
+    where: str = "",
+) -> dict:
+    """Pass 2 over one corpus's inputs into tmp/`rel` (`prefix_ids` before every source); the
+    manifest's train entry, checked against pass 1's counts (`first`, when it ran)."""
+    import ray
+
     if here:
         tally = _Tally()
-        _write_train_here(cfg, specs, tokenizer.model_proto, tmp / TRAIN_DIR, tally)
+        _write_train_here(cfg, specs, model_proto, tmp / rel, tally, prefix_ids)
         counts = tally.total()
     else:
         tally = ray.remote(num_cpus=0)(_Tally).remote()
         try:
-            _write_train(cfg, specs, tokenizer.model_proto, tmp / TRAIN_DIR, tally)
+            _write_train(cfg, specs, model_proto, tmp / rel, tally, prefix_ids)
             counts = ray.get(tally.total.remote())
         finally:
             ray.kill(tally)
@@ -792,8 +836,8 @@ def _train_split(
     dropped = {rule: counts.get(rule, 0) for rule in DROP_RULES}
     kept = counts.get("input", 0) - sum(dropped.values())
     if kept == 0:
-        raise _all_dropped(counts.get("input", 0), dropped)
-    files = _name_shards(tmp / TRAIN_DIR, cfg.shard_pairs)
+        raise _all_dropped(counts.get("input", 0), dropped, where)
+    files = _name_shards(tmp / rel, cfg.shard_pairs, rel)
     assert kept == sum(f["num_pairs"] for f in files), (kept, files)
     return {
         "files": files,
@@ -802,11 +846,11 @@ def _train_split(
         "tgt_tokens": counts.get("tgt_tokens", 0),
         "input_pairs": counts.get("input", 0),
         "dropped": dropped,
-    }, tokenizer
+    }
 
 
-def _eval_split(cfg: PrepareConfig, sources: list[Source], path: Path) -> int:
-    """Read a validation/test set on the driver and write it whole (stripped, nothing dropped)."""
+def read_eval(cfg: PrepareConfig, sources: list[Source]) -> tuple[list[str], list[str]]:
+    """A validation/test set read whole on the driver: (sources, references), stripped, nothing dropped."""
     # Invalid bytes become U+FFFD under --skip-invalid: a dropped line would misalign scoring.
     on_invalid = "replace" if cfg.skip_invalid else "error"
     src: list[str] = []
@@ -815,6 +859,12 @@ def _eval_split(cfg: PrepareConfig, sources: list[Source], path: Path) -> int:
         for s, t, _ in _pair_chunks(_task_spec(source, cfg), on_invalid, Counter()):
             src += s
             tgt += t
+    return src, tgt
+
+
+def _eval_split(cfg: PrepareConfig, sources: list[Source], path: Path) -> int:
+    """Read a validation/test set on the driver and write it whole (stripped, nothing dropped)."""
+    src, tgt = read_eval(cfg, sources)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string())}), path)
     return len(src)
@@ -858,10 +908,21 @@ def _existing(out: str, fp: str, overwrite: bool) -> Optional[dict]:
 
 def _complete(out: str, manifest: dict) -> bool:
     """Whether every file the manifest names is there."""
+    if manifest.get("format") == FORMAT_CORPORA:
+        return _complete_corpora(out, manifest)
     splits = manifest.get("splits", {})
     paths = [f["path"] for f in splits.get("train", {}).get("files", [])]
     paths += [splits.get("valid", {}).get("path", VALID_FILE), SPM_FILE]
     paths += [t["path"] for t in splits.get("test", {}).values()]
+    return all(storage.exists(storage.join(out, p)) for p in paths)
+
+
+def _complete_corpora(out: str, manifest: dict) -> bool:
+    """Whether every file a `raymt-corpus/2` manifest names is there."""
+    splits = manifest.get("splits", {})
+    paths = [f["path"] for c in manifest.get("corpora", []) for f in c["train"]["files"]]
+    paths += [v["path"] for v in splits.get("valid", {}).values()] + [SPM_FILE]
+    paths += [t["path"] for tests in splits.get("test", {}).values() for t in tests.values()]
     return all(storage.exists(storage.join(out, p)) for p in paths)
 
 
@@ -984,7 +1045,7 @@ def prepare_corpus(
     try:
         manifest = _build(cfg, tmp, train, valid, test or {}, tokenizer, here)
         manifest.update(
-            options=dataclasses.asdict(cfg),
+            options=single_pair_options(cfg),
             inputs=inputs,
             fingerprint=fp,
             command=command,
@@ -1117,3 +1178,352 @@ def source_from_spec(
     if files is not None:
         return Source("parquet", files, src_col, tgt_col)
     return _text_pair(spec, cfg)
+
+
+# ---------------------------------------------------------------- several corpora: raymt-corpus/2
+
+# Written by `raymt backtranslate` beside its Parquet shards (line_id, input, output, score):
+# {"src_lang", "tgt_lang", ...} of the model that translated `input` into `output`.
+BT_META = "bt.json"
+
+
+@dataclass
+class CorpusInput:
+    """One training corpus to prepare: its spec (languages, origin, weight) and its sources; the
+    validation set and test sets of its pair ride on the pair's first corpus."""
+
+    spec: CorpusSpec
+    train: list[Source]
+    valid: list[Source] = dataclasses.field(default_factory=list)
+    test: dict[str, list[Source]] = dataclasses.field(default_factory=dict)
+
+
+def corpus_config(cfg: PrepareConfig, spec: CorpusSpec) -> PrepareConfig:
+    """`cfg` for one corpus: its languages name text files (PREFIX.<lang>) and default columns."""
+    return dataclasses.replace(cfg, src_lang=spec.src_lang, tgt_lang=spec.tgt_lang)
+
+
+def corpus_inputs(
+    corpora: list[CorpusSpec],
+    cfg: PrepareConfig,
+    builtin_splits: Callable[[CorpusSpec, PrepareConfig], dict[str, Source]],
+    src_col: Optional[str] = None,
+    tgt_col: Optional[str] = None,
+    test_names: Optional[dict[str, str]] = None,
+) -> list[CorpusInput]:
+    """The sources of each corpus: its files (a `--bt` directory of `raymt backtranslate` read as
+    output -> input), or `builtin_splits` (the built-in corpus or a --dataset) for one without
+    files, whose valid and test splits go to the pair unless it names its own."""
+    out, seen = [], set()
+    for c in corpora:
+        ccfg = corpus_config(cfg, c)
+        first = c.pair not in seen
+        seen.add(c.pair)
+        given = builtin_splits(c, ccfg) if c.builtin else {}
+
+        def spec(location: str) -> Source:
+            return source_from_spec(location, ccfg, src_col, tgt_col)  # noqa: B023 (used at once)
+
+        if c.builtin:
+            train = [given.pop("train")]
+        else:
+            train = [bt_source(loc, c, ccfg) if c.origin == "bt" else spec(loc) for loc in c.train]
+        valid = [spec(c.valid)] if c.valid else []
+        if first and not valid and "valid" in given:
+            valid = [given["valid"]]
+        given.pop("valid", None)
+        tests = {name: [source] for name, source in given.items()} if first else {}
+        for location in c.test:
+            name = (test_names or {}).get(location) or spec_name(location)
+            if name in tests:
+                raise ValueError(f"{c.pair}: two test sets are named {name!r}: pass --test-name for each")
+            tests[name] = [spec(location)]
+        out.append(CorpusInput(c, train, valid, tests))
+    return out
+
+
+def bt_source(location: str, corpus: CorpusSpec, cfg: PrepareConfig) -> Source:
+    """The pairs of a `--bt SRC-TGT:LOCATION`: a `raymt backtranslate` output directory (its
+    `bt.json` names the model's languages: a TGT->SRC model made SRC `output` from TGT `input`,
+    so the source is `output` and the target `input`), else files as --train takes them."""
+    meta_uri = storage.join(location, BT_META)
+    if storage.file_type(location) != pafs.FileType.Directory or not storage.exists(meta_uri):
+        return source_from_spec(location, cfg)
+    where = f"--bt {corpus.pair}:{location}"
+    try:
+        meta = json.loads(storage.read_bytes(meta_uri))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where}: {BT_META} is not valid JSON ({err}): run raymt backtranslate again") from None
+    if not isinstance(meta, dict) or not all(isinstance(meta.get(k), str) for k in ("src_lang", "tgt_lang")):
+        raise ValueError(f"{where}: {BT_META} names no src_lang and tgt_lang: run raymt backtranslate again")
+    made, trains = f"{meta['src_lang']}-{meta['tgt_lang']}", f"{meta['tgt_lang']}-{meta['src_lang']}"
+    if trains != corpus.pair:
+        raise ValueError(
+            f"{where}: {BT_META} says a {made.replace('-', '->')} model made these pairs, so they train "
+            f"{trains}, not {corpus.pair}: pass --bt {trains}:{location} (or back-translate with a "
+            f"{corpus.tgt_lang}->{corpus.src_lang} model)"
+        )
+    if meta.get("done") is False:
+        raise ValueError(f"{where}: the back-translation is not finished: run the same raymt backtranslate again")
+    names = [n for n in storage.listdir(location) if n.endswith(".parquet") and not n.startswith((".", "_"))]
+    if not names:
+        raise ValueError(f"{where}: no .parquet shards beside {BT_META}: run raymt backtranslate again")
+    names.sort(key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)])  # part-2 < part-10
+    return Source("parquet", tuple(storage.join(location, n) for n in names), "output", "input")
+
+
+def check_corpus_inputs(cfg: PrepareConfig, corpora: list[CorpusInput]) -> list[dict]:
+    """Check every input of every corpus on the driver before Ray starts; their descriptions."""
+    check_corpora([c.spec for c in corpora], need_valid=False)
+    inputs = []
+    for c in corpora:
+        ccfg = corpus_config(cfg, c.spec)
+        if not c.train:
+            raise ValueError(f"corpus {c.spec.name} has no training data: pass --train {c.spec.pair}:PATH")
+        inputs += [{**_check_source(s, ccfg, "train"), "corpus": c.spec.name} for s in c.train]
+        inputs += [{**_check_source(s, ccfg, f"valid:{c.spec.pair}")} for s in c.valid]
+        for name, sources in c.test.items():
+            if not TEST_NAME.match(name) or not sources:
+                raise ValueError(f"test set name {name!r} must be letters, digits, '_', '.' or '-'")
+            inputs += [_check_source(s, ccfg, f"test:{c.spec.pair}:{name}") for s in sources]
+    for pair in dict.fromkeys(c.spec.pair for c in corpora):
+        given = sum(len(c.valid) > 0 for c in corpora if c.spec.pair == pair)
+        if given != 1:
+            raise ValueError(f"pair {pair} has {given} validation sets: pass one --valid {pair}:PREFIX")
+    return inputs
+
+
+def corpora_fingerprint(
+    cfg: PrepareConfig, corpora: list[CorpusInput], inputs: list[dict], tokenizer: Optional[Tokenizer]
+) -> str:
+    """sha256 of everything a corpus of several corpora depends on: options, corpora, inputs, tokenizer."""
+    sp = hashlib.sha256(tokenizer.model_proto).hexdigest() if tokenizer is not None else None
+    specs = [{k: getattr(c.spec, k) for k in ("src_lang", "tgt_lang", "origin", "weight")} for c in corpora]
+    blob = json.dumps(
+        {
+            "format": FORMAT_CORPORA,
+            "options": _corpora_options(cfg),
+            "corpora": specs,
+            "inputs": inputs,
+            "tokenizer": sp,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _corpora_options(cfg: PrepareConfig) -> dict:
+    """The options of a corpus of several corpora (each corpus names its own languages)."""
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("src_lang", "tgt_lang")}
+
+
+def check_tags(tokenizer: Tokenizer, reserved: list[str], where: str) -> None:
+    """A given SentencePiece model (a checkpoint's, a run's) must reserve the corpora's tags as
+    control symbols with ids 4, 5, ... in order; a one-line error otherwise."""
+    wrong = [
+        p
+        for i, p in enumerate(reserved, 4)
+        if tokenizer.sp.piece_to_id(p) != i or not tokenizer.sp.is_control(tokenizer.sp.piece_to_id(p))
+    ]
+    if wrong:
+        raise ValueError(
+            f"{where}: its SentencePiece model does not reserve the tag(s) {', '.join(wrong)} that these "
+            "corpora need: train from scratch, or on corpora with the same languages and origins"
+        )
+
+
+def prepare_corpora(
+    cfg: PrepareConfig,
+    out: str,
+    corpora: list[CorpusInput],
+    tokenizer: Optional[Tokenizer] = None,
+    overwrite: bool = False,
+    command: Optional[str] = None,
+) -> dict:
+    """Prepare several corpora into one `raymt-corpus/2` directory (one joint SentencePiece model
+    with the tags reserved, shards per corpus, sets per pair); returns the manifest. One real
+    corpus is today's `raymt-corpus/1` corpus, made by `prepare_corpus`."""
+    specs = [c.spec for c in corpora]
+    if not mixed(specs):
+        (c,) = corpora
+        return prepare_corpus(corpus_config(cfg, c.spec), out, c.train, c.valid, c.test, tokenizer, overwrite, command)
+    t0 = time.time()
+    out = storage.normalize(out)
+    inputs = check_corpus_inputs(cfg, corpora)
+    reserved = reserved_pieces(specs, cfg.bt_tag)
+    if tokenizer is not None:
+        check_tags(tokenizer, reserved, "the given model")
+    fp = corpora_fingerprint(cfg, corpora, inputs, tokenizer)
+    manifest = _existing(out, fp, overwrite)
+    if manifest is not None:
+        print(f"prepare: {out} already prepared (same inputs and options)", flush=True)
+        return manifest
+    # Each corpus is prepared in the driver when it is small (`in_driver`), else with Ray Data.
+    here = [in_driver([i for i in inputs if i.get("corpus") == c.spec.name]) for c in corpora]
+    if not all(here):
+        init_ray()
+    tmp = _staging(out)
+    try:
+        manifest = _build_corpora(cfg, tmp, corpora, reserved, tokenizer, here)
+        manifest.update(
+            options=_corpora_options(cfg),
+            inputs=inputs,
+            fingerprint=fp,
+            command=command,
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            raymt_version=raymt.__version__,
+        )
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        _install(tmp, out)
+    except Exception as err:
+        user = _user_error(err)
+        if user is not None:
+            raise user from None
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_corpora_summary(manifest, out, time.time() - t0)
+    return manifest
+
+
+def _eval_splits_of(cfg: PrepareConfig, corpora: list[CorpusInput], tmp: Path) -> dict:
+    """Write each pair's validation set and test sets (text, nothing dropped); the manifest's entries."""
+    valid: dict[str, dict] = {}
+    tests: dict[str, dict] = {}
+    for c in corpora:
+        ccfg, pair = corpus_config(cfg, c.spec), c.spec.pair
+        if c.valid:
+            path = f"{VALID_DIR}/{pair}.parquet"
+            valid[pair] = {"path": path, "num_pairs": _eval_split(ccfg, c.valid, tmp / path)}
+        for name, sources in c.test.items():
+            path = f"{TEST_DIR}/{pair}/{name}.parquet"
+            tests.setdefault(pair, {})[name] = {"path": path, "num_pairs": _eval_split(ccfg, sources, tmp / path)}
+    return {"valid": valid, "test": tests}
+
+
+def _build_corpora(
+    cfg: PrepareConfig,
+    tmp: Path,
+    corpora: list[CorpusInput],
+    reserved: list[str],
+    tokenizer: Optional[Tokenizer],
+    here: list[bool],
+) -> dict:
+    """Write every file of a corpus of several corpora into `tmp` (corpus i in the driver when
+    `here[i]`); the manifest without its bookkeeping."""
+    splits = _eval_splits_of(cfg, corpora, tmp)  # the small sets first: their errors come early
+    specs = [[_task_spec(s, corpus_config(cfg, c.spec)) for s in c.train] for c in corpora]
+    with contextlib.nullcontext() if all(here) else _ray_data_settings():
+        firsts: list[Optional[dict]] = [None] * len(corpora)
+        if tokenizer is None:
+            tokenizer, firsts = _joint_tokenizer(cfg, corpora, specs, reserved, here)
+        ids = {piece: tokenizer.sp.piece_to_id(piece) for piece in reserved}
+        entries = []
+        for c, task_specs, first, in_here in zip(corpora, specs, firsts, here):
+            tags = source_tags(c.spec, reserved)
+            _progress(f"{c.spec.name}: tokenizing and writing training shards" + (f" ({' '.join(tags)})" * bool(tags)))
+            train = _write_split(
+                corpus_config(cfg, c.spec),
+                task_specs,
+                tokenizer.model_proto,
+                tmp,
+                f"{TRAIN_DIR}/{c.spec.name}",
+                in_here,
+                first,
+                [ids[t] for t in tags],
+                f"corpus {c.spec.name}: ",
+            )
+            entries.append(
+                {
+                    "name": c.spec.name,
+                    "src_lang": c.spec.src_lang,
+                    "tgt_lang": c.spec.tgt_lang,
+                    "origin": c.spec.origin,
+                    "weight": c.spec.weight,
+                    "source_tags": tags,
+                    "train": train,
+                }
+            )
+    (tmp / SPM_FILE).write_bytes(tokenizer.model_proto)
+    return {
+        "format": FORMAT_CORPORA,
+        "vocab_size": tokenizer.sp.get_piece_size(),
+        "sp_model_type": cfg.sp_model_type,
+        "sp_model_sha256": hashlib.sha256(tokenizer.model_proto).hexdigest(),
+        "corpora": entries,
+        "tags": {"target_langs": target_langs([c.spec for c in corpora]), "reserved": ids},
+        "splits": splits,
+    }
+
+
+def _joint_tokenizer(
+    cfg: PrepareConfig, corpora: list[CorpusInput], specs: list[list[dict]], reserved: list[str], here: list[bool]
+) -> tuple[Tokenizer, list[dict]]:
+    """Pass 1 per corpus (a bottom-k hash sample and counts), then one SentencePiece model on the
+    k_i smallest hashes of corpus i, k_i the temperature's share of sp_sample_size (`sample_sizes`),
+    the tags reserved; the tokenizer and each corpus's pass-1 counts."""
+    samples, firsts, sizes = [], [], []
+    for c, task_specs, in_here in zip(corpora, specs, here):
+        _progress(f"{c.spec.name}: reading {len(task_specs)} training input(s) and sampling for SentencePiece")
+        sentences, first = (_sample_here if in_here else _sample)(corpus_config(cfg, c.spec), task_specs)
+        if not sentences:
+            raise _all_dropped(first["input"], first, f"corpus {c.spec.name}: ")
+        samples.append(sentences)
+        firsts.append(first)
+        # Pairs that pass the text rules: the corpus's size as far as pass 1 knows it.
+        sizes.append(first["input"] - sum(first.get(rule, 0) for rule in READ_COUNTS[1:]))
+    shares = sample_sizes(sizes, cfg.sp_sample_size, cfg.temperature, [c.spec.weight for c in corpora])
+    joint: list[str] = []
+    for sentences, k in zip(samples, shares):
+        half = len(sentences) // 2  # src then tgt, each ordered by hash: the first k are the k smallest
+        joint += sentences[:k] + sentences[half : half + k]
+    _progress(
+        f"training SentencePiece ({cfg.sp_model_type}, {cfg.vocab_size} pieces) on {len(joint) // 2} pairs "
+        f"({', '.join(f'{c.spec.name} {k}' for c, k in zip(corpora, shares))}), reserving {' '.join(reserved)}"
+    )
+    tokenizer = train_tokenizer(
+        joint,
+        cfg.vocab_size,
+        cfg.sp_model_type,
+        sample_size=len(joint),
+        seed=cfg.seed,
+        num_threads=machine_cpus(),
+        control_symbols=reserved,
+    )
+    return tokenizer, firsts
+
+
+def corpora_summary_rows(manifest: dict) -> list[tuple[str, list]]:
+    """The rows of a several-corpora summary: one per corpus, then real and BT totals apart."""
+    columns = ("input_pairs", "kept", "src_tokens", "tgt_tokens", "shards")
+    rows, totals = [], {"real": [0] * len(columns), "bt": [0] * len(columns)}
+    for c in manifest["corpora"]:
+        t = c["train"]
+        values = [t["input_pairs"], t["num_pairs"], t["src_tokens"], t["tgt_tokens"], len(t["files"])]
+        rows.append((f"{c['name']} ({c['origin']})", values))
+        totals[c["origin"]] = [a + b for a, b in zip(totals[c["origin"]], values)]
+    rows.append(("total real", totals["real"]))
+    rows.append(("total bt", totals["bt"]))
+    rows.append(("total", [a + b for a, b in zip(totals["real"], totals["bt"])]))
+    return rows
+
+
+def print_corpora_summary(manifest: dict, out: str, seconds: float) -> None:
+    """The table printed at the end of preparing several corpora: each corpus (with its drops),
+    real and back-translated pairs counted apart, each pair's sets, the tags."""
+    header = ("corpus", "input pairs", "kept pairs", "src tokens", "tgt tokens", "shards")
+    rows = corpora_summary_rows(manifest)
+    width = max(len(name) for name, _ in rows + [("corpus", [])])
+    print(f"\n=== raymt corpus {out} ({len(manifest['corpora'])} corpora) ===")
+    print(f"{header[0]:<{width}}" + "".join(f"  {h:>12}" for h in header[1:]))
+    for name, values in rows:
+        print(f"{name:<{width}}" + "".join(f"  {v:>12,}" for v in values))
+    for c in manifest["corpora"]:
+        print(f"dropped in {c['name']}: {_drop_summary(c['train']['dropped'])}")
+    for pair, entry in manifest["splits"]["valid"].items():
+        tests = manifest["splits"]["test"].get(pair, {})
+        shown = "".join(f", test/{name} {t['num_pairs']:,}" for name, t in tests.items())
+        print(f"{pair}: valid {entry['num_pairs']:,}{shown}")
+    tags = manifest["tags"]["reserved"]
+    print(f"tags: {', '.join(f'{p} = id {i}' for p, i in tags.items()) or 'none'}")
+    print(f"seconds: {seconds:.1f}")
