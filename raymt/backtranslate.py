@@ -47,7 +47,14 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raymt import storage
-from raymt.checkpoint import CONFIG_FILE, SPM_FILE, check_checkpoint, local_checkpoint, weights_file
+from raymt.checkpoint import (
+    CONFIG_FILE,
+    SPM_FILE,
+    check_checkpoint,
+    load_weights,
+    local_checkpoint,
+    weights_file,
+)
 from raymt.cluster import init_ray
 from raymt.config import BT_FORMATS, BacktranslateConfig, Config, DecodeOptions
 from raymt.data.inputs import decode_tags
@@ -846,6 +853,8 @@ def check_args(args: argparse.Namespace) -> Job:
     engine = resolve_engine(bt.engine, model)
     if engine == "ctranslate2":
         ct2_model_dir(model.location)  # exported once here: an unexportable model fails now
+    else:
+        load_weights(model.location)  # a corrupt or truncated weights file fails now, not in every actor
     files = input_files(args.input)
     check_columns(files, args.column, src_lang.split("+")[0])
     job = Job(args, bt, opts, model, engine, src_lang, tgt_lang, tags, files, storage.normalize(args.output), {})
