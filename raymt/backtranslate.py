@@ -174,12 +174,14 @@ def directions(model: Model, src_lang: Optional[str], tgt_lang: Optional[str]) -
         pairs = [p.split("-", 1) for p in model.languages.get("pairs", [])]
         tags = decode_tags(tgt_lang, model.languages.get("target_langs", []), model.languages.get("reserved", {}))
         sources = sorted({s for s, _ in pairs})
+        if src_lang is None and len(sources) > 1:
+            raise ValueError(f"this model translates from {', '.join(sources)}: pass --src-lang (the input's)")
         if src_lang is not None and src_lang not in sources:
             raise ValueError(
                 f"--src-lang {src_lang}: {model.location} was trained to translate from "
                 f"{', '.join(sources)}; back-translate text in one of them"
             )
-        return src_lang or "+".join(sources), str(tgt_lang), tags
+        return src_lang or sources[0], str(tgt_lang), tags
     for flag, given, own, side in (
         ("--src-lang", src_lang, data.src_lang, "input"),
         ("--tgt-lang", tgt_lang, data.tgt_lang, "output"),
@@ -878,7 +880,7 @@ class ShardWriter:
         self.pending: dict[int, list[pa.Table]] = {}
         self.seen: dict[int, set[int]] = {}
         self.lines = 0  # lines translated (or counted empty) in this run
-        self.started = time.time()
+        self.started = self.ended = time.time()
         self.printed = self.started
         self.last_line = ""
 
@@ -897,6 +899,7 @@ class ShardWriter:
             self.pending.setdefault(shard, []).append(table.slice(lo, hi - lo))
             if len(self.seen[shard]) == self.job.shard_rows(shard):
                 self.write(shard)
+        self.ended = time.time()
         self.progress()
 
     def write(self, shard: int) -> None:
@@ -1038,10 +1041,11 @@ def _uri_output(location: str) -> Any:
     return fs.open_output_stream(path, compression=None)
 
 
-def summary(job: Job, seconds: float, lines: int) -> str:
-    """The last line: counts, speed and where the output is."""
+def summary(job: Job, seconds: float, writer: ShardWriter) -> str:
+    """The last line: counts, wall time, decoding speed (Ray's start aside) and where the output is."""
     c = job.info["counts"]
-    rate = f", {lines / max(seconds, 1e-9):,.1f} sentences/s" if lines else ""
+    decoding_s = max(writer.ended - writer.started, 1e-9)
+    rate = f", {writer.lines / decoding_s:,.1f} sentences/s" if writer.lines else ""
     return (
         f"backtranslated {job.num_lines:,} lines {job.src_lang}->{job.tgt_lang} ({c['translated']:,} translated, "
         f"{c['empty']:,} empty, {c['invalid']:,} invalid; engine {job.engine}) in {seconds:.1f} s{rate} -> {job.output}"
@@ -1092,7 +1096,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.format == "text" and not all(storage.exists(storage.join(job.output, n)) for n in text_names(job)):
         write_text(job)
     write_info(job, done=True)
-    print(summary(job, time.time() - t0, writer.lines))
+    print(summary(job, time.time() - t0, writer))
     return 0
 
 
