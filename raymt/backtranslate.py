@@ -1093,7 +1093,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             file=sys.stderr,
         )
         return 1
-    if args.format == "text" and not all(storage.exists(storage.join(job.output, n)) for n in text_names(job)):
+    have_text = all(storage.exists(storage.join(job.output, n)) for n in text_names(job))
+    if args.format == "text" and (writer.lines or not have_text):  # shards redone: the text too
         write_text(job)
     write_info(job, done=True)
     print(summary(job, time.time() - t0, writer))
