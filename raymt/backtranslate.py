@@ -116,7 +116,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--num-actors", type=int, help=f"decoding actors; default {CPU_ACTORS}, with --gpu one per GPU")
     p.add_argument("--gpu", action="store_true", help="one GPU per actor")
     p.add_argument("--cpus-per-actor", type=float, help="CPUs per actor (default: what Ray Data leaves, split)")
-    p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (ignored with RAY_ADDRESS)")
+    p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray instance (not with RAY_ADDRESS)")
     p.add_argument("--progress-s", type=float, default=b.progress_s, help="seconds between progress lines")
     p.add_argument("--verbose", action="store_true", help="also print Ray's own INFO lines")
     return p.parse_args(argv)
@@ -674,10 +674,12 @@ class Job:
 
     @property
     def num_lines(self) -> int:
+        """Lines of the whole input."""
         return sum(f.num_lines for f in self.files)
 
     @property
     def num_shards(self) -> int:
+        """Output shards of the whole input."""
         return -(-self.num_lines // self.bt.shard_lines)
 
     def shard_rows(self, shard: int) -> int:
