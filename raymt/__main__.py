@@ -17,6 +17,7 @@ COMMANDS = {
     "data": "prepare a corpus (`raymt data prepare ...`)",
     "translate": "translate stdin or a file with a checkpoint",
     "evaluate": "score a checkpoint on test sets (sacreBLEU)",
+    "backtranslate": "translate a monolingual corpus on a Ray cluster (restartable)",
     "average": "average the weights of several checkpoints",
     "export": "export a checkpoint for serving",
     "plot": "draw learning curves of one or more runs (PNG)",

@@ -324,7 +324,7 @@ def init_ray(num_cpus: Optional[int] = None, dashboard: bool = False, verbose: b
         quiet_console()  # Ray's loggers exist from `import ray`; ray.init already logs
     if not ray.is_initialized():
         quiet = {} if verbose else {"logging_level": logging.WARNING}
-        if os.environ.get("RAY_ADDRESS"):
+        if os.environ.get("RAY_ADDRESS") not in (None, "", "local"):  # "local": a new instance here
             ray.init(log_to_driver=True, **quiet)  # inside a job, num_cpus may not be passed
         else:
             ray.init(

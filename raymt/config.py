@@ -782,3 +782,42 @@ def run_prepare_config(cfg: Config) -> PrepareConfig:
         seed=cfg.train.seed,
         **shared,
     )
+
+
+BT_ENGINES = ("auto", "raymt", "ctranslate2")
+BT_FORMATS = ("parquet", "text")
+
+
+@dataclass
+class BacktranslateConfig:
+    """`python -m raymt.backtranslate`: sharding, batching, engine and noise of a back-translation
+    job (decoding itself is DecodeOptions)."""
+
+    # Input line ids [k * shard_lines, (k + 1) * shard_lines) are output shard k: the unit of restart.
+    shard_lines: int = 10_000
+    # Padded source tokens per decoding batch (sentences sorted by length inside each shard).
+    max_tokens: int = 4096
+    engine: str = "auto"  # auto: ctranslate2 when installed (exported once per node), else raymt
+    # CTranslate2 weights at run time; auto: int8 on CPU, float16 on GPU.
+    compute_type: str = "auto"
+    # Noised beam output (Edunov et al. 2018): drop each word with p_delete, replace it by
+    # `filler` with p_replace, and move words at most `swap` positions (0 turns that part off).
+    noise: bool = False
+    noise_delete: float = 0.1
+    noise_replace: float = 0.1
+    noise_swap: int = 3
+    noise_filler: str = "<blank>"
+    # Seed of sampling and noise: a redone shard draws what it drew before.
+    seed: int = 1
+    progress_s: float = 10.0  # seconds between progress lines
+
+    def __post_init__(self) -> None:
+        for name in ("shard_lines", "max_tokens", "progress_s"):
+            value = getattr(self, name)
+            _check(value > 0, f"--{name.replace('_', '-')} {value} must be > 0")
+        _check(self.engine in BT_ENGINES, f"--engine {self.engine!r}: one of {', '.join(BT_ENGINES)}")
+        for name in ("noise_delete", "noise_replace"):
+            p = getattr(self, name)
+            _check(0 <= p < 1, f"--{name.replace('_', '-')} {p} must be in [0, 1)")
+        _check(self.noise_swap >= 0, f"--noise-swap {self.noise_swap} must be >= 0 (0 = no swaps)")
+        _check(bool(self.noise_filler.strip()), "--noise-filler must not be blank")

@@ -24,7 +24,7 @@ def test_help_lists_every_command():
     out = raymt("--help")
     assert out.returncode == 0, out.stderr
     listed = re.findall(r"^  (\w+) ", out.stdout, re.M)
-    assert listed == ["train", "tune", "data", "translate", "evaluate", "average", "export", "plot"]
+    assert listed == ["train", "tune", "data", "translate", "evaluate", "backtranslate", "average", "export", "plot"]
 
 
 def test_translate_help_is_the_module_help():
@@ -63,7 +63,17 @@ def test_a_command_exits_with_its_module_status(capsys):
 def test_console_script_points_at_the_dispatcher():
     text = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'^\[project\.scripts\]\nraymt = "raymt\.__main__:main"$', text, re.M)
-    assert set(COMMANDS) == {"train", "tune", "data", "translate", "evaluate", "average", "export", "plot"}
+    assert set(COMMANDS) == {
+        "train",
+        "tune",
+        "data",
+        "translate",
+        "evaluate",
+        "backtranslate",
+        "average",
+        "export",
+        "plot",
+    }
 
 
 @pytest.mark.parametrize("command, extras", [("train", []), ("shell", []), ("test", ["test"]), ("lint", ["lint"])])

@@ -1,0 +1,383 @@
+"""`raymt.backtranslate`: every input line once, aligned, in line-id order; restarts; bad input before Ray."""
+
+import gzip
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
+
+from raymt import backtranslate as bt
+from raymt.config import BacktranslateConfig, DecodeOptions
+from raymt.data.builtin import generate
+
+pytestmark = pytest.mark.timeout(600)
+FLAGS = ["--beam", "1", "--max-len-a", "0", "--max-len-b", "4", "--engine", "raymt", "--progress-s", "0.5"]
+OPTS = DecodeOptions(beam=1, max_len_a=0.0, max_len_b=4)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("bt") / "checkpoint", seed=2)
+
+
+def sentences(n: int, seed: int) -> list[str]:
+    return generate(n, "en", "de", seed=seed)[0]
+
+
+def shards(out: Path) -> pa.Table:
+    """Every shard's rows, in file-name order."""
+    files = sorted(out.glob("part-*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+def untranslated(table: pa.Table) -> set[int]:
+    """Line ids without a score: the empty and invalid lines."""
+    ids, scores = table.column("line_id").to_pylist(), table.column("score").to_pylist()
+    return {i for i, score in zip(ids, scores) if math.isnan(score)}
+
+
+def run(args: list[str]) -> int:
+    return bt.main(args)
+
+
+# ---------------------------------------------------------------- pure functions
+
+
+def test_token_batches_respect_the_budget_and_cover_every_sentence():
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 40) for _ in range(500)] + [300]  # one longer than the budget
+    batches = bt.token_batches(lengths, 256)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 256
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat)  # sorted by length: little padding
+    assert [500] in batches
+
+
+def test_noise_deletes_replaces_and_moves_words_at_most_k():
+    words = [f"w{i}" for i in range(2000)]
+    text = " ".join(words)
+    cfg = BacktranslateConfig(noise=True, noise_swap=0)
+    noised = bt.noise_words(text, random.Random("1:7"), cfg).split()
+    assert noised == bt.noise_words(text, random.Random("1:7"), cfg).split()  # repeatable per line
+    assert noised != bt.noise_words(text, random.Random("1:8"), cfg).split()
+    assert 0.07 < 1 - len(noised) / len(words) < 0.13  # deleted with p = 0.1
+    assert 0.07 < noised.count(cfg.noise_filler) / len(noised) < 0.13  # replaced with p = 0.1
+    kept = [w for w in noised if w != cfg.noise_filler]
+    assert kept == sorted(kept, key=lambda w: int(w[1:]))  # without swaps, in order
+    # Swaps alone: a permutation moving no word more than 3 places (Lample et al. 2018).
+    swap = BacktranslateConfig(noise=True, noise_delete=0, noise_replace=0, noise_swap=3)
+    moved = bt.noise_words(text, random.Random(0), swap).split()
+    assert sorted(moved) == sorted(words) and moved != words
+    assert max(abs(i - int(w[1:])) for i, w in enumerate(moved)) <= 3
+    off = BacktranslateConfig(noise=True, noise_delete=0, noise_replace=0, noise_swap=0)
+    assert bt.noise_words("a b c", random.Random(0), off) == "a b c"
+
+
+def test_count_lines_counts_as_the_reader_splits(tmp_path):
+    cases = {b"": 0, b"a\n": 1, b"a": 1, b"a\nb": 2, b"a\n\n": 2, b"\n": 1}
+    for i, (data, expected) in enumerate(cases.items()):
+        path = tmp_path / f"f{i}.txt.gz"
+        path.write_bytes(gzip.compress(data))
+        assert bt.count_lines(bt.InputFile(str(path), "text", 1, 0)) == expected, data
+
+
+def test_auto_engine_is_ctranslate2_when_installed(checkpoint):
+    model = bt.load_model_info(str(checkpoint))
+    have = pytest.importorskip("ctranslate2") is not None
+    assert have and bt.resolve_engine("auto", model) == "ctranslate2"
+    assert bt.resolve_engine("raymt", model) == "raymt"
+
+
+def test_tagged_model_takes_its_tag(checkpoint):
+    model = bt.load_model_info(str(checkpoint))
+    model.languages = {"pairs": ["en-de", "en-fr"], "target_langs": ["de", "fr"], "reserved": {"<2de>": 4, "<2fr>": 5}}
+    assert bt.directions(model, "en", "fr") == ("en", "fr", ["<2fr>"])
+    with pytest.raises(ValueError, match="pass --tgt-lang"):
+        bt.directions(model, "en", None)
+    with pytest.raises(ValueError, match="--tgt-lang es: this model was trained to translate into de, fr"):
+        bt.directions(model, "en", "es")
+    with pytest.raises(ValueError, match="--src-lang de: .* trained to translate from en"):
+        bt.directions(model, "de", "fr")
+
+
+# ---------------------------------------------------------------- bad input: one line, before Ray
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    def refuse(*_, **__):
+        raise AssertionError("Ray must not start on bad input")
+
+    monkeypatch.setattr(bt, "init_ray", refuse)
+
+
+@pytest.mark.parametrize(
+    "case", ["no_input", "no_checkpoint", "corrupt_checkpoint", "direction", "bad_uri", "other_settings", "beam"]
+)
+def test_bad_input_is_one_line_before_ray(checkpoint, case, tmp_path, no_ray, err_lines):
+    mono = tmp_path / "mono.en"
+    mono.write_text("".join(s + "\n" for s in sentences(20, 1)))
+    ckpt, inp, out, extra = str(checkpoint), str(mono), str(tmp_path / "out"), []
+    if case == "no_input":
+        inp = str(tmp_path / "missing.en")
+    elif case == "no_checkpoint":
+        ckpt = str(tmp_path / "nothing")
+    elif case == "corrupt_checkpoint":
+        broken = make_checkpoint(tmp_path / "broken")
+        data = (broken / "model.pt").read_bytes()
+        (broken / "model.pt").write_bytes(data[: len(data) // 2])
+        ckpt = str(broken)
+    elif case == "direction":
+        extra = ["--src-lang", "de", "--tgt-lang", "en"]
+    elif case == "bad_uri":
+        inp = "nope://bucket/mono.en"
+    elif case == "other_settings":
+        job = bt.check_args(bt.parse_args(["--checkpoint", ckpt, "--input", inp, "--output", out, *FLAGS]))
+        bt.write_info(job)
+        extra = ["--beam", "3"]
+    elif case == "beam":
+        extra = ["--beam", "0"]
+    assert run(["--checkpoint", ckpt, "--input", inp, "--output", out, *FLAGS, *extra]) == 2
+    err = err_lines()
+    assert len(err) == 1 and err[0].startswith("raymt.backtranslate: error: "), err
+    expected = {
+        "no_input": "does not exist",
+        "no_checkpoint": "does not exist",
+        "corrupt_checkpoint": "cannot load",
+        "direction": "translates en->de, so its input is en",
+        "bad_uri": "cannot open this URI",
+        "other_settings": "holds a back-translation with other settings (the decoding flags)",
+        "beam": "--beam 0 must be >= 1",
+    }[case]
+    assert expected in err[0]
+
+
+# ---------------------------------------------------------------- on the cluster
+
+
+def write_inputs(root: Path) -> tuple[Path, list[str], list[int], list[int]]:
+    """A directory of four kinds of file; (dir, expected inputs, empty line ids, invalid line ids)."""
+    root.mkdir()
+    s = sentences(40, 9)
+    texts: list[str] = []
+    empty: list[int] = []
+    invalid: list[int] = []
+    # a.txt.gz: plain lines, a blank one and one that is not UTF-8
+    lines = [x.encode() for x in s[:10]]
+    lines[3], lines[6] = b"", b"caf\xe9 au lait"
+    (root / "a.txt.gz").write_bytes(gzip.compress(b"\n".join(lines) + b"\n"))
+    texts += [x.decode() if i != 6 else "" for i, x in enumerate(lines)]
+    empty, invalid = [3], [6]
+    # b.tsv: column 0 (the default), one line without it (blank) and a whitespace-only one
+    rows = [f"{x}\tignored" for x in s[10:20]]
+    rows[2] = "   \tignored"
+    (root / "b.tsv").write_text("\n".join(rows) + "\n")
+    texts += [r.split("\t")[0] for r in rows]
+    empty.append(12)
+    # c.jsonl: key "en" (the model's source language); a line that is not JSON
+    objs = [json.dumps({"en": x, "id": i}) for i, x in enumerate(s[20:30])]
+    objs[4] = "{not json"
+    (root / "c.jsonl").write_text("\n".join(objs) + "\n")
+    texts += [x if i != 4 else "" for i, x in enumerate(s[20:30])]
+    invalid.append(24)
+    # d.parquet: a null is an empty line
+    col = s[30:40]
+    pq.write_table(pa.table({"en": pa.array(col[:5] + [None] + col[6:], pa.string())}), root / "d.parquet")
+    texts += col[:5] + [""] + col[6:]
+    empty.append(35)
+    return root, texts, empty, invalid
+
+
+def test_every_input_kind_aligned_each_line_once(ray_cluster, checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYMT_CACHE", str(tmp_path / "cache"))
+    inputs, texts, empty, invalid = write_inputs(tmp_path / "in")
+    out = tmp_path / "out"
+    args = ["--checkpoint", str(checkpoint), "--input", str(inputs), "--output", str(out), "--format", "text"]
+    assert run([*args, *FLAGS, "--shard-lines", "7", "--num-actors", "2"]) == 0
+    table = shards(out)
+    assert table.column("line_id").to_pylist() == list(range(40))  # each line once, in order
+    assert table.column("input").to_pylist() == texts
+    outputs = table.column("output").to_pylist()
+    assert untranslated(table) == set(empty + invalid)
+    assert all(outputs[i] == "" for i in empty + invalid)
+    info = json.loads((out / "bt.json").read_text())
+    assert info["done"] and info["num_lines"] == 40 and info["num_shards"] == 6
+    assert info["counts"] == {"translated": 35, "empty": 3, "invalid": 2}
+    assert (info["src_lang"], info["tgt_lang"], info["engine"]) == ("en", "de", "raymt")
+    # The outputs are what the engine gives each shard's piece of each file, decoded here.
+    engine = bt.RaymtEngine(str(checkpoint), OPTS, "cpu", [])
+    cfg = BacktranslateConfig(shard_lines=7)
+    bounds, expected = [0, 10, 20, 30, 40], []
+    for lo, hi in zip(bounds, bounds[1:]):
+        for start in range(lo, hi):
+            if start == lo or start % 7 == 0:
+                end = min(hi, (start // 7 + 1) * 7)
+                block = pa.table(
+                    {
+                        "line_id": pa.array(range(start, end), pa.int64()),
+                        "text": pa.array([None if i in invalid else texts[i] for i in range(start, end)], pa.string()),
+                    }
+                )
+                expected += bt.translate_block(engine, block, cfg).column("output").to_pylist()
+    assert outputs == expected
+    # --format text: aligned line by line with the input
+    assert (out / "text.en").read_text().split("\n")[:-1] == texts
+    assert (out / "text.de").read_text().split("\n")[:-1] == outputs
+    # A rerun finds everything done: no shard is written again.
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.glob("part-*")}
+    assert run([*args, *FLAGS, "--shard-lines", "7"]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("part-*")} == stamps
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_corrupt_and_missing_shards_are_redone(ray_cluster, checkpoint, tmp_path):
+    mono = tmp_path / "mono.en"
+    mono.write_text("".join(s + "\n" for s in sentences(50, 4)))
+    out = tmp_path / "out"
+    args = ["--checkpoint", str(checkpoint), "--input", str(mono), "--output", str(out), *FLAGS, "--shard-lines", "10"]
+    assert run(args) == 0
+    before = shards(out)
+    files = sorted(out.glob("part-*.parquet"))
+    files[1].write_bytes(files[1].read_bytes()[:100])  # truncated
+    files[3].unlink()
+    (out / (files[0].name + ".tmp")).write_bytes(b"half")  # a write the driver did not finish
+    stamps = {p.name: p.stat().st_mtime_ns for p in (files[0], files[2], files[4])}
+    assert run(args) == 0
+    assert shards(out).equals(before)
+    assert {p.name: p.stat().st_mtime_ns for p in (files[0], files[2], files[4])} == stamps
+    assert not list(out.glob("*.tmp"))
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_ctranslate2_engine_and_sampling(ray_cluster, checkpoint, tmp_path, monkeypatch):
+    pytest.importorskip("ctranslate2")
+    monkeypatch.setenv("RAYMT_CACHE", str(tmp_path / "cache"))
+    lines = sentences(30, 5)
+    lines[2] = ""
+    mono = tmp_path / "mono.en"
+    mono.write_text("".join(s + "\n" for s in lines))
+    for name, extra in (("auto", []), ("sample", ["--engine", "raymt", "--sample", "--top-k", "5"])):
+        out = tmp_path / name
+        args = ["--checkpoint", str(checkpoint), "--input", str(mono), "--output", str(out), "--shard-lines", "8"]
+        assert run([*args, "--max-len-a", "0", "--max-len-b", "4", "--num-actors", "1", *extra]) == 0
+        table = shards(out)
+        assert table.column("line_id").to_pylist() == list(range(30))
+        assert table.column("input").to_pylist() == lines
+        # A random model may end a translation at once; only the empty line has no score.
+        assert untranslated(table) == {2} and table.column("output")[2].as_py() == ""
+        assert sum(bool(o) for o in table.column("output").to_pylist()) >= 15
+        info = json.loads((out / "bt.json").read_text())
+        assert info["counts"] == {"translated": 29, "empty": 1, "invalid": 0}
+        assert info["engine"] == ("ctranslate2" if name == "auto" else "raymt") and info["done"]
+    assert (tmp_path / "cache" / "ctranslate2").is_dir()  # exported once, into the cache
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_output_to_object_storage(ray_cluster, checkpoint, tmp_path, s3_bucket):
+    import pyarrow.fs as pafs
+
+    lines = sentences(12, 6)
+    mono = tmp_path / "mono.en"
+    mono.write_text("".join(s + "\n" for s in lines))
+    uri = f"{s3_bucket}/bt-out"
+    args = ["--checkpoint", str(checkpoint), "--input", str(mono), "--output", uri, "--format", "text", *FLAGS]
+    assert run([*args, "--shard-lines", "5"]) == 0
+    fs, path = pafs.FileSystem.from_uri(uri)
+    names = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(path)))
+    assert names == [
+        "bt.json",
+        "part-000000000000.parquet",
+        "part-000000000005.parquet",
+        "part-000000000010.parquet",
+        "text.de",
+        "text.en",
+    ]
+    with fs.open_input_stream(f"{path}/text.en") as f:
+        assert f.read().decode().split("\n")[:-1] == lines
+    assert run([*args, "--shard-lines", "5"]) == 0  # done: nothing to do
+
+
+# ---------------------------------------------------------------- killed and resumed
+
+
+def start(args: list[str], log: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "raymt.backtranslate", *args],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def wait_for_shards(out: Path, more_than: int, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while len(list(out.glob("part-*.parquet"))) <= more_than:
+        assert proc.poll() is None, "the job ended before it could be killed"
+        assert time.time() < deadline, "no shard written in time"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_killed_driver_then_actor_resume_each_line_once(ray_address, checkpoint, tmp_path):
+    """Done when 1 of issue 29: 20,000 lines, the driver SIGKILLed, then an actor; every line once."""
+    rng = random.Random(3)
+    pool = sentences(500, 8)
+    lines = [rng.choice(pool).encode() for _ in range(20_000)]
+    blank = set(rng.sample(range(20_000), 200))
+    bad = set(rng.sample(sorted(set(range(20_000)) - blank), 50))
+    for i in blank:
+        lines[i] = b""
+    for i in bad:
+        lines[i] = b"\xff\xfe" + lines[i]
+    mono = tmp_path / "mono.en.gz"
+    mono.write_bytes(gzip.compress(b"\n".join(lines) + b"\n"))
+    out = tmp_path / "out"
+    args = ["--checkpoint", str(checkpoint), "--input", str(mono), "--output", str(out), *FLAGS]
+    args += ["--shard-lines", "1000", "--num-actors", "2"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), bt.DELAY_ENV: "0.5"}
+
+    first = start(args, tmp_path / "first.log", env)
+    wait_for_shards(out, 2, first)
+    os.killpg(first.pid, signal.SIGKILL)  # the driver, at once
+    first.wait()
+    written = len(list(out.glob("part-*.parquet")))
+    assert written < 20
+
+    second = start(args, tmp_path / "second.log", env)
+    wait_for_shards(out, written, second)  # the rerun has written a shard: its actors are busy
+    actors = ray_address.processes("ray::MapWorker")
+    assert actors, "no decoding actor found"
+    os.kill(actors[0], signal.SIGKILL)  # an actor, mid-run: Ray Data restarts it and retries its block
+    rc = second.wait(timeout=600)
+    log = (tmp_path / "second.log").read_text()
+    if rc != 0:  # the job failed instead of retrying: the same command finishes it
+        third = start(args, tmp_path / "third.log", env)
+        rc = third.wait(timeout=600)
+        log = (tmp_path / "third.log").read_text()
+    assert rc == 0, log[-3000:]
+    assert "backtranslated 20,000 lines" in log
+
+    table = shards(out)
+    assert table.column("line_id").to_pylist() == list(range(20_000))  # once each, in order
+    assert table.column("input").to_pylist() == ["" if i in bad else x.decode() for i, x in enumerate(lines)]
+    assert untranslated(table) == blank | bad
+    assert all(o == "" for o in table.column("output").take(sorted(blank | bad)).to_pylist())
+    info = json.loads((out / "bt.json").read_text())
+    assert info["done"] and info["counts"] == {"translated": 19_750, "empty": 200, "invalid": 50}
