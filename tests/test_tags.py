@@ -288,6 +288,25 @@ def test_evaluate_decodes_with_the_tag(tagged, tmp_path):
     assert [hyps[i] for i in range(len(sources))] == expected(tagged, sources, "fr")
 
 
+def test_evaluate_main_passes_the_tag_to_the_cluster(tagged, tmp_path, monkeypatch):
+    """`raymt evaluate --tgt-lang fr` hands the tag to the actor pool (Ray stubbed out: the end to
+    end run is the slow test below) and writes the hypotheses under the target's suffix."""
+    calls = []
+
+    def decode(checkpoint, sources, opts, *args):
+        calls.append(args[-1])
+        return [[(0.0, "x")] * len(s) for s in sources]
+
+    monkeypatch.setattr(evaluate, "init_ray", lambda *_, **__: False)
+    monkeypatch.setattr(evaluate, "actor_plan", lambda *_, **__: None)
+    monkeypatch.setattr(evaluate, "translate_on_cluster", decode)
+    prefix = write_set(tmp_path / "test", "fr")
+    argv = ["--checkpoint", str(tagged), "--test", str(prefix), "--tgt-lang", "fr", "--num-actors", "1"]
+    assert evaluate.main([*argv, "--output-dir", str(tmp_path / "out")]) == 0
+    assert calls == [[5]] and (tmp_path / "out" / "test.fr.hyp").read_text() == "x\n" * 9
+
+
+@pytest.mark.slow
 def test_evaluate_on_the_cluster_with_the_tag(ray_cluster, tagged, tmp_path):
     prefix = write_set(tmp_path / "test", "de")
     argv = ["--checkpoint", str(tagged), "--test", str(prefix), "--tgt-lang", "de", "--beam", "1"]
@@ -383,7 +402,7 @@ def test_ctranslate2_snippet_matches_raymt(tagged, tmp_path):
     model, tok, _ = load_model(tagged)
     for beam in (1, 5):
         opts = DecodeOptions(beam=beam, length_penalty=0.0)
-        sentences = ended(model, SENTENCES, opts)
+        sentences = ended(model, SENTENCES[:16], opts)
         assert len(sentences) >= 4, sentences
         for tgt_lang in ("de", "fr"):
             code = snippet.replace("<2de>", f"<2{tgt_lang}>").replace("beam_size=5", f"beam_size={beam}")
