@@ -30,6 +30,7 @@ from raymt.checkpoint import (
     load_train_state,
     load_weights,
     local_checkpoint,
+    model_languages,
     save_checkpoint,
     weights_file,
 )
@@ -155,6 +156,11 @@ def check_same_model(directories: Sequence[Path]) -> tuple[Config, Tokenizer]:
                 f"{d / SPM_FILE} differs from {directories[0] / SPM_FILE}: only checkpoints "
                 "with the same vocabulary can be averaged"
             )
+        if model_languages(d) != model_languages(directories[0]):
+            raise ValueError(
+                f"{d} was trained on other language pairs than {directories[0]}: only checkpoints "
+                "of one model can be averaged"
+            )
         weights_file(d)
     return config, tokenizer
 
@@ -190,7 +196,7 @@ def average_checkpoints(directories: Sequence[str | Path], output: str | Path) -
             raise ValueError(f"{weights_file(d)} holds other tensors than {weights_file(directories[0])}")
     model = build_model(config.model, tokenizer.vocab_size)
     model.load_state_dict(average_state_dicts(states))
-    save_checkpoint(output, model, config, tokenizer)
+    save_checkpoint(output, model, config, tokenizer, languages=model_languages(directories[0]))
     sources = [str(d.resolve()) for d in directories]
     (output / AVERAGE_FILE).write_text(json.dumps({"checkpoints": sources}, indent=2))
     return output

@@ -3,6 +3,10 @@
 An exported model directory (`python -m raymt.export`) has the same layout, with the
 weights in `model.safetensors` when the safetensors package is installed. Loading never
 runs code from a file: torch files are read with `weights_only=True`.
+
+A model trained on several corpora records its languages in config.json (`"languages":
+{"pairs", "target_langs", "reserved"}`, docs/design-inputs.md section 6); a model without
+them (every single-pair run) is untagged and translates `data.src_lang` into `data.tgt_lang`.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
 from raymt import storage
 from raymt.config import Config
+from raymt.data.inputs import decode_tags
 from raymt.model import Transformer, build_model
 from raymt.tokenizer import Tokenizer
 
@@ -25,6 +30,8 @@ STATE_FILE = "train_state.pt"
 CONFIG_FILE = "config.json"
 SPM_FILE = "spm.model"
 SAFETENSORS_FILE = "model.safetensors"
+# raymt's config.json beside a CTranslate2 or HF Marian directory's own config.json (raymt.export).
+RAYMT_CONFIG_FILE = "raymt_config.json"
 # Written by Ray Train (2.60: train/v2 CheckpointManager) in a run directory: the checkpoints it
 # registered, with their metrics; a run of that name started again restores from the latest.
 RAY_SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
@@ -47,12 +54,14 @@ def save_checkpoint(
     config: Config,
     tokenizer: Tokenizer,
     train_state: Optional[dict] = None,
+    languages: Optional[dict] = None,
 ) -> Path:
-    """Write model weights, optional optimizer/scheduler/step state, config and tokenizer."""
+    """Write model weights, optional optimizer/scheduler/step state, config (with the model's
+    `languages`, see `languages_entry`) and tokenizer."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _atomic_save(tokenizer.model_proto, directory / SPM_FILE)
-    save_config(directory, config, model.vocab_size)
+    save_config(directory, config, model.vocab_size, languages)
     if train_state is not None:
         _atomic_save(train_state, directory / STATE_FILE)
     # The weights go last: their presence marks a complete checkpoint.
@@ -60,12 +69,106 @@ def save_checkpoint(
     return directory
 
 
-def save_config(directory: str | Path, config: Config, vocab_size: int) -> None:
-    """Write config.json: the run config and the model's vocabulary size."""
+def config_meta(config: Config, vocab_size: int, languages: Optional[dict] = None) -> dict:
+    """What config.json holds: the run config, the vocabulary size and, for a model trained on
+    several corpora, its `languages` (absent otherwise, so single-pair files stay as they were)."""
+    meta: dict[str, Any] = {"config": config.to_dict(), "vocab_size": vocab_size}
+    if languages is not None:
+        meta["languages"] = check_languages(languages, "languages")
+    return meta
+
+
+def save_config(directory: str | Path, config: Config, vocab_size: int, languages: Optional[dict] = None) -> None:
+    """Write config.json: the run config, the model's vocabulary size and its `languages`, if any."""
     _atomic_save(
-        json.dumps({"config": config.to_dict(), "vocab_size": vocab_size}, indent=2).encode(),
-        Path(directory) / CONFIG_FILE,
+        json.dumps(config_meta(config, vocab_size, languages), indent=2).encode(), Path(directory) / CONFIG_FILE
     )
+
+
+def languages_entry(pairs: Sequence[Sequence[str]], reserved: dict[str, int]) -> dict:
+    """The `languages` entry of a multi-corpus run's config.json: the trained (src, tgt) pairs,
+    their target languages, and the reserved tag pieces with their SentencePiece ids."""
+    entry = {
+        "pairs": [[src, tgt] for src, tgt in pairs],
+        "target_langs": sorted({tgt for _, tgt in pairs}),
+        "reserved": {piece: int(i) for piece, i in reserved.items()},
+    }
+    return check_languages(entry, "languages")
+
+
+def check_languages(entry: Any, where: str) -> dict:
+    """A `languages` entry, checked: pairs of two language codes, their sorted target languages,
+    and tag pieces mapped to ids (the file is corrupt or hand-edited otherwise)."""
+    ok = isinstance(entry, dict) and set(entry) == {"pairs", "target_langs", "reserved"}
+    pairs = entry.get("pairs") if ok else None
+    ok = ok and isinstance(pairs, list) and bool(pairs)
+    ok = ok and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs)
+    ok = ok and entry["target_langs"] == sorted({tgt for _, tgt in pairs})
+    reserved = entry.get("reserved") if ok else None
+    ok = ok and isinstance(reserved, dict) and all(isinstance(i, int) for i in reserved.values())
+    if not ok:
+        raise ValueError(
+            f"{where}: malformed languages entry {json.dumps(entry)[:200]}; expected "
+            '{"pairs": [["en", "de"], ...], "target_langs": [...], "reserved": {"<2de>": 4, ...}}'
+        )
+    return entry
+
+
+def _meta_file(directory: Path) -> Path:
+    """raymt's config.json of a checkpoint or exported model (raymt_config.json beside a
+    CTranslate2 or Marian directory's own config.json)."""
+    beside = directory / RAYMT_CONFIG_FILE
+    return beside if beside.is_file() else directory / CONFIG_FILE
+
+
+def model_languages(checkpoint: str | Path) -> Optional[dict]:
+    """The `languages` entry of a checkpoint or exported model (path or URI); None for a model
+    trained on one pair (untagged: `data.src_lang` -> `data.tgt_lang`), every checkpoint so far."""
+    path = _meta_file(local_checkpoint(checkpoint))
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist; is {checkpoint} a raymt checkpoint directory?")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not a raymt checkpoint config ({err})") from None
+    entry = meta.get("languages") if isinstance(meta, dict) else None
+    return None if entry is None else check_languages(entry, str(path))
+
+
+def source_prefix(checkpoint: str | Path, tgt_lang: Optional[str]) -> list[int]:
+    """The ids put before every source to translate into `tgt_lang` (--tgt-lang), checked before
+    any weights load: a tagged model's target tag; none for an untagged model, whose --tgt-lang,
+    if given, must be its own. One-line errors for a missing, untrained or mismatched language."""
+    config, tokenizer = check_checkpoint(checkpoint)
+    languages = model_languages(checkpoint)
+    if languages is None:
+        src, tgt = config.data.src_lang, config.data.tgt_lang
+        if tgt_lang is not None and tgt_lang != tgt:
+            raise ValueError(
+                f"--tgt-lang {tgt_lang}: this model translates {src} -> {tgt} only (one pair, no language "
+                f"tags); pass --tgt-lang {tgt} or none, or use a model trained into {tgt_lang}"
+            )
+        return []
+    reserved = languages["reserved"]
+    pieces = decode_tags(tgt_lang, languages["target_langs"], list(reserved))
+    for piece in pieces:  # a tag must be spm.model's control symbol of that id, or it would be text
+        if tokenizer.sp.piece_to_id(piece) != reserved[piece] or not tokenizer.sp.is_control(reserved[piece]):
+            raise ValueError(
+                f"{checkpoint}: config.json reserves id {reserved[piece]} for {piece} but spm.model "
+                "does not; the files come from different runs"
+            )
+    return [reserved[piece] for piece in pieces]
+
+
+def default_src_lang(languages: dict, tgt_lang: str) -> str:
+    """The one source language a tagged model was trained to translate into `tgt_lang` from."""
+    sources = sorted({src for src, tgt in languages["pairs"] if tgt == tgt_lang})
+    if len(sources) != 1:
+        raise ValueError(
+            f"this model translates into {tgt_lang} from {', '.join(sources)}: pass --src-lang "
+            "(the source suffix of the test files)"
+        )
+    return sources[0]
 
 
 def _first_line(err: Exception) -> str:

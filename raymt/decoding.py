@@ -244,10 +244,13 @@ def decode(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[l
     return greedy(model, src, opts) if opts.beam == 1 else beam_search(model, src, opts)
 
 
-def encode_sources(tokenizer: Tokenizer, sentences: Sequence[str], max_positions: int) -> list[list[int]]:
-    """Source ids ending in EOS, truncated to fit the model's positions."""
+def encode_sources(
+    tokenizer: Tokenizer, sentences: Sequence[str], max_positions: int, prefix: Sequence[int] = ()
+) -> list[list[int]]:
+    """Source ids ending in EOS, truncated to fit the model's positions; `prefix` (a tagged
+    model's target tag, raymt.checkpoint.source_prefix) starts each and counts in the length."""
     max_src = max_positions - 1
-    return [tokenizer.encode(s)[: max_src - 1] + [EOS_ID] for s in sentences]
+    return [[*prefix, *tokenizer.encode(s)][: max_src - 1] + [EOS_ID] for s in sentences]
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -277,10 +280,12 @@ def translate_nbest(
     n_best: int = 1,
     batch_size: int = 64,
     device: str = "cpu",
+    prefix: Sequence[int] = (),
 ) -> list[list[tuple[float, str]]]:
-    """Translate raw sentences in length-sorted batches: n_best (score, text) each, input order."""
+    """Translate raw sentences in length-sorted batches: n_best (score, text) each, input order;
+    `prefix` ids (a tagged model's target tag) go before each source."""
     model.eval()
-    encoded = encode_sources(tokenizer, sentences, model.cfg.max_positions)
+    encoded = encode_sources(tokenizer, sentences, model.cfg.max_positions, prefix)
     out: list[list[tuple[float, str]]] = [[] for _ in encoded]
     for idx in length_batches([len(e) for e in encoded], batch_size):
         hyps = decode_ids(model, tokenizer, [encoded[i] for i in idx], opts, n_best, device)
@@ -296,6 +301,7 @@ def translate(
     opts: DecodeOptions,
     batch_size: int = 64,
     device: str = "cpu",
+    prefix: Sequence[int] = (),
 ) -> list[str]:
-    """Translate raw sentences in length-sorted batches; output follows input order."""
-    return [hyps[0][1] for hyps in translate_nbest(model, tokenizer, sentences, opts, 1, batch_size, device)]
+    """Translate raw sentences in length-sorted batches (`prefix` ids before each); input order."""
+    return [hyps[0][1] for hyps in translate_nbest(model, tokenizer, sentences, opts, 1, batch_size, device, prefix)]

@@ -26,7 +26,14 @@ import torch
 
 from raymt import metrics, storage
 from raymt.average import describe_checkpoint
-from raymt.checkpoint import check_checkpoint, load_model, local_checkpoint
+from raymt.checkpoint import (
+    check_checkpoint,
+    default_src_lang,
+    load_model,
+    local_checkpoint,
+    model_languages,
+    source_prefix,
+)
 from raymt.cluster import Plan, RayCluster, init_ray, plan
 from raymt.data.text import Pairs, read_parallel
 from raymt.decoding import DecodeOptions, decode_ids, encode_sources, length_batches
@@ -50,8 +57,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         metavar="PREFIX",
         help="test set PREFIX.<src-lang> / PREFIX.<tgt-lang> (plain or .gz); repeatable",
     )
-    p.add_argument("--src-lang", help="source language suffix (default: the checkpoint's data.src_lang)")
-    p.add_argument("--tgt-lang", help="target language suffix (default: the checkpoint's data.tgt_lang)")
+    p.add_argument(
+        "--src-lang",
+        help="source language suffix (default: the checkpoint's data.src_lang; a multilingual model's "
+        "one source into --tgt-lang)",
+    )
+    p.add_argument(
+        "--tgt-lang",
+        help="target language suffix (default: the checkpoint's data.tgt_lang); for a multilingual "
+        "(tagged) model also the tag before each source, and required",
+    )
     p.add_argument("--output-dir", default="evaluation", help="hypotheses and report.json go here")
     p.add_argument(
         "--num-actors",
@@ -90,12 +105,17 @@ def read_test_sets(prefixes: Sequence[str], src_lang: str, tgt_lang: str) -> dic
 
 
 def plan_batches(
-    sources: Sequence[Sequence[str]], tokenizer: Tokenizer, max_positions: int, batch_size: int
+    sources: Sequence[Sequence[str]],
+    tokenizer: Tokenizer,
+    max_positions: int,
+    batch_size: int,
+    prefix: Sequence[int] = (),
 ) -> list[dict]:
-    """Dataset rows, one per decoding batch: set id, sentence indices and flattened source ids."""
+    """Dataset rows, one per decoding batch: set id, sentence indices and flattened source ids
+    (each source starting with the `prefix` ids: a tagged model's target tag)."""
     rows = []
     for set_id, sentences in enumerate(sources):
-        encoded = encode_sources(tokenizer, sentences, max_positions)
+        encoded = encode_sources(tokenizer, sentences, max_positions, prefix)
         for idx in length_batches([len(e) for e in encoded], batch_size):
             rows.append(
                 {
@@ -167,12 +187,14 @@ def translate_on_cluster(
     batch_size: int = 64,
     use_gpu: bool = False,
     cpus_per_actor: Optional[float] = None,
+    prefix: Sequence[int] = (),
 ) -> list[list[tuple[float, str]]]:
-    """Decode several lists of sentences on the running Ray cluster: (score, hyp) per sentence, input order."""
+    """Decode several lists of sentences on the running Ray cluster: (score, hyp) per sentence, input
+    order; `prefix` ids (raymt.checkpoint.source_prefix) go before each source."""
     import ray.data
 
     config, tokenizer = check_checkpoint(checkpoint)
-    rows = plan_batches(sources, tokenizer, config.model.max_positions, batch_size)
+    rows = plan_batches(sources, tokenizer, config.model.max_positions, batch_size, prefix)
     if not rows:
         return [[] for _ in sources]
     actors = actor_plan(num_actors, use_gpu, cpus_per_actor)
@@ -231,6 +253,12 @@ def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOption
         beam=args.beam, length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b
     )  # validates
     config, _ = check_checkpoint(args.checkpoint)
+    languages = model_languages(args.checkpoint)
+    args.prefix = []  # one-pair model: --src-lang/--tgt-lang name the files only
+    if languages is not None:
+        args.prefix = source_prefix(args.checkpoint, args.tgt_lang)  # the tag of --tgt-lang
+        args.tgt_lang = args.tgt_lang or languages["target_langs"][0]  # many-to-one: its one target
+        args.src_lang = args.src_lang or default_src_lang(languages, args.tgt_lang)
     args.src_lang = args.src_lang or config.data.src_lang
     args.tgt_lang = args.tgt_lang or config.data.tgt_lang
     sets = read_test_sets(args.test, args.src_lang, args.tgt_lang)
@@ -297,6 +325,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             args.batch_size,
             args.gpu,
             args.cpus_per_actor,
+            args.prefix,
         )
         print_table(write_report(args, sets, results, opts, time.time() - t0))
     except ValueError as err:

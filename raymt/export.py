@@ -39,7 +39,17 @@ from typing import Optional
 import numpy as np
 import torch
 
-from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, SPM_FILE, check_checkpoint, load_weights, save_config
+from raymt.checkpoint import (
+    MODEL_FILE,
+    RAYMT_CONFIG_FILE,
+    SAFETENSORS_FILE,
+    SPM_FILE,
+    check_checkpoint,
+    config_meta,
+    load_weights,
+    model_languages,
+    save_config,
+)
 from raymt.config import Config, ModelConfig
 from raymt.model import Attention, Transformer, build_model
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
@@ -47,7 +57,7 @@ from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FORMATS = ("auto", "safetensors", "torch", "ctranslate2", "marian")
 # CTranslate2 and HF Marian write their own config.json; raymt's goes next to it under this name.
-CT2_RAYMT_CONFIG = "raymt_config.json"
+CT2_RAYMT_CONFIG = RAYMT_CONFIG_FILE
 MARIAN_POST_NORM_ONLY = (
     "--format marian needs a post-norm model (model.pre_norm=false): HF Marian "
     "has no pre-norm layers; export this one with --format safetensors or ctranslate2"
@@ -191,13 +201,15 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     return spec
 
 
-def save_ctranslate2(spec, output: Path, config: Config, vocab_size: int, dtype: str) -> None:
-    """Validate, store weights as `dtype` and write the CTranslate2 directory plus raymt_config.json."""
+def save_ctranslate2(
+    spec, output: Path, config: Config, vocab_size: int, dtype: str, languages: Optional[dict] = None
+) -> None:
+    """Validate, store weights as `dtype` and write the CTranslate2 directory plus raymt_config.json
+    (with the model's `languages`: its tags are pieces of the vocabulary, put before a source)."""
     spec.validate()
     spec.optimize(quantization=dtype)  # also stores the tied embedding once
     spec.save(str(output))
-    meta = {"config": config.to_dict(), "vocab_size": vocab_size}
-    (output / CT2_RAYMT_CONFIG).write_text(json.dumps(meta, indent=2))
+    (output / CT2_RAYMT_CONFIG).write_text(json.dumps(config_meta(config, vocab_size, languages), indent=2))
 
 
 # ---------------------------------------------------------------- Hugging Face Marian
@@ -336,7 +348,9 @@ def save_marian_tokenizer(tokenizer: Tokenizer, output: Path) -> None:
     (output / "tokenizer_config.json").write_text(json.dumps(special, indent=2))
 
 
-def save_marian(model: Transformer, tokenizer: Tokenizer, config: Config, output: Path, dtype: str) -> None:
+def save_marian(
+    model: Transformer, tokenizer: Tokenizer, config: Config, output: Path, dtype: str, languages: Optional[dict] = None
+) -> None:
     """Write a MarianMTModel directory (weights in `dtype`), its tokenizer and raymt_config.json."""
     from transformers.utils import logging as hf_logging
 
@@ -348,7 +362,7 @@ def save_marian(model: Transformer, tokenizer: Tokenizer, config: Config, output
     )
     marian.save_pretrained(str(output))
     save_marian_tokenizer(tokenizer, output)
-    meta = {"config": config.to_dict(), "vocab_size": tokenizer.vocab_size}
+    meta = config_meta(config, tokenizer.vocab_size, languages)
     (output / CT2_RAYMT_CONFIG).write_text(json.dumps(meta, indent=2))
 
 
@@ -372,6 +386,7 @@ def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto", 
         raise ValueError(f"--output {output} exists and is not empty; choose a new directory")
     fmt = weights_format(fmt)
     config, tokenizer = check_checkpoint(checkpoint)
+    languages = model_languages(checkpoint)  # a multilingual model's tags travel with it
     state = load_weights(checkpoint)
     # Build the model once: the weights must match the config before anything is written.
     model = build_model(config.model, tokenizer.vocab_size)
@@ -389,12 +404,12 @@ def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto", 
         raise ValueError(f"cannot create --output {output}: {err.strerror}") from None
     tokenizer.save(output / SPM_FILE)
     if fmt == "marian":
-        save_marian(model, tokenizer, config, output, dtype)
+        save_marian(model, tokenizer, config, output, dtype, languages)
         return output
     if spec is not None:
-        save_ctranslate2(spec, output, config, tokenizer.vocab_size, dtype)
+        save_ctranslate2(spec, output, config, tokenizer.vocab_size, dtype, languages)
         return output
-    save_config(output, config, tokenizer.vocab_size)
+    save_config(output, config, tokenizer.vocab_size, languages)
     save_weights(state, output, fmt)
     return output
 
@@ -415,6 +430,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             f'translate: ctranslate2.Translator("{output}").translate_batch(pieces) '
             f"with pieces from {output / SPM_FILE}"
         )
+        languages = model_languages(output)
+        tags = [piece for piece in (languages or {}).get("reserved", {}) if piece.startswith("<2")]
+        if tags:  # docs/translate.md, "Multilingual models"
+            print(f'multilingual: the target\'s tag goes first, ["{tags[0]}"] + pieces (tags: {", ".join(tags)})')
     elif args.format == "marian":
         print(
             f'translate: transformers.MarianMTModel.from_pretrained("{output}").generate(...) '

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from raymt.checkpoint import load_model
+from raymt.checkpoint import load_model, source_prefix
 from raymt.decoding import DecodeOptions, translate_nbest
 from raymt.metrics import score
 from raymt.precision import for_inference
@@ -25,6 +25,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         help="checkpoint directory (model.pt, config.json, spm.model), or its URI (s3://...)",
     )
     p.add_argument("text", nargs="*", help="sentences to translate; stdin (one per line) when none")
+    p.add_argument(
+        "--tgt-lang",
+        help="target language: required for a multilingual (tagged) model, whose tag goes before each "
+        "source; a one-pair model's own target language, if given",
+    )
     p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
     p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
     p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
@@ -60,6 +65,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         )  # validates
         if not 1 <= args.n_best <= opts.beam:
             raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
+        prefix = source_prefix(args.checkpoint, args.tgt_lang)  # checked before the weights load
         model, tokenizer, cfg = load_model(args.checkpoint, args.device)
         sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
         refs = None
@@ -74,7 +80,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"raymt.translate: error: {err}", file=sys.stderr)
         return 2
     with for_inference(args.device, cfg, tokenizer.vocab_size).apply().autocast():  # the run's precision
-        nbest = translate_nbest(model, tokenizer, sentences, opts, args.n_best, args.batch_size, args.device)
+        nbest = translate_nbest(model, tokenizer, sentences, opts, args.n_best, args.batch_size, args.device, prefix)
     hyps = [h[0][1] for h in nbest]
     for i, hyp_list in enumerate(nbest):
         if args.n_best == 1:
