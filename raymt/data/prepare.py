@@ -1041,14 +1041,26 @@ def prepare_corpus(
     here = in_driver(inputs)
     if not here:
         init_ray()
+    manifest = _build_staged(
+        out,
+        lambda tmp: _build(cfg, tmp, train, valid, test or {}, tokenizer, here),
+        options=single_pair_options(cfg),
+        inputs=inputs,
+        fingerprint=fp,
+        command=command,
+    )
+    print_summary(manifest, out, time.time() - t0)
+    return manifest
+
+
+def _build_staged(out: Path, build: Callable[[Path], dict], **entries) -> dict:
+    """Build a corpus in a staging dir beside `out` with `build(tmp)`, add `entries` and the
+    provenance to its manifest, then move it into place: `out` is whole or untouched."""
     tmp = _staging(out)
     try:
-        manifest = _build(cfg, tmp, train, valid, test or {}, tokenizer, here)
+        manifest = build(tmp)
         manifest.update(
-            options=single_pair_options(cfg),
-            inputs=inputs,
-            fingerprint=fp,
-            command=command,
+            **entries,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             raymt_version=raymt.__version__,
         )
@@ -1061,7 +1073,6 @@ def prepare_corpus(
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print_summary(manifest, out, time.time() - t0)
     return manifest
 
 
@@ -1362,26 +1373,14 @@ def prepare_corpora(
     here = [in_driver([i for i in inputs if i.get("corpus") == c.spec.name]) for c in corpora]
     if not all(here):
         init_ray()
-    tmp = _staging(out)
-    try:
-        manifest = _build_corpora(cfg, tmp, corpora, reserved, tokenizer, here)
-        manifest.update(
-            options=_corpora_options(cfg),
-            inputs=inputs,
-            fingerprint=fp,
-            command=command,
-            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            raymt_version=raymt.__version__,
-        )
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        _install(tmp, out)
-    except Exception as err:
-        user = _user_error(err)
-        if user is not None:
-            raise user from None
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    manifest = _build_staged(
+        out,
+        lambda tmp: _build_corpora(cfg, tmp, corpora, reserved, tokenizer, here),
+        options=_corpora_options(cfg),
+        inputs=inputs,
+        fingerprint=fp,
+        command=command,
+    )
     print_corpora_summary(manifest, out, time.time() - t0)
     return manifest
 
