@@ -62,6 +62,7 @@ from raymt.data.text import COMPRESSED, open_binary
 from raymt.export import CT2_RAYMT_CONFIG
 from raymt.storage import InputError, first_line
 from raymt.tokenizer import EOS_ID, Tokenizer
+from raymt.translate import decode_options
 
 INFO_FILE = "bt.json"
 INFO_FORMAT = "raymt-bt/1"
@@ -842,16 +843,7 @@ def check_args(args: argparse.Namespace) -> Job:
         seed=args.seed,
         progress_s=args.progress_s,
     )
-    opts = DecodeOptions(
-        beam=1 if args.sample else args.beam,
-        length_penalty=args.length_penalty,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-        sample=args.sample,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        seed=args.seed if args.sample else None,
-    )  # validates
+    opts = decode_options(args, seed=args.seed if args.sample else None)
     model = load_model_info(args.checkpoint)
     src_lang, tgt_lang, tags = directions(model, args.src_lang, args.tgt_lang)
     engine = resolve_engine(bt.engine, model)

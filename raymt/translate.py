@@ -47,22 +47,27 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def decode_options(args: argparse.Namespace, seed: Optional[int]) -> DecodeOptions:
+    """DecodeOptions (validated) from the decoding flags translate and backtranslate share."""
+    return DecodeOptions(
+        beam=1 if args.sample else args.beam,
+        length_penalty=args.length_penalty,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+        sample=args.sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=seed,
+    )
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
     args = parse_args(argv)
     try:
         if args.beam < 1:
             raise ValueError(f"--beam {args.beam} must be >= 1")
-        opts = DecodeOptions(
-            beam=1 if args.sample else args.beam,
-            length_penalty=args.length_penalty,
-            max_len_a=args.max_len_a,
-            max_len_b=args.max_len_b,
-            sample=args.sample,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            seed=args.seed,
-        )  # validates
+        opts = decode_options(args, seed=args.seed)
         if not 1 <= args.n_best <= opts.beam:
             raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
         prefix = source_prefix(args.checkpoint, args.tgt_lang)  # checked before the weights load
