@@ -135,7 +135,7 @@ class PeakRSS(threading.Thread):
                 root = psutil.Process(self.pid)
                 self.driver = max(self.driver, root.memory_info().rss)
                 for proc in root.children(recursive=True):
-                    if " ".join(proc.cmdline()).startswith("ray::MapWorker"):
+                    if " ".join(proc.cmdline()).startswith(bt.ACTOR_TITLE):
                         self.actors[proc.pid] = max(self.actors.get(proc.pid, 0), proc.memory_info().rss)
             except psutil.Error:
                 pass

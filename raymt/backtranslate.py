@@ -6,15 +6,18 @@ pairs (synthetic English, real German) then join the real ones for training en->
 
 The input's line ids are cut into shards of `--shard-lines`; shard k (line ids
 [k*S, (k+1)*S)) becomes `part-<first line id>.parquet` with columns line_id, input, output,
-score, written whole (a temporary name renamed, or one object PUT). A Ray Data pipeline
-streams the unfinished shards: read tasks on this machine decode the input file by file
-(never all of it in memory), a pool of decoding actors (the model loaded once each) cuts
-each block into length-sorted token-budget batches, and the driver writes each shard once
-all its lines are back. Killed anywhere (driver or actor), the same command finishes the
-job: a shard file is written once complete, found and verified (row count) on restart, and
-the rest is redone; every input line ends up in exactly one row. An empty or invalid line
-(bad UTF-8, bad JSON, missing column) gets an empty output and is counted, so the output
-stays aligned with the input.
+score, written whole (a temporary name renamed, or one object PUT). The driver reads the
+input file by file (one shard in memory at a time) and hands each unfinished shard to a pool
+of Ray actors (the model loaded once each; two shards queued per actor); an actor cuts the
+shard into length-sorted token-budget batches, decodes it and writes the shard's file
+itself, then returns a small record (shard, counts) for the progress line and `bt.json`.
+(Not Ray Data: a map task's output reaches the next step only per 128 MiB or when the task
+ends, so a read step per file fed whole files to one actor and shards to the driver at the end.)
+Killed anywhere (driver or actor), the same command finishes the job: a shard file is
+written once complete, so a killed driver loses only the shards in flight; the files are
+found and verified (row count) on restart, and the rest is redone; every input line ends up
+in exactly one row. An empty or invalid line (bad UTF-8, bad JSON, missing column) gets an
+empty output and is counted, so the output stays aligned with the input.
 
 `bt.json` in the output names the model and its direction, the decoding options, the
 input and its line count, the counts, and `done`; a rerun with other settings is refused.
@@ -33,11 +36,11 @@ import io
 import json
 import os
 import random
+import secrets
 import shutil
 import sys
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
@@ -70,9 +73,13 @@ SHARD_PREFIX = "part-"
 META_KEY = b"raymt.bt"  # Parquet schema metadata of a shard: its counts
 STATUS_OK, STATUS_EMPTY, STATUS_INVALID = 0, 1, 2
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
-# For tests of kills and restarts only: seconds each actor sleeps per block (slows a run down).
+# For tests of kills and restarts only: seconds each actor sleeps per shard (slows a run down).
 DELAY_ENV = "RAYMT_BT_TEST_DELAY_S"
 CPU_ACTORS = 2
+# Shards given to an actor at a time: the next one is there when it finishes one.
+QUEUE_PER_ACTOR = 2
+# The process title of a decoding actor (tests and the benchmark find actors by it).
+ACTOR_TITLE = "ray::BacktranslateActor"
 NOISE_FIELDS = ("noise", "noise_delete", "noise_replace", "noise_swap", "noise_filler")
 OUT_SCHEMA = pa.schema(
     [("line_id", pa.int64()), ("input", pa.string()), ("output", pa.string()), ("score", pa.float64())]
@@ -411,16 +418,16 @@ def _text_of(raw: Any, kind: str, column: Optional[str], first: bool) -> Optiona
     return value if isinstance(value, str) else ("" if value is None else None)
 
 
-def _raw_items(f: dict, column: Optional[str]) -> Iterator[Any]:
+def _raw_items(f: InputFile, column: Optional[str]) -> Iterator[Any]:
     """A file's lines as bytes (text, tsv, jsonl) or its column's values (parquet)."""
     from raymt.data.text import lines
 
-    if f["kind"] != "parquet":
-        yield from lines(f["path"])
+    if f.kind != "parquet":
+        yield from lines(f.path)
         return
-    fs, path = storage.filesystem(f["path"])
+    fs, path = storage.filesystem(f.path)
     with fs.open_input_file(path) as fh:
-        if f["path"].lower().endswith(".parquet"):
+        if f.path.lower().endswith(".parquet"):
             for batch in pq.ParquetFile(fh).iter_batches(batch_size=10_000, columns=[column]):
                 yield from batch.column(0).to_pylist()
         else:
@@ -432,34 +439,41 @@ def _raw_items(f: dict, column: Optional[str]) -> Iterator[Any]:
             yield from table.column(column).to_pylist()
 
 
-def read_shards(
-    batch: pa.Table, files: list[dict], column: Optional[str], src_lang: str, shard_lines: int, todo: list[int]
-) -> Iterator[pa.Table]:
-    """Ray Data read step: the lines of the shards in `todo` of each file in `batch`, one block per
-    shard piece (line_id, text; text null when invalid). Lines of done shards are skipped undecoded."""
-    todo_set = set(todo)
-    for idx in batch.column("file").to_pylist():
-        f = files[idx]
-        col = default_column(f["kind"], column, src_lang)
-        ids: list[int] = []
-        texts: list[Optional[str]] = []
-        line_id = f["first_line"]
+def _changed(f: InputFile, now: str) -> InputError:
+    """The error of an input file whose line count is not the one counted when the job started."""
+    return InputError(
+        f"{f.path} has {now} lines now but had {f.num_lines} when the job started: an input must not "
+        "change during a job; pass a new --output"
+    )
+
+
+def shard_inputs(job: Job) -> Iterator[tuple[int, pa.Table]]:
+    """The shards to do in line-id order, each one table (line_id, text; text null when invalid),
+    read file by file in this process: one shard in memory at a time, whatever the files' sizes.
+    A shard may span files; files without a shard to do are not opened."""
+    shard_lines, todo = job.bt.shard_lines, set(job.todo)
+    src_lang = job.src_lang.split("+")[0]
+    ids: list[int] = []
+    texts: list[Optional[str]] = []
+    for f in job.files:
+        first, end = f.first_line, f.first_line + f.num_lines
+        if not any(s in todo for s in range(first // shard_lines, -(-end // shard_lines))):
+            continue
+        col = default_column(f.kind, job.args.column, src_lang)
+        line_id = first
         for raw in _raw_items(f, col):
+            if line_id == end:
+                raise _changed(f, "more")
             shard = line_id // shard_lines
-            if shard in todo_set:
-                if ids and ids[-1] // shard_lines != shard:
-                    yield pa.table({"line_id": pa.array(ids, pa.int64()), "text": pa.array(texts, pa.string())})
-                    ids, texts = [], []
+            if shard in todo:  # the lines of done shards are not decoded
                 ids.append(line_id)
-                texts.append(_text_of(raw, f["kind"], col, line_id == f["first_line"]))
+                texts.append(_text_of(raw, f.kind, col, line_id == first))
+                if len(ids) == job.shard_rows(shard):
+                    yield shard, pa.table({"line_id": pa.array(ids, pa.int64()), "text": pa.array(texts, pa.string())})
+                    ids, texts = [], []
             line_id += 1
-        if ids:
-            yield pa.table({"line_id": pa.array(ids, pa.int64()), "text": pa.array(texts, pa.string())})
-        if line_id - f["first_line"] != f["num_lines"]:
-            raise InputError(
-                f"{f['path']} has {line_id - f['first_line']} lines now but had {f['num_lines']} when "
-                "the job started: an input must not change during a job; pass a new --output"
-            )
+        if line_id != end:
+            raise _changed(f, str(line_id - first))
 
 
 # ---------------------------------------------------------------- decoding
@@ -590,7 +604,7 @@ ENGINES = {"raymt": RaymtEngine, "ctranslate2": CT2Engine}
 
 
 class BacktranslateActor:
-    """Ray Data actor: loads the model once, then translates whole blocks of (line_id, text)."""
+    """Decoding actor: loads the model once, then translates whole shards and writes each one."""
 
     def __init__(
         self,
@@ -601,13 +615,18 @@ class BacktranslateActor:
         tags: list[str],
         device: str,
         num_threads: int,
+        output: str,
+        driver_node: str,
         cache: Optional[str] = None,
         delay_s: float = 0.0,
     ):
+        import ray
         import torch
 
         torch.set_num_threads(num_threads)
-        self.bt, self.delay_s = BacktranslateConfig(**bt), delay_s
+        self.bt, self.delay_s, self.output = BacktranslateConfig(**bt), delay_s, output
+        # A local --output is the driver's directory: an actor on another machine sends its bytes back.
+        self.writes = storage.is_uri(output) or ray.get_runtime_context().get_node_id() == driver_node
         self.engine = ENGINES[engine](
             checkpoint,
             DecodeOptions(**opts),
@@ -618,9 +637,16 @@ class BacktranslateActor:
             cache=cache,
         )
 
-    def __call__(self, block: pa.Table) -> pa.Table:
-        """One output row per input row: line_id, input, output, score, status."""
-        return translate_block(self.engine, block, self.bt, self.delay_s)
+    def translate_shard(self, shard: int, block: pa.Table) -> dict:
+        """Translate a whole shard and write its file; a small record back (shard, lines, counts),
+        with the file's bytes only when this machine cannot write to --output."""
+        data, counts = shard_file(translate_block(self.engine, block, self.bt, self.delay_s))
+        record: dict[str, Any] = {"shard": shard, "lines": block.num_rows, "counts": counts}
+        if self.writes:
+            write_shard(storage.join(self.output, shard_name(shard * self.bt.shard_lines)), data)
+        else:
+            record["data"] = data
+        return record
 
 
 def translate_block(engine: Any, block: pa.Table, bt: BacktranslateConfig, delay_s: float = 0.0) -> pa.Table:
@@ -691,6 +717,38 @@ class Job:
 def shard_name(first_line_id: int) -> str:
     """`part-000000010000.parquet`: names sort in line-id order."""
     return f"{SHARD_PREFIX}{first_line_id:012d}.parquet"
+
+
+def shard_file(table: pa.Table) -> tuple[bytes, dict]:
+    """A translated shard's Parquet file (rows in line-id order, its counts in the schema's
+    metadata) and its counts."""
+    table = table.take(pa.compute.sort_indices(table, [("line_id", "ascending")]))
+    status = table.column("status").to_pylist()
+    counts = {
+        "translated": status.count(STATUS_OK),
+        "empty": status.count(STATUS_EMPTY),
+        "invalid": status.count(STATUS_INVALID),
+    }
+    out = table.select(OUT_SCHEMA.names).cast(OUT_SCHEMA).replace_schema_metadata({META_KEY: json.dumps(counts)})
+    buf = io.BytesIO()
+    pq.write_table(out, buf)
+    return buf.getvalue(), counts
+
+
+def write_shard(location: str, data: bytes) -> None:
+    """Write a shard file whole: locally under a temporary name of this writer's own, then renamed
+    (a retried task and a first try that is still running never mix); an object in one PUT."""
+    if storage.is_uri(location):
+        storage.write_bytes(location, data)
+        return
+    path = Path(location)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")  # find_done removes leftovers
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def settings(job: Job) -> dict:
@@ -866,65 +924,34 @@ def check_args(args: argparse.Namespace) -> Job:
 # ---------------------------------------------------------------- running it
 
 
-class ShardWriter:
-    """Collects the actors' rows per shard on the driver and writes each shard once it is whole."""
+class Progress:
+    """The driver's record of a run: each finished shard's counts (its file written by its actor,
+    or here from the bytes an actor sent), and a progress line every --progress-s seconds."""
 
     def __init__(self, job: Job):
         self.job = job
-        self.pending: dict[int, list[pa.Table]] = {}
-        self.seen: dict[int, set[int]] = {}
         self.lines = 0  # lines translated (or counted empty) in this run
         self.started = self.ended = time.time()
         self.printed = self.started
         self.last_line = ""
 
-    def add(self, table: pa.Table) -> None:
-        """Take one block of output rows; write the shards it completes."""
-        shard_lines = self.job.bt.shard_lines
-        ids = table.column("line_id").to_pylist()
-        starts = [i for i in range(len(ids)) if i == 0 or ids[i] // shard_lines != ids[i - 1] // shard_lines]
-        for lo, hi in zip(starts, starts[1:] + [len(ids)]):  # a block may hold pieces of several shards
-            shard = ids[lo] // shard_lines
-            if shard in self.job.done:
-                continue  # rows of a retried task that arrived twice
-            fresh = set(ids[lo:hi]) - self.seen.setdefault(shard, set())
-            self.seen[shard] |= fresh
-            self.lines += len(fresh)
-            self.pending.setdefault(shard, []).append(table.slice(lo, hi - lo))
-            if len(self.seen[shard]) == self.job.shard_rows(shard):
-                self.write(shard)
+    def add(self, record: dict) -> None:
+        """Take one finished shard's record (shard, lines, counts and maybe the file's bytes)."""
+        shard = record["shard"]
+        if "data" in record:
+            write_shard(storage.join(self.job.output, shard_name(shard * self.job.bt.shard_lines)), record["data"])
+        self.job.done[shard] = record["counts"]
+        self.lines += record["lines"]
         self.ended = time.time()
-        self.progress()
 
-    def write(self, shard: int) -> None:
-        """Write one complete shard, in line-id order, each line once, with its counts."""
-        table = pa.concat_tables(self.pending.pop(shard))
-        del self.seen[shard]
-        table = table.take(pa.compute.sort_indices(table, [("line_id", "ascending")]))
-        ids = table.column("line_id").to_numpy()
-        if len(ids) > 1 and (ids[1:] == ids[:-1]).any():  # duplicates: keep each line's first
-            keep = [0] + [i for i in range(1, len(ids)) if ids[i] != ids[i - 1]]
-            table = table.take(pa.array(keep, pa.int64()))
-        status = table.column("status").to_pylist()
-        counts = {
-            "translated": status.count(STATUS_OK),
-            "empty": status.count(STATUS_EMPTY),
-            "invalid": status.count(STATUS_INVALID),
-        }
-        out = table.select(OUT_SCHEMA.names).cast(OUT_SCHEMA).replace_schema_metadata({META_KEY: json.dumps(counts)})
-        buf = io.BytesIO()
-        pq.write_table(out, buf)
-        storage.write_bytes(storage.join(self.job.output, shard_name(shard * self.job.bt.shard_lines)), buf.getvalue())
-        self.job.done[shard] = counts
-
-    def progress(self, final: bool = False) -> None:
+    def show(self, final: bool = False) -> None:
         """A progress line every --progress-s seconds: lines, shards, sentences/s and ETA."""
         now = time.time()
         if not final and now - self.printed < self.job.bt.progress_s:
             return
         self.printed = now
         job, rate = self.job, self.lines / max(now - self.started, 1e-9)
-        done_lines = sum(job.shard_rows(s) for s in job.done) + sum(len(s) for s in self.seen.values())
+        done_lines = sum(job.shard_rows(s) for s in job.done)
         left = job.num_lines - done_lines
         eta = f"ETA {_clock(left / rate)}" if rate > 0 and left > 0 else ("done" if left <= 0 else "ETA ?")
         line = (
@@ -942,63 +969,68 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def run_on_cluster(job: Job, writer: ShardWriter) -> None:
-    """Stream the shards to do through the actor pool; the writer gets every output block."""
-    import ray.data
+def start_actors(job: Job) -> list:
+    """The decoding actors (no more than shards to do), restarted by Ray if one dies and its
+    shards retried; spread over the cluster's machines."""
+    import ray
 
-    from raymt.data.prepare import _driver_node
     from raymt.evaluate import actor_plan, default_actors
 
     args = job.args
-    num_actors = args.num_actors or default_actors(args.gpu)
-    actors = actor_plan(num_actors, args.gpu, args.cpus_per_actor)  # one line if they cannot all be placed
-    shard_lines, todo = job.bt.shard_lines, set(job.todo)
-    files = []
-    for i, f in enumerate(job.files):
-        first, last = f.first_line // shard_lines, (f.first_line + f.num_lines - 1) // shard_lines
-        if f.num_lines and todo & set(range(first, last + 1)):
-            files.append(i)
-    plain = [dataclasses.asdict(f) for f in job.files]
-    # One read task per file, on this machine (local inputs live here); it yields a block per shard.
-    ds = ray.data.from_items([{"file": i} for i in files], override_num_blocks=len(files)).map_batches(
-        read_shards,
-        batch_size=1,
-        batch_format="pyarrow",
-        fn_kwargs={
-            "files": plain,
-            "column": args.column,
-            "src_lang": job.src_lang.split("+")[0],
-            "shard_lines": shard_lines,
-            "todo": sorted(todo),
-        },
-        label_selector=_driver_node(),
+    num_actors = min(args.num_actors or default_actors(args.gpu), len(job.todo))
+    plan = actor_plan(num_actors, args.gpu, args.cpus_per_actor)  # one line if they cannot all be placed
+    actor = ray.remote(BacktranslateActor).options(
+        num_cpus=plan.cpus,
+        num_gpus=plan.gpus,
+        max_restarts=-1,
+        max_task_retries=-1,  # a shard of a dead actor is decoded again once Ray restarted it
+        scheduling_strategy="SPREAD",
     )
-    ds = ds.map_batches(
-        BacktranslateActor,
-        batch_size=None,  # a whole block (a shard or a piece of one) per call
-        batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=num_actors),
-        num_cpus=actors.cpus,
-        num_gpus=actors.gpus,
-        fn_constructor_kwargs={
-            "checkpoint": job.model.location,
-            "engine": job.engine,
-            "opts": dict(job.opts.__dict__),
-            "bt": dataclasses.asdict(job.bt),
-            "tags": job.tags,
-            "device": "cuda" if args.gpu else "cpu",
-            "num_threads": actors.num_threads,
-            "cache": str(storage.cache_root()),
-            "delay_s": float(os.environ.get(DELAY_ENV, "0") or 0),
-        },
-    )
-    writer.started = writer.printed = time.time()  # the rate counts decoding, not Ray's start
-    with warnings.catch_warnings():
-        # The read step is one input row per file, so Ray Data warns that it cannot feed all
-        # actors; the blocks it yields (one per shard) do feed them.
-        warnings.filterwarnings("ignore", message="The minimum number of concurrent actors")
-        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-            writer.add(block)
+    kwargs = {
+        "checkpoint": job.model.location,
+        "engine": job.engine,
+        "opts": dict(job.opts.__dict__),
+        "bt": dataclasses.asdict(job.bt),
+        "tags": job.tags,
+        "device": "cuda" if args.gpu else "cpu",
+        "num_threads": plan.num_threads,
+        "output": job.output,
+        "driver_node": ray.get_runtime_context().get_node_id(),
+        "cache": str(storage.cache_root()),
+        "delay_s": float(os.environ.get(DELAY_ENV, "0") or 0),
+    }
+    return [actor.remote(**kwargs) for _ in range(num_actors)]
+
+
+def run_on_cluster(job: Job, progress: Progress) -> None:
+    """Read the shards to do here and hand each to the least busy actor, which writes its file;
+    at most QUEUE_PER_ACTOR shards per actor at a time, so memory stays flat in the input's size."""
+    import ray
+
+    actors = start_actors(job)
+    queued = [0] * len(actors)
+    pending: dict[Any, int] = {}  # a shard's record (ObjectRef) -> its actor's index
+
+    def collect() -> None:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=job.bt.progress_s)
+        for ref in ready:
+            queued[pending.pop(ref)] -= 1
+            progress.add(ray.get(ref))
+        progress.show()
+
+    progress.started = progress.printed = time.time()  # the rate counts decoding, not Ray's start
+    try:
+        for shard, block in shard_inputs(job):
+            while len(pending) >= QUEUE_PER_ACTOR * len(actors):
+                collect()
+            i = queued.index(min(queued))
+            pending[actors[i].translate_shard.remote(shard, block)] = i
+            queued[i] += 1
+        while pending:
+            collect()
+    finally:
+        for actor in actors:  # at once: a failed run's actors must not hold the cluster's CPUs
+            ray.kill(actor)
 
 
 def text_names(job: Job) -> list[str]:
@@ -1035,11 +1067,11 @@ def _uri_output(location: str) -> Any:
     return fs.open_output_stream(path, compression=None)
 
 
-def summary(job: Job, seconds: float, writer: ShardWriter) -> str:
+def summary(job: Job, seconds: float, progress: Progress) -> str:
     """The last line: counts, wall time, decoding speed (Ray's start aside) and where the output is."""
     c = job.info["counts"]
-    decoding_s = max(writer.ended - writer.started, 1e-9)
-    rate = f", {writer.lines / decoding_s:,.1f} sentences/s" if writer.lines else ""
+    decoding_s = max(progress.ended - progress.started, 1e-9)
+    rate = f", {progress.lines / decoding_s:,.1f} sentences/s" if progress.lines else ""
     return (
         f"backtranslated {job.num_lines:,} lines {job.src_lang}->{job.tgt_lang} ({c['translated']:,} translated, "
         f"{c['empty']:,} empty, {c['invalid']:,} invalid; engine {job.engine}) in {seconds:.1f} s{rate} -> {job.output}"
@@ -1056,7 +1088,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as err:
         print(f"raymt.backtranslate: error: {err}", file=sys.stderr)
         return 2
-    writer = ShardWriter(job)
+    progress = Progress(job)
     if job.todo:
         print(
             f"backtranslate: {job.num_lines:,} lines in {job.num_shards} shards, {len(job.todo)} to do "
@@ -1065,7 +1097,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
         started = init_ray(args.num_cpus, verbose=args.verbose)
         try:
-            run_on_cluster(job, writer)
+            run_on_cluster(job, progress)
         except Exception as err:  # noqa: BLE001 - a reader's one-line error inside Ray's wrapping
             from raymt.data.prepare import _user_error
 
@@ -1079,7 +1111,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 import ray
 
                 ray.shutdown()
-        writer.progress(final=True)
+        progress.show(final=True)
     missing = [s for s in range(job.num_shards) if s not in job.done]
     if missing:
         print(
@@ -1088,10 +1120,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
         return 1
     have_text = all(storage.exists(storage.join(job.output, n)) for n in text_names(job))
-    if args.format == "text" and (writer.lines or not have_text):  # shards redone: the text too
+    if args.format == "text" and (progress.lines or not have_text):  # shards redone: the text too
         write_text(job)
     write_info(job, done=True)
-    print(summary(job, time.time() - t0, writer))
+    print(summary(job, time.time() - t0, progress))
     return 0
 
 

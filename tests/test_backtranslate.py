@@ -5,6 +5,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -200,6 +201,23 @@ def write_inputs(root: Path) -> tuple[Path, list[str], list[int], list[int]]:
     return root, texts, empty, invalid
 
 
+def test_shard_inputs_are_whole_shards_across_files_and_skip_done_ones(checkpoint, tmp_path):
+    inputs, texts, _, invalid = write_inputs(tmp_path / "in")
+    flags = ["--checkpoint", str(checkpoint), "--input", str(inputs), "--output", str(tmp_path / "out"), *FLAGS]
+    job = bt.check_args(bt.parse_args([*flags, "--shard-lines", "7"]))
+    job.todo = [1, 2, 5]  # 1: lines 7-13 (a.txt.gz and b.tsv); 5: 35-39, the short last one
+    got = list(bt.shard_inputs(job))
+    assert [shard for shard, _ in got] == job.todo
+    for shard, table in got:
+        ids = list(range(7 * shard, min(7 * shard + 7, 40)))
+        assert table.column("line_id").to_pylist() == ids
+        assert table.column("text").to_pylist() == [None if i in invalid else texts[i] for i in ids]
+    with (inputs / "b.tsv").open("a") as f:
+        f.write("one more\tline\n")
+    with pytest.raises(ValueError, match="b.tsv has more lines now but had 10 when the job started"):
+        list(bt.shard_inputs(job))
+
+
 def test_every_input_kind_aligned_each_line_once(ray_cluster, checkpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("RAYMT_CACHE", str(tmp_path / "cache"))
     inputs, texts, empty, invalid = write_inputs(tmp_path / "in")
@@ -216,21 +234,19 @@ def test_every_input_kind_aligned_each_line_once(ray_cluster, checkpoint, tmp_pa
     assert info["done"] and info["num_lines"] == 40 and info["num_shards"] == 6
     assert info["counts"] == {"translated": 35, "empty": 3, "invalid": 2}
     assert (info["src_lang"], info["tgt_lang"], info["engine"]) == ("en", "de", "raymt")
-    # The outputs are what the engine gives each shard's piece of each file, decoded here.
+    # The outputs are what the engine gives each shard (one block, across files), decoded here.
     engine = bt.RaymtEngine(str(checkpoint), OPTS, "cpu", [])
     cfg = BacktranslateConfig(shard_lines=7)
-    bounds, expected = [0, 10, 20, 30, 40], []
-    for lo, hi in zip(bounds, bounds[1:]):
-        for start in range(lo, hi):
-            if start == lo or start % 7 == 0:
-                end = min(hi, (start // 7 + 1) * 7)
-                block = pa.table(
-                    {
-                        "line_id": pa.array(range(start, end), pa.int64()),
-                        "text": pa.array([None if i in invalid else texts[i] for i in range(start, end)], pa.string()),
-                    }
-                )
-                expected += bt.translate_block(engine, block, cfg).column("output").to_pylist()
+    expected = []
+    for start in range(0, 40, 7):
+        ids = range(start, min(start + 7, 40))
+        block = pa.table(
+            {
+                "line_id": pa.array(ids, pa.int64()),
+                "text": pa.array([None if i in invalid else texts[i] for i in ids], pa.string()),
+            }
+        )
+        expected += bt.translate_block(engine, block, cfg).column("output").to_pylist()
     assert outputs == expected
     # --format text: aligned line by line with the input
     assert (out / "text.en").read_text().split("\n")[:-1] == texts
@@ -333,10 +349,10 @@ def wait_for_shards(out: Path, more_than: int, proc: subprocess.Popen, timeout: 
         time.sleep(0.05)
 
 
-# Not in CI yet: on a quiet machine it fails (2026-12-02): the driver received every block at
-# the end of the run, so no shard existed to kill it after and a killed driver lost the whole
-# run's work. It passed its first half under heavy load. Issue 29 keeps this open.
+# Each actor writes its shard's file as soon as it is decoded (before, Ray Data delivered every
+# output block to the driver at the end of the run: no shard file existed to kill it after).
 @pytest.mark.slow
+@pytest.mark.ci
 def test_killed_driver_then_actor_resume_each_line_once(ray_address, checkpoint, tmp_path):
     """Done when 1 of issue 29: 20,000 lines, the driver SIGKILLed, then an actor; every line once."""
     rng = random.Random(3)
@@ -356,17 +372,20 @@ def test_killed_driver_then_actor_resume_each_line_once(ray_address, checkpoint,
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), bt.DELAY_ENV: "0.5"}
 
     first = start(args, tmp_path / "first.log", env)
-    wait_for_shards(out, 2, first)
+    wait_for_shards(out, 2, first)  # shard files while the driver still runs
     os.killpg(first.pid, signal.SIGKILL)  # the driver, at once
     first.wait()
     written = len(list(out.glob("part-*.parquet")))
     assert written < 20
+    stale = set(ray_address.processes(bt.ACTOR_TITLE))  # the killed driver's actors, on their way out
 
     second = start(args, tmp_path / "second.log", env)
     wait_for_shards(out, written, second)  # the rerun has written a shard: its actors are busy
-    actors = ray_address.processes("ray::MapWorker")
-    assert actors, "no decoding actor found"
-    os.kill(actors[0], signal.SIGKILL)  # an actor, mid-run: Ray Data restarts it and retries its block
+    deadline = time.time() + 60
+    while not (actors := [pid for pid in ray_address.processes(bt.ACTOR_TITLE) if pid not in stale]):
+        assert second.poll() is None and time.time() < deadline, "no decoding actor of the rerun found"
+        time.sleep(0.05)
+    os.kill(actors[0], signal.SIGKILL)  # an actor, mid-run: Ray restarts it and retries its shards
     rc = second.wait(timeout=600)
     log = (tmp_path / "second.log").read_text()
     if rc != 0:  # the job failed instead of retrying: the same command finishes it
@@ -375,6 +394,9 @@ def test_killed_driver_then_actor_resume_each_line_once(ray_address, checkpoint,
         log = (tmp_path / "third.log").read_text()
     assert rc == 0, log[-3000:]
     assert "backtranslated 20,000 lines" in log
+    # The rerun kept the shards the killed driver's actors had written (and any they finished since).
+    to_do = int(re.search(r"in 20 shards, (\d+) to do", (tmp_path / "second.log").read_text()).group(1))
+    assert to_do <= 20 - written
 
     table = shards(out)
     assert table.column("line_id").to_pylist() == list(range(20_000))  # once each, in order
