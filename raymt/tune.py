@@ -23,7 +23,7 @@ SEARCHERS = ("random", "optuna")
 METRICS = {"valid_bleu": "max", "valid_chrf": "max", "valid_loss": "min"}
 # The sweep's defaults: short trials of the default model on the built-in corpus.
 DEFAULT_TRIAL = {"train.max_steps": 300, "train.eval_every": 100, "train.log_every": 50, "decode.beam": 1}
-DEFAULT_LRS = "optim.lr=5e-4,1e-3,2e-3,4e-3,1e-2"
+DEFAULT_LRS = "optim.lr=1e-3,2e-3,4e-3,8e-3"
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
