@@ -255,7 +255,30 @@ def test_one_pair_runs_resume_as_before_whatever_the_temperature(tmp_path):
     assert resumed == run_dir and cfg.data.temperature == 5
 
 
-# ---------------------------------------------------------------- bad input
+# ---------------------------------------------------------------- tune and bad input
+
+
+def test_a_sweep_may_vary_the_temperature_of_its_shared_corpus(prepared, tmp_path):
+    """data.temperature is the one corpus option a sweep may vary: the shared corpus is the same,
+    only the workers' mix changes; every other corpus option is still refused."""
+    from raymt.tune import parse_space, shared_corpus
+
+    space = parse_space([], ["data.temperature=1,5"])
+    assert list(space) == ["data.temperature"]
+    with pytest.raises(ValueError, match="a sweep prepares its corpus once"):
+        parse_space([], ["data.vocab_size=104,200"])
+    cfg = build_config(parse_args(["--pairs", ",".join(PAIRS), *SIZES, *SMALL_VOCAB]))
+    base = shared_corpus(cfg, tmp_path)
+    rows = {}
+    for temperature in (1.0, 5.0):
+        trial = apply_overrides(base, {"data.temperature": temperature})
+        trial, run_data = plan_data(trial, tmp_path / f"t{temperature}", None, None)
+        assert run_data.corpus == base.data.corpus and run_data.mixed
+        corpora, _ = materialize(trial, run_data)
+        rows[temperature] = mix_record(corpora, trial.data.temperature)["rows"]
+    assert rows[1.0] == [300, 300, 300] and rows[5.0] == rows[1.0]  # equal corpora: any T, the same
+    weighted = [c._replace(weight=w) for c, w in zip(corpora, WEIGHTS)]
+    assert mix_record(weighted, 1.0)["rows"] != mix_record(weighted, 5.0)["rows"]
 
 
 @pytest.mark.parametrize(
