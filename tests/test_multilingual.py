@@ -345,7 +345,7 @@ def mixed_reference(tmp_path_factory, ray_head):
     return out, storage / "ref"
 
 
-@pytest.mark.slow  # a Ray Train run of a tiny model on three pairs (CI runs it: .ci/run)
+@pytest.mark.slow  # a Ray Train run on three pairs: 245 s on 2 busy cores (CI runs it: .ci/run)
 @pytest.mark.ci
 @pytest.mark.timeout(900)
 def test_three_pairs_train_with_tags_in_the_temperatures_mix_and_score_per_pair(mixed_reference):
@@ -391,7 +391,7 @@ def test_three_pairs_train_with_tags_in_the_temperatures_mix_and_score_per_pair(
         assert f"BLEU {summary['test'][p]['bleu']:.2f}," in line and summary["test"][p]["num_sentences"] == 12
 
 
-@pytest.mark.slow  # ~2 min: a multilingual run killed twice and resumed (CI runs it: .ci/run)
+@pytest.mark.slow  # a run killed twice and resumed: 478 s on 2 busy cores (CI runs it: .ci/run)
 @pytest.mark.ci
 @pytest.mark.timeout(900)
 def test_a_killed_multilingual_run_continues_pair_by_pair(tmp_path, mixed_reference, ray_address):
