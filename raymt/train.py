@@ -241,9 +241,12 @@ def mixes_corpora(cfg: Config) -> bool:
 
     if cfg.data.corpora:
         return mixed(cfg.data.corpora)
-    return cfg.data.corpus is not None and corpus_format.read_manifest(cfg.data.corpus)["format"] == (
-        corpus_format.FORMAT_CORPORA
-    )
+    if cfg.data.corpus is None:
+        return False
+    try:
+        return corpus_format.read_manifest(cfg.data.corpus)["format"] == corpus_format.FORMAT_CORPORA
+    except ValueError:  # not (or no longer) a prepared corpus: plan_data says so where it reads it
+        return False
 
 
 MIX_FIELDS = ("corpora", "corpus", "temperature")

@@ -253,6 +253,11 @@ def test_one_pair_runs_resume_as_before_whatever_the_temperature(tmp_path):
     run_dir = saved_run(tmp_path, [])
     cfg, resumed, _ = resolve_resume(parse_args(["--resume", run_dir, "--set", "data.temperature=5"]))
     assert resumed == run_dir and cfg.data.temperature == 5
+    # A one-pair run whose --corpus is gone, given another: no manifest is needed to let it go on.
+    (tmp_path / "run").rename(tmp_path / "old")
+    run_dir = saved_run(tmp_path, ["--corpus", str(tmp_path / "gone")])
+    cfg, resumed, _ = resolve_resume(parse_args(["--resume", run_dir, "--corpus", str(tmp_path / "new")]))
+    assert resumed == run_dir and cfg.data.corpus == str(tmp_path / "new")
 
 
 # ---------------------------------------------------------------- tune and bad input
