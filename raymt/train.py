@@ -11,7 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from raymt import storage
 from raymt.average import describe_checkpoint
@@ -193,7 +193,9 @@ def resolve_resume(
             f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) nor a checkpoint (no {MODEL_FILE})"
         )
     check_resumable(location)
-    cfg = build_config(args, Config.from_dict(json.loads(saved)), new_run=False)
+    before = Config.from_dict(json.loads(saved))
+    cfg = build_config(args, before, new_run=False)
+    check_same_mix(before, cfg, location)
     parent, name = storage.split(location)
     return apply_overrides(cfg, {"train.storage_path": parent, "train.name": name}), location, None
 
@@ -223,7 +225,81 @@ def check_resumable(run_dir: str) -> None:
         )
 
 
+def latest_checkpoint(run_dir: str) -> Optional[str]:
+    """The checkpoint Ray Train would continue a run from (its latest registered one), if any."""
+    snapshot = storage.optional_bytes(storage.join(run_dir, RAY_SNAPSHOT_FILE))
+    try:
+        name = json.loads(snapshot)["latest_checkpoint_result"]["checkpoint_dir_name"] if snapshot else None
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return None
+    return storage.join(run_dir, name) if name else None
+
+
+def mixes_corpora(cfg: Config) -> bool:
+    """Whether a run trains on several corpora (data.corpora with tags, or a raymt-corpus/2 --corpus)."""
+    from raymt.data.inputs import mixed
+
+    if cfg.data.corpora:
+        return mixed(cfg.data.corpora)
+    if cfg.data.corpus is None:
+        return False
+    try:
+        return corpus_format.read_manifest(cfg.data.corpus)["format"] == corpus_format.FORMAT_CORPORA
+    except ValueError:  # not (or no longer) a prepared corpus: plan_data says so where it reads it
+        return False
+
+
+MIX_FIELDS = ("corpora", "corpus", "temperature")
+
+
+def check_same_mix(saved: Config, cfg: Config, run_dir: str) -> None:
+    """A one-line error, before Ray starts, when a resumed multi-corpus run is given other corpora
+    or another data.temperature: its checkpoints' data positions are positions in its mix (the
+    workers check the checkpoint's `data_mix` too). One-pair runs resume as they always have."""
+    changed = [f for f in MIX_FIELDS if getattr(saved.data, f) != getattr(cfg.data, f)]
+    if not changed or not (mixes_corpora(saved) or mixes_corpora(cfg)):
+        return
+    diff = "; ".join(
+        f"data.{f} {_mix_field(saved, f)} there, {_mix_field(cfg, f)} here"
+        if _mix_field(saved, f) != _mix_field(cfg, f)
+        else f"data.{f}: other files, weights or sets"
+        for f in changed
+    )
+    start = latest_checkpoint(run_dir) or f"{run_dir}/checkpoint_..."
+    raise ValueError(
+        f"--resume {run_dir}: the run's mix of corpora cannot change ({diff}); "
+        f"start a new run from its checkpoint instead: --resume {start} --name NEW"
+    )
+
+
+def _mix_field(cfg: Config, field: str) -> str:
+    """data.corpora (its corpora's names), data.corpus or data.temperature, in words."""
+    if field == "corpora":
+        return "[" + ", ".join(c.name for c in cfg.data.corpora) + "]"
+    return f"{getattr(cfg.data, field)}" if field == "corpus" else f"{cfg.data.temperature:g}"
+
+
 CORPUS_DIR = "corpus"
+
+
+@dataclass
+class PairTags:
+    """A multi-corpus run's languages: its checkpoints' config.json entry (`languages_entry`) and
+    the ids put before each pair's validation and test sources (its target tag)."""
+
+    languages: dict
+    prefixes: dict[str, list[int]]  # "en-de" -> [id of <2de>]; [] where the corpus reserves no tag
+
+
+def pair_tags(corpus: str, corpora: list) -> PairTags:
+    """The PairTags of a prepared multi-corpus corpus and its training corpora (`format.corpora`)."""
+    from raymt.checkpoint import languages_entry
+
+    manifest = corpus_format.read_manifest(corpus)
+    pairs = list(dict.fromkeys((c.src_lang, c.tgt_lang) for c in corpora))
+    reserved = manifest.get("tags", {}).get("reserved", {})
+    prefixes = {f"{s}-{t}": corpus_format.prefix_ids(manifest, f"{s}-{t}") for s, t in pairs}
+    return PairTags(languages_entry(pairs, reserved), prefixes)
 
 
 @dataclass
@@ -458,18 +534,21 @@ def scaling(cfg: Config) -> Plan:
 def fit(
     cfg: Config,
     train_files: list,
-    valid: text.Pairs,
+    valid: text.Pairs | dict,
     tokenizer: Tokenizer,
     init_checkpoint: Optional[str | Path],
     log_dir: Optional[str] = None,
     callbacks: Optional[list] = None,
     init_full_state: bool = False,
     verbose: bool = False,
+    tags: Optional[PairTags] = None,
 ):
     """Run the TorchTrainer; returns Ray's Result.
 
     Workers read their own slices of `train_files` (raymt.data.stream), so no
     dataset is split by Ray Train; validation rows travel in the config, every one scored.
+    Several corpora: `train_files` is a `format.Corpus` per corpus (mixed by data.temperature
+    in the workers), `valid` maps each pair to its set and `tags` gives the pairs' tags.
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -482,7 +561,6 @@ def fit(
     )
     # The resolved filesystem travels to every worker with its endpoint (raymt.storage).
     storage_fs, storage_fs_path = storage.filesystem(cfg.train.storage_path)
-    valid_rows = corpus_format.eval_rows(valid, tokenizer, cfg.model.max_positions)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -490,7 +568,7 @@ def fit(
             "spm_model": tokenizer.model_proto,
             "num_threads": workers.num_threads,
             "train_files": train_files,
-            "valid": {"rows": valid_rows, "refs": valid[1]},
+            **valid_config(valid, tokenizer, cfg.model.max_positions, tags),
             "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
             "init_full_state": init_full_state,
             "log_dir": log_dir,
@@ -517,6 +595,19 @@ def fit(
     return trainer.fit()
 
 
+def valid_config(valid: text.Pairs | dict, tokenizer: Tokenizer, max_positions: int, tags: Optional[PairTags]) -> dict:
+    """The workers' validation rows and references: "valid" for one pair; "valid_pairs" for
+    several, each pair's sources starting with its target tag (and the "languages" of the
+    model, for its checkpoints' config.json)."""
+    if tags is None:
+        return {"valid": {"rows": corpus_format.eval_rows(valid, tokenizer, max_positions), "refs": valid[1]}}
+    sets = {
+        pair: {"rows": corpus_format.eval_rows(p, tokenizer, max_positions, tags.prefixes[pair]), "refs": p[1]}
+        for pair, p in valid.items()
+    }
+    return {"valid_pairs": sets, "languages": tags.languages}
+
+
 def best_checkpoint(result):
     """The kept Ray checkpoint with the highest validation BLEU."""
     scored = [(m.get("valid_bleu", -1.0), c) for c, m in result.best_checkpoints]
@@ -525,16 +616,31 @@ def best_checkpoint(result):
     return max(scored, key=lambda x: x[0])[1]
 
 
-def test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: Optional[str] = None) -> dict:
+def test_scores(
+    checkpoint: str | Path,
+    pairs: text.Pairs,
+    cfg: Config,
+    shown: Optional[str] = None,
+    prefix: Sequence[int] = (),
+    lang: Optional[str] = None,
+) -> dict:
     """Beam-search the test set on the driver with the best checkpoint and score it; the
-    scores say which checkpoint (`shown`: its storage path) and how it was decoded."""
+    scores say which checkpoint (`shown`: its storage path) and how it was decoded. `prefix`:
+    a tagged model's target tag before every source; `lang`: the target language (data.tgt_lang)."""
     model, tokenizer, _ = load_model(checkpoint)
     with for_inference(next(model.parameters()).device, cfg, tokenizer.vocab_size).apply().autocast():
-        hyps = translate(model, tokenizer, pairs[0], cfg.decode)
-    return _test_summary(hyps, pairs, cfg, checkpoint, shown)
+        hyps = translate(model, tokenizer, pairs[0], cfg.decode, prefix=prefix)
+    return _test_summary(hyps, pairs, cfg, checkpoint, shown, lang)
 
 
-def cluster_test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: str) -> dict:
+def cluster_test_scores(
+    checkpoint: str | Path,
+    pairs: text.Pairs,
+    cfg: Config,
+    shown: str,
+    prefix: Sequence[int] = (),
+    lang: Optional[str] = None,
+) -> dict:
     """Beam-search the test set through raymt.evaluate's actor pool with the run's resources (one
     GPU per actor, as many actors as training workers), not on the driver; score it as `test_scores`.
 
@@ -545,16 +651,27 @@ def cluster_test_scores(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, 
 
     num_actors = max(1, min(cfg.train.num_workers, int(RayCluster().resources().get("GPU", 0))))
     [scored] = translate_on_cluster(
-        shown, [pairs[0]], cfg.decode, num_actors=num_actors, batch_size=cfg.data.eval_batch_size, use_gpu=True
+        shown,
+        [pairs[0]],
+        cfg.decode,
+        num_actors=num_actors,
+        batch_size=cfg.data.eval_batch_size,
+        use_gpu=True,
+        prefix=prefix,
     )
-    return _test_summary([hyp for _, hyp in scored], pairs, cfg, checkpoint, shown)
+    return _test_summary([hyp for _, hyp in scored], pairs, cfg, checkpoint, shown, lang)
 
 
 def _test_summary(
-    hyps: list[str], pairs: text.Pairs, cfg: Config, checkpoint: str | Path, shown: Optional[str]
+    hyps: list[str],
+    pairs: text.Pairs,
+    cfg: Config,
+    checkpoint: str | Path,
+    shown: Optional[str],
+    lang: Optional[str] = None,
 ) -> dict:
     """The test set's scores, which checkpoint (`shown`) and how it was decoded."""
-    scores = score(hyps, pairs[1], extra=True, lang=cfg.data.tgt_lang)
+    scores = score(hyps, pairs[1], extra=True, lang=lang or cfg.data.tgt_lang)
     return {
         **scores,
         "checkpoint": describe_checkpoint(checkpoint, shown),
@@ -564,12 +681,27 @@ def _test_summary(
     }
 
 
-def score_test_set(checkpoint: str | Path, pairs: text.Pairs, cfg: Config, shown: str) -> dict:
+def score_test_set(
+    checkpoint: str | Path,
+    pairs: text.Pairs,
+    cfg: Config,
+    shown: str,
+    prefix: Sequence[int] = (),
+    lang: Optional[str] = None,
+) -> dict:
     """The test set's scores: decoded on the run's GPUs (`cluster_test_scores`) when its workers had
     them, else on the driver's CPUs (`test_scores`: no actor start-up, faster for small CPU runs)."""
     if cfg.train.use_gpu:
-        return cluster_test_scores(checkpoint, pairs, cfg, shown)
-    return test_scores(checkpoint, pairs, cfg, shown)
+        return cluster_test_scores(checkpoint, pairs, cfg, shown, prefix, lang)
+    return test_scores(checkpoint, pairs, cfg, shown, prefix, lang)
+
+
+def score_test_pairs(checkpoint: str | Path, tests: dict, cfg: Config, shown: str, tags: PairTags) -> dict:
+    """Each pair's test set scored as `score_test_set`, its sources starting with the pair's tag."""
+    return {
+        pair: score_test_set(checkpoint, pairs, cfg, shown, tags.prefixes[pair], pair.split("-", 1)[1])
+        for pair, pairs in tests.items()
+    }
 
 
 def finalize(cfg: Config) -> Config:
@@ -608,16 +740,12 @@ def run(
     if init_checkpoint is not None:  # before plan_data, which may generate the built-in corpus
         check_shape(cfg, init_checkpoint)
     cfg, run_data = plan_data(cfg, run_dir, resume_dir, init_checkpoint)
-    if run_data.mixed:
-        raise ValueError(
-            "training on several corpora (data.corpora with two or more, or back-translated pairs; "
-            "a raymt-corpus/2 --corpus) is not built yet: `raymt data prepare` makes their corpus"
-        )
     check_writable(run_dir)
     init_ray(dashboard=True, verbose=verbose)
     scaling(cfg)  # more workers or GPUs than the cluster has (or grows to): one line, before any data work
     try:
         train_files, tokenizer = materialize(cfg, run_data)
+        tags = pair_tags(run_data.corpus, train_files) if run_data.mixed else None
         write_run_files(cfg, run_dir, tokenizer)
         result = fit(
             cfg,
@@ -629,6 +757,7 @@ def run(
             callbacks,
             init_full_state,
             verbose,
+            tags,
         )
     finally:
         release_request()  # nodes the plan asked for may go when idle
@@ -642,9 +771,16 @@ def run(
         "metrics_csv": metrics_csv,
         "valid": {k: v for k, v in result.metrics.items() if k.startswith("valid_")},
     }
-    if score_test and "test" in run_data.eval_sets:
+    if tags is not None and len(tags.prefixes) > 1:
+        summary["pairs"] = list(tags.prefixes)  # then "test" holds each pair's scores
+    if score_test and run_data.eval_sets.get("test"):
         with best.as_directory() as directory:  # downloads from remote storage if needed
-            summary["test"] = score_test_set(directory, run_data.eval_sets["test"], cfg, summary["best_checkpoint"])
+            tests, shown = run_data.eval_sets["test"], summary["best_checkpoint"]
+            if tags is None:
+                summary["test"] = score_test_set(directory, tests, cfg, shown)
+            else:
+                scored = score_test_pairs(directory, tests, cfg, shown, tags)
+                summary["test"] = scored if "pairs" in summary else next(iter(scored.values()))
     summary["wall_time_s"] = round(time.time() - t0, 1)
     # Plots and summary.json are made in a local mirror of the run directory (itself when local).
     files = storage.MirroredDir(run_dir, fetch=(METRICS_CSV,))
@@ -700,9 +836,13 @@ def main(argv: Optional[list[str]] = None) -> int:
 def print_summary(summary: dict) -> None:
     """The run's closing lines."""
     print("\n=== raymt training finished ===")
-    if "test" in summary:
-        t = summary["test"]
-        print("\n".join(score_lines("test", t, t["checkpoint"], t["beam"], t["length_penalty"], t["num_sentences"])))
+    # Several pairs: one "test SRC-TGT:" block per pair.
+    if "pairs" in summary:
+        tests = {f"test {pair}:": t for pair, t in summary.get("test", {}).items()}
+    else:
+        tests = {"test": summary["test"]} if "test" in summary else {}
+    for name, t in tests.items():
+        print("\n".join(score_lines(name, t, t["checkpoint"], t["beam"], t["length_penalty"], t["num_sentences"])))
     print(f"metrics: {summary['metrics_csv']} (TensorBoard: tensorboard --logdir {summary['run_dir']}/logs)")
     print(f"best checkpoint: {summary['best_checkpoint']}")
     print(f"wall time: {summary['wall_time_s'] / 60:.1f} min")

@@ -305,7 +305,8 @@ def evaluate(
     autocast: Callable[[], Any] = contextlib.nullcontext,
 ) -> dict:
     """Loss, BLEU and chrF (with signatures) of every worker's share, each row counted once;
-    forward passes and decoding under `autocast` (training's precision)."""
+    forward passes and decoding under `autocast` (training's precision). `valid_tokens`: the
+    target tokens the loss is averaged over (to weight several pairs' losses, `pair_metrics`)."""
     net = unwrap(model)
     net.eval()
     rows = []
@@ -322,12 +323,14 @@ def evaluate(
     assert len(merged) == len(refs), f"scored {len(merged)} of {len(refs)} rows"
     ordered = [merged[i] for i in range(len(refs))]
     scores = score([r[3] for r in ordered], refs)
+    num_tokens = sum(r[2] for r in ordered)
     return {
-        "valid_loss": sum(r[1] for r in ordered) / sum(r[2] for r in ordered),
+        "valid_loss": sum(r[1] for r in ordered) / num_tokens,
         "valid_bleu": scores["bleu"],
         "valid_chrf": scores["chrf"],
         "valid_bleu_signature": scores["bleu_signature"],
         "valid_chrf_signature": scores["chrf_signature"],
+        "valid_tokens": num_tokens,
     }
 
 

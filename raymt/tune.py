@@ -71,8 +71,10 @@ def _typed(key: str, raw: str) -> Any:
     return getattr(getattr(cfg, section), name)
 
 
-# Fields of the corpus a sweep prepares once for all its trials (tune.shared_corpus).
-CORPUS_FIELDS = {f.name for f in dataclasses.fields(CorpusOptions)} | {
+# Fields of the corpus a sweep prepares once for all its trials (tune.shared_corpus). Not
+# data.temperature: it mixes the prepared corpora in the workers (only the shared corpus's
+# SentencePiece sample follows the base config's temperature), so trials may vary it.
+CORPUS_FIELDS = {f.name for f in dataclasses.fields(CorpusOptions) if f.name != "temperature"} | {
     "vocab_size",
     "train",
     "valid",

@@ -22,8 +22,8 @@ from raymt import storage
 from raymt.batching import Batch
 from raymt.checkpoint import load_train_state, load_weights, save_checkpoint
 from raymt.config import Config
-from raymt.data.stream import Position, TrainStream, resume_point
-from raymt.metrics import MetricsLog
+from raymt.data.stream import Mix, Position, TrainStream, mix_record, resume_point, training_data
+from raymt.metrics import MetricsLog, pair_metrics
 from raymt.model import build_model
 from raymt.precision import for_training
 from raymt.profiling import StepProfiler
@@ -114,23 +114,20 @@ def _report(metrics: dict, loop: "WorkerLoop") -> None:
     if not loop.is_rank0:
         ray.train.report(metrics)
         return
+    state = {
+        "optimizer": loop.optimizer.state_dict(),
+        "scheduler": loop.scheduler.state_dict(),
+        "step": loop.step,
+        "epoch": loop.epoch,
+        "data_positions": [p for p, _ in parts],
+        "data_segment": loop.segment.to_dict() if loop.segment and loop.segment.epoch == loop.epoch else None,
+        "rng_states": [r for _, r in parts],
+        "grad_scaler": loop.scaler.state_dict() if loop.scaler else None,
+    }
+    if loop.data_mix is not None:  # several corpora: what the positions are positions in
+        state["data_mix"] = loop.data_mix
     with tempfile.TemporaryDirectory() as tmp:
-        save_checkpoint(
-            tmp,
-            unwrap(loop.model),
-            loop.run_cfg,
-            loop.tokenizer,
-            {
-                "optimizer": loop.optimizer.state_dict(),
-                "scheduler": loop.scheduler.state_dict(),
-                "step": loop.step,
-                "epoch": loop.epoch,
-                "data_positions": [p for p, _ in parts],
-                "data_segment": loop.segment.to_dict() if loop.segment and loop.segment.epoch == loop.epoch else None,
-                "rng_states": [r for _, r in parts],
-                "grad_scaler": loop.scaler.state_dict() if loop.scaler else None,
-            },
-        )
+        save_checkpoint(tmp, unwrap(loop.model), loop.run_cfg, loop.tokenizer, state, loop.languages)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
@@ -152,6 +149,7 @@ class WorkerLoop(Trainer):
         self.precision = collective.all_gather_object(precision)[0].apply()
         scaler = self.precision.grad_scaler()  # fp16 only
         weights, state, reset_lr = _read_checkpoint(cfg, loop_config)
+        resumed = state is not None and not reset_lr  # this run's own checkpoint, not a donor's
         place = lambda m: place_model(m, cfg, collective.world_size)  # noqa: E731
         model, optimizer, scheduler = restore_training(
             build_model(cfg.model, self.tokenizer.vocab_size), cfg, weights, state, place, reset_lr, scaler
@@ -171,7 +169,12 @@ class WorkerLoop(Trainer):
             self.precision.autocast,
             scaler,
         )
-        self.train_files = loop_config["train_files"]
+        # One pair's shards, or several corpora mixed by data.temperature (checkpoints record the mix).
+        self.train_files = training_data(loop_config["train_files"], cfg.data.temperature)
+        self.data_mix = mix_record(loop_config["train_files"], cfg.data.temperature)
+        self.languages = loop_config.get("languages")  # a tagged model's, for its config.json
+        if resumed:
+            check_data_mix(state.get("data_mix"), self.data_mix)
         saved = state.get("data_positions")
         self.position, self.segment = resume_point(
             self.train_files,
@@ -184,7 +187,8 @@ class WorkerLoop(Trainer):
             self.world_size,
         )
         if saved and len(saved) != self.world_size and self.is_rank0:
-            total = sum(f[1] for f in self.train_files)
+            files = self.train_files
+            total = files.num_rows if isinstance(files, Mix) else sum(f[1] for f in files)
             left = self.segment.num_left() if self.segment else total
             print(
                 f"resized from {len(saved)} to {self.world_size} workers: they share the {left} pairs "
@@ -215,12 +219,20 @@ class WorkerLoop(Trainer):
         if self.is_rank0:
             print(self.precision.line(device) + (" (torch.compile)" if cfg.train.compile else ""), flush=True)
 
-        self.valid = loop_config["valid"]
-        self.valid_loader = ray.train.torch.prepare_data_loader(
-            DataLoader(self.valid["rows"], batch_size=cfg.data.eval_batch_size, collate_fn=collate_eval)
-        )
+        # One pair's validation set, or each pair's (its sources starting with its tag).
+        sets = loop_config.get("valid_pairs") or {None: loop_config["valid"]}
+        self.pairs = [pair for pair in sets if pair is not None]
+        self.valid_sets = {
+            pair: (
+                ray.train.torch.prepare_data_loader(
+                    DataLoader(v["rows"], batch_size=cfg.data.eval_batch_size, collate_fn=collate_eval)
+                ),
+                v["refs"],
+            )
+            for pair, v in sets.items()
+        }
         self.opts = dataclasses.replace(cfg.decode, beam=cfg.train.valid_beam)
-        self.metrics_log = MetricsLog(log_dir) if self.is_rank0 and log_dir else None
+        self.metrics_log = MetricsLog(log_dir, self.pairs) if self.is_rank0 and log_dir else None
         self.profiler = StepProfiler(
             cfg.train.profile_steps,
             start=cfg.train.log_every,
@@ -337,22 +349,21 @@ class WorkerLoop(Trainer):
             return ""
         return f" | peak GPU {torch.cuda.max_memory_allocated(self.device) / 2**30:.1f} GiB"
 
+    def validate(self) -> dict:
+        """Each pair's validation metrics and, with several pairs, their averages (`pair_metrics`)."""
+        per_pair, num_tokens = {}, {}
+        for pair, (loader, refs) in self.valid_sets.items():
+            scores = evaluate(self.model, loader, self.tokenizer, refs, self.opts, self.collective, self.autocast)
+            num_tokens[pair] = scores.pop("valid_tokens")  # weights the pairs' losses; no metric
+            per_pair[pair] = scores
+        return pair_metrics(per_pair, num_tokens)
+
     def evaluate_and_report(self) -> None:
         """Validate on the whole dev set, report to Ray Train with a checkpoint from rank 0."""
         metrics = super().log_train()
         t0 = time.perf_counter()
         try:
-            metrics.update(
-                evaluate(
-                    self.model,
-                    self.valid_loader,
-                    self.tokenizer,
-                    self.valid["refs"],
-                    self.opts,
-                    self.collective,
-                    self.autocast,
-                )
-            )
+            metrics.update(self.validate())
         except torch.cuda.OutOfMemoryError as err:
             size = self.run_cfg.data.eval_batch_size
             raise ValueError(
@@ -362,9 +373,11 @@ class WorkerLoop(Trainer):
         self.eval_s += time.perf_counter() - t0
         metrics.update(step=self.step, **self.usage())
         if self.is_rank0:
+            # Several pairs: BLEU and chrF are their means, and each pair's BLEU follows.
+            each = "".join(f" | {p} {metrics[f'valid_bleu/{p}']:.2f}" for p in self.pairs if len(self.pairs) > 1)
             print(
                 f"step {self.step} | valid loss {metrics['valid_loss']:.3f} | "
-                f"BLEU {metrics['valid_bleu']:.2f} | chrF {metrics['valid_chrf']:.2f}",
+                f"BLEU {metrics['valid_bleu']:.2f} | chrF {metrics['valid_chrf']:.2f}{each}",
                 flush=True,
             )
         if self.metrics_log:
@@ -373,6 +386,25 @@ class WorkerLoop(Trainer):
             self.logs.sync()
         _report(metrics, self)
         self.evaluated = self.step
+
+
+def describe_mix(data_mix: Optional[dict]) -> str:
+    """A checkpoint's `data_mix` in words: each corpus's rows per epoch and the temperature."""
+    if data_mix is None:
+        return "one pair's corpus"
+    rows = ", ".join(f"{n} ({r} rows/epoch)" for n, r in zip(data_mix["names"], data_mix["rows"]))
+    return f"{rows} at data.temperature={data_mix['temperature']:g}"
+
+
+def check_data_mix(saved: Optional[dict], current: Optional[dict]) -> None:
+    """A one-line error when a run resumes from a checkpoint of another mix of corpora (other
+    corpora, rows per epoch or data.temperature): its data positions mean other pairs there."""
+    if saved != current:
+        raise ValueError(
+            f"the checkpoint was trained on {describe_mix(saved)}, this run reads {describe_mix(current)}: "
+            "its data positions do not carry over; start a new run from the checkpoint instead "
+            "(--resume CHECKPOINT_DIR --name NEW)"
+        )
 
 
 # torch 2.13 renamed DDP's broadcast_buffers (deprecated, with a warning) to forward_sync_buffers.

@@ -182,7 +182,7 @@ def worker_loop(cfg: Config, device: torch.device = CPU) -> WorkerLoop:
             return self
 
     loop.upcoming, loop.position = Upcoming(), None
-    loop.valid_loader, loop.tokenizer, loop.valid, loop.opts = [], None, {"refs": []}, None
+    loop.valid_sets, loop.pairs, loop.tokenizer, loop.opts = {None: ([], [])}, [], None, None
     return loop
 
 

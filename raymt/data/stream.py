@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 
 from raymt.batching import Batch, ShapeLadder, chunk_batches, collate_flat
 from raymt.config import DataConfig
-from raymt.data.format import COLUMNS, TOKEN_INDEX_ROWS, TRAIN_DIR, Files, Shard
+from raymt.data.format import COLUMNS, TOKEN_INDEX_ROWS, TRAIN_DIR, Corpus, Files, Shard
 from raymt.data.inputs import PIECE_ROWS, epoch_pieces, epoch_rows, stream_ranges
 from raymt.storage import filesystem
 
@@ -193,6 +193,23 @@ class Mix:
     def shard(self, path: str) -> Shard:
         """The shard at `path`."""
         return self._shards[path]
+
+
+def training_data(train_files: list, temperature: float) -> Union[Files, Mix]:
+    """What the workers read: one pair's shards as they are, or the `Mix` of a prepared corpus's
+    training corpora (`format.Corpus`, `format.corpora`) at `temperature`, by their weights."""
+    if not train_files or not isinstance(train_files[0], Corpus):
+        return train_files
+    return Mix.by_temperature([c.files for c in train_files], temperature, [c.weight for c in train_files])
+
+
+def mix_record(train_files: list, temperature: float) -> Optional[dict]:
+    """A multi-corpus run's `data_mix` (checkpoints keep it): its corpora's names, the rows each
+    gives every epoch and the temperature; None for one pair's shards."""
+    data = training_data(train_files, temperature)
+    if not isinstance(data, Mix):
+        return None
+    return {"names": [c.name for c in train_files], "rows": list(data.rows), "temperature": float(temperature)}
 
 
 def corpus_name(path: str) -> Optional[str]:
