@@ -215,6 +215,8 @@ def test_the_loss_scale_is_checkpointed_and_restored(monkeypatch, tmp_path):
         scaler=scaler,
         device=torch.device("cpu"),
         position=types.SimpleNamespace(to_dict=lambda: {}),
+        data_mix=None,  # one pair: no mix record, no languages
+        languages=None,
     )
     worker._report({}, loop)
     assert saved["grad_scaler"]["scale"] == 16.0
