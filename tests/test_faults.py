@@ -143,28 +143,8 @@ def test_killed_worker_then_killed_driver_resume_exactly(tmp_path, reference, ra
     on. At step 80 it has the parameters of an uninterrupted run, each pair trained once at the
     same step."""
     run_dir = tmp_path / "faults"
-    proc = subprocess.Popen(
-        tiny_run(tmp_path, "faults", STEPS, "--set", "train.max_failures=1"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    wait_until(lambda: checkpoint_steps(run_dir), proc)
-    pids = ray_address.train_workers()
-    assert pids, "no training worker process found"
-    os.kill(pids[0], signal.SIGKILL)
-    # The new worker group started from a checkpoint written in the middle of an epoch.
-    restart = wait_until(lambda: group_starts(run_dir)[1:], proc)[0]
-    assert 0 < restart < STEPS
-    assert_mid_epoch(checkpoint_at(run_dir, restart))
-
-    wait_until(lambda: max(checkpoint_steps(run_dir)) > restart, proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    ray_address.wait_idle()  # Ray ends the dead driver's job: its controller, workers and CPUs
-    latest = max(checkpoint_steps(run_dir))
-    assert restart < latest < STEPS
-    assert_mid_epoch(checkpoint_at(run_dir, latest))
+    command = tiny_run(tmp_path, "faults", STEPS, "--set", "train.max_failures=1")
+    restart, latest = kill_worker_then_driver(command, run_dir, ray_address, STEPS)
 
     # --resume RUN with a larger --max-steps: on from the latest checkpoint, past the old end.
     out = subprocess.run(
@@ -179,6 +159,28 @@ def test_killed_worker_then_killed_driver_resume_exactly(tmp_path, reference, ra
     assert group_starts(run_dir) == [0, restart, latest]
     assert sorted(p.name for p in (run_dir / "plots").iterdir()) == ["curves_step.png", "curves_time.png"]
     assert_same_as_reference(run_dir, reference)
+
+
+def kill_worker_then_driver(command: list[str], run_dir: Path, ray_address, steps: int) -> tuple[int, int]:
+    """Run `command`; SIGKILL a training worker mid-epoch (FailureConfig restarts the group from the
+    last checkpoint), then the driver. Returns (restart step, latest checkpoint step), both mid-epoch."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_until(lambda: checkpoint_steps(run_dir), proc)
+    pids = ray_address.train_workers()
+    assert pids, "no training worker process found"
+    os.kill(pids[0], signal.SIGKILL)
+    # The new worker group started from a checkpoint written in the middle of an epoch.
+    restart = wait_until(lambda: group_starts(run_dir)[1:], proc)[0]
+    assert 0 < restart < steps
+    assert_mid_epoch(checkpoint_at(run_dir, restart))
+    wait_until(lambda: max(checkpoint_steps(run_dir)) > restart, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    ray_address.wait_idle()  # Ray ends the dead driver's job: its controller, workers and CPUs
+    latest = max(checkpoint_steps(run_dir))
+    assert restart < latest < steps
+    assert_mid_epoch(checkpoint_at(run_dir, latest))
+    return restart, latest
 
 
 def checkpoint_at(run_dir, step: int) -> Path:

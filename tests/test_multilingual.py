@@ -10,7 +10,6 @@ The end-to-end runs (slow, CI) train a tiny model on three built-in pairs with 2
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -21,14 +20,11 @@ import pytest
 import torch
 from conftest import REFERENCE_STEPS, tiny_run
 from test_faults import (
-    assert_mid_epoch,
     assert_same_as_reference,
-    checkpoint_at,
-    checkpoint_steps,
     final_weights,
     group_starts,
+    kill_worker_then_driver,
     trained_pairs,
-    wait_until,
 )
 
 from raymt.config import apply_overrides, tiny
@@ -405,26 +401,8 @@ def test_a_killed_multilingual_run_continues_pair_by_pair(tmp_path, mixed_refere
     step and epoch are those of the uninterrupted run."""
     _, reference_dir = mixed_reference
     run_dir = tmp_path / "faults"
-    proc = subprocess.Popen(
-        mixed_run(tmp_path, "faults", STEPS, "--set", "train.max_failures=1"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    wait_until(lambda: checkpoint_steps(run_dir), proc)
-    pids = ray_address.train_workers()
-    assert pids, "no training worker process found"
-    os.kill(pids[0], signal.SIGKILL)
-    restart = wait_until(lambda: group_starts(run_dir)[1:], proc)[0]
-    assert 0 < restart < STEPS
-    assert_mid_epoch(checkpoint_at(run_dir, restart))
-    wait_until(lambda: max(checkpoint_steps(run_dir)) > restart, proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    ray_address.wait_idle()
-    latest = max(checkpoint_steps(run_dir))
-    assert restart < latest < STEPS
-    assert_mid_epoch(checkpoint_at(run_dir, latest))
+    command = mixed_run(tmp_path, "faults", STEPS, "--set", "train.max_failures=1")
+    restart, latest = kill_worker_then_driver(command, run_dir, ray_address, STEPS)
 
     out = subprocess.run(
         [sys.executable, "-m", "raymt.train", "--resume", str(run_dir)],
