@@ -145,7 +145,7 @@ def run_job(checkpoint: Path, mono: Path, out: Path, engine: str, actors: int, a
     """One `raymt backtranslate` command: its own sentences/s, wall time and peak RSS."""
     command = [sys.executable, "-m", "raymt.backtranslate", "--checkpoint", str(checkpoint), "--input", str(mono)]
     command += ["--output", str(out), "--engine", engine, "--num-actors", str(actors), "--cpus-per-actor", "1"]
-    command += ["--num-cpus", str(actors + 1), "--beam", str(args.beam), "--max-tokens", str(args.max_tokens)]
+    command += ["--num-cpus", str(actors), "--beam", str(args.beam), "--max-tokens", str(args.max_tokens)]
     command += ["--compute-type", args.compute_type, "--shard-lines", "5000", "--progress-s", "60"]
     env = {**os.environ, "RAY_ADDRESS": "local", "PYTHONPATH": str(ROOT), "RAYMT_CACHE": str(out.parent / "cache")}
     t0 = time.perf_counter()

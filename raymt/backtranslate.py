@@ -123,7 +123,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--shard-lines", type=int, default=b.shard_lines, help="input lines per output shard")
     p.add_argument("--num-actors", type=int, help=f"decoding actors; default {CPU_ACTORS}, with --gpu one per GPU")
     p.add_argument("--gpu", action="store_true", help="one GPU per actor")
-    p.add_argument("--cpus-per-actor", type=float, help="CPUs per actor (default: what Ray Data leaves, split)")
+    p.add_argument("--cpus-per-actor", type=float, help="CPUs per actor (default: the cluster's, split)")
     p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray instance (not with RAY_ADDRESS)")
     p.add_argument("--progress-s", type=float, default=b.progress_s, help="seconds between progress lines")
     p.add_argument("--verbose", action="store_true", help="also print Ray's own INFO lines")
@@ -978,7 +978,8 @@ def start_actors(job: Job) -> list:
 
     args = job.args
     num_actors = min(args.num_actors or default_actors(args.gpu), len(job.todo))
-    plan = actor_plan(num_actors, args.gpu, args.cpus_per_actor)  # one line if they cannot all be placed
+    # No Ray Data here (the driver reads the input): the actors may take every CPU.
+    plan = actor_plan(num_actors, args.gpu, args.cpus_per_actor, keep_cpus=0)  # one line if they do not fit
     actor = ray.remote(BacktranslateActor).options(
         num_cpus=plan.cpus,
         num_gpus=plan.gpus,

@@ -53,6 +53,7 @@ def plan(
     fix: str = "lower --num-workers",
     grow_timeout_s: float = 0.0,
     cluster: Optional["RayCluster"] = None,
+    keep_cpus: Optional[float] = None,
 ) -> Plan:
     """Resources for `num` workers beside Ray Data's CPU; a one-line ValueError if they do not fit.
 
@@ -62,6 +63,7 @@ def plan(
     the error message. When the live cluster is short and can grow (an autoscaler with node
     types of its own), up to `grow_timeout_s` is spent asking its autoscaler for the
     workers' bundles (`grow`); a fixed cluster, or 0 (the default), fails at once.
+    `keep_cpus` overrides Ray Data's share (0 for a group that needs no Ray Data beside it).
     """
     what = what or f"train.num_workers={num}"
     if total is None:
@@ -72,16 +74,15 @@ def plan(
     num_cpus, num_gpus = total.get("CPU", 0), total.get("GPU", 0)
     if use_gpu and num > num_gpus:
         raise ValueError(f"{what} with --gpu needs {num} GPUs; the cluster has {num_gpus:g}: {fix} or drop --gpu")
-    budget = num_cpus - data_cpus(num_cpus)
+    kept = data_cpus(num_cpus) if keep_cpus is None else keep_cpus
+    budget = num_cpus - kept
     cpus = cpus_each
     if cpus is None:
         share = 1.0 if whole_cpus and budget >= num else budget / num
         cpus = 1.0 if use_gpu else max(MIN_CPUS_PER_WORKER, share)
     if not use_gpu and cpus * num > budget:
-        raise ValueError(
-            f"{what} x {cpus:g} CPUs needs {cpus * num:g} CPUs but the cluster's "
-            f"{num_cpus:g} CPUs leave {budget:g} after Ray Data's share: {fix}"
-        )
+        has = f"'s {num_cpus:g} CPUs leave {budget:g} after Ray Data's share" if kept else f" has {num_cpus:g} CPUs"
+        raise ValueError(f"{what} x {cpus:g} CPUs needs {cpus * num:g} CPUs but the cluster{has}: {fix}")
     fits = int(num_gpus // num) if use_gpu else int(budget // (num * cpus))
     return Plan(cpus=cpus, gpus=1 if use_gpu else 0, num_threads=max(1, int(cpus)), fits=max(1, fits))
 

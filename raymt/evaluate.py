@@ -157,8 +157,15 @@ class BatchTranslator:
         }
 
 
-def actor_plan(num_actors: int, use_gpu: bool, cpus_per_actor: Optional[float], total: Optional[dict] = None) -> Plan:
-    """CPUs, GPUs and threads per actor: by default the cluster's CPUs beside Ray Data's, split evenly."""
+def actor_plan(
+    num_actors: int,
+    use_gpu: bool,
+    cpus_per_actor: Optional[float],
+    total: Optional[dict] = None,
+    keep_cpus: Optional[float] = None,
+) -> Plan:
+    """CPUs, GPUs and threads per actor: by default the cluster's CPUs beside Ray Data's
+    (`keep_cpus`: another share, 0 without Ray Data), split evenly."""
     return plan(
         num_actors,
         use_gpu,
@@ -166,6 +173,7 @@ def actor_plan(num_actors: int, use_gpu: bool, cpus_per_actor: Optional[float], 
         total,
         what=f"--num-actors {num_actors}",
         fix="lower --num-actors or --cpus-per-actor",
+        keep_cpus=keep_cpus,
     )
 
 

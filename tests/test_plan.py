@@ -22,6 +22,15 @@ def test_whole_cpus_fit_several_groups():
     assert plan(2, total={"CPU": 2}, whole_cpus=True).cpus == 0.5
 
 
+def test_a_group_without_ray_data_beside_it_takes_every_cpu():
+    """Back-translation's actors: the driver reads the input, so no CPU is kept for Ray Data."""
+    actors = plan(2, total={"CPU": 2}, keep_cpus=0)
+    assert (actors.cpus, actors.num_threads) == (1.0, 1)
+    assert plan(2, total={"CPU": 8}, keep_cpus=0).num_threads == 4
+    with pytest.raises(ValueError, match="needs 3 CPUs but the cluster has 2 CPUs: lower"):
+        plan(3, cpus_each=1.0, total={"CPU": 2}, keep_cpus=0)
+
+
 def test_gpu_workers():
     workers = plan(2, use_gpu=True, total={"CPU": 4, "GPU": 4})
     assert workers.resources() == {"CPU": 1.0, "GPU": 1} and workers.fits == 2
