@@ -706,7 +706,9 @@ def score_test_pairs(checkpoint: str | Path, tests: dict, cfg: Config, shown: st
 
 def finalize(cfg: Config) -> Config:
     """Give the run a name and an absolute storage path (URIs such as s3:// stay as they are)."""
-    name = cfg.train.name or (f"raymt-{cfg.data.src_lang}-{cfg.data.tgt_lang}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    # Named after its pairs: "raymt-en-de-...", or "raymt-en-de+de-en-..." for a mixed run.
+    pairs = dict.fromkeys(c.pair for c in cfg.data.corpora) or [f"{cfg.data.src_lang}-{cfg.data.tgt_lang}"]
+    name = cfg.train.name or f"raymt-{'+'.join(pairs)}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     storage = cfg.train.storage_path
     if "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())

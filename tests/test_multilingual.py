@@ -37,6 +37,7 @@ from raymt.train import (
     build_config,
     materialize,
     pair_tags,
+    finalize,
     parse_args,
     plan_data,
     resolve_resume,
@@ -254,6 +255,12 @@ def test_one_pair_runs_resume_as_before_whatever_the_temperature(tmp_path):
     run_dir = saved_run(tmp_path, ["--corpus", str(tmp_path / "gone")])
     cfg, resumed, _ = resolve_resume(parse_args(["--resume", run_dir, "--corpus", str(tmp_path / "new")]))
     assert resumed == run_dir and cfg.data.corpus == str(tmp_path / "new")
+
+
+def test_a_run_without_a_name_is_named_after_its_pairs():
+    mixed = finalize(build_config(parse_args(["--pairs", "en-de,de-en"]))).train.name
+    assert re.fullmatch(r"raymt-en-de\+de-en-\d{8}-\d{6}", mixed), mixed
+    assert finalize(build_config(parse_args(["--src", "de", "--tgt", "en"]))).train.name.startswith("raymt-de-en-2")
 
 
 # ---------------------------------------------------------------- tune and bad input
