@@ -98,13 +98,16 @@ def add_input_flags(p: argparse.ArgumentParser) -> None:
         f"for the direction SRC-TGT trained; {INPUT_HELP}",
     )
     p.add_argument("--pairs", metavar="SRC-TGT,...", help="pairs of the built-in corpus, e.g. en-de,en-fr,de-en")
+    p.add_argument(
+        "--real-weight", type=float, metavar="W", help="with --bt: the real pairs W times per epoch (default 1)"
+    )
 
 
 def input_flags(args: argparse.Namespace, default_pair: tuple[str, str]) -> dict:
     """The config fields that --train/--valid/--test/--bt/--pairs set (none when none is given)."""
     from raymt.data.inputs import input_overrides
 
-    return input_overrides(args.train, args.bt, args.valid, args.test, args.pairs, default_pair)
+    return input_overrides(args.train, args.bt, args.valid, args.test, args.pairs, default_pair, args.real_weight)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:

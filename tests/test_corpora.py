@@ -232,10 +232,12 @@ def test_back_translated_pairs_are_tagged_and_counted_apart(tmp_path, capsys, no
     assert rows["total real"][:2] == [60, 60] and rows["total bt"][:2] == [50, 49] and rows["total"][1] == 109
     assert "en-de.bt (bt)" in stdout and "dropped in en-de.bt: empty 1" in stdout
 
-    no_tag = prepare_cli(capsys, *argv[:1], str(tmp_path / "c2"), *argv[2:], "--no-bt-tag")
+    no_tag = prepare_cli(capsys, *argv[:1], str(tmp_path / "c2"), *argv[2:], "--no-bt-tag", "--real-weight", "2")
     assert no_tag[0] == 0, no_tag[2]
     plain = corpus_format.read_manifest(str(tmp_path / "c2"))
     assert plain["tags"]["reserved"] == {} and plain["options"]["bt_tag"] is False
+    # --real-weight: the real pairs twice per epoch beside the synthetic ones.
+    assert [c.weight for c in corpus_format.corpora(str(tmp_path / "c2"), plain)] == [2.0, 1.0]
 
 
 def test_temperature_balances_the_sentencepiece_sample(tmp_path, capsys, no_ray, monkeypatch):
@@ -410,6 +412,7 @@ def bad_prepare_case(tmp_path: Path, case: str) -> list[str]:
             "bt_direction": ["--train", f"de-en:{train}", "--valid", f"de-en:{valid}", "--bt", f"de-en:{bt_dir}"],
             "bt_unfinished": ["--train", train, "--valid", valid, "--bt", bt_dir],
             "pairs_and_train": ["--pairs", "en-de", "--train", f"en-de:{train}"],
+            "real_weight_without_bt": ["--train", train, "--valid", valid, "--real-weight", "2"],
             "dataset_without_pairs": ["--dataset", "multi30k", "--bt", bt_dir],
         }[case]
     )
@@ -427,6 +430,7 @@ def bad_prepare_case(tmp_path: Path, case: str) -> list[str]:
         ("bt_direction", "a de->en model made these pairs, so they train en-de, not de-en: pass --bt en-de:"),
         ("bt_unfinished", "the back-translation is not finished"),
         ("pairs_and_train", "en-de also comes from --pairs"),
+        ("real_weight_without_bt", "--real-weight upsamples the real pairs beside back-translated ones: add --bt"),
         ("dataset_without_pairs", "name its pairs with --pairs"),
     ],
 )

@@ -232,6 +232,18 @@ def test_flags_group_by_pair_and_origin():
     assert [(c.pair, c.train) for c in both] == [("en-de", ("m30k",)), ("de-en", ("m30k",))]
 
 
+def test_real_weight_upsamples_the_real_corpora_beside_back_translated_ones():
+    corpora = corpora_from_flags(["a", "de-en:c"], ["bt/"], ["v", "de-en:w"], [], ("en", "de"), real_weight=3)
+    assert [(c.name, c.weight) for c in corpora] == [("en-de", 3.0), ("de-en", 3.0), ("en-de.bt", 1.0)]
+    # Its share of an epoch at T=1: 3 * 100 real rows beside 100 synthetic ones.
+    assert epoch_rows([100, 100], 1.0, [3.0, 1.0]) == [300, 100]
+    for weight, message in ((0.0, "--real-weight 0 must be a number > 0"), (math.nan, "--real-weight nan must")):
+        with pytest.raises(ValueError, match=message):
+            corpora_from_flags(["a"], ["bt/"], ["v"], [], ("en", "de"), real_weight=weight)
+    with pytest.raises(ValueError, match="--real-weight upsamples the real pairs beside back-translated ones: add"):
+        corpora_from_flags(["a"], [], ["v"], [], ("en", "de"), real_weight=2)
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

@@ -295,6 +295,7 @@ def test_a_sweep_may_vary_the_temperature_of_its_shared_corpus(prepared, tmp_pat
         (["--pairs", "en-de,en-fr,en-de"], "--pairs: en-de given twice"),
         (["--pairs", "en-de,en-fr", "--train", "en-fr:a"], "en-fr also comes from --pairs"),
         (["--train", "en-de:a", "--train", "en-fr:b", "--valid", "en-de:v"], "pair en-fr has no validation set"),
+        (["--train", "a", "--valid", "v", "--real-weight", "2"], "--real-weight upsamples the real pairs beside"),
     ],
 )
 def test_bad_corpora_of_a_run_fail_in_one_line_before_ray(tmp_path, capsys, monkeypatch, argv, message):

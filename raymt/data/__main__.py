@@ -59,6 +59,9 @@ def prepare_parser() -> argparse.ArgumentParser:
         help="several pairs of the built-in corpus (or of --dataset), e.g. en-de,en-fr,de-en",
     )
     q.add_argument(
+        "--real-weight", type=float, metavar="W", help="with --bt: the real pairs W times per epoch (default 1)"
+    )
+    q.add_argument(
         "--test-name",
         action="append",
         default=[],
@@ -141,7 +144,8 @@ def several_corpora(args: argparse.Namespace) -> bool:
 
     specs = [("--train", s) for s in args.train] + [("--valid", s) for s in args.valid]
     specs += [("--test", s) for s in args.test]
-    return bool(args.bt or args.pairs) or any(split_spec(s, flag)[0] is not None for flag, s in specs)
+    many = bool(args.bt or args.pairs) or args.real_weight is not None  # --real-weight alone: its error
+    return many or any(split_spec(s, flag)[0] is not None for flag, s in specs)
 
 
 def prepare_corpora_inputs(args: argparse.Namespace, cfg: PrepareConfig) -> list:
@@ -159,7 +163,8 @@ def prepare_corpora_inputs(args: argparse.Namespace, cfg: PrepareConfig) -> list
     if len(args.test_name) > len(args.test):
         raise ValueError(f"{len(args.test_name)} --test-name for {len(args.test)} --test: one name per test set")
     builtin = parse_pairs(args.pairs) if args.pairs else []
-    corpora = corpora_from_flags(args.train, args.bt, args.valid, args.test, (cfg.src_lang, cfg.tgt_lang), builtin)
+    pair = (cfg.src_lang, cfg.tgt_lang)
+    corpora = corpora_from_flags(args.train, args.bt, args.valid, args.test, pair, builtin, args.real_weight)
     names = {split_spec(s, "--test")[1]: name for s, name in zip(args.test, args.test_name)}
 
     def splits(spec, corpus_cfg: PrepareConfig) -> dict:

@@ -89,13 +89,17 @@ def corpora_from_flags(
     test: Sequence[str],
     default_pair: tuple[str, str],
     builtin: Sequence[tuple[str, str]] = (),
+    real_weight: Optional[float] = None,
 ) -> list[CorpusSpec]:
     """Corpora of repeated --train/--bt/--valid/--test SPECs, in order; a bare SPEC is `default_pair`'s.
 
     Specs of one pair and origin are one corpus (as repeated --train is today); a pair's
     --valid and --test go to its first corpus. `builtin` pairs (--pairs) come first, from the
-    built-in corpus (or the caller's --dataset).
+    built-in corpus (or the caller's --dataset). `real_weight` (--real-weight) is the weight of
+    every real corpus: the real pairs upsampled beside back-translated ones (fairseq's
+    --upsample-primary).
     """
+    check_real_weight(real_weight, bt)
     grouped: dict[tuple[str, str, str], list[str]] = {(*pair, "real"): [] for pair in builtin}
     for origin, flag, specs in (("real", "--train", train), ("bt", "--bt", bt)):
         for spec in specs:
@@ -125,12 +129,26 @@ def corpora_from_flags(
                 tgt,
                 tuple(locations),
                 origin,
+                weight=real_weight if origin == "real" and real_weight is not None else 1.0,
                 valid=(valid_specs or [None])[0],
                 test=tuple(evals["test"].get((src, tgt), [])) if first else (),
             )
         )
     check_corpora(corpora)
     return corpora
+
+
+def check_real_weight(real_weight: Optional[float], bt: Sequence[str]) -> None:
+    """--real-weight: a number > 0, given with --bt (one-line errors)."""
+    if real_weight is None:
+        return
+    _check(
+        math.isfinite(real_weight) and real_weight > 0,
+        f"--real-weight {real_weight:g} must be a number > 0 (2: the real pairs twice per epoch)",
+    )
+    _check(
+        bool(bt), "--real-weight upsamples the real pairs beside back-translated ones: add --bt SRC-TGT:DIR or drop it"
+    )
 
 
 def input_overrides(
@@ -140,11 +158,13 @@ def input_overrides(
     test: Sequence[str],
     pairs: Optional[str],
     default_pair: tuple[str, str],
+    real_weight: Optional[float] = None,
 ) -> dict[str, Any]:
     """Config fields of a run's data flags (`raymt train`, `raymt tune`): one real corpus of one
     file and at most one test set sets today's data.src_lang/tgt_lang/train/valid/test
     (`as_single_pair`); anything more sets data.corpora. Without --train/--bt/--pairs, a bare
     --valid/--test overrides the sets of the built-in or a prepared (--corpus) corpus."""
+    check_real_weight(real_weight, bt)
     if not (train or bt or pairs):
         out: dict[str, Any] = {}
         for flag, specs in (("valid", valid), ("test", test)):
@@ -155,7 +175,7 @@ def input_overrides(
                 out[f"data.{flag}"] = location
         return out
     builtin = parse_pairs(pairs) if pairs else []
-    corpora = corpora_from_flags(train, bt, valid, test, default_pair, builtin)
+    corpora = corpora_from_flags(train, bt, valid, test, default_pair, builtin, real_weight)
     single = as_single_pair(corpora)
     # data.train/valid/test hold text prefixes; a .tsv/.jsonl/Parquet input needs data.corpora.
     if single is None or not all(text_prefix(v) for k, v in single.items() if k[5:] in SETS and v):
