@@ -56,10 +56,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--preset", default="mini", help="shape of the random model without --checkpoint")
     p.add_argument("--input", default=str(DEFAULT_INPUT), help="monolingual text (plain or .gz)")
     p.add_argument("--limit", type=int, help="only the first N lines")
+    p.add_argument("--src-lang", default="de", help="the input's language")
+    p.add_argument("--tgt-lang", default="en", help="the output's (a tagged model: its tag)")
     p.add_argument("--beam", type=int, default=d.beam)
     p.add_argument("--compute-type", default="int8", help="CTranslate2's, for its engine and the baseline")
     p.add_argument("--max-tokens", type=int, default=BacktranslateConfig().max_tokens)
     p.add_argument("--actors", default="1,2", help="actor counts to run")
+    p.add_argument("--shard-lines", type=int, default=5000, help="input lines per shard (>= 2 shards per actor)")
     p.add_argument("--engines", default="raymt,ctranslate2")
     p.add_argument("--memory", action="store_true", help="peak RSS at 0.5M vs 2M lines instead")
     p.add_argument("--memory-lines", default="500000,2000000")
@@ -104,8 +107,10 @@ def baseline(checkpoint: Path, lines: list[str], args: argparse.Namespace, cache
 
     sp = Tokenizer.load(directory / "spm.model").sp
     opts = DecodeOptions(beam=args.beam)
+    # A tagged multilingual model's target tag goes first, as the actors put it.
+    _, _, tags = bt.directions(bt.load_model_info(str(checkpoint)), args.src_lang, args.tgt_lang)
     t0 = time.perf_counter()
-    sources = [sp.encode(line.strip(), out_type=str) for line in lines if line.strip()]
+    sources = [tags + sp.encode(line.strip(), out_type=str) for line in lines if line.strip()]
     for batch in bt.token_batches([len(s) + 1 for s in sources], args.max_tokens):
         limit = max(int(opts.max_len_a * (len(sources[i]) + 1) + opts.max_len_b) for i in batch)
         translator.translate_batch(
@@ -146,7 +151,8 @@ def run_job(checkpoint: Path, mono: Path, out: Path, engine: str, actors: int, a
     command = [sys.executable, "-m", "raymt.backtranslate", "--checkpoint", str(checkpoint), "--input", str(mono)]
     command += ["--output", str(out), "--engine", engine, "--num-actors", str(actors), "--cpus-per-actor", "1"]
     command += ["--num-cpus", str(actors), "--beam", str(args.beam), "--max-tokens", str(args.max_tokens)]
-    command += ["--compute-type", args.compute_type, "--shard-lines", "5000", "--progress-s", "60"]
+    command += ["--compute-type", args.compute_type, "--shard-lines", str(args.shard_lines), "--progress-s", "60"]
+    command += ["--src-lang", args.src_lang, "--tgt-lang", args.tgt_lang]
     env = {**os.environ, "RAY_ADDRESS": "local", "PYTHONPATH": str(ROOT), "RAYMT_CACHE": str(out.parent / "cache")}
     t0 = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

@@ -179,7 +179,7 @@ def directions(model: Model, src_lang: Optional[str], tgt_lang: Optional[str]) -
     """(src_lang, tgt_lang, tag pieces before each source): checked against what the model was trained on."""
     data = model.config.data
     if model.languages:  # a tagged multilingual model (design-inputs.md section 6)
-        pairs = [p.split("-", 1) for p in model.languages.get("pairs", [])]
+        pairs = [tuple(p) for p in model.languages.get("pairs", [])]  # [["en", "de"], ...] (checkpoint.py)
         tags = decode_tags(tgt_lang, model.languages.get("target_langs", []), model.languages.get("reserved", {}))
         sources = sorted({s for s, _ in pairs})
         if src_lang is None and len(sources) > 1:

@@ -18,6 +18,7 @@ import pytest
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 from raymt import backtranslate as bt
+from raymt.checkpoint import languages_entry
 from raymt.config import BacktranslateConfig, DecodeOptions
 from raymt.data.builtin import generate
 
@@ -103,7 +104,9 @@ def test_auto_engine_is_ctranslate2_when_installed(checkpoint):
 
 def test_tagged_model_takes_its_tag(checkpoint):
     model = bt.load_model_info(str(checkpoint))
-    model.languages = {"pairs": ["en-de", "en-fr"], "target_langs": ["de", "fr"], "reserved": {"<2de>": 4, "<2fr>": 5}}
+    # The entry as training writes it into config.json (a multilingual checkpoint's own format).
+    model.languages = languages_entry([("en", "de"), ("en", "fr")], {"<2de>": 4, "<2fr>": 5})
+    assert model.languages["pairs"] == [["en", "de"], ["en", "fr"]]
     assert bt.directions(model, "en", "fr") == ("en", "fr", ["<2fr>"])
     with pytest.raises(ValueError, match="pass --tgt-lang"):
         bt.directions(model, "en", None)
