@@ -35,9 +35,9 @@ from raymt.model import build_model
 from raymt.train import (
     RUN_CONFIG,
     build_config,
+    finalize,
     materialize,
     pair_tags,
-    finalize,
     parse_args,
     plan_data,
     resolve_resume,
