@@ -164,8 +164,8 @@ def input_overrides(
     file and at most one test set sets today's data.src_lang/tgt_lang/train/valid/test
     (`as_single_pair`); anything more sets data.corpora. Without --train/--bt/--pairs, a bare
     --valid/--test overrides the sets of the built-in or a prepared (--corpus) corpus."""
-    check_real_weight(real_weight, bt)
     if not (train or bt or pairs):
+        check_real_weight(real_weight, bt)  # corpora_from_flags checks it on the other path
         out: dict[str, Any] = {}
         for flag, specs in (("valid", valid), ("test", test)):
             _check(len(specs) <= 1, f"--{flag} is given {len(specs)} times: one without --train (or use SRC-TGT:SPEC)")
