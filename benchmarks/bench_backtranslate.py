@@ -10,6 +10,12 @@ compute type and token-budget batches) in this process. Ratios: each run / the b
 core (actors x threads), and 2 actors / 1 actor per engine. Goals (issue 29): the best engine
 >= 0.9x single-process CTranslate2 per core, 2 actors >= 1.7x one.
 
+Every row runs --repeat times (default 3), the rows interleaved, and its median counts: on a
+small shared machine one disturbed run must not decide a ratio. Each command's processes are
+sampled every 0.5 s (psutil), and the table shows the cores that the actors, the driver and
+Ray's own processes (GCS, raylet, idle workers) kept busy while it decoded: where the time of
+the cores that do not go to the actors goes.
+
 `--memory` instead translates 0.5M and 2M generated lines (Multi30k's lines cycled) with the
 fastest engine and reports the peak RSS of the driver and of each actor (psutil, sampled every
 0.5 s); issue 29 wants them within 10% of each other.
@@ -30,6 +36,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,6 +71,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--actors", default="1,2", help="actor counts to run")
     p.add_argument("--shard-lines", type=int, default=5000, help="input lines per shard (>= 2 shards per actor)")
     p.add_argument("--engines", default="raymt,ctranslate2")
+    p.add_argument("--repeat", type=int, default=3, help="runs of each row (interleaved); the median counts")
     p.add_argument("--memory", action="store_true", help="peak RSS at 0.5M vs 2M lines instead")
     p.add_argument("--memory-lines", default="500000,2000000")
     p.add_argument("--work-dir", help="outputs and the exported model (default: a temporary directory)")
@@ -85,6 +93,12 @@ def random_checkpoint(work: Path, preset: str, lines: list[str]) -> Path:
     tok = train_tokenizer(lines[:20000] + lines[:1], 8000)
     config = Config(model=model_preset(preset), data=DataConfig(src_lang="de", tgt_lang="en", vocab_size=8000))
     return save_checkpoint(work / "checkpoint", Transformer(config.model, tok.vocab_size), config, tok)
+
+
+def num_lines(path: Path) -> int:
+    """Lines of a gzipped text file."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return sum(1 for _ in f)
 
 
 def write_input(path: Path, lines: list[str], total: int) -> Path:
@@ -125,29 +139,64 @@ def baseline(checkpoint: Path, lines: list[str], args: argparse.Namespace, cache
     return {"engine": "ctranslate2.Translator", "actors": 1, "seconds": seconds, "sentences_per_s": rate}
 
 
-class PeakRSS(threading.Thread):
-    """Samples the peak RSS of a driver process and of its decoding actors every 0.5 s."""
+KINDS = ("actors", "driver", "ray")
+
+
+class Sampler(threading.Thread):
+    """Every 0.5 s: the peak RSS and the CPU seconds of a job's processes (driver, actors, Ray's own)."""
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
         self.pid, self.driver, self.actors, self.stop = pid, 0, {}, threading.Event()
+        self.seen: dict[int, float] = {}  # pid -> its CPU seconds at the last sample
+        self.used = dict.fromkeys(KINDS, 0.0)  # CPU seconds of each kind, kept after a process exits
+        self.timeline: list[tuple[float, dict[str, float]]] = []  # (time, CPU seconds of each kind)
 
     def run(self) -> None:
+        while not self.stop.wait(0.5):
+            self.sample()
+
+    def sample(self) -> None:
+        """One sample of every process under the driver (Ray's GCS and raylet, its workers, the actors)."""
         import psutil
 
-        while not self.stop.wait(0.5):
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        for proc in procs:
             try:
-                root = psutil.Process(self.pid)
-                self.driver = max(self.driver, root.memory_info().rss)
-                for proc in root.children(recursive=True):
-                    if " ".join(proc.cmdline()).startswith(bt.ACTOR_TITLE):
-                        self.actors[proc.pid] = max(self.actors.get(proc.pid, 0), proc.memory_info().rss)
+                rss, cpu = proc.memory_info().rss, proc.cpu_times()
+                is_actor = " ".join(proc.cmdline()).startswith(bt.ACTOR_TITLE)
             except psutil.Error:
-                pass
+                continue
+            kind = "driver" if proc.pid == self.pid else "actors" if is_actor else "ray"
+            # A Ray worker becomes an actor (its title changes): only its time since counts as the actor's.
+            self.used[kind] += cpu.user + cpu.system - self.seen.get(proc.pid, 0.0)
+            self.seen[proc.pid] = cpu.user + cpu.system
+            if kind == "driver":
+                self.driver = max(self.driver, rss)
+            elif kind == "actors":
+                self.actors[proc.pid] = max(self.actors.get(proc.pid, 0), rss)
+        self.timeline.append((time.perf_counter(), dict(self.used)))
+
+    def cores_busy(self, start: float, end: float) -> dict[str, float]:
+        """Cores each kind kept busy on average between two times (from the samples inside them)."""
+        inside = [(t, c) for t, c in self.timeline if start <= t <= end]
+        if len(inside) < 2:
+            return {}
+        (t0, first), (t1, last) = inside[0], inside[-1]
+        return {k: (last[k] - first[k]) / (t1 - t0) for k in KINDS}
+
+    def decoding_end(self) -> float:
+        """When the actors' CPU time stopped growing (their last shard done; they idle until shutdown)."""
+        final = self.timeline[-1][1]["actors"] if self.timeline else 0.0
+        return next((t for t, c in self.timeline if c["actors"] >= final - 0.05), time.perf_counter())
 
 
 def run_job(checkpoint: Path, mono: Path, out: Path, engine: str, actors: int, args: argparse.Namespace) -> dict:
-    """One `raymt backtranslate` command: its own sentences/s, wall time and peak RSS."""
+    """One `raymt backtranslate` command: its own sentences/s, wall time, peak RSS and CPU use."""
     command = [sys.executable, "-m", "raymt.backtranslate", "--checkpoint", str(checkpoint), "--input", str(mono)]
     command += ["--output", str(out), "--engine", engine, "--num-actors", str(actors), "--cpus-per-actor", "1"]
     command += ["--num-cpus", str(actors), "--beam", str(args.beam), "--max-tokens", str(args.max_tokens)]
@@ -156,44 +205,72 @@ def run_job(checkpoint: Path, mono: Path, out: Path, engine: str, actors: int, a
     env = {**os.environ, "RAY_ADDRESS": "local", "PYTHONPATH": str(ROOT), "RAYMT_CACHE": str(out.parent / "cache")}
     t0 = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    rss = PeakRSS(proc.pid)
-    rss.start()
+    sampler = Sampler(proc.pid)
+    sampler.start()
     log, _ = proc.communicate()
-    rss.stop.set()
+    sampler.stop.set()
     match = RATE.search(log)
     if proc.returncode != 0 or not match:
         raise SystemExit(f"{' '.join(command)} failed:\n{log[-3000:]}")
+    seconds, rate = float(match.group(1)), float(match.group(2).replace(",", ""))
+    # The command's rate counts from the actors' creation to its last shard: the same window here.
+    end = sampler.decoding_end()
+    busy = sampler.cores_busy(end - num_lines(mono) / rate, end)
     return {
         "engine": engine,
         "actors": actors,
-        "seconds": float(match.group(1)),
+        "seconds": seconds,
         "wall_s": time.perf_counter() - t0,
-        "sentences_per_s": float(match.group(2).replace(",", "")),
-        "driver_rss_mb": rss.driver / 2**20,
-        "actor_rss_mb": [v / 2**20 for v in rss.actors.values()],
+        "sentences_per_s": rate,
+        "driver_rss_mb": sampler.driver / 2**20,
+        "actor_rss_mb": [v / 2**20 for v in sampler.actors.values()],
+        "cores_busy": busy,
     }
 
 
+def median_row(jobs: list[dict]) -> dict:
+    """The run with the median sentences/s (the lower one of an even count), with every run's rate."""
+    rates = sorted(j["sentences_per_s"] for j in jobs)
+    middle = statistics.median_low(rates)
+    row = dict(next(j for j in jobs if j["sentences_per_s"] == middle))
+    row["runs_sentences_per_s"] = [j["sentences_per_s"] for j in jobs]
+    return row
+
+
 def speed(checkpoint: Path, lines: list[str], work: Path, args: argparse.Namespace) -> list[dict]:
-    """The baseline, then every engine x actor count, with their ratios."""
+    """The baseline, then every engine x actor count, --repeat times interleaved; medians and their ratios."""
     mono = write_input(work / "mono.de.gz", lines, len(lines))
-    rows = [baseline(checkpoint, lines, args, work / "cache")]
+    jobs: dict[tuple[str, int], list[dict]] = {}
+    # Interleaved, so that a passing disturbance costs one run of several rows, not every run of one.
+    for i in range(args.repeat):
+        jobs.setdefault(("ctranslate2.Translator", 1), []).append(baseline(checkpoint, lines, args, work / "cache"))
+        for engine in args.engines.split(","):
+            for actors in [int(a) for a in args.actors.split(",")]:
+                out = work / f"out-{engine}-{actors}-{i}"
+                jobs.setdefault((engine, actors), []).append(run_job(checkpoint, mono, out, engine, actors, args))
+    rows = [median_row(runs) for runs in jobs.values()]
     base = rows[0]["sentences_per_s"]
-    for engine in args.engines.split(","):
-        for actors in [int(a) for a in args.actors.split(",")]:
-            row = run_job(checkpoint, mono, work / f"out-{engine}-{actors}", engine, actors, args)
-            row["per_core_vs_ct2"] = row["sentences_per_s"] / actors / base
-            one = next((r for r in rows if r["engine"] == engine and r["actors"] == 1), None)
-            if one is not None and actors > 1:
-                row["vs_one_actor"] = row["sentences_per_s"] / one["sentences_per_s"]
-            rows.append(row)
-    print(f"{len(lines):,} lines of {args.input}, beam {args.beam}, CTranslate2 {args.compute_type}")
-    print(f"{'engine':<24}{'actors':>7}{'sent/s':>10}{'per core / ct2':>16}{'/ 1 actor':>11}")
+    for row in rows[1:]:
+        row["per_core_vs_ct2"] = row["sentences_per_s"] / row["actors"] / base
+        one = next((r for r in rows if r["engine"] == row["engine"] and r["actors"] == 1), None)
+        if one is not None and row["actors"] > 1:
+            row["vs_one_actor"] = row["sentences_per_s"] / one["sentences_per_s"]
+    print_speed(rows, len(lines), args)
+    return rows
+
+
+def print_speed(rows: list[dict], num_lines: int, args: argparse.Namespace) -> None:
+    """The table: medians, every run's rate, ratios, and the cores each kind of process kept busy."""
+    print(f"{num_lines:,} lines of {args.input}, beam {args.beam}, CTranslate2 {args.compute_type}, ", end="")
+    print(f"median of {args.repeat} run(s) each; cores busy while decoding: actors / driver / Ray's processes")
+    print(f"{'engine':<24}{'actors':>7}{'sent/s':>9}  {'runs':<24}{'per core/ct2':>13}{'/1 actor':>9}  cores busy")
     for r in rows:
+        runs = ", ".join(f"{x:.0f}" for x in r["runs_sentences_per_s"])
         per_core = f"{r.get('per_core_vs_ct2', 1.0):.2f}x"
         scaling = f"{r['vs_one_actor']:.2f}x" if "vs_one_actor" in r else ""
-        print(f"{r['engine']:<24}{r['actors']:>7}{r['sentences_per_s']:>10.1f}{per_core:>16}{scaling:>11}")
-    return rows
+        busy = " / ".join(f"{r['cores_busy'][k]:.2f}" for k in KINDS) if r.get("cores_busy") else ""
+        rate = f"{r['sentences_per_s']:>9.1f}"
+        print(f"{r['engine']:<24}{r['actors']:>7}{rate}  {runs:<24}{per_core:>13}{scaling:>9}  {busy}")
 
 
 def memory(checkpoint: Path, lines: list[str], work: Path, args: argparse.Namespace) -> list[dict]:
