@@ -95,12 +95,6 @@ def random_checkpoint(work: Path, preset: str, lines: list[str]) -> Path:
     return save_checkpoint(work / "checkpoint", Transformer(config.model, tok.vocab_size), config, tok)
 
 
-def num_lines(path: Path) -> int:
-    """Lines of a gzipped text file."""
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return sum(1 for _ in f)
-
-
 def write_input(path: Path, lines: list[str], total: int) -> Path:
     """`total` lines (the input cycled), gzipped."""
     with gzip.open(path, "wt", encoding="utf-8") as f:
@@ -195,8 +189,10 @@ class Sampler(threading.Thread):
         return next((t for t, c in self.timeline if c["actors"] >= final - 0.05), time.perf_counter())
 
 
-def run_job(checkpoint: Path, mono: Path, out: Path, engine: str, actors: int, args: argparse.Namespace) -> dict:
-    """One `raymt backtranslate` command: its own sentences/s, wall time, peak RSS and CPU use."""
+def run_job(
+    checkpoint: Path, mono: Path, num_lines: int, out: Path, engine: str, actors: int, args: argparse.Namespace
+) -> dict:
+    """One `raymt backtranslate` command on `mono` (`num_lines` lines): sentences/s, wall time, peak RSS, CPU use."""
     command = [sys.executable, "-m", "raymt.backtranslate", "--checkpoint", str(checkpoint), "--input", str(mono)]
     command += ["--output", str(out), "--engine", engine, "--num-actors", str(actors), "--cpus-per-actor", "1"]
     command += ["--num-cpus", str(actors), "--beam", str(args.beam), "--max-tokens", str(args.max_tokens)]
@@ -215,7 +211,7 @@ def run_job(checkpoint: Path, mono: Path, out: Path, engine: str, actors: int, a
     seconds, rate = float(match.group(1)), float(match.group(2).replace(",", ""))
     # The command's rate counts from the actors' creation to its last shard: the same window here.
     end = sampler.decoding_end()
-    busy = sampler.cores_busy(end - num_lines(mono) / rate, end)
+    busy = sampler.cores_busy(end - num_lines / rate, end)
     return {
         "engine": engine,
         "actors": actors,
@@ -230,8 +226,7 @@ def run_job(checkpoint: Path, mono: Path, out: Path, engine: str, actors: int, a
 
 def median_row(jobs: list[dict]) -> dict:
     """The run with the median sentences/s (the lower one of an even count), with every run's rate."""
-    rates = sorted(j["sentences_per_s"] for j in jobs)
-    middle = statistics.median_low(rates)
+    middle = statistics.median_low([j["sentences_per_s"] for j in jobs])
     row = dict(next(j for j in jobs if j["sentences_per_s"] == middle))
     row["runs_sentences_per_s"] = [j["sentences_per_s"] for j in jobs]
     return row
@@ -247,7 +242,9 @@ def speed(checkpoint: Path, lines: list[str], work: Path, args: argparse.Namespa
         for engine in args.engines.split(","):
             for actors in [int(a) for a in args.actors.split(",")]:
                 out = work / f"out-{engine}-{actors}-{i}"
-                jobs.setdefault((engine, actors), []).append(run_job(checkpoint, mono, out, engine, actors, args))
+                jobs.setdefault((engine, actors), []).append(
+                    run_job(checkpoint, mono, len(lines), out, engine, actors, args)
+                )
     rows = [median_row(runs) for runs in jobs.values()]
     base = rows[0]["sentences_per_s"]
     for row in rows[1:]:
@@ -278,7 +275,7 @@ def memory(checkpoint: Path, lines: list[str], work: Path, args: argparse.Namesp
     rows = []
     for total in [int(n) for n in args.memory_lines.split(",")]:
         mono = write_input(work / f"mono-{total}.de.gz", lines, total)
-        row = run_job(checkpoint, mono, work / f"mem-{total}", "ctranslate2", 2, args)
+        row = run_job(checkpoint, mono, total, work / f"mem-{total}", "ctranslate2", 2, args)
         row["lines"] = total
         rows.append(row)
         print(

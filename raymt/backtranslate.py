@@ -179,9 +179,8 @@ def directions(model: Model, src_lang: Optional[str], tgt_lang: Optional[str]) -
     """(src_lang, tgt_lang, tag pieces before each source): checked against what the model was trained on."""
     data = model.config.data
     if model.languages:  # a tagged multilingual model (design-inputs.md section 6)
-        pairs = [tuple(p) for p in model.languages.get("pairs", [])]  # [["en", "de"], ...] (checkpoint.py)
         tags = decode_tags(tgt_lang, model.languages.get("target_langs", []), model.languages.get("reserved", {}))
-        sources = sorted({s for s, _ in pairs})
+        sources = sorted({src for src, _ in model.languages.get("pairs", [])})  # [["en", "de"], ...]
         if src_lang is None and len(sources) > 1:
             raise ValueError(f"this model translates from {', '.join(sources)}: pass --src-lang (the input's)")
         if src_lang is not None and src_lang not in sources:
