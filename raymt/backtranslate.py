@@ -180,15 +180,19 @@ def directions(model: Model, src_lang: Optional[str], tgt_lang: Optional[str]) -
     data = model.config.data
     if model.languages:  # a tagged multilingual model (design-inputs.md section 6)
         tags = decode_tags(tgt_lang, model.languages.get("target_langs", []), model.languages.get("reserved", {}))
-        sources = sorted({src for src, _ in model.languages.get("pairs", [])})  # [["en", "de"], ...]
+        tgt_lang = tgt_lang or model.languages["target_langs"][0]  # untagged many-to-one: its one target
+        # Only the sources trained into tgt_lang: en->en on an en<->de model is no trained pair.
+        sources = sorted({src for src, tgt in model.languages.get("pairs", []) if tgt == tgt_lang})
         if src_lang is None and len(sources) > 1:
-            raise ValueError(f"this model translates from {', '.join(sources)}: pass --src-lang (the input's)")
+            raise ValueError(
+                f"this model translates into {tgt_lang} from {', '.join(sources)}: pass --src-lang (the input's)"
+            )
         if src_lang is not None and src_lang not in sources:
             raise ValueError(
-                f"--src-lang {src_lang}: {model.location} was trained to translate from "
+                f"--src-lang {src_lang}: {model.location} was trained to translate into {tgt_lang} from "
                 f"{', '.join(sources)}; back-translate text in one of them"
             )
-        return src_lang or sources[0], str(tgt_lang), tags
+        return src_lang or sources[0], tgt_lang, tags
     for flag, given, own, side in (
         ("--src-lang", src_lang, data.src_lang, "input"),
         ("--tgt-lang", tgt_lang, data.tgt_lang, "output"),

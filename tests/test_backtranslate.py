@@ -112,8 +112,20 @@ def test_tagged_model_takes_its_tag(checkpoint):
         bt.directions(model, "en", None)
     with pytest.raises(ValueError, match="--tgt-lang es: this model was trained to translate into de, fr"):
         bt.directions(model, "en", "es")
-    with pytest.raises(ValueError, match="--src-lang de: .* trained to translate from en"):
+    with pytest.raises(ValueError, match="--src-lang de: .* trained to translate into fr from en"):
         bt.directions(model, "de", "fr")
+
+
+def test_tagged_model_checks_the_source_against_the_target(checkpoint):
+    model = bt.load_model_info(str(checkpoint))
+    model.languages = languages_entry([("en", "de"), ("de", "en")], {"<2de>": 4, "<2en>": 5})
+    assert bt.directions(model, None, "en") == ("de", "en", ["<2en>"])  # the one source trained into en
+    assert bt.directions(model, None, "de") == ("en", "de", ["<2de>"])
+    with pytest.raises(ValueError, match="--src-lang en: .* trained to translate into en from de"):
+        bt.directions(model, "en", "en")  # both languages are sources, but en->en was never trained
+    model.languages = languages_entry([("de", "en"), ("fr", "en")], {"<2en>": 4})
+    with pytest.raises(ValueError, match="translates into en from de, fr: pass --src-lang"):
+        bt.directions(model, None, "en")
 
 
 # ---------------------------------------------------------------- bad input: one line, before Ray
