@@ -56,6 +56,7 @@ from raymt.checkpoint import (
     check_checkpoint,
     load_weights,
     local_checkpoint,
+    trained_sources,
     weights_file,
 )
 from raymt.cluster import init_ray
@@ -182,7 +183,7 @@ def directions(model: Model, src_lang: Optional[str], tgt_lang: Optional[str]) -
         tags = decode_tags(tgt_lang, model.languages.get("target_langs", []), model.languages.get("reserved", {}))
         tgt_lang = tgt_lang or model.languages["target_langs"][0]  # untagged many-to-one: its one target
         # Only the sources trained into tgt_lang: en->en on an en<->de model is no trained pair.
-        sources = sorted({src for src, tgt in model.languages.get("pairs", []) if tgt == tgt_lang})
+        sources = trained_sources(model.languages, tgt_lang)
         if src_lang is None and len(sources) > 1:
             raise ValueError(
                 f"this model translates into {tgt_lang} from {', '.join(sources)}: pass --src-lang (the input's)"

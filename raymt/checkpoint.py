@@ -160,9 +160,14 @@ def source_prefix(checkpoint: str | Path, tgt_lang: Optional[str]) -> list[int]:
     return [reserved[piece] for piece in pieces]
 
 
+def trained_sources(languages: dict, tgt_lang: str) -> list[str]:
+    """The source languages a multi-pair model was trained to translate into `tgt_lang` from."""
+    return sorted({src for src, tgt in languages["pairs"] if tgt == tgt_lang})
+
+
 def default_src_lang(languages: dict, tgt_lang: str) -> str:
     """The one source language a tagged model was trained to translate into `tgt_lang` from."""
-    sources = sorted({src for src, tgt in languages["pairs"] if tgt == tgt_lang})
+    sources = trained_sources(languages, tgt_lang)
     if len(sources) != 1:
         raise ValueError(
             f"this model translates into {tgt_lang} from {', '.join(sources)}: pass --src-lang "
