@@ -51,9 +51,19 @@ def score(hyps: list[str], refs: list[str], extra: bool = False, lang: str = "en
     for name, metric in _metrics(extra).items():
         out[name] = metric.corpus_score(hyps, [refs]).score
         out[f"{name}_signature"] = str(metric.get_signature())
-    if extra:
+    if extra and papers_bleu_available():
         out[PAPERS_BLEU], out[f"{PAPERS_BLEU}_signature"] = papers_bleu(hyps, refs, lang)
     return out
+
+
+def papers_bleu_available() -> bool:
+    """Whether sacremoses imports: without it the test scores keep sacreBLEU, chrF and TER and
+    leave out the papers' form, instead of losing them all after training."""
+    try:
+        import sacremoses  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # The `score(..., extra=True)` key printed beside sacreBLEU: Moses-tokenized, lowercased BLEU.
@@ -71,10 +81,13 @@ def score_lines(
     """
     sentences = f", {num_sentences} sentences" if num_sentences is not None else ""
     ter = f", TER {scores['ter']:.2f}" if "ter" in scores else ""
+    papers = (
+        f"tokenized lowercased BLEU {scores[PAPERS_BLEU]:.2f} (Moses tokenizer, lowercase, multi-bleu; papers' form)"
+        if PAPERS_BLEU in scores
+        else "no tokenized lowercased BLEU (papers' form): sacremoses is not installed; pip install sacremoses"
+    )
     lines = [
-        f"{name} BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}{ter} (sacreBLEU{sentences}); "
-        f"tokenized lowercased BLEU {scores[PAPERS_BLEU]:.2f} (Moses tokenizer, lowercase, "
-        "multi-bleu; papers' form)",
+        f"{name} BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}{ter} (sacreBLEU{sentences}); {papers}",
         f"  checkpoint {checkpoint}; beam {beam}, length penalty {length_penalty:g}",
     ]
     labels = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER", "bleu_lc": "BLEU-lc", PAPERS_BLEU: "BLEU-tok"}

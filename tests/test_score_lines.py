@@ -4,6 +4,7 @@ signature, and the papers' tokenized lowercased BLEU beside sacreBLEU's."""
 
 import json
 import math
+import sys
 from collections import Counter
 
 import pytest
@@ -138,3 +139,15 @@ def test_train_and_evaluate_print_the_same_lines(tmp_path, capsys):
         }
     )
     assert capsys.readouterr().out.splitlines()[: len(expected)] == expected
+
+
+def test_without_sacremoses_the_test_scores_keep_sacrebleu_and_say_what_is_missing(monkeypatch):
+    # The GPU image of an earlier run lacked sacremoses: the papers' form then failed after
+    # training and took sacreBLEU's test scores with it.
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # `import sacremoses` raises ImportError
+    scores = score(HYPS, REFS, extra=True)
+    assert scores["bleu"] == score(HYPS, REFS)["bleu"] and "ter" in scores
+    assert "bleu_tok" not in scores and "bleu_tok_signature" not in scores
+    lines = score_lines("test", scores, "runs/r/checkpoint_1", 5, 0.6)
+    assert lines[0].endswith("(papers' form): sacremoses is not installed; pip install sacremoses")
+    assert not any(line.lstrip().startswith("BLEU-tok:") for line in lines)
