@@ -100,6 +100,9 @@ def _short(num: int, use_gpu: bool, cpus_each: Optional[float], total: dict) -> 
 # How often `grow` looks at the cluster, and how often it prints its progress line.
 GROW_POLL_S = 5.0
 GROW_PRINT_S = 30.0
+# How long `can_grow` waits for a fresh head's autoscaler to send its first report
+# (one update: 5 s by default, more on a loaded head).
+FIRST_REPORT_S = 30.0
 
 
 class RayCluster:
@@ -116,7 +119,14 @@ class RayCluster:
         multi-node provider). Every head runs one, but without a config it is read-only and
         names each node's type after the node itself (`node_<id>`); a configured one names
         types after its config (cluster.yaml's `head_cpu`, `gpu_8x`)."""
-        return any(node_type != f"node_{node_id}" for node_id, node_type in self._node_types().items())
+        node_types, start = self._node_types(), self.now()
+        # The autoscaler's first report comes one update after the head starts (a job
+        # submitted right after `ray up`, or CI's fresh head): wait for it rather than
+        # taking "no report yet" for "no autoscaler".
+        while not node_types and self.now() - start < FIRST_REPORT_S:
+            self.sleep(1.0)
+            node_types = self._node_types()
+        return any(node_type != f"node_{node_id}" for node_id, node_type in node_types.items())
 
     def _node_types(self) -> dict[str, str]:
         """Node id -> the autoscaler's node type name (autoscaler v1 or v2); empty when none reports."""

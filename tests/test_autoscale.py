@@ -5,15 +5,16 @@ import time
 import pytest
 
 from raymt import train
-from raymt.cluster import RayCluster, plan, release_request
+from raymt.cluster import FIRST_REPORT_S, RayCluster, plan, release_request
 
 
 class FakeCluster(RayCluster):
     """A cluster whose autoscaler adds one 8-GPU node every `node_every_s` seconds of fake time
     after a request, up to `max_nodes`; `autoscaler=False` is a fixed cluster."""
 
-    def __init__(self, autoscaler=True, max_nodes=4, node_every_s=60.0, gpus_per_node=8):
+    def __init__(self, autoscaler=True, max_nodes=4, node_every_s=60.0, gpus_per_node=8, report_after_s=0.0):
         self.autoscaler, self.max_nodes, self.node_every_s = autoscaler, max_nodes, node_every_s
+        self.report_after_s = report_after_s  # a fresh head's autoscaler: no report before then
         self.gpus_per_node, self.clock, self.requests, self.requested_at = gpus_per_node, 0.0, [], None
 
     def resources(self):
@@ -25,6 +26,8 @@ class FakeCluster(RayCluster):
         return {"CPU": 16.0 + 96.0 * nodes, "GPU": float(self.gpus_per_node * nodes)}
 
     def _node_types(self):  # what Ray's autoscaler reports: a configured head, or a read-only one
+        if self.clock < self.report_after_s:
+            return {}
         return {"aa01": "head_cpu"} if self.autoscaler else {"aa01": "node_aa01"}
 
     def request(self, bundles):
@@ -83,6 +86,20 @@ def test_train_waits_for_the_autoscaler_with_its_timeout(monkeypatch):
     monkeypatch.setattr(train, "plan", lambda *a, **kw: seen.setdefault("grow", kw["grow_timeout_s"]))
     train.scaling(train.build_config(train.parse_args(["--gpu", "--num-workers", "16"])))
     assert seen["grow"] == 900
+
+
+def test_fresh_head_whose_autoscaler_has_not_reported_yet_still_grows():
+    """CI's race: the driver asked before the autoscaler's first report and was refused at once."""
+    cluster = FakeCluster(report_after_s=4.0)
+    workers = plan(8, use_gpu=True, grow_timeout_s=900, cluster=cluster)
+    assert workers.gpus == 1 and cluster.requests == [[{"CPU": 1.0, "GPU": 1.0}] * 8]
+
+
+def test_a_head_that_never_reports_is_taken_as_fixed_after_a_bounded_wait():
+    cluster = FakeCluster(report_after_s=float("inf"))
+    with pytest.raises(ValueError, match="needs 8 GPUs; the cluster has 0"):
+        plan(8, use_gpu=True, grow_timeout_s=900, cluster=cluster)
+    assert cluster.requests == [] and cluster.clock == FIRST_REPORT_S
 
 
 def test_release_withdraws_the_request_only_where_an_autoscaler_runs():
