@@ -73,10 +73,12 @@ ORIGINS = ("real", "bt")
 
 
 def _check_lang(lang: Any, where: str) -> None:
-    """A language code as `PrepareConfig` accepts it: letters, digits, '-' or '_'."""
+    """A language code of a corpus or tag: letters, digits or '_'. Not '-': pairs are named
+    "SRC-TGT" (metrics columns, manifests, tags), which a code with '-' would make ambiguous."""
     _check(
-        isinstance(lang, str) and bool(lang) and lang.replace("-", "").replace("_", "").isalnum(),
-        f"{where}={lang!r} must be a language code such as en or pt_BR",
+        isinstance(lang, str) and bool(lang) and lang.replace("_", "").isalnum(),
+        f"{where}={lang!r} must be a language code of letters, digits or '_' such as en or pt_BR "
+        "(not pt-BR: '-' separates a pair's two languages)",
     )
 
 

@@ -364,6 +364,9 @@ def plan_data(
             cfg.train.seed,
         )
         sources = [prepare.Source(kind="pairs", pairs=splits.pop("train"))]
+        for split in ("valid", "test"):  # --valid/--test PREFIX replace the built-in sets
+            if getattr(cfg.data, split):
+                splits[split] = text.read_parallel(getattr(cfg.data, split), cfg.data.src_lang, cfg.data.tgt_lang)
     else:
         paths = tuple(str(text.resolve(cfg.data.train, lang)) for lang in (cfg.data.src_lang, cfg.data.tgt_lang))
         sources = [prepare.Source(kind="text", paths=paths)]
@@ -431,6 +434,14 @@ def _prepared_corpora(cfg: Config, manifest: dict, known: Optional[Tokenizer], g
     if known is not None and known.model_proto != tokenizer.model_proto:
         raise ValueError(
             f"{given} has a different SentencePiece model than the corpus {corpus}: train from scratch on it"
+        )
+    prepared_at = manifest.get("options", {}).get("temperature", cfg.data.temperature)
+    if prepared_at != cfg.data.temperature:  # data.temperature mixes; a sweep may vary it on purpose
+        print(
+            f"note: {corpus} was prepared with --temperature {prepared_at:g} (its SentencePiece sample); "
+            f"this run mixes its corpora at data.temperature={cfg.data.temperature:g} "
+            f"(--set data.temperature={prepared_at:g} mixes them as prepared)",
+            flush=True,
         )
     valid, test = {}, {}
     for pair in corpus_format.pairs(manifest):

@@ -476,3 +476,13 @@ def test_prepare_config_has_the_new_options():
     assert (PrepareConfig().temperature, PrepareConfig().bt_tag) == (1.0, True)
     with pytest.raises(ValueError, match=r"prepare.temperature=-1 must be a number > 0"):
         PrepareConfig(temperature=-1)
+
+
+def test_the_sentencepiece_sample_takes_at_most_the_pairs_a_corpus_sample_holds():
+    """Pass 1 counts duplicate pairs, a sample holds them once: k_i beyond its pairs would take
+    targets as sources (and count them twice)."""
+    deduplicated = ["s1", "s2", "t1", "t2"]  # 2 distinct pairs: sources, then targets
+    other = ["a1", "a2", "a3", "b1", "b2", "b3"]
+    joint, shares = prepare.joint_sample([deduplicated, other], [5, 2])
+    assert shares == [2, 2]
+    assert joint == ["s1", "s2", "t1", "t2", "a1", "a2", "b1", "b2"]

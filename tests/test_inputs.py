@@ -351,6 +351,16 @@ def test_reserved_pieces_and_source_tags():
     assert source_tags(bt, ["<2de>", "<2en>"]) == ["<2de>"]  # untagged back-translation
 
 
+def test_a_corpus_language_with_a_hyphen_is_refused_in_one_line():
+    """Pairs are named SRC-TGT everywhere (tags, metrics columns, manifests): pt-BR-en would be
+    read as pt -> BR-en, and its validation sources would go untagged."""
+    with pytest.raises(ValueError, match="src_lang=.pt-BR. must be a language code .*not pt-BR"):
+        CorpusSpec("pt-BR", "en", ("a",))
+    with pytest.raises(ValueError, match="tag language='zh-Hant'"):
+        lang_tag("zh-Hant")
+    assert CorpusSpec("pt_BR", "en", ("a",)).pair == "pt_BR-en" and lang_tag("pt_BR") == "<2pt_BR>"
+
+
 def test_decode_tags_check_the_target_language():
     assert decode_tags("fr", ["de", "fr"], ["<2de>", "<2fr>"]) == ["<2fr>"]
     assert decode_tags(None, ["de"], []) == [] and decode_tags("de", ["de"], [BT_TAG]) == []

@@ -266,7 +266,7 @@ def test_a_run_without_a_name_is_named_after_its_pairs():
 # ---------------------------------------------------------------- tune and bad input
 
 
-def test_a_sweep_may_vary_the_temperature_of_its_shared_corpus(prepared, tmp_path):
+def test_a_sweep_may_vary_the_temperature_of_its_shared_corpus(prepared, tmp_path, capsys):
     """data.temperature is the one corpus option a sweep may vary: the shared corpus is the same,
     only the workers' mix changes; every other corpus option is still refused."""
     from raymt.tune import parse_space, shared_corpus
@@ -278,9 +278,13 @@ def test_a_sweep_may_vary_the_temperature_of_its_shared_corpus(prepared, tmp_pat
     cfg = build_config(parse_args(["--pairs", ",".join(PAIRS), *SIZES, *SMALL_VOCAB]))
     base = shared_corpus(cfg, tmp_path)
     rows = {}
+    capsys.readouterr()
     for temperature in (1.0, 5.0):
         trial = apply_overrides(base, {"data.temperature": temperature})
         trial, run_data = plan_data(trial, tmp_path / f"t{temperature}", None, None)
+        # a run mixes at its own data.temperature; one other than the corpus's is said once
+        note = f"(its SentencePiece sample); this run mixes its corpora at data.temperature={temperature:g}"
+        assert (note in capsys.readouterr().out) == (temperature != 1.0)
         assert run_data.corpus == base.data.corpus and run_data.mixed
         corpora, _ = materialize(trial, run_data)
         rows[temperature] = mix_record(corpora, trial.data.temperature)["rows"]
@@ -289,9 +293,34 @@ def test_a_sweep_may_vary_the_temperature_of_its_shared_corpus(prepared, tmp_pat
     assert mix_record(weighted, 1.0)["rows"] != mix_record(weighted, 5.0)["rows"]
 
 
+def write_pairs(prefix, src: list[str], tgt: list[str], langs=("en", "de")) -> str:
+    """PREFIX.<src lang> and PREFIX.<tgt lang> with these lines; the prefix."""
+    for lang, lines in zip(langs, (src, tgt)):
+        prefix.with_name(f"{prefix.name}.{lang}").write_text("".join(f"{line}\n" for line in lines))
+    return str(prefix)
+
+
+def test_a_pairs_own_sets_replace_the_built_in_ones(tmp_path):
+    """--test/--valid for a built-in pair are the sets scored (the built-in ones stay for the others)."""
+    mine = write_pairs(tmp_path / "mine", ["a house .", "two dogs ."], ["ein Haus .", "zwei Hunde ."])
+    argv = ["--pairs", "en-de,de-en", "--test", f"en-de:{mine}", *SIZES, *SMALL_VOCAB]
+    _, run_data = plan_data(build_config(parse_args(argv)), tmp_path / "run", None, None)
+    assert run_data.eval_sets["test"]["en-de"] == (["a house .", "two dogs ."], ["ein Haus .", "zwei Hunde ."])
+    assert len(run_data.eval_sets["test"]["de-en"][0]) == 20  # the built-in test set
+    # one built-in pair: a bare --valid/--test replaces its sets too
+    argv = ["--valid", mine, "--test", mine, *SIZES]
+    _, run_data = plan_data(build_config(parse_args(argv)), tmp_path / "one", None, None)
+    assert (
+        run_data.eval_sets["valid"]
+        == run_data.eval_sets["test"]
+        == (["a house .", "two dogs ."], ["ein Haus .", "zwei Hunde ."])
+    )
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
+        (["--pairs", ""], "--pairs: '' is not a language pair"),
         (["--pairs", "en-de,en-fr,en-de"], "--pairs: en-de given twice"),
         (["--pairs", "en-de,en-fr", "--train", "en-fr:a"], "en-fr also comes from --pairs"),
         (["--train", "en-de:a", "--train", "en-fr:b", "--valid", "en-de:v"], "pair en-fr has no validation set"),

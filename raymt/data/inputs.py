@@ -164,7 +164,7 @@ def input_overrides(
     file and at most one test set sets today's data.src_lang/tgt_lang/train/valid/test
     (`as_single_pair`); anything more sets data.corpora. Without --train/--bt/--pairs, a bare
     --valid/--test overrides the sets of the built-in or a prepared (--corpus) corpus."""
-    if not (train or bt or pairs):
+    if not (train or bt) and pairs is None:
         check_real_weight(real_weight, bt)  # corpora_from_flags checks it on the other path
         out: dict[str, Any] = {}
         for flag, specs in (("valid", valid), ("test", test)):
@@ -174,7 +174,7 @@ def input_overrides(
                 _check(pair is None, f"--{flag} {spec} names a pair with no --train, --bt or --pairs data")
                 out[f"data.{flag}"] = location
         return out
-    builtin = parse_pairs(pairs) if pairs else []
+    builtin = parse_pairs(pairs) if pairs is not None else []  # --pairs "" is an error there
     corpora = corpora_from_flags(train, bt, valid, test, default_pair, builtin, real_weight)
     single = as_single_pair(corpora)
     # data.train/valid/test hold text prefixes; a .tsv/.jsonl/Parquet input needs data.corpora.

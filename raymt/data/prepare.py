@@ -1243,12 +1243,16 @@ def corpus_inputs(
         if first and not valid and "valid" in given:
             valid = [given["valid"]]
         given.pop("valid", None)
-        tests = {name: [source] for name, source in given.items()} if first else {}
+        tests: dict[str, list[Source]] = {}
         for location in c.test:
             name = (test_names or {}).get(location) or spec_name(location)
             if name in tests:
                 raise ValueError(f"{c.pair}: two test sets are named {name!r}: pass --test-name for each")
             tests[name] = [spec(location)]
+        # The pair's own test sets first (a run scores the first); the built-in or dataset's
+        # after them, unless one of the pair's has its name.
+        for name, source in given.items() if first else ():
+            tests.setdefault(name, [source])
         out.append(CorpusInput(c, train, valid, tests))
     return out
 
@@ -1455,6 +1459,18 @@ def _build_corpora(
     }
 
 
+def joint_sample(samples: list[list[str]], shares: list[int]) -> tuple[list[str], list[int]]:
+    """The SentencePiece sample: the first k_i pairs of each corpus's sample (its sources, then
+    its targets, each ordered by hash), k_i at most the pairs it holds; and the k_i taken."""
+    # Pass 1 counted duplicate pairs, which a sample holds once: k_i may exceed its pairs.
+    shares = [min(k, len(sentences) // 2) for sentences, k in zip(samples, shares)]
+    joint: list[str] = []
+    for sentences, k in zip(samples, shares):
+        half = len(sentences) // 2
+        joint += sentences[:k] + sentences[half : half + k]
+    return joint, shares
+
+
 def _joint_tokenizer(
     cfg: PrepareConfig, corpora: list[CorpusInput], specs: list[list[dict]], reserved: list[str], here: list[bool]
 ) -> tuple[Tokenizer, list[dict]]:
@@ -1472,10 +1488,7 @@ def _joint_tokenizer(
         # Pairs that pass the text rules: the corpus's size as far as pass 1 knows it.
         sizes.append(first["input"] - sum(first.get(rule, 0) for rule in READ_COUNTS[1:]))
     shares = sample_sizes(sizes, cfg.sp_sample_size, cfg.temperature, [c.spec.weight for c in corpora])
-    joint: list[str] = []
-    for sentences, k in zip(samples, shares):
-        half = len(sentences) // 2  # src then tgt, each ordered by hash: the first k are the k smallest
-        joint += sentences[:k] + sentences[half : half + k]
+    joint, shares = joint_sample(samples, shares)
     _progress(
         f"training SentencePiece ({cfg.sp_model_type}, {cfg.vocab_size} pieces) on {len(joint) // 2} pairs "
         f"({', '.join(f'{c.spec.name} {k}' for c, k in zip(corpora, shares))}), reserving {' '.join(reserved)}"
