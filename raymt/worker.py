@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader
 from raymt import storage
 from raymt.batching import Batch
 from raymt.checkpoint import load_train_state, load_weights, save_checkpoint
-from raymt.config import Config
-from raymt.data.stream import Mix, Position, TrainStream, mix_record, resume_point, training_data
+from raymt.config import Config, DataConfig
+from raymt.data.stream import Mix, Position, TrainStream, batching_record, mix_record, resume_point, training_data
 from raymt.metrics import MetricsLog, pair_metrics
 from raymt.model import build_model
 from raymt.precision import for_training
@@ -123,6 +123,7 @@ def _report(metrics: dict, loop: "WorkerLoop") -> None:
         "data_segment": loop.segment.to_dict() if loop.segment and loop.segment.epoch == loop.epoch else None,
         "rng_states": [r for _, r in parts],
         "grad_scaler": loop.scaler.state_dict() if loop.scaler else None,
+        "data_batching": batching_record(loop.cfg.data),  # what data_positions count batches of
     }
     if loop.data_mix is not None:  # several corpora: what the positions are positions in
         state["data_mix"] = loop.data_mix
@@ -185,13 +186,17 @@ class WorkerLoop(Trainer):
             state.get("data_segment"),
             self.rank,
             self.world_size,
+            state.get("data_batching"),
         )
-        if saved and len(saved) != self.world_size and self.is_rank0:
+        recut = batching_changes(state.get("data_batching"), cfg.data)
+        if saved and (len(saved) != self.world_size or recut) and self.is_rank0:
             files = self.train_files
             total = files.num_rows if isinstance(files, Mix) else sum(f[1] for f in files)
             left = self.segment.num_left() if self.segment else total
+            what = f"resized from {len(saved)} to {self.world_size} workers" if len(saved) != self.world_size else ""
+            what = "; ".join(x for x in (what, recut) if x)
             print(
-                f"resized from {len(saved)} to {self.world_size} workers: they share the {left} pairs "
+                f"{what}: the workers share the {left} pairs "
                 f"left of epoch {self.epoch + 1} ({total - left} trained before; each pair once)",
                 flush=True,
             )
@@ -451,6 +456,12 @@ def restore_rng(
         )
     # Each rank draws its own dropout masks (after a resize: not those of step 0 again).
     torch.manual_seed(seed * 1000 + rank + 1 + 7919 * step)
+
+
+def batching_changes(saved: Optional[dict], cfg: DataConfig) -> str:
+    """The batching fields a resume changes, in words ("data.max_tokens 4096 -> 2048"); "" if none."""
+    now = batching_record(cfg)
+    return ", ".join(f"data.{k} {v} -> {now[k]}" for k, v in (saved or {}).items() if now.get(k) != v)
 
 
 def out_of_memory_hint(step: int, cfg: Config, gpu_bytes: Optional[int]) -> str:

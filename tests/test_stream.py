@@ -14,6 +14,7 @@ from raymt.data.format import Shard, token_index
 from raymt.data.stream import (
     Position,
     TrainStream,
+    batching_record,
     epoch_slice,
     flat,
     restore_position,
@@ -94,7 +95,7 @@ CFG = dict(max_tokens=64, max_len=10, window_rows=50, shuffle_buffer_rows=120)
 
 
 def stream(files, rank, world_size, position, num_epochs=1, segment=None, **data):
-    cfg = DataConfig(**CFG, **data)
+    cfg = DataConfig(**{**CFG, **data})
     return TrainStream(
         files, cfg, seed=3, rank=rank, world_size=world_size, position=position, num_epochs=num_epochs, segment=segment
     )
@@ -190,6 +191,29 @@ def test_resized_epoch_trains_every_pair_once(tmp_path, steps):
         torch.save({"data_positions": positions, "data_segment": segment and segment.to_dict()}, path)
         state = torch.load(path, weights_only=True)
     assert seen == kept
+
+
+@pytest.mark.parametrize("change", [{"max_tokens": 32}, {"max_tokens": 128, "shuffle_buffer_rows": 0}])
+def test_a_resume_with_another_token_budget_trains_every_pair_once(tmp_path, change):
+    """A resume given another data.max_tokens (the out-of-memory hint's retry) or chunking: the
+    saved positions count batches cut the old way, which are cut again to learn what they held."""
+    files, pairs = write_shards(tmp_path, [230, 41, 180], seed=4)
+    kept = Counter(p for p in pairs if len(p[0]) <= 10 and len(p[1]) <= 10)
+    seen, positions = Counter(), []
+    for rank in range(2):
+        s = stream(files, rank, 2, Position(0))
+        seen.update(take(s, 3))
+        positions.append(s.position.to_dict())
+    before, after = batching_record(DataConfig(**CFG)), DataConfig(**{**CFG, **change})
+    for rank in range(2):
+        position, segment = resume_point(files, after, 3, 0, positions, None, rank, 2, before)
+        assert position == Position(0) and segment.generation == 1
+        seen.update(p for b in stream(files, rank, 2, position, segment=segment, **change) for p in batch_pairs(b))
+    assert seen == kept
+    # The same fields (or a checkpoint that records none): the saved position as before.
+    same = DataConfig(**CFG)
+    assert resume_point(files, same, 3, 0, positions, None, 1, 2, before) == (Position(**positions[1]), None)
+    assert resume_point(files, after, 3, 0, positions, None, 1, 2, None) == (Position(**positions[1]), None)
 
 
 def test_a_resized_epoch_resumes_exactly_at_the_same_size(tmp_path):

@@ -44,7 +44,7 @@ import queue
 import re
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -738,6 +738,16 @@ def restore_position(saved: Optional[list], rank: int, world_size: int, epoch: i
     return position if position.epoch == epoch else Position(epoch)
 
 
+# The data fields that cut a worker's chunks into batches: a saved position counts batches cut
+# with them, so checkpoints record them (`batching_record`) and a resume given others re-cuts.
+BATCHING_FIELDS = ("max_len", "window_rows", "max_tokens", "shuffle_buffer_rows", "pad_multiple", "shape_buckets")
+
+
+def batching_record(cfg: DataConfig) -> dict:
+    """The fields of `cfg` that cut chunks into batches, as a checkpoint records them."""
+    return {name: getattr(cfg, name) for name in BATCHING_FIELDS}
+
+
 def resume_point(
     files: Union[Files, Mix],
     cfg: DataConfig,
@@ -747,13 +757,16 @@ def resume_point(
     segment: Optional[dict],
     rank: int,
     world_size: int,
+    batching: Optional[dict] = None,
 ) -> tuple[Position, Optional[Segment]]:
     """Where a worker's stream starts from a checkpoint's positions (and segment): the saved
-    position, or, when the checkpoint was written by a group of another size, the start of a
-    segment holding what the epoch has left (`resize_segment`)."""
+    position, or, when the checkpoint was written by a group of another size or cut its batches
+    with other `batching` fields (a resume with another data.max_tokens), the start of a segment
+    holding what the epoch has left (`resize_segment`, which cuts the old batches as they were)."""
     segment = Segment.from_dict(segment)
-    if saved and len(saved) != world_size:
-        return Position(epoch), resize_segment(files, cfg, seed, epoch, saved, segment)
+    before = replace(cfg, **batching) if batching else cfg  # checkpoints before 12-05 record none
+    if saved and (len(saved) != world_size or before != cfg):
+        return Position(epoch), resize_segment(files, before, seed, epoch, saved, segment)
     return restore_position(saved, rank, world_size, epoch), segment
 
 
