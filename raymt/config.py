@@ -686,6 +686,22 @@ def _parse_value(raw: str, tp: Any, key: str) -> Any:
         raise ValueError(f"{key}={raw!r} is not a valid {tp.__name__}") from None
 
 
+def check_training(cfg: Config) -> None:
+    """Checks across sections of a training run's config, once every override is in (a config
+    file may leave a field to a flag: grad_compression to --gpu)."""
+    width = -(-(cfg.data.max_len + 1) // cfg.data.pad_multiple) * cfg.data.pad_multiple  # the widest batch
+    _check(
+        width <= cfg.model.max_positions,
+        f"data.max_len={cfg.data.max_len} makes batches {width} positions wide but model.max_positions="
+        f"{cfg.model.max_positions}: raise model.max_positions to {width} or lower data.max_len",
+    )
+    _check(
+        not cfg.train.grad_compression or cfg.train.use_gpu,
+        "train.grad_compression=true compresses the GPU workers' all-reduce (NCCL): add --gpu, or leave "
+        "it false for CPU workers (gloo has no bf16 hook)",
+    )
+
+
 def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     """Return a copy of `cfg` with dotted keys (e.g. `optim.lr`) replaced; values may be strings."""
     hints = typing.get_type_hints(Config)

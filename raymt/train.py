@@ -21,6 +21,7 @@ from raymt.config import (
     SCHEDULE_FIELDS,
     Config,
     apply_overrides,
+    check_training,
     device_defaults,
     flatten,
     load_file,
@@ -150,6 +151,7 @@ def build_config(
     pair = (lang.get("data.src_lang", cfg.data.src_lang), lang.get("data.tgt_lang", cfg.data.tgt_lang))
     given = {**given, **flags, **input_flags(args, pair), **sets}
     cfg = apply_overrides(cfg, given)
+    check_training(cfg)
     if not new_run:
         return cfg
     num_gpus = None
@@ -749,6 +751,7 @@ def run(
     also from its optimizer, scheduler and step (a Tune trial continuing another's work).
     """
     t0 = time.time()
+    check_training(cfg)  # a Config built in code (the notebook, a sweep's trial) skips build_config
     cfg = finalize(cfg)
     if cfg.train.use_gpu:
         print(schedule_line(cfg), flush=True)

@@ -96,7 +96,6 @@ def restore_training(
     weights: Optional[dict],
     train_state: Optional[dict],
     place: Callable[[torch.nn.Module], torch.nn.Module],
-    reset_lr: bool = False,
     scaler: Optional[torch.amp.GradScaler] = None,
 ):
     """Load weights, put the model on its device (`place`), then build and restore the optimizer
@@ -104,7 +103,9 @@ def restore_training(
 
     The optimizer comes after `place` so that its state (and fused kernels) live on the
     parameters' device; built before, a GPU resume crashes ("exp_avgs is on cpu").
-    `reset_lr` continues at this run's peak learning rate (a PBT exploit).
+    A restored optimizer takes this run's optim.lr and AdamW settings at the restored point of
+    the schedule: a resume given another optim.lr (as the non-finite error advises), or a PBT
+    exploit's donor state, trains with them; unchanged, they are what was restored.
     Returns (placed model, optimizer, scheduler).
     """
     if weights is not None:
@@ -122,10 +123,16 @@ def restore_training(
         scheduler.load_state_dict(train_state["scheduler"])
         if scaler is not None and train_state.get("grad_scaler"):  # none: saved by a bf16/fp32 run
             scaler.load_state_dict(train_state["grad_scaler"])
-    if reset_lr:
+        # The state dicts carry the saving run's lr (base_lrs) and settings; this run's config wins.
         scheduler.base_lrs = [cfg.optim.lr] * len(scheduler.base_lrs)
-        for group, lr in zip(optimizer.param_groups, scheduler.base_lrs):
-            group["lr"] = lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
+        factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+        for group in optimizer.param_groups:
+            group.update(
+                lr=cfg.optim.lr * factor,
+                betas=(cfg.optim.beta1, cfg.optim.beta2),
+                eps=cfg.optim.eps,
+                weight_decay=cfg.optim.weight_decay,
+            )
     return model, optimizer, scheduler
 
 

@@ -123,7 +123,7 @@ def _report(metrics: dict, loop: "WorkerLoop") -> None:
         "data_segment": loop.segment.to_dict() if loop.segment and loop.segment.epoch == loop.epoch else None,
         "rng_states": [r for _, r in parts],
         "grad_scaler": loop.scaler.state_dict() if loop.scaler else None,
-        "data_batching": batching_record(loop.cfg.data),  # what data_positions count batches of
+        "data_batching": batching_record(loop.run_cfg.data),  # what data_positions count batches of
     }
     if loop.data_mix is not None:  # several corpora: what the positions are positions in
         state["data_mix"] = loop.data_mix
@@ -153,7 +153,7 @@ class WorkerLoop(Trainer):
         resumed = state is not None and not reset_lr  # this run's own checkpoint, not a donor's
         place = lambda m: place_model(m, cfg, collective.world_size)  # noqa: E731
         model, optimizer, scheduler = restore_training(
-            build_model(cfg.model, self.tokenizer.vocab_size), cfg, weights, state, place, reset_lr, scaler
+            build_model(cfg.model, self.tokenizer.vocab_size), cfg, weights, state, place, scaler
         )
         if cfg.train.compile:
             model = compile_model(model)
@@ -236,7 +236,8 @@ class WorkerLoop(Trainer):
             )
             for pair, v in sets.items()
         }
-        self.opts = dataclasses.replace(cfg.decode, beam=cfg.train.valid_beam)
+        # Validation BLEU is greedy or beam search: decode.sample is for translating, not scoring.
+        self.opts = dataclasses.replace(cfg.decode, beam=cfg.train.valid_beam, sample=False)
         self.metrics_log = MetricsLog(log_dir, self.pairs) if self.is_rank0 and log_dir else None
         self.profiler = StepProfiler(
             cfg.train.profile_steps,

@@ -100,6 +100,10 @@ def test_bad_preset_and_set_syntax():
         (["--set", "optim.lr=-1"], "optim.lr=-1.0 must be > 0"),
         (["--preset", "huge"], "unknown preset"),
         (["--train", "/nonexistent/corpus", "--valid", "/nonexistent/val"], "missing file /nonexistent/corpus.en"),
+        # would die inside a worker at the first pair longer than 127 tokens, maybe hours in
+        (["--set", "model.max_positions=128"], "data.max_len=200 makes batches 201 positions wide"),
+        # torch refuses the bf16 hook on gloo: a traceback from every worker
+        (["--set", "train.grad_compression=true"], "add --gpu, or leave it false for CPU workers"),
     ],
 )
 def test_cli_errors_are_one_line_before_ray(argv, message, tmp_path, capsys, monkeypatch):
@@ -121,6 +125,15 @@ def test_cli_errors_are_one_line_before_ray(argv, message, tmp_path, capsys, mon
     lines = out.err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.err
     assert "ray" not in out.out.lower()
+
+
+def test_cross_section_checks_wait_for_every_override(tmp_path):
+    """A config file may set grad_compression and leave use_gpu to --gpu."""
+    f = tmp_path / "run.toml"
+    f.write_text("[train]\ngrad_compression = true\n")
+    cfg = build_config(parse_args(["--config", str(f), "--gpu", "--num-workers", "2"]))
+    assert cfg.train.grad_compression and cfg.train.use_gpu
+    assert build_config(parse_args(["--set", "model.max_positions=201"])).model.max_positions == 201
 
 
 def test_gpu_and_compiled_runs_get_device_defaults_unless_set(tmp_path):

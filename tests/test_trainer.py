@@ -81,6 +81,30 @@ def test_restored_optimizer_state_lives_on_the_parameters_device():
                 assert value.device == p.device, (key, value.device, p.device)
 
 
+def test_a_resume_trains_with_the_configs_learning_rate_at_the_restored_point():
+    """`--resume RUN --set optim.lr=...` (the non-finite error's advice) takes the new peak at the
+    saved step of the schedule; an unchanged config restores exactly what was saved."""
+    cfg = small_config()
+    torch.manual_seed(0)
+    model, optimizer, scheduler = restore_training(build_model(cfg.model, VOCAB), cfg, None, None, lambda m: m)
+    for batch in batches(3):
+        train_step(model, optimizer, [batch], batch.num_tokens, cfg)
+        scheduler.step()
+    saved = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    weights, lr_then = model.state_dict(), optimizer.param_groups[0]["lr"]
+    _, same, _ = restore_training(build_model(cfg.model, VOCAB), cfg, weights, saved, lambda m: m)
+    assert same.param_groups[0]["lr"] == lr_then
+    lower = apply_overrides(cfg, {"optim.lr": cfg.optim.lr / 10, "optim.weight_decay": 0.01})
+    _, restored, restored_scheduler = restore_training(
+        build_model(cfg.model, VOCAB), lower, weights, saved, lambda m: m
+    )
+    assert restored_scheduler.last_epoch == 3 and restored_scheduler.base_lrs == [cfg.optim.lr / 10]
+    assert math.isclose(restored.param_groups[0]["lr"], lr_then / 10)
+    assert restored.param_groups[0]["weight_decay"] == 0.01
+    restored_scheduler.step()  # and the schedule goes on from the new peak
+    assert math.isclose(restored.param_groups[0]["lr"], scheduler.lr_lambdas[0](4) * cfg.optim.lr / 10)
+
+
 SYNC_METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
 
 
