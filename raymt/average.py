@@ -26,7 +26,6 @@ from raymt.checkpoint import (
     SPM_FILE,
     STATE_FILE,
     check_checkpoint,
-    load_config,
     load_train_state,
     load_weights,
     local_checkpoint,
@@ -138,9 +137,11 @@ def best_checkpoints(run_dir: str | Path, n: int, metric: str = "valid_bleu", mo
 
 def check_same_model(directories: Sequence[Path]) -> tuple[Config, Tokenizer]:
     """Config and tokenizer shared by all checkpoints; one-line error if any differs."""
-    config, tokenizer = check_checkpoint(directories[0])
+    first = directories[0]
+    config, tokenizer = check_checkpoint(first)
+    languages = model_languages(first)
     for d in directories[1:]:
-        other, vocab_size = load_config(d)
+        other, other_tokenizer = check_checkpoint(d)  # each one whole: config, spm.model, weights
         diff = [
             f"model.{k}={getattr(other.model, k)!r} vs {v!r}"
             for k, v in config.model.__dict__.items()
@@ -148,20 +149,24 @@ def check_same_model(directories: Sequence[Path]) -> tuple[Config, Tokenizer]:
         ]
         if diff:
             raise ValueError(
-                f"{d} is a different model than {directories[0]} ({', '.join(diff)}): "
+                f"{d} is a different model than {first} ({', '.join(diff)}): "
                 "only checkpoints of one model can be averaged"
             )
-        if vocab_size != tokenizer.vocab_size or (d / SPM_FILE).read_bytes() != tokenizer.model_proto:
+        if other_tokenizer.model_proto != tokenizer.model_proto:
             raise ValueError(
-                f"{d / SPM_FILE} differs from {directories[0] / SPM_FILE}: only checkpoints "
-                "with the same vocabulary can be averaged"
+                f"{d / SPM_FILE} differs from {first / SPM_FILE}: "
+                "only checkpoints with the same vocabulary can be averaged"
             )
-        if model_languages(d) != model_languages(directories[0]):
+        if model_languages(d) != languages:
             raise ValueError(
-                f"{d} was trained on other language pairs than {directories[0]}: only checkpoints "
-                "of one model can be averaged"
+                f"{d} was trained on other language pairs than {first}: only checkpoints of one model can be averaged"
             )
-        weights_file(d)
+        pair, other_pair = (config.data.src_lang, config.data.tgt_lang), (other.data.src_lang, other.data.tgt_lang)
+        if languages is None and other_pair != pair:  # untagged: the direction is data.src_lang -> data.tgt_lang
+            raise ValueError(
+                f"{d} translates {'->'.join(other_pair)} but {first} translates {'->'.join(pair)}: "
+                "only checkpoints of one direction can be averaged"
+            )
     return config, tokenizer
 
 

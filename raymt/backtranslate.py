@@ -34,6 +34,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import lzma
 import os
 import random
 import secrets
@@ -333,7 +334,7 @@ def count_lines(f: InputFile) -> int:
                 count += chunk.count(b"\n")
                 last = chunk[-1:]
         return count + (last != b"\n")
-    except (OSError, EOFError, pa.ArrowException, ValueError) as err:
+    except (OSError, EOFError, lzma.LZMAError, pa.ArrowException, ValueError) as err:
         raise ValueError(
             f"cannot read --input {f.path}: {first_line(err)}; check that the file is complete and "
             "that its extension matches its compression"
@@ -366,13 +367,11 @@ def default_column(kind: str, column: Optional[str], src_lang: str) -> Optional[
 
 
 def check_columns(files: Sequence[InputFile], column: Optional[str], src_lang: str) -> None:
-    """Parquet files must hold the column as strings; a JSONL file's first object must have the key."""
+    """Parquet and Arrow files must hold the column as strings; a JSONL file's first object must have the key."""
     for f in files:
         col = default_column(f.kind, column, src_lang)
-        if f.kind == "parquet" and f.path.lower().endswith(".parquet"):
-            fs, path = storage.filesystem(f.path)
-            with fs.open_input_file(path) as fh:
-                schema = pq.read_schema(fh)
+        if f.kind == "parquet":
+            schema = _table_schema(f.path)
             if col not in schema.names:
                 raise ValueError(f"{f.path} has no column {col!r} (columns: {', '.join(schema.names)}): pass --column")
             if not pa.types.is_string(schema.field(col).type) and not pa.types.is_large_string(schema.field(col).type):
@@ -383,6 +382,25 @@ def check_columns(files: Sequence[InputFile], column: Optional[str], src_lang: s
                 raise ValueError(
                     f"{f.path}: the first object has no key {col!r} (keys: {', '.join(first) or 'none'}): pass --column"
                 )
+
+
+def _table_schema(path: str) -> pa.Schema:
+    """The schema of a Parquet or Arrow IPC (file or stream) file, with a one-line error."""
+    fs, fs_path = storage.filesystem(path)
+    try:
+        with fs.open_input_file(fs_path) as fh:
+            if path.lower().endswith(".parquet"):
+                return pq.read_schema(fh)
+            try:
+                return pa.ipc.open_file(fh).schema
+            except pa.ArrowInvalid:
+                fh.seek(0)
+                return pa.ipc.open_stream(fh).schema
+    except (OSError, pa.ArrowException) as err:
+        raise ValueError(
+            f"cannot read --input {path}: {first_line(err)}; check that the file is complete and "
+            "that its extension matches its format"
+        ) from None
 
 
 def _first_json(path: str) -> Optional[dict]:
@@ -917,6 +935,7 @@ def check_args(args: argparse.Namespace) -> Job:
     check_columns(files, args.column, src_lang.split("+")[0])
     job = Job(args, bt, opts, model, engine, src_lang, tgt_lang, tags, files, storage.normalize(args.output), {})
     old = check_output(job)
+    job.info = old or {}  # the previous run's record until write_info replaces it
     count_inputs(job, old)
     offset = 0
     for f in files:
@@ -1043,33 +1062,50 @@ def text_names(job: Job) -> list[str]:
     return [f"text.{job.src_lang}", f"text.{job.tgt_lang}"]
 
 
+def text_complete(job: Job) -> bool:
+    """Whether bt.json (as the previous run left it) records the text files as written whole: a run
+    killed while writing them left done false, whatever files it left behind."""
+    names = text_names(job)
+    recorded = job.info.get("done") is True and job.info.get("text") == names
+    return recorded and all(storage.exists(storage.join(job.output, n)) for n in names)
+
+
 def write_text(job: Job) -> None:
-    """text.<src> and text.<tgt> from the shards in order, one shard in memory at a time."""
+    """text.<src> and text.<tgt> from the shards in order, one shard in memory at a time; written
+    under temporary names and moved into place only when both are complete."""
     names = text_names(job)
     if names[0] == names[1]:
         raise ValueError(f"--format text: source and target are both {job.src_lang}; read the Parquet shards instead")
-    local = not storage.is_uri(job.output)
-    targets = [storage.join(job.output, n) for n in names]
-    if local:
-        streams = [open(t + ".tmp", "w", encoding="utf-8") for t in targets]
-    else:
-        streams = [io.TextIOWrapper(_uri_output(t), encoding="utf-8") for t in targets]
-    with streams[0] as src_out, streams[1] as tgt_out:
-        for shard in range(job.num_shards):
-            fs, path = storage.filesystem(storage.join(job.output, shard_name(shard * job.bt.shard_lines)))
-            with fs.open_input_file(path) as fh:
-                table = pq.read_table(fh, columns=["input", "output"])
-            for column, out in (("input", src_out), ("output", tgt_out)):
-                out.write("".join(t.replace("\n", " ") + "\n" for t in table.column(column).to_pylist()))
-    if local:
-        for t in targets:
-            os.replace(t + ".tmp", t)
+    fs, _ = storage.filesystem(job.output)
+    targets = [storage.filesystem(storage.join(job.output, n))[1] for n in names]
+    temps = [t + ".tmp" for t in targets]
+    try:
+        with _text_output(fs, temps[0]) as src_out, _text_output(fs, temps[1]) as tgt_out:
+            for shard in range(job.num_shards):
+                _, path = storage.filesystem(storage.join(job.output, shard_name(shard * job.bt.shard_lines)))
+                with fs.open_input_file(path) as fh:
+                    table = pq.read_table(fh, columns=["input", "output"])
+                for column, out in (("input", src_out), ("output", tgt_out)):
+                    out.write("".join(t.replace("\n", " ") + "\n" for t in table.column(column).to_pylist()))
+    except BaseException:
+        for tmp in temps:  # an object store completes a stream closed by an error: a partial object
+            _delete_quietly(fs, tmp)
+        raise
+    for tmp, target in zip(temps, targets):
+        fs.move(tmp, target)
 
 
-def _uri_output(location: str) -> Any:
-    """A writable binary stream of an object (it appears whole when closed)."""
-    fs, path = storage.filesystem(location)
-    return fs.open_output_stream(path, compression=None)
+def _text_output(fs: pafs.FileSystem, path: str) -> io.TextIOWrapper:
+    """A writable UTF-8 text stream of a file or object (an object appears when closed)."""
+    return io.TextIOWrapper(fs.open_output_stream(path, compression=None), encoding="utf-8")
+
+
+def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
+    """Delete a file or object if it is there."""
+    try:
+        fs.delete_file(path)
+    except (OSError, pa.ArrowException):
+        pass
 
 
 def summary(job: Job, seconds: float, progress: Progress) -> str:
@@ -1089,6 +1125,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = time.time()
     try:
         job = check_args(args)
+        text_done = text_complete(job)  # from the previous run's bt.json, before this run's replaces it
         write_info(job)
     except ValueError as err:
         print(f"raymt.backtranslate: error: {err}", file=sys.stderr)
@@ -1124,8 +1161,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             file=sys.stderr,
         )
         return 1
-    have_text = all(storage.exists(storage.join(job.output, n)) for n in text_names(job))
-    if args.format == "text" and (progress.lines or not have_text):  # shards redone: the text too
+    if args.format == "text" and (progress.lines or not text_done):  # shards redone: the text too
         write_text(job)
     write_info(job, done=True)
     print(summary(job, time.time() - t0, progress))

@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from raymt.checkpoint import load_model, source_prefix
+from raymt.data.text import read_lines
 from raymt.decoding import DecodeOptions, translate_nbest
 from raymt.metrics import score
 from raymt.precision import for_inference
@@ -61,26 +62,49 @@ def decode_options(args: argparse.Namespace, seed: Optional[int]) -> DecodeOptio
     )
 
 
+def check_device(device: str) -> None:
+    """A one-line error for a --device torch cannot parse or this machine does not have."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a torch device; use cpu, cuda or cuda:N") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA GPU is available on this machine; use --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: MPS is not available on this machine; use --device cpu")
+
+
+def read_refs(ref: str, num_inputs: int) -> list[str]:
+    """The --ref lines (split on \\n only, as the inputs are), one per input."""
+    ref_path = Path(ref)
+    if not ref_path.is_file():
+        raise ValueError(f"--ref {ref_path} does not exist")
+    if num_inputs == 0:
+        raise ValueError("--ref: there is no input to score; give sentences as arguments or on stdin")
+    refs = read_lines(str(ref_path))
+    if len(refs) != num_inputs:
+        raise ValueError(f"--ref {ref_path} has {len(refs)} lines for {num_inputs} inputs")
+    return refs
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
     args = parse_args(argv)
     try:
         if args.beam < 1:
             raise ValueError(f"--beam {args.beam} must be >= 1")
+        if args.batch_size < 1:
+            raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
+        check_device(args.device)
         opts = decode_options(args, seed=args.seed)
         if not 1 <= args.n_best <= opts.beam:
             raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
         prefix = source_prefix(args.checkpoint, args.tgt_lang)  # checked before the weights load
         model, tokenizer, cfg = load_model(args.checkpoint, args.device)
         sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
-        refs = None
-        if args.ref:
-            ref_path = Path(args.ref)
-            if not ref_path.is_file():
-                raise ValueError(f"--ref {ref_path} does not exist")
-            refs = ref_path.read_text(encoding="utf-8").splitlines()
-            if len(refs) != len(sentences):
-                raise ValueError(f"--ref {ref_path} has {len(refs)} lines for {len(sentences)} inputs")
+        refs = read_refs(args.ref, len(sentences)) if args.ref else None
     except ValueError as err:
         print(f"raymt.translate: error: {err}", file=sys.stderr)
         return 2

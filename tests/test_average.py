@@ -81,7 +81,19 @@ def test_cli_best_writes_a_checkpoint(run_dir, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("case", ["too_many", "other_model", "other_vocab", "metric", "overwrite"])
+def reversed_checkpoint(directory):
+    """A checkpoint like the others but trained de->en: same model and spm.model, other direction."""
+    make_checkpoint(directory, seed=5)
+    meta = json.loads((directory / "config.json").read_text())
+    data = meta["config"]["data"]
+    data["src_lang"], data["tgt_lang"] = data["tgt_lang"], data["src_lang"]
+    (directory / "config.json").write_text(json.dumps(meta))
+    return directory
+
+
+@pytest.mark.parametrize(
+    "case", ["too_many", "other_model", "other_vocab", "other_direction", "no_spm", "metric", "overwrite"]
+)
 def test_refusals_are_one_line(run_dir, tmp_path, case, err_lines):
     first = str(run_dir / RUN[0][0])
     args = {
@@ -93,6 +105,11 @@ def test_refusals_are_one_line(run_dir, tmp_path, case, err_lines):
         args = ["--checkpoints", first, str(make_checkpoint(tmp_path / "narrow", d_model=16))]
     elif case == "other_vocab":
         args = ["--checkpoints", first, str(make_checkpoint(tmp_path / "vocab", vocab_size=248))]
+    elif case == "other_direction":
+        args = ["--checkpoints", first, str(reversed_checkpoint(tmp_path / "de-en"))]
+    elif case == "no_spm":
+        (make_checkpoint(tmp_path / "no_spm") / "spm.model").unlink()
+        args = ["--checkpoints", first, str(tmp_path / "no_spm")]
     out = str(tmp_path / "out") if case != "overwrite" else first
     assert average.main([*args, "--output", out]) == 2
     err = err_lines()
@@ -101,6 +118,8 @@ def test_refusals_are_one_line(run_dir, tmp_path, case, err_lines):
         "too_many": "only 3 checkpoint(s)",
         "other_model": "model.d_model=16 vs 32",
         "other_vocab": "same vocabulary",
+        "other_direction": "de-en translates de->en but",
+        "no_spm": "no_spm/spm.model does not exist",
         "metric": "'valid_ter'",
         "overwrite": "is one of",
     }[case]

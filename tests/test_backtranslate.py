@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import lzma
 import math
 import os
 import random
@@ -140,7 +141,19 @@ def no_ray(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "case", ["no_input", "no_checkpoint", "corrupt_checkpoint", "direction", "bad_uri", "other_settings", "beam"]
+    "case",
+    [
+        "no_input",
+        "no_checkpoint",
+        "corrupt_checkpoint",
+        "direction",
+        "bad_uri",
+        "other_settings",
+        "beam",
+        "corrupt_xz",
+        "arrow_no_column",
+        "arrow_not_text",
+    ],
 )
 def test_bad_input_is_one_line_before_ray(checkpoint, case, tmp_path, no_ray, err_lines):
     mono = tmp_path / "mono.en"
@@ -165,6 +178,18 @@ def test_bad_input_is_one_line_before_ray(checkpoint, case, tmp_path, no_ray, er
         extra = ["--beam", "3"]
     elif case == "beam":
         extra = ["--beam", "0"]
+    elif case == "corrupt_xz":
+        data = bytearray(lzma.compress(mono.read_bytes()))
+        data[40:60] = bytes(b ^ 0xFF for b in data[40:60])  # flipped bytes inside the compressed stream
+        inp = str(tmp_path / "mono.en.xz")
+        Path(inp).write_bytes(bytes(data))
+    elif case.startswith("arrow_"):
+        table = pa.table({"de": sentences(3, 1)} if case == "arrow_no_column" else {"en": [1, 2, 3]})
+        inp, new = (str(tmp_path / "mono.arrow"), pa.ipc.new_file)
+        if case == "arrow_not_text":  # the IPC stream format, as well as the file format
+            inp, new = (str(tmp_path / "mono.ipc"), pa.ipc.new_stream)
+        with new(inp, table.schema) as writer:
+            writer.write_table(table)
     assert run(["--checkpoint", ckpt, "--input", inp, "--output", out, *FLAGS, *extra]) == 2
     err = err_lines()
     assert len(err) == 1 and err[0].startswith("raymt.backtranslate: error: "), err
@@ -176,8 +201,86 @@ def test_bad_input_is_one_line_before_ray(checkpoint, case, tmp_path, no_ray, er
         "bad_uri": "cannot open this URI",
         "other_settings": "holds a back-translation with other settings (the decoding flags)",
         "beam": "--beam 0 must be >= 1",
+        "corrupt_xz": "mono.en.xz: Corrupt input data; check that the file is complete",
+        "arrow_no_column": "mono.arrow has no column 'en' (columns: de): pass --column",
+        "arrow_not_text": "mono.ipc: column 'en' is int64, not text: pass --column",
     }[case]
     assert expected in err[0]
+
+
+# ---------------------------------------------------------------- --format text, without Ray
+
+
+class UpperEngine:
+    """A stand-in decoder: the output is the input in capitals."""
+
+    def encode(self, text: str) -> list[str]:
+        return text.split()
+
+    def translate(self, sources: list[list[str]], seed: int) -> list[tuple[float, str]]:
+        return [(0.0, " ".join(s).upper()) for s in sources]
+
+
+def decode_here(args: list[str]) -> None:
+    """Write a job's shards in this process, as its actors would."""
+    job = bt.check_args(bt.parse_args(args))
+    bt.write_info(job)
+    for shard, block in bt.shard_inputs(job):
+        data, _ = bt.shard_file(bt.translate_block(UpperEngine(), block, job.bt))
+        bt.write_shard(bt.storage.join(job.output, bt.shard_name(shard * job.bt.shard_lines)), data)
+
+
+@pytest.fixture
+def text_job(checkpoint, tmp_path, no_ray):
+    """A --format text job into a file:// URI, its shards written here; (args, output dir, input lines)."""
+    lines = sentences(12, 7)
+    mono = tmp_path / "mono.en"
+    mono.write_text("".join(s + "\n" for s in lines))
+    out = tmp_path / "out"
+    out.mkdir()  # a file:// URI is written as an object store's objects: no directory is made
+    args = ["--checkpoint", str(checkpoint), "--input", str(mono), "--output", f"file://{out}", *FLAGS]
+    args += ["--format", "text", "--shard-lines", "5"]
+    decode_here(args)
+    return args, out, lines
+
+
+def assert_text_complete(out: Path, lines: list[str]) -> None:
+    assert (out / "text.en").read_text().split("\n")[:-1] == lines
+    assert (out / "text.de").read_text().split("\n")[:-1] == [s.upper() for s in lines]
+    assert not list(out.glob("*.tmp"))
+
+
+def test_text_interrupted_while_written_is_rewritten(text_job):
+    args, out, lines = text_job
+    assert run(args) == 0
+    assert_text_complete(out, lines)
+    # As a run killed while writing the text leaves it: bt.json not done, text.en cut short.
+    info = json.loads((out / "bt.json").read_text())
+    (out / "bt.json").write_text(json.dumps({**info, "done": False, "text": []}))
+    (out / "text.en").write_text("".join(s + "\n" for s in lines[:3]))
+    assert run(args) == 0  # nothing left to translate: the text is written again all the same
+    assert_text_complete(out, lines)
+    assert json.loads((out / "bt.json").read_text())["text"] == ["text.en", "text.de"]
+
+
+def test_text_failing_midway_leaves_no_partial_file(text_job, monkeypatch):
+    args, out, lines = text_job
+    job = bt.check_args(bt.parse_args(args))
+    real, calls = bt.pq.read_table, []
+
+    def fail_on_the_third_shard(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("connection reset")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(bt.pq, "read_table", fail_on_the_third_shard)
+    with pytest.raises(OSError, match="connection reset"):
+        bt.write_text(job)
+    assert not list(out.glob("text.*"))  # neither under its final name nor a temporary one
+    monkeypatch.undo()
+    assert run(args) == 0
+    assert_text_complete(out, lines)
 
 
 # ---------------------------------------------------------------- on the cluster
