@@ -115,6 +115,8 @@ def write_bytes(location: str | Path, data: bytes) -> None:
         os.replace(tmp, path)
         return
     fs, path = filesystem(location)
+    if isinstance(fs, pafs.LocalFileSystem):  # file://: a file system needs the directory (S3 does not)
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path, compression=None) as f:
         f.write(data)
 

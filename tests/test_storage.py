@@ -71,6 +71,12 @@ def test_locations_files_and_mirrors(prefix, tmp_path):
         storage.local_copy(f"{prefix}/nothing")
 
 
+def test_a_file_uri_gets_its_directories(tmp_path):
+    """`raymt backtranslate --output file:///new/dir` writes bt.json first: the directory is made."""
+    storage.write_bytes(f"file://{tmp_path}/new/dir/bt.json", b"{}")
+    assert (tmp_path / "new" / "dir" / "bt.json").read_bytes() == b"{}"
+
+
 def test_checkpoint_uris_for_translate_export_average(prefix, tmp_path, capsys):
     local = make_checkpoint(tmp_path / "ckpt", seed=4)
     storage.upload_dir(local, f"{prefix}/ckpt")
