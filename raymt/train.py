@@ -720,11 +720,22 @@ def score_test_pairs(checkpoint: str | Path, tests: dict, cfg: Config, shown: st
     }
 
 
+def run_pairs(cfg: Config) -> list[str]:
+    """The pairs a run trains ("en-de"), for its name: its corpora's, a prepared corpus's, or its one pair's."""
+    if cfg.data.corpora:
+        return list(dict.fromkeys(c.pair for c in cfg.data.corpora))
+    if cfg.data.corpus is not None:  # data.src_lang/tgt_lang come from its manifest only later
+        try:
+            return corpus_format.pairs(corpus_format.read_manifest(cfg.data.corpus))
+        except ValueError:  # not a prepared corpus: plan_data says so
+            pass
+    return [f"{cfg.data.src_lang}-{cfg.data.tgt_lang}"]
+
+
 def finalize(cfg: Config) -> Config:
     """Give the run a name and an absolute storage path (URIs such as s3:// stay as they are)."""
     # Named after its pairs: "raymt-en-de-...", or "raymt-en-de+de-en-..." for a mixed run.
-    pairs = dict.fromkeys(c.pair for c in cfg.data.corpora) or [f"{cfg.data.src_lang}-{cfg.data.tgt_lang}"]
-    name = cfg.train.name or f"raymt-{'+'.join(pairs)}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    name = cfg.train.name or f"raymt-{'+'.join(run_pairs(cfg))}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     storage = cfg.train.storage_path
     if "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())

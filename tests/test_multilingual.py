@@ -257,10 +257,13 @@ def test_one_pair_runs_resume_as_before_whatever_the_temperature(tmp_path):
     assert resumed == run_dir and cfg.data.corpus == str(tmp_path / "new")
 
 
-def test_a_run_without_a_name_is_named_after_its_pairs():
+def test_a_run_without_a_name_is_named_after_its_pairs(prepared):
     mixed = finalize(build_config(parse_args(["--pairs", "en-de,de-en"]))).train.name
     assert re.fullmatch(r"raymt-en-de\+de-en-\d{8}-\d{6}", mixed), mixed
     assert finalize(build_config(parse_args(["--src", "de", "--tgt", "en"]))).train.name.startswith("raymt-de-en-2")
+    corpus = prepared[1].corpus  # a prepared corpus of three pairs: its own pairs, not the default en-de
+    named = finalize(build_config(parse_args(["--corpus", str(corpus)]))).train.name
+    assert named.startswith(f"raymt-{'+'.join(PAIRS)}-2"), named
 
 
 # ---------------------------------------------------------------- tune and bad input
