@@ -60,7 +60,7 @@ from raymt.checkpoint import (
     trained_sources,
     weights_file,
 )
-from raymt.cluster import init_ray
+from raymt.cluster import check_ray_address, init_ray
 from raymt.config import BT_FORMATS, BacktranslateConfig, Config, DecodeOptions
 from raymt.data.inputs import decode_tags
 from raymt.data.text import COMPRESSED, open_binary
@@ -1124,6 +1124,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     t0 = time.time()
     try:
+        check_ray_address()  # before anything is written to --output
         job = check_args(args)
         text_done = text_complete(job)  # from the previous run's bt.json, before this run's replaces it
         write_info(job)

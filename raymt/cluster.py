@@ -114,7 +114,7 @@ class RayCluster:
 
         return ray.cluster_resources()
 
-    def can_grow(self) -> bool:
+    def can_grow(self, wait_s: float = FIRST_REPORT_S) -> bool:
         """True when an autoscaler with a cluster config runs (`ray up`, KubeRay, Ray's fake
         multi-node provider). Every head runs one, but without a config it is read-only and
         names each node's type after the node itself (`node_<id>`); a configured one names
@@ -123,7 +123,7 @@ class RayCluster:
         # The autoscaler's first report comes one update after the head starts (a job
         # submitted right after `ray up`, or CI's fresh head): wait for it rather than
         # taking "no report yet" for "no autoscaler".
-        while not node_types and self.now() - start < FIRST_REPORT_S:
+        while not node_types and self.now() - start < wait_s:
             self.sleep(1.0)
             node_types = self._node_types()
         return any(node_type != f"node_{node_id}" for node_id, node_type in node_types.items())
@@ -208,7 +208,7 @@ def grow(
 def release_request(cluster: Optional[RayCluster] = None) -> None:
     """Withdraw this job's request to the autoscaler, so that idle nodes may go (no-op without one)."""
     cluster = cluster or RayCluster()
-    if cluster.can_grow():
+    if cluster.can_grow(wait_s=0.0):  # a job that asked had its answer: the autoscaler has reported
         cluster.request([])
 
 
@@ -314,6 +314,16 @@ def train_logging(verbose: bool = False):
     return LoggingConfig(log_level="INFO" if verbose else "WARNING")
 
 
+def check_ray_address() -> None:
+    """A one-line error for a RAY_ADDRESS that ray.init cannot attach to: the job API's http:// one."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    if address.startswith(("http://", "https://")):  # set for `ray job submit` and left in the shell
+        raise ValueError(
+            f"RAY_ADDRESS={address} is the job API's address (for `ray job submit`), not a cluster to "
+            "attach to: submit this command with `ray job submit`, or unset RAY_ADDRESS to run it here"
+        )
+
+
 def init_ray(num_cpus: Optional[int] = None, dashboard: bool = False, verbose: bool = False) -> bool:
     """Attach to RAY_ADDRESS's cluster (`ray job submit`), else start a local one; True when started here.
 
@@ -326,6 +336,7 @@ def init_ray(num_cpus: Optional[int] = None, dashboard: bool = False, verbose: b
     import ray
     from ray.data import DataContext
 
+    check_ray_address()
     env = _quiet_env() if not verbose else {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
     for key, value in env.items():
         os.environ.setdefault(key, value)

@@ -34,7 +34,8 @@ from raymt.checkpoint import (
     model_languages,
     source_prefix,
 )
-from raymt.cluster import Plan, RayCluster, init_ray, plan
+from raymt.cluster import Plan, RayCluster, init_ray, plan, release_request
+from raymt.config import TrainConfig
 from raymt.data.text import Pairs, read_parallel
 from raymt.decoding import DecodeOptions, decode_ids, encode_sources, length_batches
 from raymt.precision import for_inference
@@ -78,6 +79,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         "--cpus-per-actor",
         type=float,
         help="CPUs reserved per actor (default: the CPUs Ray Data leaves, split among the actors; 1 with --gpu)",
+    )
+    p.add_argument(
+        "--autoscale-timeout",
+        type=float,
+        default=TrainConfig.autoscale_timeout_s,
+        help="seconds to wait for an autoscaling cluster to bring up the actors' GPUs or CPUs (0: never wait)",
     )
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (ignored with RAY_ADDRESS)")
     p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
@@ -163,9 +170,11 @@ def actor_plan(
     cpus_per_actor: Optional[float],
     total: Optional[dict] = None,
     keep_cpus: Optional[float] = None,
+    grow_timeout_s: float = 0.0,
 ) -> Plan:
     """CPUs, GPUs and threads per actor: by default the cluster's CPUs beside Ray Data's
-    (`keep_cpus`: another share, 0 without Ray Data), split evenly."""
+    (`keep_cpus`: another share, 0 without Ray Data), split evenly; an autoscaling cluster
+    is asked for them first, for up to `grow_timeout_s`."""
     return plan(
         num_actors,
         use_gpu,
@@ -174,6 +183,7 @@ def actor_plan(
         what=f"--num-actors {num_actors}",
         fix="lower --num-actors or --cpus-per-actor",
         keep_cpus=keep_cpus,
+        grow_timeout_s=grow_timeout_s,
     )
 
 
@@ -317,13 +327,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     try:
         sets, opts = check_args(args)
+        started = init_ray(args.num_cpus, verbose=args.verbose)
     except ValueError as err:
         print(f"raymt.evaluate: error: {err}", file=sys.stderr)
         return 2
-    started = init_ray(args.num_cpus, verbose=args.verbose)
     try:
         args.num_actors = args.num_actors or default_actors(args.gpu)
-        actor_plan(args.num_actors, args.gpu, args.cpus_per_actor)  # one line if they cannot all be placed
+        # one line if they cannot all be placed (an autoscaling cluster grows first, as for training)
+        actor_plan(args.num_actors, args.gpu, args.cpus_per_actor, grow_timeout_s=args.autoscale_timeout)
         t0 = time.time()
         results = translate_on_cluster(
             args.checkpoint,
@@ -340,6 +351,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"raymt.evaluate: error: {err}", file=sys.stderr)
         return 2
     finally:
+        release_request()  # nodes the plan asked for may go when idle
         if started:
             import ray
 

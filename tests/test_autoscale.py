@@ -227,3 +227,17 @@ def test_docs_cluster_flow_against_rays_fake_autoscaler(tmp_path):
             except psutil.Error:
                 pass
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_evaluate_asks_an_autoscaling_cluster_for_its_gpu_actors(monkeypatch):
+    """docs/cluster.md's step 6: `raymt evaluate --gpu --num-actors 8` once training's nodes are gone."""
+    from raymt import cluster as cluster_module
+    from raymt import evaluate
+
+    cluster = FakeCluster()
+    monkeypatch.setattr(cluster_module, "RayCluster", lambda: cluster)
+    timeout = evaluate.parse_args(["--checkpoint", "c", "--test", "t", "--gpu"]).autoscale_timeout
+    assert timeout == 900 and evaluate.actor_plan(8, True, None, grow_timeout_s=timeout).gpus == 1
+    assert cluster.requests == [[{"CPU": 1.0, "GPU": 1.0}] * 8]
+    release_request()
+    assert cluster.requests[-1] == []

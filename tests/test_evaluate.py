@@ -128,6 +128,18 @@ def test_bad_input_is_one_line_before_ray(files, case, tmp_path, monkeypatch, er
     assert expected in err[0]
 
 
+def test_the_job_apis_address_is_a_one_line_error(files, tmp_path, monkeypatch, err_lines):
+    """docs/cluster.md's RAY_ADDRESS=http://127.0.0.1:8265 is for `ray job`; ray.init cannot attach to it."""
+    import ray
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
+    monkeypatch.setattr(ray, "init", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ray.init")))
+    args = ["--checkpoint", str(files["checkpoint"]), "--test", str(files["a"]), "--output-dir", str(tmp_path)]
+    assert evaluate.main(args) == 2
+    err = err_lines()
+    assert len(err) == 1 and "RAY_ADDRESS=http://127.0.0.1:8265 is the job API's address" in err[0], err
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
