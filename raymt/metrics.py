@@ -10,12 +10,27 @@ from typing import Mapping, Optional, Sequence
 
 import sacrebleu
 
+# Targets written without spaces between words: TER's asian_support splits their characters.
+ASIAN_LANGS = ("zh", "ja", "ko")
 
-def _metrics(extra: bool) -> dict:
-    """sacreBLEU metrics by name: BLEU and chrF; with `extra` TER and lowercased 13a BLEU too."""
-    metrics = {"bleu": sacrebleu.metrics.BLEU(), "chrf": sacrebleu.metrics.CHRF()}
+
+def bleu_metric(lang: str = "", **kwargs) -> sacrebleu.metrics.BLEU:
+    """sacreBLEU's BLEU for target language `lang`: 13a, or zh/ja/ko's own tokenizer (ja and ko:
+    sacrebleu[ja]/[ko]; without them 'char', which the signature then names)."""
+    try:
+        return sacrebleu.metrics.BLEU(trg_lang=lang, **kwargs)
+    except RuntimeError:  # ja-mecab / ko-mecab without their packages
+        return sacrebleu.metrics.BLEU(tokenize="char", **kwargs)
+
+
+def _metrics(extra: bool, lang: str) -> dict:
+    """sacreBLEU metrics by name: BLEU and chrF; with `extra` TER and lowercased BLEU too."""
+    metrics = {"bleu": bleu_metric(lang), "chrf": sacrebleu.metrics.CHRF()}
     if extra:
-        metrics |= {"ter": sacrebleu.metrics.TER(), "bleu_lc": sacrebleu.metrics.BLEU(tokenize="13a", lowercase=True)}
+        metrics |= {
+            "ter": sacrebleu.metrics.TER(asian_support=lang in ASIAN_LANGS),
+            "bleu_lc": bleu_metric(lang, lowercase=True),
+        }
     return metrics
 
 
@@ -41,14 +56,14 @@ def papers_bleu(hyps: list[str], refs: list[str], lang: str) -> tuple[float, str
 
 
 def score(hyps: list[str], refs: list[str], extra: bool = False, lang: str = "en") -> dict:
-    """The one scorer: corpus scores on detokenized text, each with its sacreBLEU signature.
+    """The one scorer: corpus scores on detokenized text, each with its sacreBLEU signature;
+    BLEU tokenized for `lang`, the target language (`bleu_metric`).
 
-    Keys: bleu, chrf, bleu_signature, chrf_signature; with `extra` also ter, bleu_lc (13a,
-    lowercased) and bleu_tok (`papers_bleu` with the Moses rules of `lang`, the target
-    language) and their *_signature.
+    Keys: bleu, chrf, bleu_signature, chrf_signature; with `extra` also ter, bleu_lc
+    (lowercased) and bleu_tok (`papers_bleu` with the Moses rules of `lang`) and their *_signature.
     """
     out: dict = {}
-    for name, metric in _metrics(extra).items():
+    for name, metric in _metrics(extra, lang).items():
         out[name] = metric.corpus_score(hyps, [refs]).score
         out[f"{name}_signature"] = str(metric.get_signature())
     if extra and papers_bleu_available():

@@ -310,10 +310,12 @@ def evaluate(
     opts: DecodeOptions,
     collective: Collective = SINGLE,
     autocast: Callable[[], Any] = contextlib.nullcontext,
+    lang: str = "",
 ) -> dict:
     """Loss, BLEU and chrF (with signatures) of every worker's share, each row counted once;
-    forward passes and decoding under `autocast` (training's precision). `valid_tokens`: the
-    target tokens the loss is averaged over (to weight several pairs' losses, `pair_metrics`)."""
+    forward passes and decoding under `autocast` (training's precision); BLEU tokenized for
+    `lang`, the target language. `valid_tokens`: the target tokens the loss is averaged over
+    (to weight several pairs' losses, `pair_metrics`)."""
     net = unwrap(model)
     net.eval()
     rows = []
@@ -329,7 +331,7 @@ def evaluate(
     merged = {r[0]: r for part in parts for r in part}
     assert len(merged) == len(refs), f"scored {len(merged)} of {len(refs)} rows"
     ordered = [merged[i] for i in range(len(refs))]
-    scores = score([r[3] for r in ordered], refs)
+    scores = score([r[3] for r in ordered], refs, lang=lang)
     num_tokens = sum(r[2] for r in ordered)
     return {
         "valid_loss": sum(r[1] for r in ordered) / num_tokens,

@@ -359,7 +359,8 @@ class WorkerLoop(Trainer):
         """Each pair's validation metrics and, with several pairs, their averages (`pair_metrics`)."""
         per_pair, num_tokens = {}, {}
         for pair, (loader, refs) in self.valid_sets.items():
-            scores = evaluate(self.model, loader, self.tokenizer, refs, self.opts, self.collective, self.autocast)
+            lang = pair.split("-", 1)[1] if pair else self.run_cfg.data.tgt_lang  # codes hold no '-'
+            scores = evaluate(self.model, loader, self.tokenizer, refs, self.opts, self.collective, self.autocast, lang)
             num_tokens[pair] = scores.pop("valid_tokens")  # weights the pairs' losses; no metric
             per_pair[pair] = scores
         return pair_metrics(per_pair, num_tokens)

@@ -151,3 +151,15 @@ def test_without_sacremoses_the_test_scores_keep_sacrebleu_and_say_what_is_missi
     lines = score_lines("test", scores, "runs/r/checkpoint_1", 5, 0.6)
     assert lines[0].endswith("(papers' form): sacremoses is not installed; pip install sacremoses")
     assert not any(line.lstrip().startswith("BLEU-tok:") for line in lines)
+
+
+def test_bleu_is_tokenized_for_the_target_language():
+    """13a splits on spaces and punctuation: Chinese, written without spaces, needs sacreBLEU's zh
+    tokenizer (ja and ko theirs, or characters where sacrebleu[ja]/[ko] is missing)."""
+    hyps, refs = ["我喜欢猫。", "他们在公园里。"], ["我喜欢狗。", "他们在公园里玩。"]
+    zh, plain = score(hyps, refs, extra=True, lang="zh"), score(hyps, refs)
+    assert plain["bleu"] < 1.0 < zh["bleu"] and "tok:zh" in zh["bleu_signature"]
+    assert "asian:yes" in zh["ter_signature"]
+    ja = score(hyps, refs, lang="ja")["bleu_signature"]
+    assert "tok:ja-mecab" in ja or "tok:char" in ja
+    assert score(["a house ."], ["a house ."], lang="de")["bleu_signature"] == plain["bleu_signature"]
