@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import random
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -98,19 +99,37 @@ def train_tokenizer(
     buffer = io.BytesIO()
     # Passed only when there are some: a model without tags is trained exactly as before.
     extra = {"control_symbols": list(control_symbols)} if control_symbols else {}
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sample),
-        model_writer=buffer,
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=1.0,
-        pad_id=PAD_ID,
-        unk_id=UNK_ID,
-        bos_id=BOS_ID,
-        eos_id=EOS_ID,
-        hard_vocab_limit=False,
-        num_threads=num_threads,
-        minloglevel=2,
-        **extra,
-    )
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sample),
+            model_writer=buffer,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=1.0,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            hard_vocab_limit=False,
+            num_threads=num_threads,
+            minloglevel=2,
+            **extra,
+        )
+    except RuntimeError as err:
+        raise ValueError(_training_error(str(err), vocab_size)) from None
     return Tokenizer(buffer.getvalue())
+
+
+def _training_error(message: str, vocab_size: int) -> str:
+    """A one-line message for an error of SentencePiece's trainer."""
+    # "Vocabulary size is smaller than required_chars. 16 vs 20.": every character of the
+    # sample (character_coverage 1.0) and every special piece needs an id of its own.
+    small = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
+    if small:
+        return (
+            f"vocabulary size {vocab_size} is smaller than the {small.group(2)} pieces that the training "
+            f"text's characters and the special tokens need: raise data.vocab_size / --vocab-size to "
+            f"at least {round_up(int(small.group(2)))}"
+        )
+    detail = message.strip().splitlines()[-1] if message.strip() else "no detail"
+    return f"SentencePiece could not train a tokenizer ({detail}): check data.vocab_size / --vocab-size and the inputs"

@@ -44,6 +44,8 @@ class Server:
     drop_after: dict = dataclasses.field(default_factory=dict)  # name -> bytes, then close (once)
     errors: dict = dataclasses.field(default_factory=dict)  # name -> how many 503s first
     corrupt: set = dataclasses.field(default_factory=set)  # names served with bytes flipped
+    short: dict = dataclasses.field(default_factory=dict)  # name -> at most these bytes per range reply
+    no_length: set = dataclasses.field(default_factory=set)  # names served without Content-Length
 
     def seen(self, name: str) -> list:
         """Requests for one file name."""
@@ -68,16 +70,18 @@ def _handler(server: Server) -> type:
             if name in server.corrupt:
                 data = bytes(b ^ 0xFF for b in data[:64]) + data[64:]
             match = re.fullmatch(r"bytes=(\d+)-", record["range"] or "")
+            length = {"Content-Length": None} if name in server.no_length else {}
             if not (match and server.ranges):
-                return self._reply(record, 200, data, limit=server.drop_after.pop(name, None))
+                return self._reply(record, 200, data, length, limit=server.drop_after.pop(name, None))
             start = int(match.group(1))
             if start >= len(data):
                 return self._reply(record, 416, b"", {"Content-Range": f"bytes */{len(data)}"})
+            end = min(len(data), start + server.short.get(name, len(data)))  # a short answer, well formed
             return self._reply(
                 record,
                 206,
-                data[start:],
-                {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"},
+                data[start:end],
+                {"Content-Range": f"bytes {start}-{end - 1}/{len(data)}"},
                 limit=server.drop_after.pop(name, None),
             )
 
@@ -88,7 +92,8 @@ def _handler(server: Server) -> type:
             record["status"] = status
             self.send_response(status)
             for key, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
-                self.send_header(key, value)
+                if value is not None:  # None: leave the header out
+                    self.send_header(key, value)
             self.end_headers()
             sent = body if limit is None else body[:limit]
             self.wfile.write(sent)
@@ -312,6 +317,62 @@ def test_unknown_checksums_are_trusted_on_first_use(tmp_path, capsys):
     assert "multi30k/val.cs.gz" in _one_line_error(excinfo)
 
 
+def _served_fr_cs(root: Path) -> Path:
+    """Multi30k fr/cs files (no known checksum: trusted on first use), val.fr.gz of 3,000+ bytes."""
+    root.mkdir()
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang in ("fr", "cs"):
+            _write_gz(root / f"{split}.{lang}.gz", [f"{split} {lang} {i}" for i in range(3)])
+    (root / "val.fr.gz").write_bytes(gzip.compress(bytes(range(256)) * 12, compresslevel=0, mtime=0))
+    return root
+
+
+def test_a_short_range_reply_is_resumed_until_the_declared_size(tmp_path):
+    served = _served_fr_cs(tmp_path / "served")
+    size = (served / "val.fr.gz").stat().st_size
+    with serve(served) as server:
+        server.drop_after["val.fr.gz"] = 1000  # the connection drops, then each range reply is short
+        server.short["val.fr.gz"] = 800
+        splits = fetch_dataset("multi30k", "fr", "cs", tmp_path / "cache", mirror=server.url)
+    assert [(r["range"], r["sent"]) for r in server.seen("val.fr.gz")] == [
+        (None, 1000),
+        ("bytes=1000-", 800),
+        ("bytes=1800-", 800),
+        ("bytes=2600-", size - 2600),
+    ]
+    assert _sha256(splits["valid"][0]) == _sha256(served / "val.fr.gz")
+    assert download._records(tmp_path / "cache")["multi30k/val.fr.gz"] == "sha256:" + _sha256(served / "val.fr.gz")
+
+
+def test_a_file_cut_short_is_never_installed_nor_trusted(tmp_path):
+    served = _served_fr_cs(tmp_path / "served")
+    cache = tmp_path / "cache"
+    with serve(served) as server:
+        server.drop_after["val.fr.gz"] = 1000
+        server.short["val.fr.gz"] = 10  # never done within the attempts
+        with pytest.raises(ValueError, match="after 5 attempts") as excinfo:
+            fetch_dataset("multi30k", "fr", "cs", cache, mirror=server.url)
+        assert "val.fr.gz" in _one_line_error(excinfo)
+        # Without Content-Length a dropped connection looks like the end of the file.
+        server.short.clear()
+        server.no_length.add("val.fr.gz")
+        server.ranges = False
+        (cache / "multi30k" / "val.fr.gz.part").unlink()
+        server.drop_after["val.fr.gz"] = 1000
+        with pytest.raises(ValueError, match="cannot verify multi30k/val.fr.gz .* no file size") as excinfo:
+            fetch_dataset("multi30k", "fr", "cs", cache, mirror=server.url)
+        _one_line_error(excinfo)
+    assert not (cache / "multi30k" / "val.fr.gz").exists() and not (cache / "multi30k" / "val.fr.gz.part").exists()
+    assert "multi30k/val.fr.gz" not in download._records(cache)
+
+
+@needs_multi30k
+def test_a_file_without_content_length_is_verified_by_its_known_checksum(tmp_path, m30k):
+    m30k.no_length.add("val.en.gz")
+    splits = fetch_dataset("multi30k", "en", "de", tmp_path, mirror=m30k.url)
+    assert _sha256(splits["valid"][0]) == SHA256["val.en.gz"] and not (tmp_path / "checksums.json").exists()
+
+
 # ----------------------------------------------------------------------------- wmt14
 
 
@@ -422,3 +483,14 @@ def test_wmt14_from_fake_tarballs(tmp_path, monkeypatch, capsys):
         assert reverse["valid"] == splits["valid"][::-1]
         assert Path(reverse["newstest2014"][0]).read_text().startswith("nt14 src de 0\n")
         assert [r["name"] for r in server.requests[count:]] == []  # test-filtered.tgz is cached
+
+
+def test_a_cut_short_tarball_is_a_one_line_error(tmp_path, monkeypatch):
+    _fake_wmt14(tmp_path / "served")
+    tarball = tmp_path / "served" / "de-en.tgz"
+    tarball.write_bytes(tarball.read_bytes()[:-80])  # the server sends it whole: only reading finds the cut
+    with serve(tmp_path / "served") as server:
+        with pytest.raises(ValueError, match=r"cannot read de-en.tgz \(.*\); delete .*de-en.tgz") as excinfo:
+            fetch_dataset("wmt14", "en", "de", tmp_path / "cache", mirror=server.url)
+    _one_line_error(excinfo)
+    assert not list((tmp_path / "cache" / "wmt14").glob("train.*.gz"))

@@ -3,6 +3,7 @@
 import gzip
 import json
 import lzma
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -111,6 +112,26 @@ def test_text_gz_corpus_end_to_end(ray_cluster, tmp_path, capsys):
     assert (src[-1], tgt[-1], len(src)) == ("", "leer", 6)
     assert corpus_format.eval_pairs(str(out), manifest, "newstest")[0] == [s for s, _ in mirrored(3, 200)]
     assert not list(tmp_path.glob("corpus.tmp-*"))
+
+
+@pytest.mark.parametrize("where", ["driver", "ray"])
+def test_pairs_that_tokenize_to_nothing_are_dropped_as_empty(ray_cluster, tmp_path, capsys, monkeypatch, where):
+    """A side of only a zero-width space, a control character or a byte-order mark passes the text
+    rules (pass 1) but has no token (pass 2): dropped and counted as empty, not a changed input."""
+    if where == "ray":
+        monkeypatch.setattr(prepare, "DRIVER_BYTES", 0)
+    invisible = [("\u200b", "alpha beta"), ("\x01", "alpha beta"), ("gamma delta", "\ufeff")]
+    prefix = write_prefix(tmp_path / "train", mirrored(20) + invisible + mirrored(10, 20))
+    valid = write_prefix(tmp_path / "val", mirrored(3, 100))
+    argv = ["--out", str(tmp_path / "corpus"), "--train", prefix, "--valid", valid, *SMALL]
+    status, stdout, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    train = json.loads((tmp_path / "corpus" / "manifest.json").read_text())["splits"]["train"]
+    assert (train["input_pairs"], train["num_pairs"], train["dropped"]["empty"]) == (33, 30, 3)
+    assert sum(train["dropped"].values()) == 3
+    assert ["dropped:", "empty", "3"] in [line.split() for line in stdout.splitlines()]
+    assert decoded_train(tmp_path / "corpus") == Counter(mirrored(30))
+    assert run_cli(capsys, *argv)[0] == 0
 
 
 def write_table_input(tmp_path: Path, kind: str, pairs: list[tuple]) -> list[str]:
@@ -244,6 +265,22 @@ def test_rerun_is_a_no_op_and_overwrite_is_explicit(ray_cluster, tmp_path, capsy
     assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
 
 
+def test_overwrite_replaces_corpus_files_an_upload_left_without_manifest(ray_cluster, tmp_path, capsys):
+    """Object storage gets the manifest last: an upload cut short leaves corpus files without it."""
+    train, valid = small_corpus(tmp_path, "a")
+    out = tmp_path / "corpus"
+    argv = ["--out", f"file://{out}", "--train", train, "--valid", valid, "--shard-pairs", "10", *SMALL]
+    assert run_cli(capsys, *argv)[0] == 0
+    (out / "manifest.json").unlink()
+    (out / "train" / "part-00002.parquet").unlink()
+    status, _, err = run_cli(capsys, *argv)
+    assert status == 2 and "holds corpus files but no manifest.json" in error_line(err) and "--overwrite" in err
+    status, _, err = run_cli(capsys, *argv, "--overwrite")
+    assert status == 0, err
+    manifest = corpus_format.read_manifest(str(out))
+    assert manifest["splits"]["train"]["num_pairs"] == 24 and decoded_train(out) == Counter(mirrored(24))
+
+
 def bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
     """Flags for one broken input and a fragment its error must contain."""
     train, valid = small_corpus(tmp_path, "ok", count=12)
@@ -282,6 +319,15 @@ def bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
         col = "german" if case == "column" else "de"
         message = "has no column 'german'" if case == "column" else "column 'de' has type int64, not string"
         return ["--train", str(tmp_path / "t.parquet"), "--tgt-col", col, "--valid", valid], message
+    if case == "gz_damaged":
+        write_prefix(tmp_path / "z", [(f"line {i}", f"zeile {i}") for i in range(100)], "gz")
+        raw = bytearray((tmp_path / "z.en.gz").read_bytes())
+        middle = len(raw) // 2
+        raw[middle : middle + 4] = bytes(b ^ 0xFF for b in raw[middle : middle + 4])
+        with pytest.raises(zlib.error):  # the deflate data is broken, not only the checksum
+            gzip.decompress(bytes(raw))
+        (tmp_path / "z.en.gz").write_bytes(raw)
+        return ["--train", str(tmp_path / "z"), "--valid", valid], f"cannot read {tmp_path}/z.en.gz: Error -3"
     if case == "json":
         write_lines(tmp_path / "j.jsonl", ['{"en": "a", "de": "b"}', '{"en": "a", de}'])
         return ["--train", str(tmp_path / "j.jsonl"), "--valid", valid], f"{tmp_path}/j.jsonl:2: not valid JSON"
@@ -299,6 +345,8 @@ def bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
         ], "all 12 training pairs were dropped (too_long_chars 12)"
     if case == "no_valid":
         return ["--train", train], "--valid is missing"
+    if case == "vocab_small":
+        return ["--train", train, "--valid", valid, "--vocab-size", "16"], "vocabulary size 16 is smaller than the"
     assert case == "option"
     return ["--train", train, "--valid", valid, "--vocab-size", "100"], "prepare.vocab_size=100 must be a multiple of 8"
 
@@ -311,6 +359,7 @@ def bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
         "empty",
         "utf8",
         "utf8_valid",
+        "gz_damaged",
         "column",
         "column_type",
         "json",
@@ -318,6 +367,7 @@ def bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
         "all_dropped",
         "no_valid",
         "option",
+        "vocab_small",
     ],
 )
 def test_bad_inputs_fail_in_one_line(ray_cluster, tmp_path, capsys, case):

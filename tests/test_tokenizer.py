@@ -2,6 +2,8 @@
 
 import itertools
 
+import pytest
+
 from raymt.data import builtin
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 
@@ -41,3 +43,10 @@ def test_a_pair_of_languages_gets_the_sentences_of_all_four():
         assert both == {"de": every["de"], "es": every["es"]}, seed
     src, tgt = builtin.generate(50, "fr", "en", seed=2)
     assert [builtin.sentence(r)["fr"] for r in [random.Random(2)] for _ in range(50)] == src
+
+
+def test_a_vocabulary_too_small_for_the_characters_is_a_one_line_error():
+    sentences = ["alpha beta gamma delta epsilon", "zeta eta theta"]  # 17 characters + 4 specials
+    with pytest.raises(ValueError, match=r"^vocabulary size 16 is smaller than the \d+ pieces") as err:
+        train_tokenizer(sentences, vocab_size=16, model_type="bpe")
+    assert "raise data.vocab_size / --vocab-size to at least 24" in str(err.value) and "\n" not in str(err.value)

@@ -21,9 +21,10 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Callable, Optional, Union
+from typing import IO, Any, Callable, Optional, Union
 
 Splits = dict[str, tuple[str, str]]
 
@@ -272,12 +273,17 @@ def _stream_members(tarball: Path, names: set[str], handle: Callable[[str, IO[by
     # decompress it again for every member. Matching base names accepts both a flat
     # layout and a folder (news-commentary puts its files under training/).
     found = set()
-    with tarfile.open(tarball, "r|*") as tar:
-        for member in tar:
-            base = PurePosixPath(member.name).name
-            if member.isfile() and base in names and base not in found:
-                handle(base, tar.extractfile(member))
-                found.add(base)
+    try:
+        with tarfile.open(tarball, "r|*") as tar:
+            for member in tar:
+                base = PurePosixPath(member.name).name
+                if member.isfile() and base in names and base not in found:
+                    handle(base, tar.extractfile(member))
+                    found.add(base)
+    except (tarfile.TarError, EOFError, zlib.error) as err:  # a cut-short or damaged archive
+        raise ValueError(
+            f"cannot read {tarball.name} ({err}); delete {tarball} and download it again, or check the mirror"
+        ) from None
     if found != names:
         raise ValueError(
             f"{tarball.name} lacks {', '.join(sorted(names - found))}; "
@@ -352,8 +358,15 @@ def _fetch_file(remote: Remote, dest: Path, cache_dir: Path, mirror: Optional[st
     part = dest.with_name(dest.name + ".part")
     url = _url(remote.url, mirror)
     started = time.monotonic()
-    _download(url, part)
+    sized = _download(url, part)
     actual = _digest(part, algo)
+    if expected is None and not sized:  # nothing tells a whole file from a cut-short one
+        part.unlink()
+        raise ValueError(
+            f"cannot verify {key} from {url}: the server sent no file size (Content-Length) and no "
+            f"checksum is known, so a cut-short download would be trusted; the file was deleted: "
+            f"download from a server (--mirror) that sends Content-Length"
+        )
     if expected is None:
         _trust(cache_dir, key, actual, "downloaded")
     elif actual != expected:
@@ -369,12 +382,12 @@ def _fetch_file(remote: Remote, dest: Path, cache_dir: Path, mirror: Optional[st
     return dest
 
 
-def _download(url: str, part: Path) -> None:
-    """Complete PART from URL, retrying transient errors with backoff and resuming each time."""
+def _download(url: str, part: Path) -> bool:
+    """Complete PART from URL, retrying transient errors with backoff and resuming each time;
+    whether its size was checked against the size the server gave."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            _download_once(url, part)
-            return
+            return _download_once(url, part) is not None
         except urllib.error.HTTPError as err:
             err.close()
             if err.code < 500:  # 404, 403...: retrying will not help
@@ -394,8 +407,9 @@ def _download(url: str, part: Path) -> None:
         time.sleep(wait)
 
 
-def _download_once(url: str, part: Path) -> None:
-    """One request: append to PART from its current size (Range), or start over on a 200."""
+def _download_once(url: str, part: Path) -> Optional[int]:
+    """One request: append to PART from its current size (Range), or start over on a 200; the
+    file size PART was checked against, None when the server gave none."""
     offset = part.stat().st_size if part.exists() else 0
     headers = {"User-Agent": "raymt-download"}
     if offset:
@@ -406,9 +420,9 @@ def _download_once(url: str, part: Path) -> None:
         if err.code != 416 or not offset:
             raise
         with err:  # range past the end: PART is complete if the server's size says so
-            total = err.headers.get("Content-Range", "").rpartition("/")[2]
-        if total == str(offset):
-            return
+            total = _range_total(err.headers)
+        if total == offset:
+            return total
         part.unlink()
         raise _Transient(f"server rejected resuming at byte {offset}; starting over") from None
     with response:
@@ -420,6 +434,9 @@ def _download_once(url: str, part: Path) -> None:
         if offset and mode == "wb":
             _log(f"{part.name}: server does not resume downloads; starting over")
         length = response.headers.get("Content-Length")
+        total = _range_total(response.headers) if mode == "ab" else (int(length) if length else None)
+        # A chunked reply ends with a zero-length chunk: http.client raises if it is cut short.
+        framed = response.headers.get("Transfer-Encoding", "").lower() == "chunked"
         received = 0
         with open(part, mode) as out:
             while chunk := response.read(CHUNK):
@@ -428,6 +445,21 @@ def _download_once(url: str, part: Path) -> None:
     # http.client returns a short body silently when the connection drops, so check here.
     if length is not None and received < int(length):
         raise _Transient(f"connection closed after {received} of {length} bytes")
+    size = part.stat().st_size
+    if total is None:
+        return size if framed and mode == "wb" else None
+    if size < total:  # e.g. a server that answers a range request short
+        raise _Transient(f"reply ended at byte {size} of {total}")
+    if size > total:
+        part.unlink()
+        raise _Transient(f"got {size} bytes of a {total}-byte file; starting over")
+    return total
+
+
+def _range_total(headers: Any) -> Optional[int]:
+    """The whole file's size in a Content-Range header ("bytes 0-9/1234", "bytes */1234"), if given."""
+    total = (headers.get("Content-Range") or "").rpartition("/")[2]
+    return int(total) if total.isdigit() else None
 
 
 def _size(n: int) -> str:

@@ -77,6 +77,7 @@ BLOCK_ROWS = 20_000
 DRIVER_PAIRS = 50_000  # pairs given in memory
 DRIVER_BYTES = 2 << 20  # bytes of input files, as stored (compressed or not)
 # Counts that both passes make (the second re-reads the inputs: they must not have changed).
+# Pass 2's "empty" adds pairs that tokenize to nothing, which it also counts as "empty_tokens".
 READ_COUNTS = ("input", "invalid_utf8", "empty", "too_long_chars")
 # PrepareConfig fields that only several corpora use (left out of a one-pair manifest).
 CORPORA_OPTIONS = ("temperature", "bt_tag")
@@ -515,6 +516,8 @@ def _tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: A
         rule = _token_rule(len(s), len(t), options)
         if rule:
             counts[rule] += 1
+            if rule == "empty":  # also counted apart: pass 1 sees text only, not these
+                counts["empty_tokens"] += 1
             continue
         out_src.append(s)
         out_tgt.append(t)
@@ -831,7 +834,7 @@ def _write_split(
             counts = ray.get(tally.total.remote())
         finally:
             ray.kill(tally)
-    if first is not None and any(first.get(c, 0) != counts.get(c, 0) for c in READ_COUNTS):
+    if first is not None and any(first.get(c, 0) != n for c, n in _read_counts(counts).items()):
         raise ValueError("the training inputs changed while they were being prepared: run again")
     dropped = {rule: counts.get(rule, 0) for rule in DROP_RULES}
     kept = counts.get("input", 0) - sum(dropped.values())
@@ -847,6 +850,14 @@ def _write_split(
         "input_pairs": counts.get("input", 0),
         "dropped": dropped,
     }
+
+
+def _read_counts(counts: dict) -> dict:
+    """Pass 2's counts of what pass 1 counts too (READ_COUNTS), to check that the inputs did not change."""
+    read = {c: counts.get(c, 0) for c in READ_COUNTS}
+    # Pass 2's `empty` also holds the pairs that only tokenizing emptied (e.g. "\u200b"): not text-level.
+    read["empty"] -= counts.get("empty_tokens", 0)
+    return read
 
 
 def read_eval(cfg: PrepareConfig, sources: list[Source]) -> tuple[list[str], list[str]]:
@@ -888,10 +899,17 @@ def _existing(out: str, fp: str, overwrite: bool) -> Optional[dict]:
     try:
         manifest = read_manifest(out)
     except ValueError:
-        raise ValueError(
-            f"--out {out} is not empty and holds no prepared corpus: pick a new or "
-            "empty directory (--overwrite only replaces a prepared corpus)"
-        ) from None
+        if not _corpus_files_only(out):
+            raise ValueError(
+                f"--out {out} is not empty and holds no prepared corpus: pick a new or "
+                "empty directory (--overwrite only replaces a prepared corpus)"
+            ) from None
+        if not overwrite:
+            raise ValueError(
+                f"--out {out} holds corpus files but no {MANIFEST_FILE} (an upload cut short?): "
+                "pass --overwrite to replace them, or pick another --out"
+            ) from None
+        return None
     if manifest.get("fingerprint") == fp and _complete(out, manifest):
         return manifest
     if not overwrite and manifest.get("fingerprint") == fp:
@@ -904,6 +922,27 @@ def _existing(out: str, fp: str, overwrite: bool) -> Optional[dict]:
             "pass --overwrite to replace it, or pick another --out"
         )
     return None
+
+
+def _corpus_files_only(out: str) -> bool:
+    """Whether every file under OUT is one a corpus holds (what an interrupted upload leaves: its
+    manifest goes last), so that --overwrite may replace it."""
+    fs, path = storage.filesystem(out)
+    root = path.rstrip("/") + "/"
+    for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+        assert info.path.startswith(root), (info.path, root)
+        rel = info.path[len(root) :].split("/")
+        if info.type == pafs.FileType.Directory:
+            known = rel[0] in (TRAIN_DIR, VALID_DIR, TEST_DIR)
+        elif rel[0] == TRAIN_DIR:  # train/part-N.parquet, or train/CORPUS/part-N.parquet
+            known = re.fullmatch(r"part-\d+\.parquet", rel[-1]) is not None and len(rel) <= 3
+        elif rel[0] in (VALID_DIR, TEST_DIR):
+            known = rel[-1].endswith(".parquet") and len(rel) <= 3
+        else:
+            known = rel in ([SPM_FILE], [VALID_FILE])
+        if not known:
+            return False
+    return True
 
 
 def _complete(out: str, manifest: dict) -> bool:

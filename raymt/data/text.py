@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import lzma
+import zlib
 from typing import Any, Iterator, Optional
 
 import pyarrow as pa
@@ -47,7 +48,7 @@ def lines(uri: str) -> Iterator[bytes]:
                 yield from parts
             if rest:
                 yield rest
-    except (OSError, EOFError, lzma.LZMAError, pa.ArrowException) as err:
+    except (OSError, EOFError, zlib.error, lzma.LZMAError, pa.ArrowException) as err:  # zlib: damaged .gz data
         raise InputError(
             f"cannot read {uri}: {first_line(err)}; check that the file is complete "
             "and that its extension matches its compression"
