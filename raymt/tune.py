@@ -21,6 +21,7 @@ from raymt.train import build_config, finalize, flag_parser, run_location
 SCHEDULERS = ("asha", "pbt", "fifo")
 SEARCHERS = ("random", "optuna")
 METRICS = {"valid_bleu": "max", "valid_chrf": "max", "valid_loss": "min"}
+EARLY_STOPPED = "early_stopped"  # in the last result of a trial the scheduler stopped (see _Progress)
 # The sweep's defaults: short trials of the default model on the built-in corpus.
 DEFAULT_TRIAL = {"train.max_steps": 300, "train.eval_every": 100, "train.log_every": 50, "decode.beam": 1}
 DEFAULT_LRS = "optim.lr=1e-3,2e-3,4e-3,8e-3"
@@ -56,17 +57,19 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def _field_type(key: str) -> Any:
-    """The annotated type of a dotted config field (raises for unknown fields)."""
+    """The annotated type of a dotted config field, Optional unwrapped (raises for unknown fields)."""
     section, _, name = key.partition(".")
     hints = typing.get_type_hints(Config)
     if section not in hints or name not in typing.get_type_hints(hints[section]):
         apply_overrides(Config(), {key: None})  # raises the standard unknown-field error
-    return typing.get_type_hints(hints[section])[name]
+    tp = typing.get_type_hints(hints[section])[name]
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if type(None) in typing.get_args(tp) and len(args) == 1 else tp
 
 
-def _typed(key: str, raw: str) -> Any:
-    """`raw` converted to the field's type (and validated) through the normal overrides."""
-    cfg = apply_overrides(Config(), {key: raw})
+def _typed(key: str, raw: str, base: Optional[Config] = None) -> Any:
+    """`raw` converted to the field's type (and validated) through the normal overrides of `base`."""
+    cfg = apply_overrides(base or Config(), {key: raw})
     section, _, name = key.partition(".")
     return getattr(getattr(cfg, section), name)
 
@@ -87,8 +90,8 @@ CORPUS_FIELDS = {f.name for f in dataclasses.fields(CorpusOptions) if f.name != 
 }
 
 
-def parse_space(search: list[str], grid: list[str]) -> dict[str, Any]:
-    """`--search`/`--grid` strings -> a Tune param space keyed by dotted config fields."""
+def parse_space(search: list[str], grid: list[str], base: Optional[Config] = None) -> dict[str, Any]:
+    """`--search`/`--grid` strings -> a Tune param space keyed by dotted config fields (values checked on `base`)."""
     from ray import tune
 
     space: dict[str, Any] = {}
@@ -96,7 +99,8 @@ def parse_space(search: list[str], grid: list[str]) -> dict[str, Any]:
         key, sep, values = item.partition("=")
         if not sep or not values:
             raise ValueError(f"--grid {item!r} must look like section.field=v1,v2,...")
-        space[key] = tune.grid_search(spread([_typed(key, v) for v in values.split(",")]))
+        _check_searchable(key)
+        space[key] = tune.grid_search(spread([_typed(key, v, base) for v in values.split(",")]))
     for item in search:
         key, sep, spec = item.partition("=")
         kind, _, args = spec.partition(":")
@@ -104,14 +108,18 @@ def parse_space(search: list[str], grid: list[str]) -> dict[str, Any]:
             raise ValueError(
                 f"--search {item!r} must look like section.field=DIST:ARGS, e.g. optim.lr=loguniform:1e-4:3e-3"
             )
-        space[key] = _distribution(key, kind, args)
-    shared = [key for key in space if key.split(".")[-1] in CORPUS_FIELDS and key.startswith("data.")]
-    if shared:
+        _check_searchable(key)
+        space[key] = _distribution(key, kind, args, base)
+    return space
+
+
+def _check_searchable(key: str) -> None:
+    """Refuse the fields of the corpus every trial shares."""
+    if key.startswith("data.") and key.split(".")[-1] in CORPUS_FIELDS:
         raise ValueError(
-            f"--search/--grid {', '.join(shared)}: a sweep prepares its corpus once for "
+            f"--search/--grid {key}: a sweep prepares its corpus once for "
             "every trial; run one sweep per value with --set (e.g. --set data.vocab_size=N)"
         )
-    return space
 
 
 def spread(values: list) -> list:
@@ -130,29 +138,40 @@ def spread(values: list) -> list:
     return [ordered[i] for i in picked]
 
 
-def _distribution(key: str, kind: str, args: str):
-    """One Tune sampler from its name and colon-separated arguments."""
+def _distribution(key: str, kind: str, args: str, base: Optional[Config] = None):
+    """One Tune sampler from its name and colon-separated arguments, both bounds valid for the field."""
     from ray import tune
 
     if kind == "choice":
-        return tune.choice([_typed(key, v) for v in args.split(",")])
+        return tune.choice([_typed(key, v, base) for v in args.split(",")])
+    spec = f"--search {key}={kind}:{args}"
+    if kind not in ("loguniform", "uniform", "randint"):
+        raise ValueError(f"--search {key}: unknown distribution {kind!r}; use loguniform, uniform, randint or choice")
+    tp = _field_type(key)
+    if tp not in ((int, float) if kind == "randint" else (float,)):
+        fix = "randint or choice" if tp is int else "choice"
+        raise ValueError(f"{spec}: {key} is {getattr(tp, '__name__', tp)}, which {kind} cannot draw; use {fix}")
     bounds = args.split(":")
     try:
         low, high = (float(b) for b in bounds)
     except ValueError:
-        raise ValueError(f"--search {key}={kind}:{args}: expected two numbers LOW:HIGH") from None
+        raise ValueError(f"{spec}: expected two numbers LOW:HIGH") from None
     if not low < high:
-        raise ValueError(f"--search {key}={kind}:{args}: LOW must be below HIGH")
-    _typed(key, str(low if _field_type(key) is not int else int(low)))  # validates the field
+        raise ValueError(f"{spec}: LOW must be below HIGH")
+    if kind == "loguniform" and low <= 0:
+        raise ValueError(f"{spec}: bounds must be > 0")
+    if kind == "randint" and not (low.is_integer() and high.is_integer()):
+        raise ValueError(f"{spec}: randint takes whole numbers LOW:HIGH")
+    for bound in bounds:  # trials draw up to HIGH: the field's own check, e.g. model.dropout in [0, 1)
+        try:
+            _typed(key, bound, base)
+        except ValueError as err:
+            raise ValueError(f"{spec}: {err}") from None
     if kind == "loguniform":
-        if low <= 0:
-            raise ValueError(f"--search {key}=loguniform:{args}: bounds must be > 0")
         return tune.loguniform(low, high)
     if kind == "uniform":
         return tune.uniform(low, high)
-    if kind == "randint":
-        return tune.randint(int(low), int(high) + 1)
-    raise ValueError(f"--search {key}: unknown distribution {kind!r}; use loguniform, uniform, randint or choice")
+    return tune.randint(int(low), int(high) + 1)
 
 
 class _Forward:
@@ -162,8 +181,9 @@ class _Forward:
         self.queue = queue
 
     def after_report(self, run_context, metrics: list[dict], checkpoint) -> None:
-        """Forward rank 0's metrics and the checkpoint path to the trial driver."""
-        self.queue.put((metrics[0], checkpoint.path if checkpoint else None))
+        """Forward rank 0's metrics and the checkpoint (path and filesystem) to the trial driver."""
+        # The path alone is the filesystem's own (`bucket/key` on S3): its filesystem goes with it.
+        self.queue.put((metrics[0], (checkpoint.path, checkpoint.filesystem) if checkpoint else None))
 
 
 def forward_callback(queue):
@@ -232,12 +252,12 @@ def run_trial(trial_config: dict) -> None:
     thread.start()
     while True:
         try:  # every report is in the queue before `run` returns (after_report blocks on put)
-            metrics, path = reports.get(timeout=0.5)
+            metrics, where = reports.get(timeout=0.5)
         except local_queue.Empty:
             if thread.is_alive() or not reports.empty():
                 continue
             break
-        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(path) if path else None)
+        tune.report(metrics, checkpoint=tune.Checkpoint(*where) if where else None)
     if "error" in outcome:
         raise outcome["error"]
 
@@ -366,6 +386,11 @@ def make_searcher(name: str, space: dict, metric: str):
         return None
     if any(isinstance(v, dict) and "grid_search" in v for v in space.values()):
         raise ValueError("--searcher optuna cannot take --grid fields: use --search")
+    if not space:
+        raise ValueError(
+            "--searcher optuna needs a --search field to sample, e.g. --search optim.lr=loguniform:1e-3:8e-3 "
+            "--num-samples 8"
+        )
     try:
         import optuna  # noqa: F401
         from ray.tune.search.optuna import OptunaSearch
@@ -391,20 +416,22 @@ def run_sweep(
 
     from ray import tune
 
+    # Before Ray starts and the corpus is prepared: a searcher that cannot take the space is one line.
+    search_alg = make_searcher(searcher, space, metric) if resume_dir is None else None
     connect(verbose)
     cpus, fits = trial_resources(cfg)  # raises before any trial starts if none fits
     cfg = finalize(apply_overrides(cfg, {"train.cpus_per_worker": cpus}))
     trainable = tune.with_resources(run_trial, {"cpu": 0, "memory": 64 * 2**20})
+    # The sweep's directory is a local path or a URI (s3://...), as every run file: storage.join, not Path.
     if resume_dir is not None:
-        path = Path(resume_dir).expanduser().resolve()
-        if not tune.Tuner.can_restore(str(path)):
+        sweep_dir = storage.normalize(resume_dir)
+        if not tune.Tuner.can_restore(sweep_dir):
             raise ValueError(f"--resume-sweep {resume_dir}: no sweep to resume there")
-        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
-        sweep_dir = path
+        tuner = tune.Tuner.restore(sweep_dir, trainable, resume_unfinished=True, resume_errored=True)
     else:
         sweep_name = sweep_name or f"sweep-{datetime.datetime.now():%Y%m%d-%H%M%S}"
-        sweep_dir = Path(cfg.train.storage_path) / sweep_name
-        cfg = apply_overrides(shared_corpus(cfg, sweep_dir), {"train.storage_path": str(sweep_dir / "trials")})
+        sweep_dir = storage.join(cfg.train.storage_path, sweep_name)
+        cfg = apply_overrides(shared_corpus(cfg, sweep_dir), {"train.storage_path": storage.join(sweep_dir, "trials")})
         tuner = tune.Tuner(
             trainable,
             param_space={"base": cfg.to_dict(), **space},
@@ -413,12 +440,12 @@ def run_sweep(
                 mode=METRICS[metric],
                 num_samples=num_samples,
                 scheduler=make_scheduler(scheduler, cfg, space, num_samples * _grid_size(space)),
-                search_alg=make_searcher(searcher, space, metric),
+                search_alg=search_alg,
                 max_concurrent_trials=max_concurrent or fits,
             ),
             run_config=tune.RunConfig(
                 name=sweep_name,
-                storage_path=str(sweep_dir.parent),
+                storage_path=storage.split(sweep_dir)[0],
                 # One line per trial result (progress); Tune's status tables only when verbose.
                 callbacks=[janitor(), progress(list(space), metric, cfg.train.max_steps)],
                 verbose=1 if verbose else 0,
@@ -455,27 +482,37 @@ def connect(verbose: bool) -> None:
 
 
 class _Progress:
-    """Tune callback (on the sweep driver): one console line per trial result or failure."""
+    """Tune callback (on the sweep driver): one console line per trial result or failure; marks
+    the last result of a trial the scheduler stopped (EARLY_STOPPED), which `summarize` reads."""
 
     def __init__(self, params: list[str], metric: str, max_steps: int):
         self.params, self.metric, self.max_steps = params, metric, max_steps
+        self.running: set[str] = set()  # trials whose last line said running
 
     def on_trial_result(self, iteration: int, trials: list, trial, result: dict, **info) -> None:
         """`trial <id>  <params>  step <n>  <metric> <value>  running|completed|stopped`."""
         step = result.get("step", 0)
-        # `done` is set here when the scheduler has just decided to stop the trial.
+        # `done` is set on a result callbacks see only when the scheduler has just decided to stop
+        # the trial (a trial that ends on its own, on --epochs or train.max_minutes, sends no new result).
         status = "completed" if step >= self.max_steps else "stopped" if result.get("done") else "running"
-        print(
-            result_line(
-                trial.trial_id,
-                {k: trial.config.get(k) for k in self.params},
-                step,
-                self.metric,
-                result.get(self.metric),
-                status,
-            ),
-            flush=True,
-        )
+        if status == "stopped":
+            result[EARLY_STOPPED] = True  # Tune keeps this dict as the trial's last result (Result.metrics)
+        self.running.discard(trial.trial_id)
+        if status == "running":
+            self.running.add(trial.trial_id)
+        self.print_line(trial, result, status)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
+        """A trial that ended on its own before max_steps (epochs, time budget) gets its last line."""
+        if trial.trial_id in self.running:
+            self.running.discard(trial.trial_id)
+            self.print_line(trial, trial.last_result, "completed")
+
+    def print_line(self, trial, result: dict, status: str) -> None:
+        """One `result_line` for this trial."""
+        params = {k: trial.config.get(k) for k in self.params}
+        step, value = result.get("step", 0), result.get(self.metric)
+        print(result_line(trial.trial_id, params, step, self.metric, value, status), flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
         """Where the failed trial's traceback is."""
@@ -496,7 +533,7 @@ def progress(params: list[str], metric: str, max_steps: int):
     return type("ResultLines", (_Progress, tune.Callback), {})(params, metric, max_steps)
 
 
-def shared_corpus(cfg: Config, sweep_dir: Path) -> Config:
+def shared_corpus(cfg: Config, sweep_dir: str) -> Config:
     """Prepare the training corpus once for every trial (unless it is already prepared)."""
     from raymt.train import materialize, plan_data
 
@@ -508,7 +545,7 @@ def shared_corpus(cfg: Config, sweep_dir: Path) -> Config:
 
 
 def summarize(
-    results, metric: str, sweep_dir: Path, early_stopping: bool = True, wall_s: Optional[float] = None
+    results, metric: str, sweep_dir: str | Path, early_stopping: bool = True, wall_s: Optional[float] = None
 ) -> dict:
     """One row per trial (its best metric, last step, minutes, status, checkpoint), best first,
     with `early_stopping` (ASHA) the steps it saved, and the sweep's `wall_s` as minutes."""
@@ -524,7 +561,8 @@ def summarize(
         best = history[metric].max() if mode == "max" else history[metric].min()
         step = int(history["step"].max())
         checkpoint = result.get_best_checkpoint(metric, mode)
-        status = "error" if result.error else ("stopped" if step < max_steps else "completed")
+        # Not `step < max_steps`: a trial may end on its own earlier (--epochs, train.max_minutes).
+        status = "error" if result.error else "stopped" if result.metrics.get(EARLY_STOPPED) else "completed"
         rows.append(
             {
                 "trial": str(result.metrics.get("trial_id")),
@@ -537,22 +575,28 @@ def summarize(
                 ),
                 metric: round(float(best), 2),
                 "status": status,
-                "checkpoint": checkpoint.path if checkpoint else None,
+                "checkpoint": _location(checkpoint.path, sweep_dir) if checkpoint else None,
             }
         )
     sign = -1 if mode == "max" else 1
     rows.sort(key=lambda r: (metric not in r, sign * r.get(metric, 0)))
     summary = {
-        "sweep_dir": str(sweep_dir),
+        "sweep_dir": storage.normalize(sweep_dir),
         "metric": metric,
         "table": rows,
         "best": rows[0] if rows and metric in rows[0] else None,
         "steps": steps_saved(rows, max_steps) if early_stopping else None,
         "minutes": round(wall_s / 60, 1) if wall_s is not None else None,
     }
-    (sweep_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str))
-    _write_csv(rows, sweep_dir / "results.csv")
+    storage.write_bytes(storage.join(sweep_dir, "results.json"), json.dumps(summary, indent=2, default=str).encode())
+    storage.write_bytes(storage.join(sweep_dir, "results.csv"), _csv(rows).encode())
     return summary
+
+
+def _location(path: str, sweep_dir: str | Path) -> str:
+    """A Tune path (a filesystem's own: `bucket/key` on S3) as a location `raymt translate` reads."""
+    scheme, sep, _ = str(sweep_dir).partition("://")
+    return f"{scheme}://{path}" if sep and "://" not in path else path
 
 
 def steps_saved(rows: list[dict], max_steps: int) -> dict:
@@ -562,15 +606,17 @@ def steps_saved(rows: list[dict], max_steps: int) -> dict:
     return {"saved": saved, "total": total, "stopped": sum(row["status"] == "stopped" for row in rows)}
 
 
-def _write_csv(rows: list[dict], path: Path) -> None:
+def _csv(rows: list[dict]) -> str:
     """The results table as CSV (columns: union of the rows' keys)."""
     import csv
+    import io
 
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+    out = io.StringIO(newline="")
+    writer = csv.DictWriter(out, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
 
 
 def print_table(summary: dict) -> None:
@@ -611,8 +657,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.num_samples < 1 or (args.max_concurrent is not None and args.max_concurrent < 1):
             raise ValueError("--num-samples and --max-concurrent must be >= 1")
         cfg = build_config(args, apply_overrides(Config(), DEFAULT_TRIAL))
-        grid = args.grid or ([] if args.search else [DEFAULT_LRS])
-        space = parse_space(args.search, grid)
+        # The default grid is for grid/random sweeps: Optuna samples --search fields only.
+        default = [] if args.search or args.searcher == "optuna" else [DEFAULT_LRS]
+        space = parse_space(args.search, args.grid or default, cfg)
         summary = run_sweep(
             cfg,
             space,

@@ -50,11 +50,30 @@ TINY_TRIAL = [
         ([], ["train.max_steps=ten"], "'ten' is not a valid int"),
         ([], ["data.vocab_size=4000,8000"], "prepares its corpus once"),  # it would be ignored
         (["data.max_ratio=uniform:1.5:3"], [], "prepares its corpus once"),
+        # HIGH is checked as LOW is: trials drawing it would fail only once they run.
+        (["model.dropout=uniform:0:1.5"], [], r"uniform:0:1.5: model.dropout=1.5 must be in \[0, 1\)"),
+        (["train.epochs=randint:1:0"], [], "LOW must be below HIGH"),
+        (["model.num_encoder_layers=uniform:2:6"], [], "is int, which uniform cannot draw; use randint or choice"),
+        (["model.num_encoder_layers=loguniform:2:6"], [], "use randint or choice"),
+        (["model.activation=uniform:0:1"], [], "is str, which uniform cannot draw; use choice"),
+        (["train.epochs=randint:1.5:4"], [], "randint takes whole numbers LOW:HIGH"),
     ],
 )
 def test_bad_search_spaces_are_one_clear_error(search, grid, message):
     with pytest.raises(ValueError, match=message):
         parse_space(search, grid)
+
+
+def test_search_spaces_of_optional_and_int_fields():
+    from raymt.config import Config, ModelConfig
+
+    space = parse_space(["train.epochs=randint:1:4", "model.num_encoder_layers=randint:2:6"], [])  # Optional[int]
+    assert (space["train.epochs"].lower, space["train.epochs"].upper) == (1, 5)  # HIGH included
+    assert parse_space(["train.max_minutes=uniform:1:5"], [])["train.max_minutes"].upper == 5  # Optional[float]
+    # Values are checked on the sweep's own config: 6 heads divide its d_model, not the default 128.
+    with pytest.raises(ValueError, match="divisible by model.num_heads=6"):
+        parse_space(["model.num_heads=choice:2,6"], [])
+    assert parse_space(["model.num_heads=choice:2,6"], [], Config(model=ModelConfig(d_model=96, num_heads=6)))
 
 
 def tune_cli(*args, timeout=400, **kw):
@@ -272,6 +291,36 @@ def test_a_trial_hands_its_workers_a_checkpoint_on_the_runs_storage(ray_cluster,
     assert (Path(path) / "model.pt").read_bytes() == b"weights"
 
 
+def test_a_trial_reports_its_checkpoints_on_their_own_filesystem(ray_cluster, tmp_path, monkeypatch):
+    """On S3 a Train checkpoint's path is `bucket/key` of the S3 filesystem: Tune gets the path with
+    that filesystem (a local directory of that name does not exist). A sub-tree stands in for S3."""
+    from types import SimpleNamespace
+
+    import pyarrow.fs as pafs
+    import ray.train
+    import ray.tune
+
+    import raymt.train
+    from raymt.config import Config, TrainConfig
+    from raymt.tune import run_trial
+
+    (tmp_path / "bucket" / "ckpt").mkdir(parents=True)
+    bucket = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    reported = []
+
+    def fake_run(cfg, init_checkpoint=None, callbacks=(), **kw):
+        callbacks[0].after_report(None, [{"step": 10}], ray.train.Checkpoint("bucket/ckpt", filesystem=bucket))
+
+    monkeypatch.setattr(raymt.train, "run", fake_run)
+    monkeypatch.setattr(ray.tune, "get_checkpoint", lambda: None)
+    monkeypatch.setattr(ray.tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "ef_00000"))
+    monkeypatch.setattr(ray.tune, "report", lambda metrics, checkpoint=None: reported.append(checkpoint))
+    run_trial({"base": Config(train=TrainConfig(storage_path=str(tmp_path / "trials"))).to_dict()})
+    [checkpoint] = reported
+    assert checkpoint.path == "bucket/ckpt" and isinstance(checkpoint.filesystem, pafs.SubTreeFileSystem)
+    assert checkpoint.filesystem.base_path.rstrip("/") == str(tmp_path)
+
+
 def test_a_stopped_trial_leaves_no_traceback_when_its_actor_ends(ray_cluster, tmp_path, monkeypatch):
     """Tune stops a trial (`tune.report` raises SystemExit), then ends its actor, and with it the
     trial's queue, while the Train run's thread is still finishing: that thread makes no Ray call
@@ -469,19 +518,29 @@ def test_asha_rungs_are_sized_to_the_run(max_steps, eval_every, num_trials, rung
 
 
 def fake_result(
-    trial_id: str, lr: float, steps: list[int], bleus: list[float], max_steps: int = 300, seconds: float = 60.0
+    trial_id: str,
+    lr: float,
+    steps: list[int],
+    bleus: list[float],
+    max_steps: int = 300,
+    seconds: float = 60.0,
+    stopped: bool = False,
+    sweep: str = "/sweep",
 ):
+    """A Tune Result; `stopped`: the scheduler stopped it (_Progress marked its last result)."""
     from types import SimpleNamespace
 
     import pandas as pd
 
-    checkpoint = SimpleNamespace(path=f"/sweep/{trial_id}/checkpoint_000001")
+    from raymt.tune import EARLY_STOPPED
+
+    checkpoint = SimpleNamespace(path=f"{sweep}/{trial_id}/checkpoint_000001")
     return SimpleNamespace(
         metrics_dataframe=pd.DataFrame({"step": steps, "valid_bleu": bleus}),
         error=None,
         config={"base": {"train": {"max_steps": max_steps}}, "optim.lr": lr},
-        path=f"/sweep/{trial_id}",
-        metrics={"trial_id": trial_id, "time_total_s": seconds},
+        path=f"{sweep}/{trial_id}",
+        metrics={"trial_id": trial_id, "time_total_s": seconds, **({EARLY_STOPPED: True} if stopped else {})},
         get_best_checkpoint=lambda metric, mode: checkpoint,
     )
 
@@ -492,8 +551,8 @@ def test_the_table_says_stopped_and_what_early_stopping_saved(tmp_path, capsys):
     summary = summarize(
         [
             fake_result("t0", 2e-3, [100, 200, 300], [20, 50, 75], seconds=93.0),
-            fake_result("t1", 5e-4, [100], [5], seconds=30.0),
-            fake_result("t2", 1e-2, [100, 200], [40, 70], seconds=61.0),
+            fake_result("t1", 5e-4, [100], [5], seconds=30.0, stopped=True),
+            fake_result("t2", 1e-2, [100, 200], [40, 70], seconds=61.0, stopped=True),
         ],
         "valid_bleu",
         tmp_path,
@@ -520,6 +579,49 @@ def test_the_table_says_stopped_and_what_early_stopping_saved(tmp_path, capsys):
     assert "early stopping" not in capsys.readouterr().out
 
 
+def test_a_trial_that_ended_on_its_own_before_max_steps_is_completed(tmp_path):
+    """--epochs or train.max_minutes may end a trial below max_steps: the scheduler did not stop it."""
+    from raymt.tune import summarize
+
+    summary = summarize(
+        [
+            fake_result("t0", 2e-3, [100, 200], [20, 50]),  # its epochs ran out at step 200
+            fake_result("t1", 5e-4, [100], [5], stopped=True),
+        ],
+        "valid_bleu",
+        tmp_path,
+    )
+    assert [(r["trial"], r["step"], r["status"]) for r in summary["table"]] == [
+        ("t0", 200, "completed"),
+        ("t1", 100, "stopped"),
+    ]
+    assert summary["steps"] == {"saved": 200, "total": 600, "stopped": 1}
+
+
+def test_the_console_marks_what_the_scheduler_stopped(capsys):
+    """A result the scheduler stopped (Tune sets `done` on it) is marked in Tune's last result, which
+    summarize reads; a trial that ends on its own gets a completed line when Tune completes it."""
+    from types import SimpleNamespace
+
+    from raymt.tune import EARLY_STOPPED, progress
+
+    lines = progress(["optim.lr"], "valid_bleu", 300)
+    cut = SimpleNamespace(trial_id="t1", config={"optim.lr": 5e-4})
+    short = SimpleNamespace(trial_id="t2", config={"optim.lr": 1e-3})
+    stopped, last = {"step": 100, "valid_bleu": 5.0, "done": True}, {"step": 200, "valid_bleu": 20.0}
+    lines.on_trial_result(0, [], cut, stopped)
+    lines.on_trial_result(0, [], short, last)
+    short.last_result = last
+    lines.on_trial_complete(0, [], cut)  # already said stopped
+    lines.on_trial_complete(0, [], short)
+    assert stopped[EARLY_STOPPED] is True and EARLY_STOPPED not in last
+    assert capsys.readouterr().out.splitlines() == [
+        "trial t1  optim.lr=0.0005  step 100  valid_bleu 5.00  stopped",
+        "trial t2  optim.lr=0.001  step 200  valid_bleu 20.00  running",
+        "trial t2  optim.lr=0.001  step 200  valid_bleu 20.00  completed",
+    ]
+
+
 def test_one_console_line_per_trial_result(capsys):
     from types import SimpleNamespace
 
@@ -537,3 +639,79 @@ def test_one_console_line_per_trial_result(capsys):
         "trial t1  optim.lr=0.0005  step 300  valid_bleu 30.00  completed",
         "trial t1 failed: its traceback is in /sweep/t1/error.txt",
     ]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ([], "--searcher optuna needs a --search field to sample"),  # not the default --grid
+        (["--grid", "optim.lr=1e-3,2e-3"], "--searcher optuna cannot take --grid fields: use --search"),
+    ],
+)
+def test_optuna_without_search_fields_fails_before_ray(tmp_path, monkeypatch, err_lines, flags, message):
+    import raymt.tune
+
+    def no_ray(verbose):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr(raymt.tune, "connect", no_ray)
+    assert raymt.tune.main(["--searcher", "optuna", "--storage-path", str(tmp_path), *flags]) == 2
+    assert err_lines()[-1].startswith(f"raymt.tune: error: {message}")
+    assert not any(tmp_path.iterdir())
+
+
+class FakeTuner:
+    """ray.tune.Tuner without Ray: records where the sweep would run, `fit` returns one result."""
+
+    made: list = []
+
+    def __init__(self, trainable=None, param_space=None, tune_config=None, run_config=None, path=None):
+        self.param_space, self.run_config, self.path = param_space, run_config, path
+        FakeTuner.made.append(self)
+
+    @classmethod
+    def can_restore(cls, path):
+        return True
+
+    @classmethod
+    def restore(cls, path, trainable, **kw):
+        return cls(path=path)
+
+    def fit(self):
+        sweep = self.path or f"{self.run_config.storage_path}/{self.run_config.name}"
+        # Tune's checkpoint paths are the filesystem's own: bucket/key on S3.
+        return [fake_result("t0", 1e-3, [100], [9], sweep=sweep.removeprefix("s3://"))]
+
+
+def test_a_sweep_on_s3_keeps_its_files_there(s3_bucket, tmp_path, monkeypatch):
+    """--storage-path s3://...: the shared corpus, the trials and the results go to the bucket, not
+    to a local folder named `s3:`; a sweep there resumes from its URI."""
+    import uuid
+
+    import ray.tune
+
+    import raymt.tune
+    from raymt import storage
+    from raymt.config import Config, TrainConfig
+
+    prefix = f"{s3_bucket}/tune-{uuid.uuid4().hex[:8]}"
+    corpus_at = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(raymt.tune, "connect", lambda verbose: None)
+    monkeypatch.setattr(raymt.tune, "trial_resources", lambda cfg: (1.0, 1))
+    monkeypatch.setattr(raymt.tune, "shared_corpus", lambda cfg, where: corpus_at.append(where) or cfg)
+    monkeypatch.setattr(ray.tune, "Tuner", FakeTuner)
+    space = parse_space([], ["optim.lr=1e-3"])
+    cfg = Config(train=TrainConfig(storage_path=prefix))
+    summary = raymt.tune.run_sweep(cfg, space, scheduler="fifo", sweep_name="sw")
+    tuner = FakeTuner.made[-1]
+    assert corpus_at == [f"{prefix}/sw"]
+    assert (tuner.run_config.storage_path, tuner.run_config.name) == (prefix, "sw")
+    assert tuner.param_space["base"]["train"]["storage_path"] == f"{prefix}/sw/trials"
+    saved = json.loads(storage.read_bytes(f"{prefix}/sw/results.json"))
+    assert saved["sweep_dir"] == summary["sweep_dir"] == f"{prefix}/sw"
+    assert saved["best"]["checkpoint"] == f"{prefix}/sw/t0/checkpoint_000001"  # a URI raymt translate reads
+    assert storage.read_bytes(f"{prefix}/sw/results.csv").startswith(b"trial,optim.lr,step")
+    raymt.tune.run_sweep(cfg, space, scheduler="fifo", resume_dir=f"{prefix}/sw/")
+    assert FakeTuner.made[-1].path == f"{prefix}/sw"
+    assert list(tmp_path.iterdir()) == []  # no local s3:/... folder
