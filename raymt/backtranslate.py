@@ -368,10 +368,12 @@ def default_column(kind: str, column: Optional[str], src_lang: str) -> Optional[
 
 def check_columns(files: Sequence[InputFile], column: Optional[str], src_lang: str) -> None:
     """Parquet and Arrow files must hold the column as strings; a JSONL file's first object must have the key."""
+    from raymt.data.prepare import table_schema  # prepare's reader of the same inputs
+
     for f in files:
         col = default_column(f.kind, column, src_lang)
         if f.kind == "parquet":
-            schema = _table_schema(f.path)
+            schema = table_schema(f.path)  # a one-line error for a file that is not one
             if col not in schema.names:
                 raise ValueError(f"{f.path} has no column {col!r} (columns: {', '.join(schema.names)}): pass --column")
             if not pa.types.is_string(schema.field(col).type) and not pa.types.is_large_string(schema.field(col).type):
@@ -382,25 +384,6 @@ def check_columns(files: Sequence[InputFile], column: Optional[str], src_lang: s
                 raise ValueError(
                     f"{f.path}: the first object has no key {col!r} (keys: {', '.join(first) or 'none'}): pass --column"
                 )
-
-
-def _table_schema(path: str) -> pa.Schema:
-    """The schema of a Parquet or Arrow IPC (file or stream) file, with a one-line error."""
-    fs, fs_path = storage.filesystem(path)
-    try:
-        with fs.open_input_file(fs_path) as fh:
-            if path.lower().endswith(".parquet"):
-                return pq.read_schema(fh)
-            try:
-                return pa.ipc.open_file(fh).schema
-            except pa.ArrowInvalid:
-                fh.seek(0)
-                return pa.ipc.open_stream(fh).schema
-    except (OSError, pa.ArrowException) as err:
-        raise ValueError(
-            f"cannot read --input {path}: {first_line(err)}; check that the file is complete and "
-            "that its extension matches its format"
-        ) from None
 
 
 def _first_json(path: str) -> Optional[dict]:

@@ -37,6 +37,7 @@ class Plan:
     gpus: int  # per worker (0 or 1)
     num_threads: int  # torch threads per worker
     fits: int  # groups of this size the cluster runs at once (Tune's concurrent trials)
+    grew: bool = False  # the autoscaler was asked for room (`release_request` withdraws it)
 
     def resources(self) -> dict:
         """`resources_per_worker` of Ray Train's ScalingConfig."""
@@ -65,12 +66,12 @@ def plan(
     workers' bundles (`grow`); a fixed cluster, or 0 (the default), fails at once.
     `keep_cpus` overrides Ray Data's share (0 for a group that needs no Ray Data beside it).
     """
-    what = what or f"train.num_workers={num}"
+    what, grew = what or f"train.num_workers={num}", False
     if total is None:
         cluster = cluster or RayCluster()
         total = cluster.resources()
         if grow_timeout_s > 0 and _short(num, use_gpu, cpus_each, total) and cluster.can_grow():
-            total = grow(cluster, num, use_gpu, cpus_each, grow_timeout_s, what, fix)
+            total, grew = grow(cluster, num, use_gpu, cpus_each, grow_timeout_s, what, fix), True
     num_cpus, num_gpus = total.get("CPU", 0), total.get("GPU", 0)
     if use_gpu and num > num_gpus:
         raise ValueError(f"{what} with --gpu needs {num} GPUs; the cluster has {num_gpus:g}: {fix} or drop --gpu")
@@ -84,7 +85,7 @@ def plan(
         has = f"'s {num_cpus:g} CPUs leave {budget:g} after Ray Data's share" if kept else f" has {num_cpus:g} CPUs"
         raise ValueError(f"{what} x {cpus:g} CPUs needs {cpus * num:g} CPUs but the cluster{has}: {fix}")
     fits = int(num_gpus // num) if use_gpu else int(budget // (num * cpus))
-    return Plan(cpus=cpus, gpus=1 if use_gpu else 0, num_threads=max(1, int(cpus)), fits=max(1, fits))
+    return Plan(cpus=cpus, gpus=1 if use_gpu else 0, num_threads=max(1, int(cpus)), fits=max(1, fits), grew=grew)
 
 
 def _short(num: int, use_gpu: bool, cpus_each: Optional[float], total: dict) -> bool:

@@ -331,10 +331,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError as err:
         print(f"raymt.evaluate: error: {err}", file=sys.stderr)
         return 2
+    planned = None
     try:
         args.num_actors = args.num_actors or default_actors(args.gpu)
         # one line if they cannot all be placed (an autoscaling cluster grows first, as for training)
-        actor_plan(args.num_actors, args.gpu, args.cpus_per_actor, grow_timeout_s=args.autoscale_timeout)
+        planned = actor_plan(args.num_actors, args.gpu, args.cpus_per_actor, grow_timeout_s=args.autoscale_timeout)
         t0 = time.time()
         results = translate_on_cluster(
             args.checkpoint,
@@ -351,7 +352,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"raymt.evaluate: error: {err}", file=sys.stderr)
         return 2
     finally:
-        release_request()  # nodes the plan asked for may go when idle
+        if planned is not None and planned.grew:
+            release_request()  # nodes the plan asked for may go when idle
         if started:
             import ray
 

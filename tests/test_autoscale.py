@@ -237,7 +237,8 @@ def test_evaluate_asks_an_autoscaling_cluster_for_its_gpu_actors(monkeypatch):
     cluster = FakeCluster()
     monkeypatch.setattr(cluster_module, "RayCluster", lambda: cluster)
     timeout = evaluate.parse_args(["--checkpoint", "c", "--test", "t", "--gpu"]).autoscale_timeout
-    assert timeout == 900 and evaluate.actor_plan(8, True, None, grow_timeout_s=timeout).gpus == 1
+    planned = evaluate.actor_plan(8, True, None, grow_timeout_s=timeout)
+    assert timeout == 900 and planned.gpus == 1 and planned.grew
     assert cluster.requests == [[{"CPU": 1.0, "GPU": 1.0}] * 8]
     release_request()
     assert cluster.requests[-1] == []

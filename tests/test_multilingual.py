@@ -151,7 +151,7 @@ def test_validation_scores_each_pair_and_averages_them(prepared):
     torch.manual_seed(0)
     loop = WorkerLoop.__new__(WorkerLoop)
     loop.model = build_model(tiny(), tokenizer.vocab_size).eval()
-    loop.tokenizer, loop.collective = tokenizer, Collective()
+    loop.tokenizer, loop.collective, loop.run_cfg = tokenizer, Collective(), cfg
     loop.autocast = lambda: torch.autocast("cpu", enabled=False)
     loop.opts = apply_overrides(cfg, {"decode.beam": 1, "decode.max_len_a": 0.0, "decode.max_len_b": 3}).decode
     tags = pair_tags(run_data.corpus, corpora)

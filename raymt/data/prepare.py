@@ -288,7 +288,7 @@ def _file_info(uri: str) -> dict:
     return {"path": uri if "://" in uri else path, "size": info.size, "mtime_ns": info.mtime_ns}
 
 
-def _schema(uri: str) -> pa.Schema:
+def table_schema(uri: str) -> pa.Schema:
     """The schema of a Parquet or Arrow IPC file, read without its data."""
     fs, path = filesystem(uri)
     try:
@@ -307,7 +307,7 @@ def _schema(uri: str) -> pa.Schema:
 
 def _check_columns(uri: str, columns: tuple[str, str]) -> None:
     """Parquet/Arrow files must have both named columns, as strings."""
-    schema = _schema(uri)
+    schema = table_schema(uri)
     for col, flag in zip(columns, ("--src-col", "--tgt-col")):
         if col not in schema.names:
             raise InputError(
