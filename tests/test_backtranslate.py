@@ -411,9 +411,10 @@ def test_ctranslate2_engine_and_sampling(ray_cluster, checkpoint, tmp_path, monk
         table = shards(out)
         assert table.column("line_id").to_pylist() == list(range(30))
         assert table.column("input").to_pylist() == lines
-        # A random model may end a translation at once; only the empty line has no score.
+        # A random model may end a translation at once; only the empty line has no score. How
+        # often depends on the CPU's kernels (CTranslate2 int8: 14 of 30 on an AVX2-only EPYC).
         assert untranslated(table) == {2} and table.column("output")[2].as_py() == ""
-        assert sum(bool(o) for o in table.column("output").to_pylist()) >= 15
+        assert sum(bool(o) for o in table.column("output").to_pylist()) >= 10
         info = json.loads((out / "bt.json").read_text())
         assert info["counts"] == {"translated": 29, "empty": 1, "invalid": 0}
         assert info["engine"] == ("ctranslate2" if name == "auto" else "raymt") and info["done"]
