@@ -55,6 +55,7 @@ def plan(
     grow_timeout_s: float = 0.0,
     cluster: Optional["RayCluster"] = None,
     keep_cpus: Optional[float] = None,
+    timeout_name: str = "train.autoscale_timeout_s",
 ) -> Plan:
     """Resources for `num` workers beside Ray Data's CPU; a one-line ValueError if they do not fit.
 
@@ -71,7 +72,8 @@ def plan(
         cluster = cluster or RayCluster()
         total = cluster.resources()
         if grow_timeout_s > 0 and _short(num, use_gpu, cpus_each, total) and cluster.can_grow():
-            total, grew = grow(cluster, num, use_gpu, cpus_each, grow_timeout_s, what, fix), True
+            total = grow(cluster, num, use_gpu, cpus_each, grow_timeout_s, what, fix, timeout_name)
+            grew = True
     num_cpus, num_gpus = total.get("CPU", 0), total.get("GPU", 0)
     if use_gpu and num > num_gpus:
         raise ValueError(f"{what} with --gpu needs {num} GPUs; the cluster has {num_gpus:g}: {fix} or drop --gpu")
@@ -171,7 +173,14 @@ def _minutes(seconds: float) -> str:
 
 
 def grow(
-    cluster: RayCluster, num: int, use_gpu: bool, cpus_each: Optional[float], timeout_s: float, what: str, fix: str
+    cluster: RayCluster,
+    num: int,
+    use_gpu: bool,
+    cpus_each: Optional[float],
+    timeout_s: float,
+    what: str,
+    fix: str,
+    timeout_name: str = "train.autoscale_timeout_s",
 ) -> dict:
     """Ask the autoscaler for `num` workers' bundles and wait until they are up; the new totals.
 
@@ -193,13 +202,13 @@ def grow(
         if elapsed >= timeout_s:
             raise ValueError(
                 f"{what}: the autoscaler brought {have:g}/{need:g} {unit}s up in "
-                f"{_minutes(timeout_s)} (train.autoscale_timeout_s): check the node types' "
-                f"max_workers and the cloud's quota, raise train.autoscale_timeout_s, or {fix}"
+                f"{_minutes(timeout_s)} ({timeout_name}): check the node types' "
+                f"max_workers and the cloud's quota, raise {timeout_name}, or {fix}"
             )
         if printed is None or elapsed - printed >= GROW_PRINT_S:
             print(
                 f"waiting for the autoscaler: {have:g}/{need:g} {unit}s up, {_minutes(elapsed)} of at "
-                f"most {_minutes(timeout_s)} (train.autoscale_timeout_s)",
+                f"most {_minutes(timeout_s)} ({timeout_name})",
                 flush=True,
             )
             printed = elapsed

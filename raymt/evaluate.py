@@ -184,6 +184,7 @@ def actor_plan(
         fix="lower --num-actors or --cpus-per-actor",
         keep_cpus=keep_cpus,
         grow_timeout_s=grow_timeout_s,
+        timeout_name="--autoscale-timeout",
     )
 
 

@@ -185,6 +185,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     try:
         written = plot_runs(args.runs, args.out)
+    except OSError as err:  # an --out that cannot be written
+        print(f"raymt.plot: error: cannot write the plots to {args.out}: {err.strerror or err}", file=sys.stderr)
+        return 2
     except ValueError as err:
         print(f"raymt.plot: error: {err}", file=sys.stderr)
         return 2

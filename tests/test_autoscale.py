@@ -229,7 +229,7 @@ def test_docs_cluster_flow_against_rays_fake_autoscaler(tmp_path):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def test_evaluate_asks_an_autoscaling_cluster_for_its_gpu_actors(monkeypatch):
+def test_evaluate_asks_an_autoscaling_cluster_for_its_gpu_actors(monkeypatch, capsys):
     """docs/cluster.md's step 6: `raymt evaluate --gpu --num-actors 8` once training's nodes are gone."""
     from raymt import cluster as cluster_module
     from raymt import evaluate
@@ -239,6 +239,7 @@ def test_evaluate_asks_an_autoscaling_cluster_for_its_gpu_actors(monkeypatch):
     timeout = evaluate.parse_args(["--checkpoint", "c", "--test", "t", "--gpu"]).autoscale_timeout
     planned = evaluate.actor_plan(8, True, None, grow_timeout_s=timeout)
     assert timeout == 900 and planned.gpus == 1 and planned.grew
+    assert "of at most 15:00 (--autoscale-timeout)" in capsys.readouterr().out  # evaluate's own flag
     assert cluster.requests == [[{"CPU": 1.0, "GPU": 1.0}] * 8]
     release_request()
     assert cluster.requests[-1] == []

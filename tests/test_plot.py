@@ -107,6 +107,14 @@ def test_a_run_without_metrics_is_a_one_line_error(tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith("raymt.plot: error:") and "raymt.train" in err
 
 
+def test_an_out_that_cannot_be_written_is_a_one_line_error(tmp_path, capsys):
+    run = write_run(tmp_path, "run-a")
+    (tmp_path / "a-file").write_text("")
+    assert plot.main([str(run), "--out", str(tmp_path / "a-file" / "plots")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("raymt.plot: error: cannot write the plots to"), err
+
+
 def test_after_training_never_raises(tmp_path, capsys):
     assert plot.after_training(tmp_path / "no-such-run") is None
     assert capsys.readouterr().err.count("\n") == 1
