@@ -771,10 +771,15 @@ def table_rows(parts: dict, cpu: bool) -> list[tuple[str, str, str, str, str]]:
             f"{flop_rate(measured / 1e12)} (measured)" if measured else mm.get("error", "n/a"),
         ),
     ]
-    # FLOPs per token: the plain part's, over exactly the timed steps of every run (the same
-    # batches); else the ray runs' own estimates.
-    exact = parts.get("plain", {}).get("flops_per_token")
-    flops = {run: exact or parts.get(run, {}).get("flops_per_token") for run in RUNS}
+    # FLOPs per token: the plain part's, over exactly the timed steps of the runs that cut the
+    # same batches (the ray run's padding); else each run's own estimate (on a CPU the compiled
+    # run pads to the shape ladder: 28% more FLOPs per target token than the others).
+    exact, same_pad = parts.get("plain", {}).get("flops_per_token"), parts.get("ray", {}).get("pad_multiple")
+    flops = {
+        run: (exact if parts.get(run, {}).get("pad_multiple", same_pad) == same_pad else None)
+        or parts.get(run, {}).get("flops_per_token")
+        for run in RUNS
+    }
     for run in ("ray", "compiled"):
         p = parts.get(run, {})
         if p.get("max_tokens"):

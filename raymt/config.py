@@ -244,6 +244,14 @@ class DataConfig(CorpusOptions):
     # --bt and --pairs flags); replaces src_lang/tgt_lang/train/valid/test. Empty: one pair.
     corpora: list[CorpusSpec] = field(default_factory=list)
 
+    def widest(self) -> int:
+        """The widest batch: a pair of data.max_len with its EOS (or BOS), padded to data.pad_multiple."""
+        return -(-(self.max_len + 1) // self.pad_multiple) * self.pad_multiple
+
+    def min_max_tokens(self) -> int:
+        """The smallest data.max_tokens that holds one pair of data.max_len (never below max_len + 2)."""
+        return max(self.max_len + 2, self.widest())
+
     def __post_init__(self) -> None:
         _check(
             self.src_lang != self.tgt_lang,
@@ -267,9 +275,9 @@ class DataConfig(CorpusOptions):
                 f"data.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. {(self.vocab_size + 7) // 8 * 8})",
             )
         _check(
-            self.max_tokens >= self.max_len + 2,
-            f"data.max_tokens={self.max_tokens} must be at least data.max_len + 2 = "
-            f"{self.max_len + 2} so that every kept sentence fits in a batch",
+            self.max_tokens >= self.min_max_tokens(),
+            f"data.max_tokens={self.max_tokens} must be at least {self.min_max_tokens()} so that every kept "
+            f"sentence fits in a batch (data.max_len + 2, and its padded width at data.pad_multiple)",
         )
         _check(
             self.shape_buckets == 0 or self.shape_buckets >= 2,
@@ -692,7 +700,7 @@ def _parse_value(raw: str, tp: Any, key: str) -> Any:
 def check_training(cfg: Config) -> None:
     """Checks across sections of a training run's config, once every override is in (a config
     file may leave a field to a flag: grad_compression to --gpu)."""
-    width = -(-(cfg.data.max_len + 1) // cfg.data.pad_multiple) * cfg.data.pad_multiple  # the widest batch
+    width = cfg.data.widest()
     _check(
         width <= cfg.model.max_positions,
         f"data.max_len={cfg.data.max_len} makes batches {width} positions wide but model.max_positions="

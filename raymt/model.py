@@ -93,6 +93,10 @@ class Attention(nn.Module):
                     k = torch.cat([cache["k"], k], dim=2)
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
+        if is_causal and cache is not None and k.size(2) > t:
+            # T new queries after cached keys: query i sees keys up to L + i (is_causal would align
+            # the mask top-left, hiding cached keys from the later queries). (T, L + T)
+            mask, is_causal = torch.ones(t, k.size(2), dtype=torch.bool, device=q.device).tril(k.size(2) - t), False
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0
         )

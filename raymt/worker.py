@@ -468,12 +468,12 @@ def batching_changes(saved: Optional[dict], cfg: DataConfig) -> str:
 
 def out_of_memory_hint(step: int, cfg: Config, gpu_bytes: Optional[int]) -> str:
     """The one line a CUDA out-of-memory in training step `step` becomes: the token budget to try."""
-    max_tokens, update_freq, smallest = cfg.data.max_tokens, cfg.optim.update_freq, cfg.data.max_len + 2
+    max_tokens, update_freq, smallest = cfg.data.max_tokens, cfg.optim.update_freq, cfg.data.min_max_tokens()
     gpu = f" (GPU {gpu_bytes / 2**30:.0f} GiB)" if gpu_bytes else ""
     where = f"CUDA out of memory at step {step} with data.max_tokens={max_tokens} per worker{gpu}"
     if max_tokens // 2 < smallest:  # config.py's lower bound: one pair of data.max_len must fit
         return (
-            f"{where}: data.max_tokens cannot go below data.max_len + 2 = {smallest}; lower "
+            f"{where}: data.max_tokens cannot go below {smallest} (data.max_len's padded pair); lower "
             "data.max_len (longer pairs are dropped) or train a smaller model"
         )
     return (

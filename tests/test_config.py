@@ -102,6 +102,8 @@ def test_bad_preset_and_set_syntax():
         (["--train", "/nonexistent/corpus", "--valid", "/nonexistent/val"], "missing file /nonexistent/corpus.en"),
         # would die inside a worker at the first pair longer than 127 tokens, maybe hours in
         (["--set", "model.max_positions=128"], "data.max_len=200 makes batches 201 positions wide"),
+        # one 200-token pair padded to a multiple of 8 is 208 wide: 202 tokens would overflow the budget
+        (["--set", "data.max_tokens=202", "--set", "data.pad_multiple=8"], "data.max_tokens=202 must be at least 208"),
         # torch refuses the bf16 hook on gloo: a traceback from every worker
         (["--set", "train.grad_compression=true"], "add --gpu, or leave it false for CPU workers"),
     ],

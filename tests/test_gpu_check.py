@@ -133,6 +133,18 @@ def test_unknown_card_has_no_peak_and_says_so():
     assert cells[("mfu", "ray")][3:] == ("n/a", "20.0%")  # 3e13 / 150e12
 
 
+def test_a_run_with_other_padding_keeps_its_own_flops():
+    """On a CPU the compiled run pads to the shape ladder: the plain run's FLOPs are not its FLOPs."""
+    parts = {
+        "matmul": {"gpu": "cpu", "card": None, "peak_tflops": None, "dtype": "fp32", "matmul_tflops": 1.0, "n": 512},
+        "ray": {"tokens_per_s": 1e6, "flops_per_token": 4.0e5, "pad_multiple": 1},
+        "plain": {"tokens_per_s": 1e6, "flops_per_token": 4.2e5},
+        "compiled": {"tokens_per_s": 1e6, "flops_per_token": 5.1e5, "pad_multiple": 8},
+    }
+    cells = {(r[0], r[1]): r for r in gpu_check.table_rows(parts, cpu=True)}
+    assert cells[("mfu", "ray")][4] == "42.0%" and cells[("mfu", "compiled")][4] == "51.0%"  # of 1 TFLOP/s
+
+
 def test_gpu_table_from_fake_parts():
     """The figures a GPU run would give, as the table shows them."""
     parts = {

@@ -42,6 +42,17 @@ def test_source_padding_does_not_change_outputs(tiny_model):
         torch.testing.assert_close(tiny_model(src, tgt), tiny_model(padded, tgt), atol=1e-5, rtol=1e-5)
 
 
+def test_several_new_tokens_after_a_cache_decode_as_the_full_sequence(tiny_model):
+    """A forced prefix or a draft of tokens passed at once after cached ones: the same logits."""
+    src, tgt = mixed_batch([6, 4]), mixed_batch([7, 7], seed=3)
+    with torch.no_grad():
+        memory, src_mask = tiny_model.encode(src)
+        full = tiny_model.decode(tgt, memory, src_mask)
+        cache = tiny_model.new_cache()
+        parts = [tiny_model.decode(tgt[:, a:b], memory, src_mask, cache) for a, b in ((0, 1), (1, 4), (4, 5), (5, 7))]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
 def test_one_tied_embedding_matrix():
     model = Transformer(tiny(), vocab_size=72)
     vocab_shaped = [n for n, p in model.named_parameters() if 72 in p.shape]

@@ -211,7 +211,7 @@ def test_cuda_out_of_memory_in_a_step_becomes_one_line_naming_max_tokens(monkeyp
         "CUDA out of memory at step 8 with data.max_tokens=4096 per worker (GPU 24 GiB): retry"
     )
     floor = apply_overrides(cfg, {"data.max_len": 200, "data.max_tokens": 300})
-    assert "cannot go below data.max_len + 2 = 202" in out_of_memory_hint(3, floor, None)
+    assert "cannot go below 202 (data.max_len's padded pair)" in out_of_memory_hint(3, floor, None)
 
     monkeypatch.setattr("raymt.worker.evaluate", out_of_memory)  # validation: its own budget
     with pytest.raises(
