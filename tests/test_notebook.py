@@ -9,6 +9,10 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(600)
 
 
+# ~70-85 s on an AVX2-only 2-core box, the default suite's largest share after the GPU check's CPU
+# form: CI runs it after the default suite (`-m ci`), which then stays under 8 minutes there.
+@pytest.mark.slow
+@pytest.mark.ci
 def test_quickstart_notebook_executes(tmp_path, monkeypatch, ray_address):
     import matplotlib.image
     import nbformat
