@@ -39,6 +39,16 @@ def small_config(**train) -> Config:
     return cfg
 
 
+def trained(cfg: Config, num_steps: int) -> tuple:
+    """(model, optimizer, scheduler, saved optimizer and scheduler state) after `num_steps` updates."""
+    torch.manual_seed(0)
+    model, optimizer, scheduler = restore_training(build_model(cfg.model, VOCAB), cfg, None, None, lambda m: m)
+    for batch in batches(num_steps):
+        train_step(model, optimizer, [batch], batch.num_tokens, cfg)
+        scheduler.step()
+    return model, optimizer, scheduler, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+
+
 def test_restored_optimizer_state_lives_on_the_parameters_device():
     """The worker's order: weights, then the device (`place`), then the optimizer and its state.
 
@@ -47,12 +57,7 @@ def test_restored_optimizer_state_lives_on_the_parameters_device():
     CPU and a GPU resume crashes in fused AdamW ("exp_avgs is on cpu").
     """
     cfg = small_config()
-    torch.manual_seed(0)
-    model, optimizer, scheduler = restore_training(build_model(cfg.model, VOCAB), cfg, None, None, lambda m: m)
-    for batch in batches(2):
-        train_step(model, optimizer, [batch], batch.num_tokens, cfg)
-        scheduler.step()
-    saved = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    model, optimizer, scheduler, saved = trained(cfg, 2)
 
     placed = []
 
@@ -85,12 +90,7 @@ def test_a_resume_trains_with_the_configs_learning_rate_at_the_restored_point():
     """`--resume RUN --set optim.lr=...` (the non-finite error's advice) takes the new peak at the
     saved step of the schedule; an unchanged config restores exactly what was saved."""
     cfg = small_config()
-    torch.manual_seed(0)
-    model, optimizer, scheduler = restore_training(build_model(cfg.model, VOCAB), cfg, None, None, lambda m: m)
-    for batch in batches(3):
-        train_step(model, optimizer, [batch], batch.num_tokens, cfg)
-        scheduler.step()
-    saved = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    model, optimizer, scheduler, saved = trained(cfg, 3)
     weights, lr_then = model.state_dict(), optimizer.param_groups[0]["lr"]
     _, same, _ = restore_training(build_model(cfg.model, VOCAB), cfg, weights, saved, lambda m: m)
     assert same.param_groups[0]["lr"] == lr_then
