@@ -64,8 +64,8 @@ from raymt.cluster import check_ray_address, init_ray
 from raymt.config import BT_FORMATS, BacktranslateConfig, Config, DecodeOptions
 from raymt.data.inputs import decode_tags
 from raymt.data.text import COMPRESSED, open_binary
+from raymt.errors import InputError, first_line, user_error
 from raymt.export import CT2_RAYMT_CONFIG
-from raymt.storage import InputError, first_line
 from raymt.tokenizer import EOS_ID, Tokenizer
 from raymt.translate import decode_options
 
@@ -1125,9 +1125,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             run_on_cluster(job, progress)
         except Exception as err:  # noqa: BLE001 - a reader's one-line error inside Ray's wrapping
-            from raymt.data.prepare import _user_error
-
-            user = _user_error(err) if not isinstance(err, ValueError) else err
+            user = user_error(err) if not isinstance(err, ValueError) else err
             if user is None:
                 raise
             print(f"raymt.backtranslate: error: {user}", file=sys.stderr)

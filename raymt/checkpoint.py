@@ -22,6 +22,7 @@ import torch
 from raymt import storage
 from raymt.config import Config
 from raymt.data.inputs import decode_tags
+from raymt.errors import first_line
 from raymt.model import Transformer, build_model
 from raymt.tokenizer import Tokenizer
 
@@ -176,12 +177,6 @@ def default_src_lang(languages: dict, tgt_lang: str) -> str:
     return sources[0]
 
 
-def _first_line(err: Exception) -> str:
-    """The first line of an exception's message (its type name when the message is empty)."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def _torch_load(path: Path) -> Any:
     """Weights-only load with a one-line error for missing or corrupt files."""
     if not path.is_file():
@@ -195,7 +190,7 @@ def _torch_load(path: Path) -> Any:
                 f"refusing to load {path}: it would run {code.group(1)} while unpickling; "
                 "raymt weights hold tensors only, so the file is corrupt or malicious"
             ) from None
-        raise ValueError(f"cannot load {path}: corrupt, truncated or not weights-only ({_first_line(err)})") from None
+        raise ValueError(f"cannot load {path}: corrupt, truncated or not weights-only ({first_line(err)})") from None
 
 
 def local_checkpoint(directory: str | Path) -> Path:
@@ -270,7 +265,7 @@ def _safetensors_load(path: Path) -> dict:
     try:
         return load_file(str(path), device="cpu")
     except Exception as err:  # header or size mismatch, truncated file, ...
-        raise ValueError(f"cannot load {path}: corrupt or truncated safetensors file ({_first_line(err)})") from None
+        raise ValueError(f"cannot load {path}: corrupt or truncated safetensors file ({first_line(err)})") from None
 
 
 def load_weights(directory: str | Path) -> dict:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Optional
 
+from raymt.errors import check
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli package
@@ -23,17 +25,11 @@ SP_MODEL_TYPES = ("unigram", "bpe")
 BUILTIN_LANGS = ("en", "de", "fr", "es")
 
 
-def _check(ok: bool, message: str) -> None:
-    """Raise a one-line ValueError for a user mistake when `ok` is false."""
-    if not ok:
-        raise ValueError(message)
-
-
 def _positive(obj: Any, section: str, *names: str) -> None:
     """Check that each named numeric field of `obj` is > 0."""
     for name in names:
         value = getattr(obj, name)
-        _check(value > 0, f"{section}.{name}={value!r} must be > 0")
+        check(value > 0, f"{section}.{name}={value!r} must be > 0")
 
 
 @dataclass
@@ -56,15 +52,15 @@ class ModelConfig:
         _positive(
             self, "model", "d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers", "max_positions"
         )
-        _check(
+        check(
             self.d_model % self.num_heads == 0,
             f"model.d_model={self.d_model} must be divisible by model.num_heads={self.num_heads}",
         )
-        _check(self.d_model % 2 == 0, f"model.d_model={self.d_model} must be even (sinusoidal positions)")
+        check(self.d_model % 2 == 0, f"model.d_model={self.d_model} must be even (sinusoidal positions)")
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
-            _check(0.0 <= value < 1.0, f"model.{name}={value!r} must be in [0, 1)")
-        _check(
+            check(0.0 <= value < 1.0, f"model.{name}={value!r} must be in [0, 1)")
+        check(
             self.activation in ACTIVATIONS,
             f"model.activation={self.activation!r} must be one of {', '.join(ACTIVATIONS)}",
         )
@@ -78,7 +74,7 @@ ORIGINS = ("real", "bt")
 def _check_lang(lang: Any, where: str) -> None:
     """A language code of a corpus or tag: letters, digits or '_'. Not '-': pairs are named
     "SRC-TGT" (metrics columns, manifests, tags), which a code with '-' would make ambiguous."""
-    _check(
+    check(
         isinstance(lang, str) and bool(lang) and lang.replace("_", "").isalnum(),
         f"{where}={lang!r} must be a language code of letters, digits or '_' such as en or pt_BR "
         "(not pt-BR: '-' separates a pair's two languages)",
@@ -106,27 +102,27 @@ class CorpusSpec:
         where = f"corpus {self.src_lang}-{self.tgt_lang}"
         _check_lang(self.src_lang, f"{where}: src_lang")
         _check_lang(self.tgt_lang, f"{where}: tgt_lang")
-        _check(
+        check(
             self.src_lang != self.tgt_lang,
             f"{where}: src_lang and tgt_lang are both {self.src_lang!r}: pick two languages",
         )
-        _check(self.origin in ORIGINS, f"{where}: origin={self.origin!r} must be one of {', '.join(ORIGINS)}")
-        _check(
+        check(self.origin in ORIGINS, f"{where}: origin={self.origin!r} must be one of {', '.join(ORIGINS)}")
+        check(
             isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0,
             f"{where}: weight={self.weight!r} must be a number > 0",
         )
         # Tables and flags may give one string or a list; the spec holds tuples.
         object.__setattr__(self, "train", _paths(self.train, f"{where}: train"))
         object.__setattr__(self, "test", _paths(self.test, f"{where}: test"))
-        _check(
+        check(
             self.valid is None or (isinstance(self.valid, str) and bool(self.valid)),
             f"{where}: valid={self.valid!r} must be a prefix or file",
         )
-        _check(
+        check(
             self.origin == "real" or bool(self.train),
             f"{where}: a back-translated corpus needs files: pass --bt {self.pair}:PATH",
         )
-        _check(
+        check(
             len(set(self.train)) == len(self.train),
             f"{where}: a file is listed twice in train={list(self.train)}: list each once",
         )
@@ -150,7 +146,7 @@ class CorpusSpec:
 def _paths(value: Any, where: str) -> tuple[str, ...]:
     """A tuple of non-empty strings from one string or a list of them."""
     items = (value,) if isinstance(value, str) else value
-    _check(
+    check(
         isinstance(items, (list, tuple)) and all(isinstance(v, str) and v for v in items),
         f"{where}={value!r} must be a path or a list of paths",
     )
@@ -188,16 +184,16 @@ class CorpusOptions:
     def check_corpus_options(self, section: str) -> None:
         """Validate the shared fields; messages name them as `section.field`."""
         _positive(self, section, "sp_sample_size", "max_len", "max_chars")
-        _check(
+        check(
             isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0,
             f"{section}.temperature={self.temperature!r} must be a number > 0 (1 = proportional, 5 flatter)",
         )
-        _check(
+        check(
             self.sp_model_type in SP_MODEL_TYPES,
             f"{section}.sp_model_type={self.sp_model_type!r} must be one of {', '.join(SP_MODEL_TYPES)}",
         )
-        _check(self.max_ratio >= 1.0, f"{section}.max_ratio={self.max_ratio!r} must be >= 1")
-        _check(self.ratio_min_len >= 1, f"{section}.ratio_min_len={self.ratio_min_len} must be >= 1")
+        check(self.max_ratio >= 1.0, f"{section}.max_ratio={self.max_ratio!r} must be >= 1")
+        check(self.ratio_min_len >= 1, f"{section}.ratio_min_len={self.ratio_min_len} must be >= 1")
 
 
 @dataclass
@@ -253,7 +249,7 @@ class DataConfig(CorpusOptions):
         return max(self.max_len + 2, self.widest())
 
     def __post_init__(self) -> None:
-        _check(
+        check(
             self.src_lang != self.tgt_lang,
             f"data.src_lang and data.tgt_lang are both {self.src_lang!r}: pick two languages",
         )
@@ -270,22 +266,22 @@ class DataConfig(CorpusOptions):
         )
         if self.vocab_size is not None:
             _positive(self, "data", "vocab_size")
-            _check(
+            check(
                 self.vocab_size % 8 == 0,
                 f"data.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. {(self.vocab_size + 7) // 8 * 8})",
             )
-        _check(
+        check(
             self.max_tokens >= self.min_max_tokens(),
             f"data.max_tokens={self.max_tokens} must be at least {self.min_max_tokens()} so that every kept "
             f"sentence fits in a batch (data.max_len + 2, and its padded width at data.pad_multiple)",
         )
-        _check(
+        check(
             self.shape_buckets == 0 or self.shape_buckets >= 2,
             f"data.shape_buckets={self.shape_buckets} must be 0 (free shapes) or at least 2 "
             f"(a ladder from data.pad_multiple to data.max_len + 1; GPU runs get {GPU_SHAPE_BUCKETS})",
         )
-        _check(self.shuffle_buffer_rows >= 0, f"data.shuffle_buffer_rows={self.shuffle_buffer_rows} must be >= 0")
-        _check(
+        check(self.shuffle_buffer_rows >= 0, f"data.shuffle_buffer_rows={self.shuffle_buffer_rows} must be >= 0")
+        check(
             self.corpus is None or self.train is None,
             "data.corpus and data.train are both set: train either on a prepared corpus "
             "(--corpus) or on text files (--train)",
@@ -294,20 +290,20 @@ class DataConfig(CorpusOptions):
             self._check_corpora()
         elif self.corpus is None and self.train is None:  # a corpus brings its own languages
             for lang in (self.src_lang, self.tgt_lang):
-                _check(
+                check(
                     lang in BUILTIN_LANGS,
                     f"language {lang!r} is not in the built-in corpus ({', '.join(BUILTIN_LANGS)});"
                     f" pass --train/--valid files for other languages",
                 )
         elif self.train is not None:
-            _check(self.valid is not None, "--train is set but --valid is not: pass a validation file prefix")
+            check(self.valid is not None, "--train is set but --valid is not: pass a validation file prefix")
 
     def _check_corpora(self) -> None:
         """data.corpora: tables become CorpusSpecs, checked together (raymt.data.inputs); the
         single-pair fields that they replace must be unset."""
         from raymt.data.inputs import check_corpora, corpora_from_tables
 
-        _check(
+        check(
             isinstance(self.corpora, list),
             f"data.corpora={self.corpora!r} must be a list of tables ([[data.corpora]] in TOML)",
         )
@@ -317,7 +313,7 @@ class DataConfig(CorpusOptions):
             given = [dataclasses.asdict(c) if isinstance(c, CorpusSpec) else c for c in self.corpora]
             self.corpora = corpora_from_tables(given)
         for name in ("corpus", "train", "valid", "test"):
-            _check(
+            check(
                 getattr(self, name) is None,
                 f"data.corpora and data.{name} are both set: give every corpus and its valid/test "
                 f"sets in data.corpora (--train/--valid/--test SRC-TGT:SPEC), or drop data.corpora",
@@ -354,9 +350,9 @@ class OptimConfig:
         _positive(self, "optim", "lr", "warmup_steps", "eps", "update_freq")
         for name in ("beta1", "beta2", "label_smoothing"):
             value = getattr(self, name)
-            _check(0.0 <= value < 1.0, f"optim.{name}={value!r} must be in [0, 1)")
-        _check(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay!r} must be >= 0")
-        _check(self.clip_norm >= 0, f"optim.clip_norm={self.clip_norm!r} must be >= 0 (0 = off)")
+            check(0.0 <= value < 1.0, f"optim.{name}={value!r} must be in [0, 1)")
+        check(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay!r} must be >= 0")
+        check(self.clip_norm >= 0, f"optim.clip_norm={self.clip_norm!r} must be >= 0 (0 = off)")
 
 
 @dataclass
@@ -427,18 +423,18 @@ class TrainConfig:
         for name in ("cpus_per_worker", "max_minutes"):
             if getattr(self, name) is not None:
                 _positive(self, "train", name)
-        _check(self.max_nonfinite_steps >= 0, f"train.max_nonfinite_steps={self.max_nonfinite_steps} must be >= 0")
+        check(self.max_nonfinite_steps >= 0, f"train.max_nonfinite_steps={self.max_nonfinite_steps} must be >= 0")
         if self.min_workers is not None:
-            _check(
+            check(
                 1 <= self.min_workers <= self.num_workers,
                 f"train.min_workers={self.min_workers} must be between 1 and train.num_workers="
                 f"{self.num_workers} (or unset for a fixed group)",
             )
-        _check(self.resize_interval_s >= 0, f"train.resize_interval_s={self.resize_interval_s} must be >= 0")
-        _check(self.max_failures >= -1, f"train.max_failures={self.max_failures} must be >= -1")
-        _check(self.ddp_bucket_mb > 0, f"train.ddp_bucket_mb={self.ddp_bucket_mb} must be > 0")
-        _check(self.profile_steps >= 0, f"train.profile_steps={self.profile_steps} must be >= 0 (0 = off)")
-        _check(
+        check(self.resize_interval_s >= 0, f"train.resize_interval_s={self.resize_interval_s} must be >= 0")
+        check(self.max_failures >= -1, f"train.max_failures={self.max_failures} must be >= -1")
+        check(self.ddp_bucket_mb > 0, f"train.ddp_bucket_mb={self.ddp_bucket_mb} must be > 0")
+        check(self.profile_steps >= 0, f"train.profile_steps={self.profile_steps} must be >= 0 (0 = off)")
+        check(
             self.autoscale_timeout_s >= 0,
             f"train.autoscale_timeout_s={self.autoscale_timeout_s} must be >= 0 (0 = never wait)",
         )
@@ -463,15 +459,15 @@ class DecodeOptions:
     seed: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _check(self.beam >= 1, f"beam={self.beam} must be >= 1 (1 = greedy)")
-        _check(self.length_penalty >= 0, f"length_penalty={self.length_penalty} must be >= 0")
-        _check(self.max_len_a >= 0, f"max_len_a={self.max_len_a} must be >= 0")
-        _check(
+        check(self.beam >= 1, f"beam={self.beam} must be >= 1 (1 = greedy)")
+        check(self.length_penalty >= 0, f"length_penalty={self.length_penalty} must be >= 0")
+        check(self.max_len_a >= 0, f"max_len_a={self.max_len_a} must be >= 0")
+        check(
             not self.sample or self.beam == 1,
             f"sampling draws one hypothesis per sentence: use beam 1, not {self.beam}",
         )
-        _check(self.temperature > 0, f"temperature={self.temperature} must be > 0")
-        _check(self.top_k >= 0, f"top_k={self.top_k} must be >= 0 (0 = the whole vocabulary)")
+        check(self.temperature > 0, f"temperature={self.temperature} must be > 0")
+        check(self.top_k >= 0, f"top_k={self.top_k} must be >= 0 (0 = the whole vocabulary)")
 
     def check(self) -> None:
         """Validate again (after fields were assigned one by one); raises a one-line ValueError."""
@@ -498,14 +494,14 @@ class Config:
         d = _renamed(d)
         sections = {f.name: f.type for f in dataclasses.fields(cls)}
         unknown = set(d) - set(sections)
-        _check(not unknown, f"unknown config section(s) {sorted(unknown)}; known: {', '.join(sections)}")
+        check(not unknown, f"unknown config section(s) {sorted(unknown)}; known: {', '.join(sections)}")
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for name, value in d.items():
             section_cls = hints[name]
             known = {f.name for f in dataclasses.fields(section_cls)}
             bad = set(value) - known
-            _check(
+            check(
                 not bad,
                 f"unknown field(s) {', '.join(f'{name}.{b}' for b in sorted(bad))}; known: {', '.join(sorted(known))}",
             )
@@ -666,7 +662,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {"tiny": tiny, "mini": mini, "sm
 
 def preset(name: str) -> ModelConfig:
     """The model preset called `name`."""
-    _check(name in PRESETS, f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    check(name in PRESETS, f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]()
 
 
@@ -701,12 +697,12 @@ def check_training(cfg: Config) -> None:
     """Checks across sections of a training run's config, once every override is in (a config
     file may leave a field to a flag: grad_compression to --gpu)."""
     width = cfg.data.widest()
-    _check(
+    check(
         width <= cfg.model.max_positions,
         f"data.max_len={cfg.data.max_len} makes batches {width} positions wide but model.max_positions="
         f"{cfg.model.max_positions}: raise model.max_positions to {width} or lower data.max_len",
     )
-    _check(
+    check(
         not cfg.train.grad_compression or cfg.train.use_gpu,
         "train.grad_compression=true compresses the GPU workers' all-reduce (NCCL): add --gpu, or leave "
         "it false for CPU workers (gloo has no bf16 hook)",
@@ -720,14 +716,12 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     for key, value in overrides.items():
         section, _, name = key.partition(".")
         section, name = RENAMED.get((section, name), (section, name))  # an older config's name
-        _check(
+        check(
             section in hints and name,
             f"unknown config field {key!r}; fields look like {', '.join(s + '.<name>' for s in hints)}",
         )
         section_hints = typing.get_type_hints(hints[section])
-        _check(
-            name in section_hints, f"unknown config field {key!r}; {section} has: {', '.join(sorted(section_hints))}"
-        )
+        check(name in section_hints, f"unknown config field {key!r}; {section} has: {', '.join(sorted(section_hints))}")
         if isinstance(value, str):
             value = _parse_value(value, section_hints[name], key)
         grouped.setdefault(section, {})[name] = value
@@ -740,7 +734,7 @@ def parse_set_args(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        _check(bool(sep) and bool(key), f"--set {item!r} must look like section.field=value")
+        check(bool(sep) and bool(key), f"--set {item!r} must look like section.field=value")
         out[key.strip()] = value.strip()
     return out
 
@@ -748,7 +742,7 @@ def parse_set_args(items: list[str]) -> dict[str, str]:
 def load_file(path: str | Path) -> dict:
     """Read a JSON or TOML config file into a nested dict."""
     path = Path(path)
-    _check(path.is_file(), f"config file {path} does not exist")
+    check(path.is_file(), f"config file {path} does not exist")
     text = path.read_text()
     try:
         if path.suffix == ".toml":
@@ -784,17 +778,17 @@ class PrepareConfig(CorpusOptions):
     def __post_init__(self) -> None:
         for name in ("src_lang", "tgt_lang"):
             value = getattr(self, name)
-            _check(
+            check(
                 bool(value) and value.replace("-", "").replace("_", "").isalnum(),
                 f"prepare.{name}={value!r} must be a language code such as en or pt_BR",
             )
-        _check(
+        check(
             self.src_lang != self.tgt_lang,
             f"prepare.src_lang and prepare.tgt_lang are both {self.src_lang!r}: pick two languages",
         )
         self.check_corpus_options("prepare")
         _positive(self, "prepare", "vocab_size", "shard_pairs")
-        _check(
+        check(
             self.vocab_size % 8 == 0,
             f"prepare.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. {(self.vocab_size + 7) // 8 * 8})",
         )
@@ -843,10 +837,10 @@ class BacktranslateConfig:
     def __post_init__(self) -> None:
         for name in ("shard_lines", "max_tokens", "progress_s"):
             value = getattr(self, name)
-            _check(value > 0, f"--{name.replace('_', '-')} {value} must be > 0")
-        _check(self.engine in BT_ENGINES, f"--engine {self.engine!r}: one of {', '.join(BT_ENGINES)}")
+            check(value > 0, f"--{name.replace('_', '-')} {value} must be > 0")
+        check(self.engine in BT_ENGINES, f"--engine {self.engine!r}: one of {', '.join(BT_ENGINES)}")
         for name in ("noise_delete", "noise_replace"):
             p = getattr(self, name)
-            _check(0 <= p < 1, f"--{name.replace('_', '-')} {p} must be in [0, 1)")
-        _check(self.noise_swap >= 0, f"--noise-swap {self.noise_swap} must be >= 0 (0 = no swaps)")
-        _check(bool(self.noise_filler.strip()), "--noise-filler must not be blank")
+            check(0 <= p < 1, f"--{name.replace('_', '-')} {p} must be in [0, 1)")
+        check(self.noise_swap >= 0, f"--noise-swap {self.noise_swap} must be >= 0 (0 = no swaps)")
+        check(bool(self.noise_filler.strip()), "--noise-filler must not be blank")

@@ -20,15 +20,7 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-
-class InputError(ValueError):
-    """A user mistake found while reading inputs, possibly inside a Ray task."""
-
-
-def first_line(err: BaseException) -> str:
-    """The first line of an exception message (library messages can span many lines)."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+from raymt.errors import InputError, first_line
 
 
 def is_uri(location: str | Path) -> bool:

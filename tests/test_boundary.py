@@ -30,6 +30,7 @@ PLAIN = [
     "plot",
     "data.inputs",
     "precision",
+    "errors",
 ]
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from raymt.config import BUILTIN_LANGS, CorpusSpec, _check_lang
 from raymt.data.format import TOKEN_INDEX_ROWS
 from raymt.data.text import COMPRESSED
+from raymt.errors import check
 
 BT_TAG = "<BT>"
 # Rows of one piece of the epoch's mixed schedule: the token index's block, so that a
@@ -39,19 +40,13 @@ SHORT_LANG = r"[A-Za-z][A-Za-z0-9_]*"
 PAIR = re.compile(rf"^({SHORT_LANG})-({SHORT_LANG})$")
 
 
-def _check(ok: bool, message: str) -> None:
-    """Raise a one-line ValueError for a user mistake when `ok` is false."""
-    if not ok:
-        raise ValueError(message)
-
-
 # ---------------------------------------------------------------- flags and tables
 
 
 def parse_pair(text: str, where: str) -> tuple[str, str]:
     """("en", "de") from "en-de"; a one-line ValueError naming `where` otherwise."""
     match = PAIR.match(text)
-    _check(
+    check(
         match is not None and match.group(1) != match.group(2),
         f"{where}: {text!r} is not a language pair: write SRC-TGT with two different codes, "
         "e.g. en-de (use pt_BR, not pt-BR)",
@@ -63,7 +58,7 @@ def parse_pairs(text: str, where: str = "--pairs") -> list[tuple[str, str]]:
     """The pairs of "en-de,en-fr,de-en" (`--pairs` of the built-in corpus), each once."""
     pairs = [parse_pair(p.strip(), where) for p in text.split(",")]
     duplicates = sorted({f"{s}-{t}" for s, t in pairs if pairs.count((s, t)) > 1})
-    _check(not duplicates, f"{where}: {', '.join(duplicates)} given twice: list each pair once")
+    check(not duplicates, f"{where}: {', '.join(duplicates)} given twice: list each pair once")
     return pairs
 
 
@@ -75,10 +70,10 @@ def split_spec(spec: str, flag: str) -> tuple[Optional[tuple[str, str]], str]:
     """
     head, sep, rest = spec.partition(":")
     if not sep or "/" in head or rest.startswith("//"):
-        _check(bool(spec), f"{flag}: empty SPEC: pass a prefix, a file or SRC-TGT:PATH")
+        check(bool(spec), f"{flag}: empty SPEC: pass a prefix, a file or SRC-TGT:PATH")
         return None, spec
     pair = parse_pair(head, f"{flag} {spec}")
-    _check(bool(rest), f"{flag} {spec}: nothing after '{head}:': write {head}:PATH")
+    check(bool(rest), f"{flag} {spec}: nothing after '{head}:': write {head}:PATH")
     return pair, rest
 
 
@@ -105,7 +100,7 @@ def corpora_from_flags(
         for spec in specs:
             pair, location = split_spec(spec, flag)
             key = (*(pair or default_pair), origin)
-            _check(
+            check(
                 key[:2] not in builtin or origin != "real",
                 f"--train {spec}: {'-'.join(key[:2])} also comes from --pairs: drop it from one of them",
             )
@@ -113,7 +108,7 @@ def corpora_from_flags(
     evals = {"valid": _eval_specs(valid, "--valid", default_pair), "test": _eval_specs(test, "--test", default_pair)}
     for kind, by_pair in evals.items():
         for pair in by_pair:
-            _check(
+            check(
                 any(key[:2] == pair for key in grouped),
                 f"--{kind} {'-'.join(pair)}:... names a pair with no --train or --bt data: drop it or add its data",
             )
@@ -122,7 +117,7 @@ def corpora_from_flags(
         first = (src, tgt) not in seen
         seen.add((src, tgt))
         valid_specs = evals["valid"].get((src, tgt), []) if first else []
-        _check(len(valid_specs) <= 1, f"--valid is given {len(valid_specs)} times for {src}-{tgt}: one per pair")
+        check(len(valid_specs) <= 1, f"--valid is given {len(valid_specs)} times for {src}-{tgt}: one per pair")
         corpora.append(
             CorpusSpec(
                 src,
@@ -142,11 +137,11 @@ def check_real_weight(real_weight: Optional[float], bt: Sequence[str]) -> None:
     """--real-weight: a number > 0, given with --bt (one-line errors)."""
     if real_weight is None:
         return
-    _check(
+    check(
         math.isfinite(real_weight) and real_weight > 0,
         f"--real-weight {real_weight:g} must be a number > 0 (2: the real pairs twice per epoch)",
     )
-    _check(
+    check(
         bool(bt), "--real-weight upsamples the real pairs beside back-translated ones: add --bt SRC-TGT:DIR or drop it"
     )
 
@@ -168,10 +163,10 @@ def input_overrides(
         check_real_weight(real_weight, bt)  # corpora_from_flags checks it on the other path
         out: dict[str, Any] = {}
         for flag, specs in (("valid", valid), ("test", test)):
-            _check(len(specs) <= 1, f"--{flag} is given {len(specs)} times: one without --train (or use SRC-TGT:SPEC)")
+            check(len(specs) <= 1, f"--{flag} is given {len(specs)} times: one without --train (or use SRC-TGT:SPEC)")
             for spec in specs:
                 pair, location = split_spec(spec, f"--{flag}")
-                _check(pair is None, f"--{flag} {spec} names a pair with no --train, --bt or --pairs data")
+                check(pair is None, f"--{flag} {spec} names a pair with no --train, --bt or --pairs data")
                 out[f"data.{flag}"] = location
         return out
     builtin = parse_pairs(pairs) if pairs is not None else []  # --pairs "" is an error there
@@ -215,16 +210,16 @@ TABLE_KEYS = tuple(f.name for f in fields(CorpusSpec))
 
 def corpora_from_tables(tables: Any, where: str = "data.corpora") -> list[CorpusSpec]:
     """Corpora of `[[data.corpora]]` TOML tables (dicts with CorpusSpec's fields), checked."""
-    _check(
+    check(
         isinstance(tables, list) and all(isinstance(t, dict) for t in tables) and bool(tables),
         f"{where} must be a non-empty list of tables ([[data.corpora]] in TOML)",
     )
     corpora = []
     for i, table in enumerate(tables):
         unknown = sorted(set(table) - set(TABLE_KEYS))
-        _check(not unknown, f"{where}[{i}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(TABLE_KEYS)}")
+        check(not unknown, f"{where}[{i}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(TABLE_KEYS)}")
         missing = [k for k in ("src_lang", "tgt_lang") if k not in table]
-        _check(not missing, f"{where}[{i}]: {' and '.join(missing)} missing: every corpus names its languages")
+        check(not missing, f"{where}[{i}]: {' and '.join(missing)} missing: every corpus names its languages")
         corpora.append(CorpusSpec(**table))
     check_corpora(corpora)
     return corpora
@@ -264,10 +259,10 @@ def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> Non
     """One-line errors for duplicate corpora, a file in two corpora of a pair, built-in languages and
     validation sets: with `need_valid`, each pair trained from files has exactly one (the
     built-in corpus brings its own)."""
-    _check(bool(corpora), "no training corpus: pass --train SRC-TGT:PATH or a [[data.corpora]] table")
+    check(bool(corpora), "no training corpus: pass --train SRC-TGT:PATH or a [[data.corpora]] table")
     names = [c.name for c in corpora]
     duplicates = sorted({n for n in names if names.count(n) > 1})
-    _check(
+    check(
         not duplicates,
         f"corpus {', '.join(duplicates)} is given twice: give one per pair and "
         "origin, listing all its files in train = [...]",
@@ -275,13 +270,13 @@ def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> Non
     # A prefix may serve both directions (en-de and de-en), not two corpora of one pair.
     files = [(c.pair, f) for c in corpora for f in c.train]
     twice = sorted({f"{f} ({p})" for p, f in files if files.count((p, f)) > 1})
-    _check(
+    check(
         not twice,
         f"{', '.join(twice)} is in two corpora of one pair: real and back-translated pairs come from different files",
     )
     for c in corpora:
         for lang in (c.src_lang, c.tgt_lang) if c.builtin else ():
-            _check(
+            check(
                 lang in BUILTIN_LANGS,
                 f"corpus {c.name}: language {lang!r} is not in the built-in "
                 f"corpus ({', '.join(BUILTIN_LANGS)}); pass files for it",
@@ -289,8 +284,8 @@ def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> Non
     for pair in dict.fromkeys(c.pair for c in corpora):
         of_pair = [c for c in corpora if c.pair == pair]
         given = [c.valid for c in of_pair if c.valid is not None]
-        _check(len(given) <= 1, f"pair {pair} has {len(given)} validation sets: give one per pair")
-        _check(
+        check(len(given) <= 1, f"pair {pair} has {len(given)} validation sets: give one per pair")
+        check(
             given or not need_valid or any(c.builtin for c in of_pair),
             f"pair {pair} has no validation set: pass --valid {pair}:PREFIX (or valid = ... in its table)",
         )
@@ -330,9 +325,9 @@ def decode_tags(tgt_lang: Optional[str], trained: Sequence[str], reserved: Seque
     tag for `tgt_lang` (--tgt-lang); one-line errors when it is missing or not trained."""
     tagged = any(p.startswith("<2") for p in reserved)
     if tgt_lang is None:
-        _check(not tagged, f"this model translates into {', '.join(trained)}: pass --tgt-lang")
+        check(not tagged, f"this model translates into {', '.join(trained)}: pass --tgt-lang")
         return []
-    _check(
+    check(
         tgt_lang in trained,
         f"--tgt-lang {tgt_lang}: this model was trained to translate into {', '.join(trained)}; pick one of them",
     )
@@ -344,13 +339,13 @@ def decode_tags(tgt_lang: Optional[str], trained: Sequence[str], reserved: Seque
 
 def sampling_probs(sizes: Sequence[int], temperature: float, weights: Optional[Sequence[float]] = None) -> np.ndarray:
     """p_i ~ (w_i n_i)^(1/T), normalized: T=1 proportional to size, larger T flatter, inf uniform."""
-    _check(temperature > 0, f"data.temperature={temperature!r} must be > 0 (1 = proportional)")
-    _check(
+    check(temperature > 0, f"data.temperature={temperature!r} must be > 0 (1 = proportional)")
+    check(
         len(sizes) > 0 and all(n > 0 for n in sizes),
         f"corpus sizes {list(sizes)} must be > 0: a corpus that cleaning emptied cannot be sampled",
     )
     weights = [1.0] * len(sizes) if weights is None else weights
-    _check(
+    check(
         len(weights) == len(sizes) and all(w > 0 for w in weights),
         f"corpus weights {list(weights)} must be > 0, one per corpus",
     )

@@ -61,7 +61,8 @@ from raymt.data.format import (
 )
 from raymt.data.inputs import check_corpora, mixed, reserved_pieces, sample_sizes, source_tags, target_langs
 from raymt.data.text import COMPRESSED, decode, lines, resolve
-from raymt.storage import InputError, filesystem, first_line
+from raymt.errors import InputError, first_line, user_error
+from raymt.storage import filesystem
 from raymt.tokenizer import Tokenizer, train_tokenizer
 
 KINDS = ("text", "tsv", "jsonl", "parquet", "pairs")
@@ -1036,27 +1037,6 @@ def _ray_data_settings() -> Iterator[None]:
             handler.removeFilter(_only_warnings)
 
 
-def _user_error(err: BaseException) -> Optional[ValueError]:
-    """The one-line InputError inside an exception that a Ray task raised, if there is one.
-
-    Ray Data re-raises a UDF's error as RayTaskError(UserCodeException) whose chain holds
-    only the remote traceback as text, so the message is found in that text.
-    """
-    stack, seen = [err], set()
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, InputError):
-            return ValueError(str(e))
-        match = re.search(rf"{re.escape(InputError.__module__)}\.InputError: (.+)", str(e))
-        if match:
-            return ValueError(match.group(1).strip())
-        stack += [getattr(e, "cause", None), e.__cause__, e.__context__]
-    return None
-
-
 def prepare_corpus(
     cfg: PrepareConfig,
     out: str,
@@ -1106,7 +1086,7 @@ def _build_staged(out: Path, build: Callable[[Path], dict], **entries) -> dict:
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
         _install(tmp, out)
     except Exception as err:
-        user = _user_error(err)
+        user = user_error(err)
         if user is not None:
             raise user from None
         raise

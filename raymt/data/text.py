@@ -12,7 +12,8 @@ from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 
-from raymt.storage import InputError, exists, filesystem, first_line
+from raymt.errors import InputError, first_line
+from raymt.storage import exists, filesystem
 
 Pairs = tuple[list[str], list[str]]
 COMPRESSED = (".gz", ".xz", ".zst", ".zstd", ".bz2")
