@@ -308,7 +308,7 @@ def _filter_worker_output() -> None:
     dispatcher.add_handler("ray_print_logs", lambda data: filtered(data, ignore_prefix))
 
 
-def _quiet_env() -> dict[str, str]:
+def quiet_env() -> dict[str, str]:
     """Environment of Ray's processes that keeps their console output to what matters."""
     return {
         "RAY_DATA_LOG_LEVEL": "WARNING",  # Ray Data's per-execution lines
@@ -347,7 +347,7 @@ def init_ray(num_cpus: Optional[int] = None, dashboard: bool = False, verbose: b
     from ray.data import DataContext
 
     check_ray_address()
-    env = _quiet_env() if not verbose else {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    env = quiet_env() if not verbose else {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
     for key, value in env.items():
         os.environ.setdefault(key, value)
     DataContext.get_current().enable_progress_bars = False

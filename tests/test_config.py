@@ -1,9 +1,14 @@
 """Configuration: one home for defaults, presets, overrides, one-line errors before Ray."""
 
+import subprocess
+import sys
+from typing import Optional
+
 import pytest
 
 from raymt.config import GPU_MAX_TOKENS, Config, apply_overrides, base, parse_set_args, preset
-from raymt.train import build_config, parse_args
+from raymt.flags import build_config
+from raymt.train import parse_args
 
 
 def test_presets_and_overrides():
@@ -158,3 +163,27 @@ def test_gpu_and_compiled_runs_get_device_defaults_unless_set(tmp_path):
     assert (compiled.data.max_tokens, compiled.data.pad_multiple) == (2048, 8)
     resumed = build_config(parse_args(["--gpu"]), cpu, new_run=False)  # a resumed run keeps its batches
     assert (resumed.data.max_tokens, resumed.data.pad_multiple) == (2048, 1)
+
+
+def test_config_loads_nothing_of_raymt_data():
+    """The corpus specs live in raymt.config.corpus, so DataConfig checks [[data.corpora]] tables
+    without raymt.data (which builds on raymt.config: no cycle)."""
+    code = (
+        "import sys; from raymt.config import Config, DataConfig;"
+        "DataConfig(corpora=[{'src_lang': 'en', 'tgt_lang': 'de'}]);"
+        "print(sorted(m for m in sys.modules if m.startswith('raymt.data')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_parse_value_and_check_lang_are_public():
+    """`raymt data prepare` parses its flags with the --set parser; tags check codes as corpora do."""
+    from raymt.config import check_lang, parse_value
+
+    assert parse_value("2e3", int, "data.max_tokens") == 2000 and parse_value("none", Optional[str], "k") is None
+    with pytest.raises(ValueError, match="data.max_len='x' is not a valid int"):
+        parse_value("x", int, "data.max_len")
+    check_lang("pt_BR", "corpus")
+    with pytest.raises(ValueError, match="'pt-BR' must be a language code"):
+        check_lang("pt-BR", "corpus")

@@ -1,31 +1,27 @@
-"""Typed configuration: the one home of every default, presets and `--set` overrides."""
+"""The sections of a training run's `Config` (model, data, optim, train, decode): every default,
+validated in `__post_init__`, the fields older configs named otherwise, and the checks across
+sections (`check_training`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Collection, Optional
+from typing import Any, Optional
 
+from raymt.config.corpus import BUILTIN_LANGS, CorpusSpec, check_corpora, corpora_from_tables
 from raymt.errors import check
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli package
-    import tomli as tomllib
 
 ACTIVATIONS = ("relu", "gelu")
 SP_MODEL_TYPES = ("unigram", "bpe")
-# Languages of the built-in corpus (CLDR data through Babel, number words through num2words).
-BUILTIN_LANGS = ("en", "de", "fr", "es")
+# Widths in the batch shape ladder of GPU and compiled runs (data.shape_buckets): on WMT-like
+# lengths (max_len 200, 32k-token batches, widths 8..208) 11 rungs, each one (B, S, T).
+GPU_SHAPE_BUCKETS = 12
 
 
-def _positive(obj: Any, section: str, *names: str) -> None:
+def positive(obj: Any, section: str, *names: str) -> None:
     """Check that each named numeric field of `obj` is > 0."""
     for name in names:
         value = getattr(obj, name)
@@ -49,7 +45,7 @@ class ModelConfig:
     max_positions: int = 1024
 
     def __post_init__(self) -> None:
-        _positive(
+        positive(
             self, "model", "d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers", "max_positions"
         )
         check(
@@ -64,93 +60,6 @@ class ModelConfig:
             self.activation in ACTIVATIONS,
             f"model.activation={self.activation!r} must be one of {', '.join(ACTIVATIONS)}",
         )
-
-
-# Where a training corpus's pairs come from: real pairs, or "bt", sources made by
-# back-translating real target-side text (issue 29).
-ORIGINS = ("real", "bt")
-
-
-def _check_lang(lang: Any, where: str) -> None:
-    """A language code of a corpus or tag: letters, digits or '_'. Not '-': pairs are named
-    "SRC-TGT" (metrics columns, manifests, tags), which a code with '-' would make ambiguous."""
-    check(
-        isinstance(lang, str) and bool(lang) and lang.replace("_", "").isalnum(),
-        f"{where}={lang!r} must be a language code of letters, digits or '_' such as en or pt_BR "
-        "(not pt-BR: '-' separates a pair's two languages)",
-    )
-
-
-@dataclass(frozen=True)
-class CorpusSpec:
-    """One training corpus: its languages, files, origin and weight, and its pair's eval sets."""
-
-    src_lang: str
-    tgt_lang: str
-    # Prefixes or files as `--train` takes them (raymt.data.prepare.source_from_spec);
-    # () means the built-in corpus (generated for these languages).
-    train: tuple[str, ...] = ()
-    # "real" pairs, or "bt": sources made by back-translating real target-side text.
-    origin: str = "real"
-    # Multiplies the corpus's size before the temperature: 2 at T=1 = the corpus twice per epoch.
-    weight: float = 1.0
-    # The pair's validation set (one per pair, on one of its corpora) and test sets.
-    valid: Optional[str] = None
-    test: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        where = f"corpus {self.src_lang}-{self.tgt_lang}"
-        _check_lang(self.src_lang, f"{where}: src_lang")
-        _check_lang(self.tgt_lang, f"{where}: tgt_lang")
-        check(
-            self.src_lang != self.tgt_lang,
-            f"{where}: src_lang and tgt_lang are both {self.src_lang!r}: pick two languages",
-        )
-        check(self.origin in ORIGINS, f"{where}: origin={self.origin!r} must be one of {', '.join(ORIGINS)}")
-        check(
-            isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0,
-            f"{where}: weight={self.weight!r} must be a number > 0",
-        )
-        # Tables and flags may give one string or a list; the spec holds tuples.
-        object.__setattr__(self, "train", _paths(self.train, f"{where}: train"))
-        object.__setattr__(self, "test", _paths(self.test, f"{where}: test"))
-        check(
-            self.valid is None or (isinstance(self.valid, str) and bool(self.valid)),
-            f"{where}: valid={self.valid!r} must be a prefix or file",
-        )
-        check(
-            self.origin == "real" or bool(self.train),
-            f"{where}: a back-translated corpus needs files: pass --bt {self.pair}:PATH",
-        )
-        check(
-            len(set(self.train)) == len(self.train),
-            f"{where}: a file is listed twice in train={list(self.train)}: list each once",
-        )
-
-    @property
-    def pair(self) -> str:
-        """ "en-de": the direction this corpus trains."""
-        return f"{self.src_lang}-{self.tgt_lang}"
-
-    @property
-    def name(self) -> str:
-        """ "en-de", or "en-de.bt" for back-translated pairs: its directory and its summary row."""
-        return self.pair if self.origin == "real" else f"{self.pair}.{self.origin}"
-
-    @property
-    def builtin(self) -> bool:
-        """Whether the pairs come from the built-in corpus."""
-        return not self.train
-
-
-def _paths(value: Any, where: str) -> tuple[str, ...]:
-    """A tuple of non-empty strings from one string or a list of them."""
-    items = (value,) if isinstance(value, str) else value
-    check(
-        isinstance(items, (list, tuple)) and all(isinstance(v, str) and v for v in items),
-        f"{where}={value!r} must be a path or a list of paths",
-    )
-    return tuple(items)
 
 
 @dataclass
@@ -183,7 +92,7 @@ class CorpusOptions:
 
     def check_corpus_options(self, section: str) -> None:
         """Validate the shared fields; messages name them as `section.field`."""
-        _positive(self, section, "sp_sample_size", "max_len", "max_chars")
+        positive(self, section, "sp_sample_size", "max_len", "max_chars")
         check(
             isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0,
             f"{section}.temperature={self.temperature!r} must be a number > 0 (1 = proportional, 5 flatter)",
@@ -254,7 +163,7 @@ class DataConfig(CorpusOptions):
             f"data.src_lang and data.tgt_lang are both {self.src_lang!r}: pick two languages",
         )
         self.check_corpus_options("data")
-        _positive(
+        positive(
             self,
             "data",
             "builtin_train_size",
@@ -265,7 +174,7 @@ class DataConfig(CorpusOptions):
             "pad_multiple",
         )
         if self.vocab_size is not None:
-            _positive(self, "data", "vocab_size")
+            positive(self, "data", "vocab_size")
             check(
                 self.vocab_size % 8 == 0,
                 f"data.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. {(self.vocab_size + 7) // 8 * 8})",
@@ -299,10 +208,8 @@ class DataConfig(CorpusOptions):
             check(self.valid is not None, "--train is set but --valid is not: pass a validation file prefix")
 
     def _check_corpora(self) -> None:
-        """data.corpora: tables become CorpusSpecs, checked together (raymt.data.inputs); the
+        """data.corpora: tables become CorpusSpecs, checked together (raymt.config.corpus); the
         single-pair fields that they replace must be unset."""
-        from raymt.data.inputs import check_corpora, corpora_from_tables
-
         check(
             isinstance(self.corpora, list),
             f"data.corpora={self.corpora!r} must be a list of tables ([[data.corpora]] in TOML)",
@@ -347,7 +254,7 @@ class OptimConfig:
     update_freq: int = 1
 
     def __post_init__(self) -> None:
-        _positive(self, "optim", "lr", "warmup_steps", "eps", "update_freq")
+        positive(self, "optim", "lr", "warmup_steps", "eps", "update_freq")
         for name in ("beta1", "beta2", "label_smoothing"):
             value = getattr(self, name)
             check(0.0 <= value < 1.0, f"optim.{name}={value!r} must be in [0, 1)")
@@ -417,12 +324,12 @@ class TrainConfig:
     autoscale_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
-        _positive(self, "train", "max_steps", "eval_every", "log_every", "num_workers", "num_to_keep", "valid_beam")
+        positive(self, "train", "max_steps", "eval_every", "log_every", "num_workers", "num_to_keep", "valid_beam")
         if self.epochs is not None:
-            _positive(self, "train", "epochs")
+            positive(self, "train", "epochs")
         for name in ("cpus_per_worker", "max_minutes"):
             if getattr(self, name) is not None:
-                _positive(self, "train", name)
+                positive(self, "train", name)
         check(self.max_nonfinite_steps >= 0, f"train.max_nonfinite_steps={self.max_nonfinite_steps} must be >= 0")
         if self.min_workers is not None:
             check(
@@ -529,170 +436,6 @@ def _renamed(d: dict) -> dict:
     return out
 
 
-# ---------------------------------------------------------------- device defaults
-
-# Per-worker token budget on a GPU: a 2,048-token batch leaves a GPU launch-bound (an H200
-# was busy ~7.4 of 43.6 ms per base step); 32k tokens ran base at ~452k tok/s there.
-GPU_MAX_TOKENS = 32768
-# Widths in the batch shape ladder of GPU and compiled runs (data.shape_buckets): on WMT-like
-# lengths (max_len 200, 32k-token batches, widths 8..208) 11 rungs, each one (B, S, T).
-GPU_SHAPE_BUCKETS = 12
-# A GPU run's length and validation interval: 20k updates of >= 32k tokens are >= 650M
-# tokens (the paper's base saw 2.5G in 100k updates of 25k); validating every 1,000 updates
-# (20 times a run) keeps the greedy pass over a WMT-sized dev set to a few % of the time.
-GPU_MAX_STEPS = 20000
-GPU_EVAL_EVERY = 1000
-# The paper's schedule (Vaswani et al. 2017): ~25k target tokens per update, warmup 4000
-# updates, peak lr d_model^-0.5 * 4000^-0.5.
-PAPER_BATCH_TOKENS = 25000
-PAPER_WARMUP_STEPS = 4000
-# The lr grows with the square root of the global batch up to this factor (reached at 4x
-# the paper's batch): Ott et al. 2018 trained big at 1e-3, about twice the paper's 4.9e-4,
-# with ~400k-token batches (16x the paper's), the largest lr reported for such batches.
-MAX_LR_SCALE = 2.0
-# A run's batch schedule: a run started from a checkpoint's weights keeps the checkpoint's.
-SCHEDULE_FIELDS = ("data.max_tokens", "optim.update_freq", "optim.lr", "optim.warmup_steps")
-
-
-def global_batch_tokens(cfg: "Config") -> int:
-    """Tokens per update across workers: workers x data.max_tokens x optim.update_freq."""
-    return cfg.train.num_workers * cfg.data.max_tokens * cfg.optim.update_freq
-
-
-def batch_schedule(cfg: "Config") -> tuple[float, int]:
-    """Peak lr and warmup updates for `cfg`'s model, global batch and run length (the one rule).
-
-    The paper's schedule for ~25k tokens, its lr scaled by sqrt(global batch / 25k) (the
-    square-root rule for Adam: the update's noise scale stays the same), at most MAX_LR_SCALE
-    times; the warmup stays 4000 updates (Ott et al. 2018 kept it at 16x the batch), or a
-    quarter of a shorter run.
-    """
-    scale = min((global_batch_tokens(cfg) / PAPER_BATCH_TOKENS) ** 0.5, MAX_LR_SCALE)
-    lr = (cfg.model.d_model * PAPER_WARMUP_STEPS) ** -0.5 * scale
-    return float(f"{lr:.2g}"), max(1, min(PAPER_WARMUP_STEPS, cfg.train.max_steps // 4))
-
-
-def schedule_line(cfg: "Config") -> str:
-    """What a GPU run prints at start: its global batch, lr and warmup, and where they come from."""
-    tokens, workers = global_batch_tokens(cfg), cfg.train.num_workers
-    lr, warmup = batch_schedule(cfg)
-    ratio = (tokens / PAPER_BATCH_TOKENS) ** 0.5
-    head = (
-        f"lr {_short_e(cfg.optim.lr)} and warmup {cfg.optim.warmup_steps} for a global batch of "
-        f"{tokens / 1000:.0f}k tokens ({workers} worker{'s' * (workers > 1)} x {cfg.data.max_tokens} "
-        f"x update_freq {cfg.optim.update_freq})"
-    )
-    if (cfg.optim.lr, cfg.optim.warmup_steps) != (lr, warmup):
-        return f"{head}: as set (config.batch_schedule would give lr {_short_e(lr)} and warmup {warmup})"
-    capped = f", capped at x{MAX_LR_SCALE:g}" if ratio > MAX_LR_SCALE else ""
-    return (
-        f"{head}: the paper's 25k-token schedule, lr x sqrt(batch ratio) = x{ratio:.2f}{capped}, "
-        f"warmup {PAPER_WARMUP_STEPS} or a quarter of train.max_steps (config.batch_schedule)"
-    )
-
-
-def _short_e(x: float) -> str:
-    """7e-4 as 7.0e-4 (not 7.0e-04)."""
-    mantissa, exponent = f"{x:.1e}".split("e")
-    return f"{mantissa}e{int(exponent)}"
-
-
-def device_defaults(cfg: "Config", given: Collection[str] = (), num_gpus: Optional[int] = None) -> dict[str, Any]:
-    """Values a GPU or compiled run gets for the fields its user did not set (not in `given`).
-
-    On a GPU: one worker per GPU of the cluster (`num_gpus`, when known), 32k-token batches per
-    worker (16k for models wider than base, whose activations are twice as large; lower it
-    with --set data.max_tokens on small cards), a width ladder of 8, GPU_MAX_STEPS updates
-    validated every GPU_EVAL_EVERY, and `batch_schedule`'s lr and warmup for the resulting
-    global batch. Compiled runs also get the ladder, so shapes repeat; both get row counts on a
-    ladder of `GPU_SHAPE_BUCKETS` widths too, so an epoch has few (B, S, T) shapes.
-    """
-    out: dict[str, Any] = {}
-
-    def default(key: str, value: Any) -> None:
-        if key not in given:
-            out[key] = value
-
-    if cfg.train.use_gpu:
-        if num_gpus is not None:
-            default("train.num_workers", num_gpus)
-        default("data.max_tokens", GPU_MAX_TOKENS if cfg.model.d_model <= 512 else GPU_MAX_TOKENS // 2)
-        default("train.max_steps", GPU_MAX_STEPS)
-        default("train.eval_every", GPU_EVAL_EVERY)
-    if cfg.train.use_gpu or cfg.train.compile:
-        default("data.pad_multiple", 8)
-        default("data.shape_buckets", GPU_SHAPE_BUCKETS)
-    if cfg.train.use_gpu:  # the schedule of the batch and run length settled above
-        lr, warmup = batch_schedule(apply_overrides(cfg, out))
-        default("optim.lr", lr)
-        default("optim.warmup_steps", warmup)
-    return out
-
-
-# ---------------------------------------------------------------- presets
-
-
-def tiny() -> ModelConfig:
-    """Tests: 2+2 layers of width 32."""
-    return ModelConfig(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0)
-
-
-def mini() -> ModelConfig:
-    """The default: 2+2 layers, 128 wide; learns the built-in corpus in minutes on 2 CPUs."""
-    return ModelConfig()
-
-
-def small() -> ModelConfig:
-    """Multi30k-sized corpora: 3+3 layers, 256 wide, FFN 1024, 4 heads."""
-    return ModelConfig(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3)
-
-
-def base() -> ModelConfig:
-    """Transformer base (the paper): 6+6 layers, 512, FFN 2048, 8 heads."""
-    return ModelConfig(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6, num_decoder_layers=6, dropout=0.1)
-
-
-def big() -> ModelConfig:
-    """Transformer big (the paper): 6+6 layers, 1024, FFN 4096, 16 heads, dropout 0.3."""
-    return ModelConfig(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6, num_decoder_layers=6, dropout=0.3)
-
-
-PRESETS: dict[str, Callable[[], ModelConfig]] = {"tiny": tiny, "mini": mini, "small": small, "base": base, "big": big}
-
-
-def preset(name: str) -> ModelConfig:
-    """The model preset called `name`."""
-    check(name in PRESETS, f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]()
-
-
-# ---------------------------------------------------------------- overrides
-
-
-def _parse_value(raw: str, tp: Any, key: str) -> Any:
-    """Convert the string `raw` to the annotated type `tp` of field `key`."""
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
-        if raw.lower() in ("none", "null", ""):
-            return None
-        tp = next(a for a in args if a is not type(None))
-    try:
-        if tp is bool:
-            lowered = raw.lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if tp is int:
-            return int(float(raw)) if "e" in raw.lower() else int(raw)
-        if tp is float:
-            return float(raw)
-        return str(raw)
-    except ValueError:
-        raise ValueError(f"{key}={raw!r} is not a valid {tp.__name__}") from None
-
-
 def check_training(cfg: Config) -> None:
     """Checks across sections of a training run's config, once every override is in (a config
     file may leave a field to a flag: grad_compression to --gpu)."""
@@ -707,140 +450,3 @@ def check_training(cfg: Config) -> None:
         "train.grad_compression=true compresses the GPU workers' all-reduce (NCCL): add --gpu, or leave "
         "it false for CPU workers (gloo has no bf16 hook)",
     )
-
-
-def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
-    """Return a copy of `cfg` with dotted keys (e.g. `optim.lr`) replaced; values may be strings."""
-    hints = typing.get_type_hints(Config)
-    grouped: dict[str, dict[str, Any]] = {}
-    for key, value in overrides.items():
-        section, _, name = key.partition(".")
-        section, name = RENAMED.get((section, name), (section, name))  # an older config's name
-        check(
-            section in hints and name,
-            f"unknown config field {key!r}; fields look like {', '.join(s + '.<name>' for s in hints)}",
-        )
-        section_hints = typing.get_type_hints(hints[section])
-        check(name in section_hints, f"unknown config field {key!r}; {section} has: {', '.join(sorted(section_hints))}")
-        if isinstance(value, str):
-            value = _parse_value(value, section_hints[name], key)
-        grouped.setdefault(section, {})[name] = value
-    kwargs = {s: dataclasses.replace(getattr(cfg, s), **v) for s, v in grouped.items()}
-    return dataclasses.replace(cfg, **kwargs)
-
-
-def parse_set_args(items: list[str]) -> dict[str, str]:
-    """Turn `["optim.lr=5e-4", ...]` into `{"optim.lr": "5e-4"}`."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        check(bool(sep) and bool(key), f"--set {item!r} must look like section.field=value")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def load_file(path: str | Path) -> dict:
-    """Read a JSON or TOML config file into a nested dict."""
-    path = Path(path)
-    check(path.is_file(), f"config file {path} does not exist")
-    text = path.read_text()
-    try:
-        if path.suffix == ".toml":
-            return tomllib.loads(text)
-        return json.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
-        raise ValueError(f"config file {path} is not valid {path.suffix[1:] or 'JSON'}: {err}") from None
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """Nested dict to dotted keys."""
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-@dataclass
-class PrepareConfig(CorpusOptions):
-    """`python -m raymt.data prepare`: cleaning, tokenizer and sharding of a raw parallel corpus."""
-
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    # Joint SentencePiece vocabulary (one model for both languages).
-    vocab_size: int = 8000
-    # At most this many pairs per Parquet shard.
-    shard_pairs: int = 100_000
-    seed: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("src_lang", "tgt_lang"):
-            value = getattr(self, name)
-            check(
-                bool(value) and value.replace("-", "").replace("_", "").isalnum(),
-                f"prepare.{name}={value!r} must be a language code such as en or pt_BR",
-            )
-        check(
-            self.src_lang != self.tgt_lang,
-            f"prepare.src_lang and prepare.tgt_lang are both {self.src_lang!r}: pick two languages",
-        )
-        self.check_corpus_options("prepare")
-        _positive(self, "prepare", "vocab_size", "shard_pairs")
-        check(
-            self.vocab_size % 8 == 0,
-            f"prepare.vocab_size={self.vocab_size} must be a multiple of 8 (e.g. {(self.vocab_size + 7) // 8 * 8})",
-        )
-
-
-def run_prepare_config(cfg: Config) -> PrepareConfig:
-    """The PrepareConfig of a run that prepares its own corpus (--train files or the built-in
-    corpus): every CorpusOptions field comes from data.*, so no cleaning option is dropped."""
-    shared = {f.name: getattr(cfg.data, f.name) for f in dataclasses.fields(CorpusOptions)}
-    return PrepareConfig(
-        src_lang=cfg.data.src_lang,
-        tgt_lang=cfg.data.tgt_lang,
-        vocab_size=cfg.data.sp_vocab_size(),
-        seed=cfg.train.seed,
-        **shared,
-    )
-
-
-BT_ENGINES = ("auto", "raymt", "ctranslate2")
-BT_FORMATS = ("parquet", "text")
-
-
-@dataclass
-class BacktranslateConfig:
-    """`python -m raymt.backtranslate`: sharding, batching, engine and noise of a back-translation
-    job (decoding itself is DecodeOptions)."""
-
-    # Input line ids [k * shard_lines, (k + 1) * shard_lines) are output shard k: the unit of restart.
-    shard_lines: int = 10_000
-    # Padded source tokens per decoding batch (sentences sorted by length inside each shard).
-    max_tokens: int = 4096
-    engine: str = "auto"  # auto: ctranslate2 when installed (exported once per node), else raymt
-    # CTranslate2 weights at run time; auto: int8 on CPU, float16 on GPU.
-    compute_type: str = "auto"
-    # Noised beam output (Edunov et al. 2018): drop each word with p_delete, replace it by
-    # `filler` with p_replace, and move words at most `swap` positions (0 turns that part off).
-    noise: bool = False
-    noise_delete: float = 0.1
-    noise_replace: float = 0.1
-    noise_swap: int = 3
-    noise_filler: str = "<blank>"
-    # Seed of sampling and noise: a redone shard draws what it drew before.
-    seed: int = 1
-    progress_s: float = 10.0  # seconds between progress lines
-
-    def __post_init__(self) -> None:
-        for name in ("shard_lines", "max_tokens", "progress_s"):
-            value = getattr(self, name)
-            check(value > 0, f"--{name.replace('_', '-')} {value} must be > 0")
-        check(self.engine in BT_ENGINES, f"--engine {self.engine!r}: one of {', '.join(BT_ENGINES)}")
-        for name in ("noise_delete", "noise_replace"):
-            p = getattr(self, name)
-            check(0 <= p < 1, f"--{name.replace('_', '-')} {p} must be in [0, 1)")
-        check(self.noise_swap >= 0, f"--noise-swap {self.noise_swap} must be >= 0 (0 = no swaps)")
-        check(bool(self.noise_filler.strip()), "--noise-filler must not be blank")

@@ -1,0 +1,101 @@
+"""Typed configuration: the one home of every default, presets and `--set` overrides.
+
+- `corpus`: the built-in languages, `check_lang`, `CorpusSpec` and the checks of a corpus list
+- `sections`: the run's `Config` and its sections, `DecodeOptions`, `check_training`
+- `commands`: `PrepareConfig` (`raymt data prepare`) and `BacktranslateConfig`
+- `presets`: model presets as functions (tiny .. big)
+- `overrides`: config files, `--set` values and older configs' field names
+- `schedule`: the batch schedule and the defaults of GPU and compiled runs
+
+The names below are the package's: `from raymt.config import Config` wherever it is used.
+"""
+
+from raymt.config.commands import BT_ENGINES, BT_FORMATS, BacktranslateConfig, PrepareConfig, run_prepare_config
+from raymt.config.corpus import (
+    BUILTIN_LANGS,
+    ORIGINS,
+    TABLE_KEYS,
+    CorpusSpec,
+    check_corpora,
+    check_lang,
+    corpora_from_tables,
+)
+from raymt.config.overrides import apply_overrides, flatten, load_file, parse_set_args, parse_value
+from raymt.config.presets import PRESETS, base, big, mini, preset, small, tiny
+from raymt.config.schedule import (
+    GPU_EVAL_EVERY,
+    GPU_MAX_STEPS,
+    GPU_MAX_TOKENS,
+    MAX_LR_SCALE,
+    PAPER_BATCH_TOKENS,
+    PAPER_WARMUP_STEPS,
+    SCHEDULE_FIELDS,
+    batch_schedule,
+    device_defaults,
+    global_batch_tokens,
+    schedule_line,
+)
+from raymt.config.sections import (
+    ACTIVATIONS,
+    GPU_SHAPE_BUCKETS,
+    RENAMED,
+    SP_MODEL_TYPES,
+    Config,
+    CorpusOptions,
+    DataConfig,
+    DecodeOptions,
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+    check_training,
+)
+
+__all__ = [
+    "ACTIVATIONS",
+    "BT_ENGINES",
+    "BT_FORMATS",
+    "BUILTIN_LANGS",
+    "GPU_EVAL_EVERY",
+    "GPU_MAX_STEPS",
+    "GPU_MAX_TOKENS",
+    "GPU_SHAPE_BUCKETS",
+    "MAX_LR_SCALE",
+    "ORIGINS",
+    "PAPER_BATCH_TOKENS",
+    "PAPER_WARMUP_STEPS",
+    "PRESETS",
+    "RENAMED",
+    "SCHEDULE_FIELDS",
+    "SP_MODEL_TYPES",
+    "TABLE_KEYS",
+    "BacktranslateConfig",
+    "Config",
+    "CorpusOptions",
+    "CorpusSpec",
+    "DataConfig",
+    "DecodeOptions",
+    "ModelConfig",
+    "OptimConfig",
+    "PrepareConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "base",
+    "batch_schedule",
+    "big",
+    "check_corpora",
+    "check_lang",
+    "check_training",
+    "corpora_from_tables",
+    "device_defaults",
+    "flatten",
+    "global_batch_tokens",
+    "load_file",
+    "mini",
+    "parse_set_args",
+    "parse_value",
+    "preset",
+    "run_prepare_config",
+    "schedule_line",
+    "small",
+    "tiny",
+]

@@ -1,0 +1,156 @@
+"""Corpus specs: the built-in languages, the language-code check, `CorpusSpec` and the checks of a
+list of corpora (`[[data.corpora]]` tables, `--train SRC-TGT:SPEC` flags). Imports nothing of
+raymt.data, which builds on it (raymt.data.inputs)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Optional, Sequence
+
+from raymt.errors import check
+
+# Languages of the built-in corpus (CLDR data through Babel, number words through num2words).
+BUILTIN_LANGS = ("en", "de", "fr", "es")
+
+# Where a training corpus's pairs come from: real pairs, or "bt", sources made by
+# back-translating real target-side text (issue 29).
+ORIGINS = ("real", "bt")
+
+
+def check_lang(lang: Any, where: str) -> None:
+    """A language code of a corpus or tag: letters, digits or '_'. Not '-': pairs are named
+    "SRC-TGT" (metrics columns, manifests, tags), which a code with '-' would make ambiguous."""
+    check(
+        isinstance(lang, str) and bool(lang) and lang.replace("_", "").isalnum(),
+        f"{where}={lang!r} must be a language code of letters, digits or '_' such as en or pt_BR "
+        "(not pt-BR: '-' separates a pair's two languages)",
+    )
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """One training corpus: its languages, files, origin and weight, and its pair's eval sets."""
+
+    src_lang: str
+    tgt_lang: str
+    # Prefixes or files as `--train` takes them (raymt.data.prepare.source_from_spec);
+    # () means the built-in corpus (generated for these languages).
+    train: tuple[str, ...] = ()
+    # "real" pairs, or "bt": sources made by back-translating real target-side text.
+    origin: str = "real"
+    # Multiplies the corpus's size before the temperature: 2 at T=1 = the corpus twice per epoch.
+    weight: float = 1.0
+    # The pair's validation set (one per pair, on one of its corpora) and test sets.
+    valid: Optional[str] = None
+    test: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"corpus {self.src_lang}-{self.tgt_lang}"
+        check_lang(self.src_lang, f"{where}: src_lang")
+        check_lang(self.tgt_lang, f"{where}: tgt_lang")
+        check(
+            self.src_lang != self.tgt_lang,
+            f"{where}: src_lang and tgt_lang are both {self.src_lang!r}: pick two languages",
+        )
+        check(self.origin in ORIGINS, f"{where}: origin={self.origin!r} must be one of {', '.join(ORIGINS)}")
+        check(
+            isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0,
+            f"{where}: weight={self.weight!r} must be a number > 0",
+        )
+        # Tables and flags may give one string or a list; the spec holds tuples.
+        object.__setattr__(self, "train", _paths(self.train, f"{where}: train"))
+        object.__setattr__(self, "test", _paths(self.test, f"{where}: test"))
+        check(
+            self.valid is None or (isinstance(self.valid, str) and bool(self.valid)),
+            f"{where}: valid={self.valid!r} must be a prefix or file",
+        )
+        check(
+            self.origin == "real" or bool(self.train),
+            f"{where}: a back-translated corpus needs files: pass --bt {self.pair}:PATH",
+        )
+        check(
+            len(set(self.train)) == len(self.train),
+            f"{where}: a file is listed twice in train={list(self.train)}: list each once",
+        )
+
+    @property
+    def pair(self) -> str:
+        """ "en-de": the direction this corpus trains."""
+        return f"{self.src_lang}-{self.tgt_lang}"
+
+    @property
+    def name(self) -> str:
+        """ "en-de", or "en-de.bt" for back-translated pairs: its directory and its summary row."""
+        return self.pair if self.origin == "real" else f"{self.pair}.{self.origin}"
+
+    @property
+    def builtin(self) -> bool:
+        """Whether the pairs come from the built-in corpus."""
+        return not self.train
+
+
+def _paths(value: Any, where: str) -> tuple[str, ...]:
+    """A tuple of non-empty strings from one string or a list of them."""
+    items = (value,) if isinstance(value, str) else value
+    check(
+        isinstance(items, (list, tuple)) and all(isinstance(v, str) and v for v in items),
+        f"{where}={value!r} must be a path or a list of paths",
+    )
+    return tuple(items)
+
+
+TABLE_KEYS = tuple(f.name for f in fields(CorpusSpec))
+
+
+def corpora_from_tables(tables: Any, where: str = "data.corpora") -> list[CorpusSpec]:
+    """Corpora of `[[data.corpora]]` TOML tables (dicts with CorpusSpec's fields), checked."""
+    check(
+        isinstance(tables, list) and all(isinstance(t, dict) for t in tables) and bool(tables),
+        f"{where} must be a non-empty list of tables ([[data.corpora]] in TOML)",
+    )
+    corpora = []
+    for i, table in enumerate(tables):
+        unknown = sorted(set(table) - set(TABLE_KEYS))
+        check(not unknown, f"{where}[{i}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(TABLE_KEYS)}")
+        missing = [k for k in ("src_lang", "tgt_lang") if k not in table]
+        check(not missing, f"{where}[{i}]: {' and '.join(missing)} missing: every corpus names its languages")
+        corpora.append(CorpusSpec(**table))
+    check_corpora(corpora)
+    return corpora
+
+
+def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> None:
+    """One-line errors for duplicate corpora, a file in two corpora of a pair, built-in languages and
+    validation sets: with `need_valid`, each pair trained from files has exactly one (the
+    built-in corpus brings its own)."""
+    check(bool(corpora), "no training corpus: pass --train SRC-TGT:PATH or a [[data.corpora]] table")
+    names = [c.name for c in corpora]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    check(
+        not duplicates,
+        f"corpus {', '.join(duplicates)} is given twice: give one per pair and "
+        "origin, listing all its files in train = [...]",
+    )
+    # A prefix may serve both directions (en-de and de-en), not two corpora of one pair.
+    files = [(c.pair, f) for c in corpora for f in c.train]
+    twice = sorted({f"{f} ({p})" for p, f in files if files.count((p, f)) > 1})
+    check(
+        not twice,
+        f"{', '.join(twice)} is in two corpora of one pair: real and back-translated pairs come from different files",
+    )
+    for c in corpora:
+        for lang in (c.src_lang, c.tgt_lang) if c.builtin else ():
+            check(
+                lang in BUILTIN_LANGS,
+                f"corpus {c.name}: language {lang!r} is not in the built-in "
+                f"corpus ({', '.join(BUILTIN_LANGS)}); pass files for it",
+            )
+    for pair in dict.fromkeys(c.pair for c in corpora):
+        of_pair = [c for c in corpora if c.pair == pair]
+        given = [c.valid for c in of_pair if c.valid is not None]
+        check(len(given) <= 1, f"pair {pair} has {len(given)} validation sets: give one per pair")
+        check(
+            given or not need_valid or any(c.builtin for c in of_pair),
+            f"pair {pair} has no validation set: pass --valid {pair}:PREFIX (or valid = ... in its table)",
+        )
