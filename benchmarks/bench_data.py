@@ -205,9 +205,10 @@ def stream_epoch(corpus_dir: str, world_size: int = 2) -> dict:
 
     from raymt.config import DataConfig
     from raymt.data import format as corpus_format
-    from raymt.data.stream import Position, TrainStream
+    from raymt.data.epoch import Mix, Position
+    from raymt.data.stream import TrainStream
 
-    files = corpus_format.train_files(corpus_dir, corpus_format.read_manifest(corpus_dir))
+    files = Mix.of_shards(corpus_format.train_files(corpus_dir, corpus_format.read_manifest(corpus_dir)))
 
     @ray.remote(num_cpus=0.5)
     class StreamBench:

@@ -6,7 +6,7 @@ from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401
 
 from raymt import train, translate
 from raymt.config import PrepareConfig
-from raymt.data import prepare
+from raymt.data import prepare, sources
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -51,8 +51,8 @@ def test_checkpoint_of_another_vocabulary(ray_cluster, checkpoint, tmp_path, cap
     prepare.prepare_corpus(
         PrepareConfig(vocab_size=128),
         str(corpus),
-        [prepare.Source(kind="pairs", pairs=pairs)],
-        [prepare.Source(kind="pairs", pairs=pairs)],
+        [sources.Source(kind="pairs", pairs=pairs)],
+        [sources.Source(kind="pairs", pairs=pairs)],
         tokenizer=other,
     )
     argv = ["--resume", str(checkpoint), "--corpus", str(corpus), "--storage-path", str(tmp_path / "runs")]

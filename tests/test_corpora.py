@@ -14,12 +14,14 @@ import pytest
 from test_prepare import mirrored, write_prefix
 
 from raymt.config import Config, CorpusSpec, DataConfig, PrepareConfig
-from raymt.data import builtin, prepare
+from raymt.data import builtin, layout, prepare, shards, sources
 from raymt.data import format as corpus_format
 from raymt.data.__main__ import main as data_main
 from raymt.data.inputs import BT_TAG
+from raymt.flags import build_config
+from raymt.rundata import materialize, plan_data
 from raymt.tokenizer import train_tokenizer
-from raymt.train import build_config, materialize, parse_args, plan_data
+from raymt.train import parse_args
 
 SMALL = ["--vocab-size", "200", "--sp-model-type", "bpe"]
 SIZES = {"builtin_train_size": 300, "builtin_eval_size": 20}
@@ -228,7 +230,7 @@ def test_back_translated_pairs_are_tagged_and_counted_apart(tmp_path, capsys, no
     expected = {(o, i) for i, o in synthetic if o} | set(mirrored(10, 300))
     assert decoded == expected
     assert manifest["splits"]["valid"]["en-de"]["num_pairs"] == 5
-    rows = dict(prepare.corpora_summary_rows(manifest))
+    rows = dict(layout.corpora_summary_rows(manifest))
     assert rows["total real"][:2] == [60, 60] and rows["total bt"][:2] == [50, 49] and rows["total"][1] == 109
     assert "en-de.bt (bt)" in stdout and "dropped in en-de.bt: empty 1" in stdout
 
@@ -304,13 +306,13 @@ def test_ray_data_writes_the_tagged_corpora_the_driver_writes(ray_cluster, tmp_p
     bt = write_bt_dir(tmp_path / "bt", [(t, s) for s, t in mirrored(50, 300)] + [("x", "")])
     specs = [CorpusSpec("en", "de", ("p",), valid="v"), CorpusSpec("en", "fr", ("p",), valid="v")]
     specs.append(CorpusSpec("en", "de", (bt,), "bt"))
-    memory = prepare.Source("pairs", pairs=([s for s, _ in pairs], [t for _, t in pairs]))
+    memory = sources.Source("pairs", pairs=([s for s, _ in pairs], [t for _, t in pairs]))
     corpora = [
-        prepare.CorpusInput(spec, [memory] if spec.origin == "real" else [prepare.bt_source(bt, spec, cfg)])
+        sources.CorpusInput(spec, [memory] if spec.origin == "real" else [sources.bt_source(bt, spec, cfg)])
         for spec in specs
     ]
     for c in corpora[:2]:
-        c.valid = [prepare.Source("pairs", pairs=(["a"], ["b"]))]
+        c.valid = [sources.Source("pairs", pairs=(["a"], ["b"]))]
 
     def prepared(out: Path) -> tuple:
         manifest = prepare.prepare_corpora(cfg, str(out), corpora)
@@ -319,8 +321,8 @@ def test_ray_data_writes_the_tagged_corpora_the_driver_writes(ray_cluster, tmp_p
         return [c["train"]["dropped"] for c in manifest["corpora"]], manifest["sp_model_sha256"], manifest["tags"], rows
 
     here = prepared(tmp_path / "here")
-    monkeypatch.setattr(prepare, "DRIVER_PAIRS", 0)
-    monkeypatch.setattr(prepare, "DRIVER_BYTES", 0)
+    monkeypatch.setattr(shards, "DRIVER_PAIRS", 0)
+    monkeypatch.setattr(shards, "DRIVER_BYTES", 0)
     assert prepared(tmp_path / "ray") == here
     assert [d["duplicate"] for d in here[0]] == [10, 10, 0] and here[0][2]["empty"] == 1
     assert here[2]["reserved"] == {"<2de>": 4, "<2fr>": 5, BT_TAG: 6}
@@ -375,8 +377,8 @@ def test_a_run_on_one_tsv_corpus_is_a_one_pair_run(tmp_path, no_ray):
     cfg, run_data = plan_data(build_config(parse_args(argv)), tmp_path / "run", None, None)
     assert (cfg.data.src_lang, cfg.data.tgt_lang, run_data.mixed) == ("en", "fr", False)
     assert run_data.eval_sets == {
-        "valid": tuple(map(list, zip(*mirrored(4, 500)))),
-        "test": tuple(map(list, zip(*mirrored(3, 600)))),
+        "valid": {"en-fr": tuple(map(list, zip(*mirrored(4, 500))))},
+        "test": {"en-fr": tuple(map(list, zip(*mirrored(3, 600))))},
     }
     files, tokenizer = materialize(cfg, run_data)
     manifest = corpus_format.read_manifest(run_data.corpus)

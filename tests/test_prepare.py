@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raymt.config import PrepareConfig
+from raymt.config import CorpusSpec, PrepareConfig
 from raymt.data import format as corpus_format
-from raymt.data import prepare
+from raymt.data import mono, prepare, shards, sources, text
 from raymt.data.__main__ import main
 
 WORDS = (
@@ -119,7 +119,7 @@ def test_pairs_that_tokenize_to_nothing_are_dropped_as_empty(ray_cluster, tmp_pa
     """A side of only a zero-width space, a control character or a byte-order mark passes the text
     rules (pass 1) but has no token (pass 2): dropped and counted as empty, not a changed input."""
     if where == "ray":
-        monkeypatch.setattr(prepare, "DRIVER_BYTES", 0)
+        monkeypatch.setattr(shards, "DRIVER_BYTES", 0)
     invisible = [("\u200b", "alpha beta"), ("\x01", "alpha beta"), ("gamma delta", "\ufeff")]
     prefix = write_prefix(tmp_path / "train", mirrored(20) + invisible + mirrored(10, 20))
     valid = write_prefix(tmp_path / "val", mirrored(3, 100))
@@ -390,8 +390,8 @@ def test_pairs_source_with_a_given_tokenizer(ray_cluster, tmp_path):
     manifest = prepare.prepare_corpus(
         cfg,
         str(tmp_path / "c"),
-        [prepare.Source("pairs", pairs=(src, tgt))],
-        [prepare.Source("pairs", pairs=(src[:5], tgt[:5]))],
+        [sources.Source("pairs", pairs=(src, tgt))],
+        [sources.Source("pairs", pairs=(src[:5], tgt[:5]))],
         tokenizer=tokenizer,
     )
     assert corpus_format.load_tokenizer(str(tmp_path / "c"), manifest).model_proto == tokenizer.model_proto
@@ -399,43 +399,43 @@ def test_pairs_source_with_a_given_tokenizer(ray_cluster, tmp_path):
     assert decoded_train(tmp_path / "c") == Counter(pairs)
 
 
-def equivalence_inputs(tmp_path: Path, kind: str) -> list[prepare.Source]:
+def equivalence_inputs(tmp_path: Path, kind: str) -> list[sources.Source]:
     """Training inputs with pairs of every cleaning rule: in memory, or in four files of every
     kind (gzipped text with an invalid line, TSV.xz, JSONL.zst, Parquet) holding copies."""
     pairs = mirrored(300) + mirrored(20) + [("x " * 60, "y"), ("", "z"), ("a b", "b a " * 9)]
     if kind == "pairs":
-        return [prepare.Source("pairs", pairs=([s for s, _ in pairs], [t for _, t in pairs]))]
+        return [sources.Source("pairs", pairs=([s for s, _ in pairs], [t for _, t in pairs]))]
     prefix = write_prefix(tmp_path / "train", pairs[:200], "gz")
     with gzip.open(f"{prefix}.en.gz", "ab") as f:
         f.write(b"caf\xe9 latin-1\n")  # invalid UTF-8, dropped and counted (skip_invalid)
     with gzip.open(f"{prefix}.de.gz", "ab") as f:
         f.write(b"kaffee\n")
-    sources = [prepare.Source("text", paths=(f"{prefix}.en.gz", f"{prefix}.de.gz"))]
+    inputs = [sources.Source("text", paths=(f"{prefix}.en.gz", f"{prefix}.de.gz"))]
     for part, table_kind in zip((pairs[150:250], pairs[250:], pairs[:40]), ("tsv", "jsonl", "parquet")):
         (tmp_path / table_kind).mkdir()
         flags = write_table_input(tmp_path / table_kind, table_kind, part)
         cols = flags[flags.index("--src-col") + 1 :][::2] if "--src-col" in flags else [None, None]
-        sources.append(prepare.Source(table_kind, paths=(flags[1],), src_col=cols[0], tgt_col=cols[1]))
-    return sources
+        inputs.append(sources.Source(table_kind, paths=(flags[1],), src_col=cols[0], tgt_col=cols[1]))
+    return inputs
 
 
 @pytest.mark.parametrize("kind", ["pairs", "files"])
 def test_small_inputs_prepared_in_the_driver_equal_ray_datas(ray_cluster, tmp_path, monkeypatch, kind):
-    """Both passes in the driver (small inputs: `prepare.in_driver`) write what Ray Data's tasks
+    """Both passes in the driver (small inputs: `shards.in_driver`) write what Ray Data's tasks
     write: the same SentencePiece model, counts, rows in order and shards."""
     cfg = PrepareConfig(vocab_size=120, shard_pairs=100, dedup=True, max_len=40, skip_invalid=True)
-    train, valid = equivalence_inputs(tmp_path, kind), [prepare.Source("pairs", pairs=(["a"], ["b"]))]
+    train, valid = equivalence_inputs(tmp_path, kind), [sources.Source("pairs", pairs=(["a"], ["b"]))]
 
     def prepared(out: Path) -> tuple:
         manifest = prepare.prepare_corpus(cfg, str(out), train, valid)
         rows = [pq.read_table(path).to_pylist() for path, _, _ in corpus_format.train_files(str(out), manifest)]
         return manifest["splits"], manifest["sp_model_sha256"], rows
 
-    assert prepare.in_driver(prepare.check_sources(cfg, train, valid))
+    assert shards.in_driver(sources.check_sources(cfg, train, valid))
     here = prepared(tmp_path / "here")
-    monkeypatch.setattr(prepare, "DRIVER_PAIRS", 0)
-    monkeypatch.setattr(prepare, "DRIVER_BYTES", 0)
-    assert not prepare.in_driver(prepare.check_sources(cfg, train, valid))
+    monkeypatch.setattr(shards, "DRIVER_PAIRS", 0)
+    monkeypatch.setattr(shards, "DRIVER_BYTES", 0)
+    assert not shards.in_driver(sources.check_sources(cfg, train, valid))
     assert prepared(tmp_path / "ray") == here
     dropped = here[0]["train"]["dropped"]
     if kind == "pairs":
@@ -450,26 +450,112 @@ def test_specs_and_manifest_errors(tmp_path):
     cfg = PrepareConfig()
     write_lines(tmp_path / "x.en.zst", ["a"])  # not really zstd: only the name is resolved here
     write_lines(tmp_path / "x.de.xz", ["b"], "xz")
-    assert prepare.source_from_spec(str(tmp_path / "x"), cfg).paths == (f"{tmp_path}/x.en.zst", f"{tmp_path}/x.de.xz")
-    assert prepare.source_from_spec("a/news.tsv.gz", cfg).kind == "tsv"
-    assert prepare.source_from_spec("s3://bucket/data.jsonl.zst", cfg).kind == "jsonl"
-    assert prepare.spec_name("data/newstest2014.tsv.gz") == "newstest2014"
+    assert sources.source_from_spec(str(tmp_path / "x"), cfg).paths == (f"{tmp_path}/x.en.zst", f"{tmp_path}/x.de.xz")
+    assert sources.source_from_spec("a/news.tsv.gz", cfg).kind == "tsv"
+    assert sources.source_from_spec("s3://bucket/data.jsonl.zst", cfg).kind == "jsonl"
+    assert sources.spec_name("data/newstest2014.tsv.gz") == "newstest2014"
     (tmp_path / "pq").mkdir()
     for name in ("b.parquet", "a.parquet", "notes.txt"):
         (tmp_path / "pq" / name).write_text("")
-    assert prepare.source_from_spec(str(tmp_path / "pq"), cfg).paths == (
+    assert sources.source_from_spec(str(tmp_path / "pq"), cfg).paths == (
         f"{tmp_path}/pq/a.parquet",
         f"{tmp_path}/pq/b.parquet",
     )
     with pytest.raises(ValueError, match="http"):
-        https = prepare.Source("tsv", ("https://example.com/x.tsv",))
-        prepare.check_sources(cfg, [https], [https])
+        https = sources.Source("tsv", ("https://example.com/x.tsv",))
+        sources.check_sources(cfg, [https], [https])
     with pytest.raises(ValueError, match=r"no manifest\.json"):
         corpus_format.read_manifest(str(tmp_path))
     with pytest.raises(ValueError, match="must be >= 1"):
         PrepareConfig(max_ratio=0.5)
     with pytest.raises(ValueError, match="both 'de'"):
         PrepareConfig(src_lang="de")
+
+
+def test_file_kinds_are_one_table_for_every_reader(tmp_path):
+    """raymt.data.text names the kinds that prepare, --train SPECs and backtranslate all read."""
+    cases = {
+        "a.en": "text",
+        "a.en.gz": "text",
+        "news.TSV.xz": "tsv",
+        "x.jsonl.zst": "jsonl",
+        "x.ndjson": "jsonl",
+        "p.parquet": "parquet",
+        "s3://b/p.arrow": "parquet",
+        "f.feather": "parquet",
+        "i.ipc.bz2": "parquet",
+    }
+    assert {name: text.file_kind(name) for name in cases} == cases
+    assert text.strip_compression("News.TSV.GZ") == "News.TSV" and text.strip_compression("a.en") == "a.en"
+    assert [text.text_prefix(n) for n in ("data/train", "t.tsv.gz", "t.parquet", "s3://b/dir/")] == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert text.text_prefix(str(tmp_path / "nothing")) and not text.text_prefix(str(tmp_path))
+
+
+def test_one_pair_goes_through_the_corpora_pipeline_into_todays_format(tmp_path, capsys):
+    """`prepare_corpus` and `prepare_corpora` of one real corpus are one pipeline that writes
+    today's raymt-corpus/1 corpus: its files, manifest and fingerprint (this one was made by
+    raymt before the pipelines were merged), so older corpora stay "already prepared"."""
+    cfg = PrepareConfig(vocab_size=96, shard_pairs=50, dedup=True)
+    pairs = mirrored(200)
+
+    def mem(n: int) -> sources.Source:
+        return sources.Source("pairs", pairs=([s for s, _ in pairs[:n]], [t for _, t in pairs[:n]]))
+
+    one = prepare.prepare_corpus(cfg, str(tmp_path / "one"), [mem(200)], [mem(5)], {"t": [mem(3)]})
+    assert one["fingerprint"] == "9dbfd6e1c00f1a23e2f091ce85727cb38441e7b174c1813746b1921108692ee9"
+    assert list(one)[:7] == [
+        "format",
+        "src_lang",
+        "tgt_lang",
+        "vocab_size",
+        "sp_model_type",
+        "sp_model_sha256",
+        "splits",
+    ]
+    assert one["format"] == corpus_format.FORMAT and "temperature" not in one["options"]
+    assert sorted(one["splits"]) == ["test", "train", "valid"] and one["splits"]["valid"]["path"] == "valid.parquet"
+    assert "prepare: tokenizing and writing training shards\n" in capsys.readouterr().out
+    corpus = sources.CorpusInput(CorpusSpec("en", "de"), [mem(200)], [mem(5)], {"t": [mem(3)]})
+    two = prepare.prepare_corpora(cfg, str(tmp_path / "two"), [corpus])
+    drop = ("created", "command")
+    assert {k: v for k, v in two.items() if k not in drop} == {k: v for k, v in one.items() if k not in drop}
+    files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*.parquet"))
+    assert files == [
+        Path("test/t.parquet"),
+        *(Path(f"train/part-0000{i}.parquet") for i in range(4)),
+        Path("valid.parquet"),
+    ]
+    for rel in [*files, Path("spm.model")]:
+        assert (tmp_path / "one" / rel).read_bytes() == (tmp_path / "two" / rel).read_bytes(), rel
+
+
+@pytest.mark.parametrize("string_type", ["string", "large_string", "string_view"])
+def test_prepare_and_backtranslate_take_every_string_column_type(tmp_path, string_type):
+    """One text-column check (`raymt.data.text.check_text_column`): string, large_string and
+    string_view columns are text to prepare and to backtranslate alike; int64 is not."""
+    tp = getattr(pa, string_type)()
+    table = pa.table({"en": pa.array(["a b", None], tp), "de": pa.array(["x", "y z"], tp), "n": [1, 2]})
+    path = str(tmp_path / "t.arrow")
+    with pa.ipc.new_stream(path, table.schema) as writer:
+        writer.write_table(table)
+    cfg, source = PrepareConfig(), sources.Source("parquet", (path,))
+    sources.check_sources(cfg, [source], [source])
+    assert sources.read_eval(cfg, [source]) == (["a b", ""], ["x", "y z"])
+    (f,) = mono.input_files(path)
+    mono.check_columns([f], None, "en")
+    assert mono.count_lines(f) == 2
+    assert [mono.text_of(raw, f.kind, "en", False) for raw in mono.raw_items(f, "en")] == ["a b", ""]
+    for check in (
+        lambda: sources.check_sources(cfg, [sources.Source("parquet", (path,), "n")], [source]),
+        lambda: mono.check_columns([f], "n", "en"),
+    ):
+        with pytest.raises(ValueError, match=r"column 'n' has type int64, not string"):
+            check()
 
 
 def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
@@ -515,8 +601,10 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
 
 def test_train_run_prepares_with_the_data_cleaning_options(ray_cluster, tmp_path):
     """A --train run's prepare stage applies data.max_ratio and data.dedup (the PrepareConfig fields)."""
-    from raymt.data.prepare import _token_rule
-    from raymt.train import build_config, materialize, parse_args, plan_data
+    from raymt.data.clean import _token_rule
+    from raymt.flags import build_config
+    from raymt.rundata import materialize, plan_data
+    from raymt.train import parse_args
 
     # Pairs whose target has about twice the source's words: kept at the default max_ratio 3,
     # dropped at 1.5; and 4 exact duplicates, dropped only under data.dedup.

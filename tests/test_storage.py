@@ -21,11 +21,13 @@ from test_export import plant_malicious_pickle
 from test_faults import assert_mid_epoch, assert_same_as_reference, final_weights, trained_pairs
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
-from raymt import average, export, storage, train, translate
+from raymt import average, export, rundir, storage, train, translate
+from raymt.checkpoint import RAY_SNAPSHOT_FILE
 from raymt.config import Config, PrepareConfig
 from raymt.data import format as corpus_format
-from raymt.data import prepare
+from raymt.data import prepare, sources
 from raymt.data.builtin import generate
+from raymt.rundata import plan_data
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -136,8 +138,8 @@ def test_evaluate_checkpoint_and_test_set_uris(prefix, tmp_path, ray_address):
 @pytest.mark.parametrize("where", ["s3", "local"])
 def test_resume_of_a_trained_run_without_registered_checkpoint_is_an_error(prefix, tmp_path, capsys, where):
     run_dir = f"{prefix}/runs/lost" if where == "s3" else str(tmp_path / "runs" / "lost")
-    storage.write_bytes(storage.join(run_dir, train.RUN_CONFIG), json.dumps(Config().to_dict()).encode())
-    storage.write_bytes(storage.join(run_dir, train.METRICS_CSV), b"step,epoch\n20,0\n40,0\n")
+    storage.write_bytes(storage.join(run_dir, rundir.RUN_CONFIG), json.dumps(Config().to_dict()).encode())
+    storage.write_bytes(storage.join(run_dir, rundir.METRICS_CSV), b"step,epoch\n20,0\n40,0\n")
     assert train.main(["--resume", run_dir]) == 2
     line = error_line(capsys, "raymt.train")
     assert "logged step 40 but Ray Train registered no checkpoint" in line and "start again at step 0" in line
@@ -146,8 +148,8 @@ def test_resume_of_a_trained_run_without_registered_checkpoint_is_an_error(prefi
 def test_prepare_out_uri(ray_cluster, prefix):
     """A corpus written to the bucket whole (manifest last); prepared again: found, or replaced."""
     pairs = generate(300, "en", "de", seed=5)
-    train_src = [prepare.Source(kind="pairs", pairs=pairs)]
-    valid = [prepare.Source(kind="pairs", pairs=(pairs[0][:20], pairs[1][:20]))]
+    train_src = [sources.Source(kind="pairs", pairs=pairs)]
+    valid = [sources.Source(kind="pairs", pairs=(pairs[0][:20], pairs[1][:20]))]
     out = f"{prefix}/corpus"
     cfg = PrepareConfig(vocab_size=128, shard_pairs=100)
     manifest = prepare.prepare_corpus(cfg, out, train_src, valid)
@@ -215,20 +217,21 @@ def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
     run_cli(["raymt.train", *argv], cwd)
     run_dir = f"{prefix}/runs/quick"
     names = storage.listdir(run_dir)
-    for name in ("raymt_config.json", "spm.model", "corpus", "logs", "summary.json", "plots", train.RAY_SNAPSHOT_FILE):
+    for name in ("raymt_config.json", "spm.model", "corpus", "logs", "summary.json", "plots", RAY_SNAPSHOT_FILE):
         assert name in names, names
-    assert train.registered_checkpoints(run_dir) == 2
+    assert rundir.registered_checkpoints(run_dir) == 2
     assert corpus_format.read_manifest(f"{run_dir}/corpus")["splits"]["train"]["num_pairs"] > 300
     assert storage.listdir(f"{run_dir}/logs/tensorboard")[0].startswith("events.out.tfevents")
     steps = [
-        int(row.split(",")[0]) for row in storage.read_bytes(f"{run_dir}/{train.METRICS_CSV}").decode().splitlines()[1:]
+        int(row.split(",")[0])
+        for row in storage.read_bytes(f"{run_dir}/{rundir.METRICS_CSV}").decode().splitlines()[1:]
     ]
     assert set(steps) == {2, 4}
     assert list(cwd.iterdir()) == []
 
-    cfg, resume_dir, _ = train.resolve_resume(train.parse_args(["--resume", run_dir]))
+    cfg, resume_dir, _ = rundir.resolve_resume(train.parse_args(["--resume", run_dir]))
     assert resume_dir == run_dir and cfg.train.storage_path == f"{prefix}/runs" and cfg.train.name == "quick"
-    assert train.plan_data(cfg, run_dir, resume_dir, None)[1].sources is None  # corpus reused
+    assert plan_data(cfg, run_dir, resume_dir, None)[1].corpora is None  # corpus reused
     summary = json.loads(storage.read_bytes(f"{run_dir}/summary.json"))
     assert summary["best_checkpoint"].startswith(run_dir + "/checkpoint_")
     assert translate.main(["--checkpoint", summary["best_checkpoint"], "--beam", "1", "Belize"]) == 0
@@ -240,7 +243,7 @@ def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
 def wait_for_remote_checkpoints(run_dir: str, count: int, proc, timeout: float = 600) -> None:
     """Block until Ray Train has registered `count` checkpoints in the run's snapshot in the bucket."""
     deadline = time.time() + timeout
-    while train.registered_checkpoints(run_dir) < count:
+    while rundir.registered_checkpoints(run_dir) < count:
         assert time.time() < deadline and proc.poll() is None, "no checkpoint before the kill"
         time.sleep(0.5)
 

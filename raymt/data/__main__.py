@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Optional
 
-from raymt.config import DataConfig, PrepareConfig, _parse_value
+from raymt.config import DataConfig, PrepareConfig, parse_value
 
 # Flags whose names differ from their PrepareConfig field.
 FLAG_NAMES = {"src_lang": "src", "tgt_lang": "tgt"}
@@ -95,13 +95,13 @@ def prepare_config(args: argparse.Namespace) -> PrepareConfig:
         if raw is None or raw is f.default:
             continue
         flag = "--" + FLAG_NAMES.get(f.name, f.name).replace("_", "-")
-        values[f.name] = raw if isinstance(raw, bool) else _parse_value(raw, hints[f.name], flag)
+        values[f.name] = raw if isinstance(raw, bool) else parse_value(raw, hints[f.name], flag)
     return PrepareConfig(**values)
 
 
 def prepare_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list, list, dict]:
     """(train, valid, test) sources named by the flags; files are checked later, before Ray."""
-    from raymt.data.prepare import Source, source_from_spec, spec_name
+    from raymt.data.sources import Source, source_from_spec, spec_name
 
     def spec(s: str) -> Source:
         return source_from_spec(s, cfg, args.src_col, args.tgt_col)
@@ -152,7 +152,7 @@ def prepare_corpora_inputs(args: argparse.Namespace, cfg: PrepareConfig) -> list
     """The corpora and their sources named by --train/--bt/--valid/--test SRC-TGT:SPEC and --pairs
     (of the built-in corpus, or of --dataset); checked before Ray starts."""
     from raymt.data.inputs import corpora_from_flags, parse_pairs, split_spec
-    from raymt.data.prepare import corpus_inputs
+    from raymt.data.sources import corpus_inputs
 
     if args.src_file or args.tgt_file:
         raise ValueError("--src-file/--tgt-file name one pair: with several, pass --train SRC-TGT:PREFIX")
@@ -175,15 +175,14 @@ def prepare_corpora_inputs(args: argparse.Namespace, cfg: PrepareConfig) -> list
 
 def dataset_sources(name: str, cfg: PrepareConfig, cache_dir: Optional[str], mirror: Optional[str]) -> dict:
     """Split name -> Source of a named corpus: 'builtin' (generated) or a download (raymt.data.download)."""
-    from raymt.data.prepare import Source
+    from raymt.data.sources import Source
 
     if name == "builtin":
         from raymt.data import builtin
 
-        splits = builtin.builtin_splits(
+        return builtin.sources(
             cfg.src_lang, cfg.tgt_lang, DataConfig.builtin_train_size, DataConfig.builtin_eval_size, cfg.seed
         )
-        return {split: Source("pairs", pairs=pairs) for split, pairs in splits.items()}
     from raymt.data.download import fetch_dataset
 
     cache = Path(cache_dir or os.environ.get("RAYMT_CACHE") or "~/.cache/raymt").expanduser()

@@ -135,3 +135,12 @@ def builtin_splits(
                 train_src.append(s)
                 train_tgt.append(t)
     return {"train": (train_src, train_tgt), **held_out}
+
+
+def sources(src_lang: str, tgt_lang: str, train_size: int, eval_size: int, seed: int = 1) -> dict:
+    """`builtin_splits` as in-memory `raymt.data.sources.Source`s by split (train, valid, test): the
+    built-in corpus of a run or of `raymt data prepare`."""
+    from raymt.data.sources import Source
+
+    splits = builtin_splits(src_lang, tgt_lang, train_size, eval_size, seed)
+    return {split: Source(kind="pairs", pairs=pairs) for split, pairs in splits.items()}

@@ -160,6 +160,23 @@ def pairs(manifest: dict) -> list[str]:
     return list(dict.fromkeys(f"{c['src_lang']}-{c['tgt_lang']}" for c in manifest["corpora"]))
 
 
+def corpus_files(manifest: dict) -> list[str]:
+    """Every file a manifest names, relative to its corpus: shards, validation and test sets, the
+    SentencePiece model (a `raymt-corpus/1` manifest's sets are its one pair's)."""
+    splits = manifest.get("splits", {})
+    if manifest.get("format") == FORMAT_CORPORA:
+        trains = [c["train"] for c in manifest.get("corpora", [])]
+        valids = list(splits.get("valid", {}).values())
+        tests = [t for by_name in splits.get("test", {}).values() for t in by_name.values()]
+    else:
+        trains = [splits.get("train", {})]
+        valids = [splits.get("valid", {})]
+        tests = list(splits.get("test", {}).values())
+    paths = [f["path"] for train in trains for f in train.get("files", [])]
+    paths += [v.get("path", VALID_FILE) for v in valids] + [SPM_FILE]
+    return paths + [t["path"] for t in tests]
+
+
 def prefix_ids(manifest: dict, pair: str) -> list[int]:
     """The ids put before a validation/test source of `pair`: its target tag when the corpus
     reserves one (never <BT>); none for a one-pair corpus."""

@@ -1,22 +1,32 @@
 """The one reader of text inputs: local paths or URIs (pyarrow filesystems), plain or
-compressed (.gz, .xz, .zst, .bz2). Training (--train/--valid/--test), prepare and
-evaluate all read text through here."""
+compressed (.gz, .xz, .zst, .bz2); the one home of file kinds and suffixes, the Arrow IPC
+file-or-stream opener and the text-column check. Training (--train/--valid/--test), prepare,
+evaluate and backtranslate all read their inputs through here."""
 
 from __future__ import annotations
 
 import contextlib
 import gzip
 import lzma
+import os
 import zlib
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from raymt.errors import InputError, first_line
 from raymt.storage import exists, filesystem
 
 Pairs = tuple[list[str], list[str]]
 COMPRESSED = (".gz", ".xz", ".zst", ".zstd", ".bz2")
+TSV_SUFFIXES = (".tsv",)
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")  # Arrow IPC, file or stream format
+COLUMNAR_SUFFIXES = (".parquet", *ARROW_SUFFIXES)  # read by column name: file kind "parquet"
+# Files of rows with columns (kinds tsv, jsonl, parquet); any other name is text: a file of lines,
+# or for parallel data a PREFIX of PREFIX.<src> and PREFIX.<tgt>.
+TABLE_SUFFIXES = (*TSV_SUFFIXES, *JSONL_SUFFIXES, *COLUMNAR_SUFFIXES)
 
 
 @contextlib.contextmanager
@@ -103,3 +113,102 @@ def read_parallel(prefix: str, src_lang: str, tgt_lang: str) -> Pairs:
     if not src:
         raise ValueError(f"{src_uri} is empty")
     return src, tgt
+
+
+# ---------------------------------------------------------------- file kinds
+
+
+def strip_compression(name: str) -> str:
+    """`name` without its compression suffix (.gz, .xz, .zst, .zstd, .bz2; any case), if it has one."""
+    lower = name.lower()
+    for suffix in COMPRESSED:
+        if lower.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def file_kind(path: str) -> str:
+    """The reader of a file by its extension (compression aside): tsv, jsonl, parquet (Parquet or Arrow) or text."""
+    lower = strip_compression(path).lower()
+    if lower.endswith(TSV_SUFFIXES):
+        return "tsv"
+    if lower.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if lower.endswith(COLUMNAR_SUFFIXES):
+        return "parquet"
+    return "text"
+
+
+def is_arrow(uri: str) -> bool:
+    """Whether a Parquet-or-Arrow file is Arrow IPC (.arrow/.feather/.ipc); any other name is Parquet."""
+    return uri.lower().endswith(ARROW_SUFFIXES)
+
+
+# ---------------------------------------------------------------- Parquet and Arrow files
+
+
+def open_arrow(f: Any) -> Union[pa.ipc.RecordBatchFileReader, pa.ipc.RecordBatchStreamReader]:
+    """A reader of an open Arrow IPC file: the file format, or the stream format (no footer)."""
+    try:
+        return pa.ipc.open_file(f)
+    except pa.ArrowInvalid:  # the streaming IPC format has no footer
+        f.seek(0)
+        return pa.ipc.open_stream(f)
+
+
+def record_batches(uri: str, columns: Sequence[str], batch_size: int) -> Iterator[pa.RecordBatch]:
+    """Record batches of the named columns of a Parquet or Arrow IPC file, one at a time."""
+    fs, path = filesystem(uri)
+    with fs.open_input_file(path) as f:
+        if not is_arrow(uri):
+            yield from pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=list(columns))
+            return
+        reader = open_arrow(f)
+        if isinstance(reader, pa.ipc.RecordBatchFileReader):
+            batches: Any = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        else:
+            batches = reader
+        for batch in batches:
+            yield batch.select(list(columns))
+
+
+def table_rows(uri: str) -> int:
+    """Rows of a Parquet file (from its metadata) or an Arrow IPC file."""
+    fs, path = filesystem(uri)
+    with fs.open_input_file(path) as f:
+        if not is_arrow(uri):
+            return pq.ParquetFile(f).metadata.num_rows
+        return open_arrow(f).read_all().num_rows
+
+
+def table_schema(uri: str) -> pa.Schema:
+    """The schema of a Parquet or Arrow IPC file, read without its data."""
+    fs, path = filesystem(uri)
+    try:
+        with fs.open_input_file(path) as f:
+            return open_arrow(f).schema if is_arrow(uri) else pq.read_schema(f)
+    except (OSError, pa.ArrowException) as err:
+        kind = "an Arrow IPC" if is_arrow(uri) else "a Parquet"
+        raise InputError(f"{uri} is not {kind} file ({first_line(err)})") from None
+
+
+def is_text_type(tp: pa.DataType) -> bool:
+    """Whether a column of this type holds text: string, large_string or string_view (str in Python)."""
+    return pa.types.is_string(tp) or pa.types.is_large_string(tp) or pa.types.is_string_view(tp)
+
+
+def check_text_column(uri: str, schema: pa.Schema, column: str, flag: str) -> None:
+    """A Parquet/Arrow file must have `column`, holding text (`is_text_type`); else a one-line error naming `flag`."""
+    if column not in schema.names:
+        raise InputError(f"{uri} has no column {column!r} (columns: {', '.join(schema.names)}): pass {flag} to name it")
+    tp = schema.field(column).type
+    if not is_text_type(tp):
+        raise InputError(f"{uri}: column {column!r} has type {tp}, not string: pass {flag} to name a text column")
+
+
+def text_prefix(spec: str) -> bool:
+    """Whether a SPEC's location names PREFIX.<src> and PREFIX.<tgt> text files, not a
+    .tsv/.jsonl/Parquet file or a directory."""
+    lower = strip_compression(spec).lower()
+    local_dir = "://" not in spec and os.path.isdir(spec)
+    return not (lower.endswith(TABLE_SUFFIXES) or spec.endswith("/") or local_dir)

@@ -1,0 +1,227 @@
+"""How a prepared corpus names its files and describes itself: `raymt-corpus/1` (one real corpus) or `/2`."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Optional
+
+from raymt.config import PrepareConfig
+from raymt.data.clean import DROP_RULES, drop_summary
+from raymt.data.format import FORMAT, FORMAT_CORPORA, TEST_DIR, TRAIN_DIR, VALID_DIR, VALID_FILE
+from raymt.data.inputs import mixed, target_langs
+from raymt.data.sources import CorpusInput, check_corpus_inputs, check_sources, corpus_config
+from raymt.tokenizer import Tokenizer
+
+# PrepareConfig fields that only several corpora use (left out of a one-pair manifest).
+CORPORA_OPTIONS = ("temperature", "bt_tag")
+
+
+def fingerprint(
+    fmt: str, options: dict, inputs: list[dict], tokenizer: Optional[Tokenizer], corpora: Optional[list] = None
+) -> str:
+    """sha256 of everything a corpus depends on: format, options, inputs (paths, sizes, mtimes),
+    tokenizer, and for `raymt-corpus/2` the corpora (languages, origin, weight)."""
+    sp = hashlib.sha256(tokenizer.model_proto).hexdigest() if tokenizer is not None else None
+    blob = {"format": fmt, "options": options, "inputs": inputs, "tokenizer": sp}
+    if corpora is not None:
+        blob["corpora"] = corpora
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+def layout_of(cfg: PrepareConfig, corpora: list[CorpusInput]) -> Layout:
+    """`raymt-corpus/2` for several or back-translated corpora, else the one pair's `raymt-corpus/1`."""
+    return Layout(cfg, corpora) if mixed([c.spec for c in corpora]) else PairLayout(cfg, corpora)
+
+
+class Layout:
+    """`raymt-corpus/2`: shards per corpus (train/NAME/), sets per pair (valid/PAIR.parquet,
+    test/PAIR/NAME.parquet), the corpora and their tags in the manifest."""
+
+    format = FORMAT_CORPORA
+
+    def __init__(self, cfg: PrepareConfig, corpora: list[CorpusInput]) -> None:
+        self.cfg, self.corpora = cfg, corpora
+
+    def check_inputs(self) -> list[dict]:
+        """Every input checked on the driver before Ray starts; their descriptions for the manifest."""
+        return check_corpus_inputs(self.cfg, self.corpora)
+
+    def options(self) -> dict:
+        """The manifest's options (each corpus names its own languages)."""
+        return {k: v for k, v in dataclasses.asdict(self.cfg).items() if k not in ("src_lang", "tgt_lang")}
+
+    def fingerprint(self, inputs: list[dict], tokenizer: Optional[Tokenizer]) -> str:
+        """The corpus's fingerprint (`fingerprint`)."""
+        keys = ("src_lang", "tgt_lang", "origin", "weight")
+        specs = [{k: getattr(c.spec, k) for k in keys} for c in self.corpora]
+        return fingerprint(self.format, self.options(), inputs, tokenizer, specs)
+
+    def train_inputs(self, inputs: list[dict], c: CorpusInput) -> list[dict]:
+        """The input descriptions of corpus `c`'s training data."""
+        return [i for i in inputs if i.get("corpus") == c.spec.name]
+
+    def label(self, c: CorpusInput) -> str:
+        """What a progress line about corpus `c` starts with."""
+        return f"{c.spec.name}: "
+
+    def where(self, c: CorpusInput) -> str:
+        """What an error about corpus `c` starts with."""
+        return f"corpus {c.spec.name}: "
+
+    def train_dir(self, c: CorpusInput) -> str:
+        """Corpus `c`'s shards' directory, relative to the corpus."""
+        return f"{TRAIN_DIR}/{c.spec.name}"
+
+    def valid_path(self, pair: str) -> str:
+        """The validation set's file of `pair`, relative to the corpus."""
+        return f"{VALID_DIR}/{pair}.parquet"
+
+    def test_path(self, pair: str, name: str) -> str:
+        """Test set `name`'s file of `pair`, relative to the corpus."""
+        return f"{TEST_DIR}/{pair}/{name}.parquet"
+
+    def sample_note(self, shares: list[int], reserved: list[str]) -> str:
+        """The end of the SentencePiece progress line: each corpus's share of the sample, the tags."""
+        taken = ", ".join(f"{c.spec.name} {k}" for c, k in zip(self.corpora, shares))
+        return f" ({taken}), reserving {' '.join(reserved)}"
+
+    def manifest(self, tokenizer: Tokenizer, entries: list[dict], valid: dict, tests: dict, ids: dict) -> dict:
+        """The manifest without its bookkeeping: `entries` per corpus, `valid`/`tests` per pair."""
+        return {
+            "format": self.format,
+            **_model_fields(self.cfg, tokenizer),
+            "corpora": entries,
+            "tags": {"target_langs": target_langs([c.spec for c in self.corpora]), "reserved": ids},
+            "splits": {"valid": valid, "test": tests},
+        }
+
+    def print_summary(self, manifest: dict, out: str, seconds: float) -> None:
+        """The table printed at the end: each corpus (with its drops), real and back-translated
+        pairs counted apart, each pair's sets, the tags."""
+        header = ("corpus", "input pairs", "kept pairs", "src tokens", "tgt tokens", "shards")
+        rows = corpora_summary_rows(manifest)
+        width = max(len(name) for name, _ in rows + [("corpus", [])])
+        print(f"\n=== raymt corpus {out} ({len(manifest['corpora'])} corpora) ===")
+        print(f"{header[0]:<{width}}" + "".join(f"  {h:>12}" for h in header[1:]))
+        for name, values in rows:
+            print(f"{name:<{width}}" + "".join(f"  {v:>12,}" for v in values))
+        for c in manifest["corpora"]:
+            print(f"dropped in {c['name']}: {drop_summary(c['train']['dropped'])}")
+        for pair, entry in manifest["splits"]["valid"].items():
+            tests = manifest["splits"]["test"].get(pair, {})
+            shown = "".join(f", test/{name} {t['num_pairs']:,}" for name, t in tests.items())
+            print(f"{pair}: valid {entry['num_pairs']:,}{shown}")
+        tags = manifest["tags"]["reserved"]
+        print(f"tags: {', '.join(f'{p} = id {i}' for p, i in tags.items()) or 'none'}")
+        print(f"seconds: {seconds:.1f}")
+
+
+class PairLayout(Layout):
+    """`raymt-corpus/1`, one real corpus, written as before corpora had tags: the same files
+    (train/, valid.parquet, test/NAME.parquet), manifest and fingerprint, so that corpora and
+    checkpoints made by older raymt keep resuming."""
+
+    format = FORMAT
+
+    def __init__(self, cfg: PrepareConfig, corpora: list[CorpusInput]) -> None:
+        super().__init__(cfg, corpora)
+        (self.corpus,) = corpora
+        self.pair_cfg = corpus_config(cfg, self.corpus.spec)
+
+    def check_inputs(self) -> list[dict]:
+        """Every input checked on the driver before Ray starts; their descriptions for the manifest."""
+        c = self.corpus
+        return check_sources(self.pair_cfg, c.train, c.valid, c.test)
+
+    def options(self) -> dict:
+        """The options of a one-pair corpus, as before corpora had tags and temperatures: a corpus
+        prepared by an older raymt keeps its fingerprint ("already prepared")."""
+        return {k: v for k, v in dataclasses.asdict(self.pair_cfg).items() if k not in CORPORA_OPTIONS}
+
+    def fingerprint(self, inputs: list[dict], tokenizer: Optional[Tokenizer]) -> str:
+        """The corpus's fingerprint (`fingerprint`), without corpora."""
+        return fingerprint(self.format, self.options(), inputs, tokenizer)
+
+    def train_inputs(self, inputs: list[dict], c: CorpusInput) -> list[dict]:
+        """Every input description (`in_driver` takes the training ones)."""
+        return inputs
+
+    def label(self, c: CorpusInput) -> str:
+        """Progress lines of one pair name no corpus."""
+        return ""
+
+    def where(self, c: CorpusInput) -> str:
+        """Errors of one pair name no corpus."""
+        return ""
+
+    def train_dir(self, c: CorpusInput) -> str:
+        """The shards' directory, relative to the corpus."""
+        return TRAIN_DIR
+
+    def valid_path(self, pair: str) -> str:
+        """The validation set's file, relative to the corpus."""
+        return VALID_FILE
+
+    def test_path(self, pair: str, name: str) -> str:
+        """Test set `name`'s file, relative to the corpus."""
+        return f"{TEST_DIR}/{name}.parquet"
+
+    def sample_note(self, shares: list[int], reserved: list[str]) -> str:
+        """Nothing: the sample is the one corpus's, and no tag is reserved."""
+        return ""
+
+    def manifest(self, tokenizer: Tokenizer, entries: list[dict], valid: dict, tests: dict, ids: dict) -> dict:
+        """The manifest without its bookkeeping: the pair's train entry and sets."""
+        pair = self.corpus.spec.pair
+        return {
+            "format": self.format,
+            "src_lang": self.pair_cfg.src_lang,
+            "tgt_lang": self.pair_cfg.tgt_lang,
+            **_model_fields(self.cfg, tokenizer),
+            "splits": {"train": entries[0]["train"], "valid": valid[pair], "test": tests.get(pair, {})},
+        }
+
+    def print_summary(self, manifest: dict, out: str, seconds: float) -> None:
+        """The per-rule table printed at the end of a preparation."""
+        train = manifest["splits"]["train"]
+        rows = [("input pairs", train["input_pairs"])]
+        rows += [(f"  dropped: {rule}", train["dropped"][rule]) for rule in DROP_RULES]
+        rows += [
+            ("kept pairs", train["num_pairs"]),
+            ("src tokens", train["src_tokens"]),
+            ("tgt tokens", train["tgt_tokens"]),
+            ("shards", len(train["files"])),
+            ("valid pairs", manifest["splits"]["valid"]["num_pairs"]),
+        ]
+        rows += [(f"test pairs: {name}", t["num_pairs"]) for name, t in manifest["splits"]["test"].items()]
+        width = max(len(name) for name, _ in rows)
+        print(f"\n=== raymt corpus {out} ===")
+        for name, value in rows:
+            print(f"{name:<{width}}  {value:>12,}")
+        print(f"{'seconds':<{width}}  {seconds:>12.1f}")
+
+
+def _model_fields(cfg: PrepareConfig, tokenizer: Tokenizer) -> dict:
+    """The manifest's SentencePiece fields."""
+    return {
+        "vocab_size": tokenizer.sp.get_piece_size(),
+        "sp_model_type": cfg.sp_model_type,
+        "sp_model_sha256": hashlib.sha256(tokenizer.model_proto).hexdigest(),
+    }
+
+
+def corpora_summary_rows(manifest: dict) -> list[tuple[str, list]]:
+    """The rows of a several-corpora summary: one per corpus, then real and BT totals apart."""
+    columns = ("input_pairs", "kept", "src_tokens", "tgt_tokens", "shards")
+    rows, totals = [], {"real": [0] * len(columns), "bt": [0] * len(columns)}
+    for c in manifest["corpora"]:
+        t = c["train"]
+        values = [t["input_pairs"], t["num_pairs"], t["src_tokens"], t["tgt_tokens"], len(t["files"])]
+        rows.append((f"{c['name']} ({c['origin']})", values))
+        totals[c["origin"]] = [a + b for a, b in zip(totals[c["origin"]], values)]
+    rows.append(("total real", totals["real"]))
+    rows.append(("total bt", totals["bt"]))
+    rows.append(("total", [a + b for a, b in zip(totals["real"], totals["bt"])]))
+    return rows
