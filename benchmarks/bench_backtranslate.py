@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from raymt import backtranslate as bt  # noqa: E402
+from raymt import engines  # noqa: E402
 from raymt.config import BacktranslateConfig, DecodeOptions  # noqa: E402
 
 DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "multi30k" / "train.de.gz"
@@ -107,7 +108,7 @@ def baseline(checkpoint: Path, lines: list[str], args: argparse.Namespace, cache
     """Single-process ctranslate2.Translator, 1 thread, the same batches as an actor's."""
     import ctranslate2
 
-    directory = bt.ct2_model_dir(str(checkpoint), str(cache))
+    directory = engines.ct2_model_dir(str(checkpoint), str(cache))
     translator = ctranslate2.Translator(
         str(directory), device="cpu", compute_type=args.compute_type, intra_threads=1, inter_threads=1
     )
@@ -116,10 +117,10 @@ def baseline(checkpoint: Path, lines: list[str], args: argparse.Namespace, cache
     sp = Tokenizer.load(directory / "spm.model").sp
     opts = DecodeOptions(beam=args.beam)
     # A tagged multilingual model's target tag goes first, as the actors put it.
-    _, _, tags = bt.directions(bt.load_model_info(str(checkpoint)), args.src_lang, args.tgt_lang)
+    _, _, tags = bt.directions(engines.load_model_info(str(checkpoint)), args.src_lang, args.tgt_lang)
     t0 = time.perf_counter()
     sources = [tags + sp.encode(line.strip(), out_type=str) for line in lines if line.strip()]
-    for batch in bt.token_batches([len(s) + 1 for s in sources], args.max_tokens):
+    for batch in engines.token_batches([len(s) + 1 for s in sources], args.max_tokens):
         limit = max(int(opts.max_len_a * (len(sources[i]) + 1) + opts.max_len_b) for i in batch)
         translator.translate_batch(
             [sources[i] for i in batch],

@@ -22,59 +22,56 @@ empty output and is counted, so the output stays aligned with the input.
 `bt.json` in the output names the model and its direction, the decoding options, the
 input and its line count, the counts, and `done`; a rerun with other settings is refused.
 `--format text` also writes `text.<src>` (the inputs) and `text.<tgt>` (the outputs),
-aligned line by line, usable as a `--train` prefix.
+aligned line by line, usable as a `--train` prefix. The job's record (`bt.json`, shard files,
+what is left to do) is `raymt.bt_job`'s; the decoding engines are `raymt.engines`'.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import hashlib
-import importlib.util
-import io
-import json
-import lzma
 import os
 import random
-import secrets
-import shutil
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional
 
 import pyarrow as pa
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from raymt import storage
-from raymt.checkpoint import (
-    CONFIG_FILE,
-    SPM_FILE,
-    check_checkpoint,
-    load_weights,
-    local_checkpoint,
-    trained_sources,
-    weights_file,
+from raymt.bt_job import (
+    STATUS_EMPTY,
+    STATUS_INVALID,
+    STATUS_OK,
+    Job,
+    check_output,
+    count_inputs,
+    find_done,
+    shard_file,
+    shard_name,
+    text_complete,
+    write_info,
+    write_shard,
+    write_text,
 )
+from raymt.checkpoint import load_weights, trained_sources
 from raymt.cluster import check_ray_address, init_ray
-from raymt.config import BT_FORMATS, BacktranslateConfig, Config, DecodeOptions
-from raymt.data.inputs import decode_tags
-from raymt.data.text import COMPRESSED, open_binary
-from raymt.errors import InputError, first_line, user_error
-from raymt.export import CT2_RAYMT_CONFIG
-from raymt.tokenizer import EOS_ID, Tokenizer
+from raymt.config import BT_FORMATS, BacktranslateConfig, DecodeOptions
+from raymt.data.mono import changed_error, check_columns, default_column, input_files, raw_items, text_of
+from raymt.engines import (
+    ENGINE_CHOICES,
+    Engine,
+    ModelInfo,
+    ct2_model_dir,
+    load_engine,
+    load_model_info,
+    resolve_engine,
+    token_batches,
+)
+from raymt.errors import user_error
 from raymt.translate import decode_options
 
-INFO_FILE = "bt.json"
-INFO_FORMAT = "raymt-bt/1"
-SHARD_PREFIX = "part-"
-META_KEY = b"raymt.bt"  # Parquet schema metadata of a shard: its counts
-STATUS_OK, STATUS_EMPTY, STATUS_INVALID = 0, 1, 2
-TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
 # For tests of kills and restarts only: seconds each actor sleeps per shard (slows a run down).
 DELAY_ENV = "RAYMT_BT_TEST_DELAY_S"
 CPU_ACTORS = 2
@@ -82,10 +79,6 @@ CPU_ACTORS = 2
 QUEUE_PER_ACTOR = 2
 # The process title of a decoding actor (tests and the benchmark find actors by it).
 ACTOR_TITLE = "ray::BacktranslateActor"
-NOISE_FIELDS = ("noise", "noise_delete", "noise_replace", "noise_swap", "noise_filler")
-OUT_SCHEMA = pa.schema(
-    [("line_id", pa.int64()), ("input", pa.string()), ("output", pa.string()), ("score", pa.float64())]
-)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -119,7 +112,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--noise-swap", type=int, default=b.noise_swap, help="words move at most this far")
     p.add_argument("--noise-filler", default=b.noise_filler, help="the word that replaces words")
     p.add_argument("--seed", type=int, default=b.seed, help="seed of sampling and noise (per line id)")
-    p.add_argument("--engine", choices=("auto", "raymt", "ctranslate2"), default=b.engine)
+    p.add_argument("--engine", choices=ENGINE_CHOICES, default=b.engine)
     p.add_argument("--compute-type", default=b.compute_type, help="CTranslate2: auto = int8 on CPU, float16 on GPU")
     p.add_argument("--max-tokens", type=int, default=b.max_tokens, help="padded source tokens per batch")
     p.add_argument("--shard-lines", type=int, default=b.shard_lines, help="input lines per output shard")
@@ -135,53 +128,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 # ---------------------------------------------------------------- the model
 
 
-@dataclass
-class Model:
-    """What the driver knows of the model: its kind, config, tokenizer and languages."""
-
-    location: str  # normalized path or URI
-    kind: str  # "raymt" (a checkpoint or export) or "ctranslate2" (a CTranslate2 export)
-    config: Config
-    tokenizer: Tokenizer
-    languages: Optional[dict]  # config.json's "languages" (tagged multilingual models), else None
-
-
-def is_ct2_export(directory: Path) -> bool:
-    """Whether a local directory is a `raymt export --format ctranslate2` output."""
-    return (directory / "model.bin").is_file() and (directory / CT2_RAYMT_CONFIG).is_file()
-
-
-def load_model_info(checkpoint: str) -> Model:
-    """The model's kind, config, tokenizer and languages; one-line errors for a missing or broken one."""
-    directory = local_checkpoint(checkpoint)
-    if is_ct2_export(directory):
-        meta = _json(directory / CT2_RAYMT_CONFIG)
-        try:
-            config = Config.from_dict(meta["config"])
-        except (KeyError, TypeError) as err:
-            raise ValueError(f"{directory / CT2_RAYMT_CONFIG} is not a raymt export config ({err})") from None
-        tokenizer = Tokenizer.load(directory / SPM_FILE)
-        kind = "ctranslate2"
-    else:
-        config, tokenizer = check_checkpoint(directory)
-        meta = _json(directory / CONFIG_FILE)
-        kind = "raymt"
-    return Model(storage.normalize(checkpoint), kind, config, tokenizer, meta.get("languages"))
-
-
-def _json(path: Path) -> dict:
-    """A JSON object from a file, with a one-line error."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot read {path}: {first_line(err)}") from None
-
-
-def directions(model: Model, src_lang: Optional[str], tgt_lang: Optional[str]) -> tuple[str, str, list[str]]:
+def directions(model: ModelInfo, src_lang: Optional[str], tgt_lang: Optional[str]) -> tuple[str, str, list[str]]:
     """(src_lang, tgt_lang, tag pieces before each source): checked against what the model was trained on."""
     data = model.config.data
     if model.languages:  # a tagged multilingual model (design-inputs.md section 6)
-        tags = decode_tags(tgt_lang, model.languages.get("target_langs", []), model.languages.get("reserved", {}))
+        tags = model.tags(tgt_lang)
         tgt_lang = tgt_lang or model.languages["target_langs"][0]  # untagged many-to-one: its one target
         # Only the sources trained into tgt_lang: en->en on an en<->de model is no trained pair.
         sources = trained_sources(model.languages, tgt_lang)
@@ -209,247 +160,7 @@ def directions(model: Model, src_lang: Optional[str], tgt_lang: Optional[str]) -
     return data.src_lang, data.tgt_lang, []
 
 
-def resolve_engine(requested: str, model: Model) -> str:
-    """'raymt' or 'ctranslate2' for --engine; auto takes CTranslate2 when it is installed."""
-    have_ct2 = importlib.util.find_spec("ctranslate2") is not None
-    if model.kind == "ctranslate2":
-        if requested == "raymt":
-            raise ValueError(
-                f"--engine raymt: {model.location} is a CTranslate2 export; pass the raymt checkpoint "
-                "it came from, or --engine ctranslate2"
-            )
-        if not have_ct2:
-            raise ValueError(f"{model.location} is a CTranslate2 export: pip install ctranslate2")
-        return "ctranslate2"
-    if requested == "ctranslate2" and not have_ct2:
-        raise ValueError("--engine ctranslate2 needs the ctranslate2 package: pip install ctranslate2")
-    if requested == "auto":
-        return "ctranslate2" if have_ct2 else "raymt"
-    return requested
-
-
-def ct2_model_dir(checkpoint: str, cache: Optional[str] = None) -> Path:
-    """A local CTranslate2 directory of the model: the export itself, or the checkpoint exported once
-    into raymt's cache (keyed by its location and weights), renamed into place whole."""
-    from raymt.export import export_model
-
-    local = local_checkpoint(checkpoint)
-    if is_ct2_export(local):
-        return local
-    stat = weights_file(local).stat()
-    key = hashlib.sha256(f"{storage.normalize(checkpoint)}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    target = (Path(cache) if cache else storage.cache_root()) / "ctranslate2" / key[:16]
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    try:
-        export_model(local, tmp / "model", "ctranslate2")
-        os.replace(tmp / "model", target)
-    except OSError:
-        if not target.is_dir():  # else another process won the race
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 # ---------------------------------------------------------------- the input
-
-
-@dataclass
-class InputFile:
-    """One input file: where, what kind, and its size, mtime and line count."""
-
-    path: str
-    kind: str  # "text", "tsv", "jsonl" or "parquet"
-    size: int
-    mtime_ns: Optional[int]
-    num_lines: int = -1  # counted once (remembered in bt.json)
-    first_line: int = 0  # line id of its first line: the files' lines count on in order
-
-
-def file_kind(path: str) -> str:
-    """The reader of a file, by its extension (compression aside)."""
-    lower = path.lower()
-    for suffix in COMPRESSED:
-        if lower.endswith(suffix):
-            lower = lower[: -len(suffix)]
-            break
-    if lower.endswith(".tsv"):
-        return "tsv"
-    if lower.endswith((".jsonl", ".ndjson")):
-        return "jsonl"
-    if lower.endswith(TABLE_SUFFIXES):
-        return "parquet"
-    return "text"
-
-
-def _file_info(path: str) -> InputFile:
-    """An input file's kind, size and mtime; one line when it is missing or unreadable."""
-    fs, fs_path = storage.filesystem(path)
-    try:
-        info = fs.get_file_info(fs_path)
-    except (OSError, pa.ArrowException) as err:
-        raise ValueError(f"cannot access --input {path}: {first_line(err)}; check the URI and credentials") from None
-    if info.type == pafs.FileType.NotFound:
-        raise ValueError(f"--input {path} does not exist: check the path (a file, glob, directory or s3:// URI)")
-    if info.type != pafs.FileType.File:
-        raise ValueError(f"--input {path} is not a file")
-    return InputFile(path, file_kind(path), int(info.size or 0), info.mtime_ns)
-
-
-def input_files(spec: str) -> list[InputFile]:
-    """The files of --input in line-id order: a file, a local glob, or every file of a directory/prefix."""
-    try:
-        if not storage.is_uri(spec) and any(c in spec for c in "*?["):
-            paths = sorted(p for p in glob.glob(os.path.expanduser(spec)) if os.path.isfile(p))
-            if not paths:
-                raise ValueError(f"--input {spec}: no file matches this pattern")
-        elif storage.file_type(spec) == pafs.FileType.Directory:
-            fs, path = storage.filesystem(spec)
-            infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
-            names = sorted(
-                i.base_name for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith(".")
-            )
-            if not names:
-                raise ValueError(f"--input {spec} is a directory without files")
-            paths = [storage.join(spec, n) for n in names]
-        else:
-            paths = [storage.normalize(spec) if not storage.is_uri(spec) else spec]
-    except (OSError, pa.ArrowException) as err:
-        raise ValueError(f"cannot read --input {spec}: {first_line(err)}; check the URI and credentials") from None
-    return [_file_info(p) for p in paths]
-
-
-def count_lines(f: InputFile) -> int:
-    """Lines of a text file as `raymt.data.text.lines` splits them (a last line without newline
-    counts), or rows of a Parquet/Arrow file (from its metadata)."""
-    try:
-        if f.kind == "parquet":
-            return _table_rows(f.path)
-        count, last = 0, b"\n"
-        with open_binary(f.path) as stream:
-            while chunk := stream.read(1 << 20):
-                count += chunk.count(b"\n")
-                last = chunk[-1:]
-        return count + (last != b"\n")
-    except (OSError, EOFError, lzma.LZMAError, pa.ArrowException, ValueError) as err:
-        raise ValueError(
-            f"cannot read --input {f.path}: {first_line(err)}; check that the file is complete and "
-            "that its extension matches its compression"
-        ) from None
-
-
-def _table_rows(path: str) -> int:
-    """Rows of a Parquet or Arrow IPC file."""
-    fs, fs_path = storage.filesystem(path)
-    with fs.open_input_file(fs_path) as fh:
-        if path.lower().endswith(".parquet"):
-            return pq.ParquetFile(fh).metadata.num_rows
-        try:
-            return pa.ipc.open_file(fh).read_all().num_rows
-        except pa.ArrowInvalid:
-            fh.seek(0)
-            return pa.ipc.open_stream(fh).read_all().num_rows
-
-
-def default_column(kind: str, column: Optional[str], src_lang: str) -> Optional[str]:
-    """The column read from a file: TSV 0, JSONL/Parquet the source language; None for text."""
-    if kind == "text":
-        return None
-    if kind == "tsv":
-        col = column or "0"
-        if not col.isdigit():
-            raise ValueError(f"--column {col!r}: a TSV column is a 0-based number")
-        return col
-    return column or src_lang
-
-
-def check_columns(files: Sequence[InputFile], column: Optional[str], src_lang: str) -> None:
-    """Parquet and Arrow files must hold the column as strings; a JSONL file's first object must have the key."""
-    from raymt.data.prepare import table_schema  # prepare's reader of the same inputs
-
-    for f in files:
-        col = default_column(f.kind, column, src_lang)
-        if f.kind == "parquet":
-            schema = table_schema(f.path)  # a one-line error for a file that is not one
-            if col not in schema.names:
-                raise ValueError(f"{f.path} has no column {col!r} (columns: {', '.join(schema.names)}): pass --column")
-            if not pa.types.is_string(schema.field(col).type) and not pa.types.is_large_string(schema.field(col).type):
-                raise ValueError(f"{f.path}: column {col!r} is {schema.field(col).type}, not text: pass --column")
-        elif f.kind == "jsonl":
-            first = _first_json(f.path)
-            if first is not None and col not in first:
-                raise ValueError(
-                    f"{f.path}: the first object has no key {col!r} (keys: {', '.join(first) or 'none'}): pass --column"
-                )
-
-
-def _first_json(path: str) -> Optional[dict]:
-    """The first JSON object of a JSONL file (None when it has none readable)."""
-    from raymt.data.text import lines
-
-    for raw in lines(path):
-        try:
-            obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        if isinstance(obj, dict):
-            return obj
-    return None
-
-
-def _text_of(raw: Any, kind: str, column: Optional[str], first: bool) -> Optional[str]:
-    """One input line's text, or None when it is invalid (bad UTF-8, bad JSON, missing column)."""
-    if kind == "parquet":
-        return raw if isinstance(raw, str) else ""  # null: an empty line
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    text = text.lstrip("\ufeff") if first else text
-    text = text.rstrip("\r")
-    if kind == "text" or not text.strip():
-        return text
-    if kind == "tsv":
-        fields = text.split("\t")
-        col = int(column)  # type: ignore[arg-type]
-        return fields[col] if col < len(fields) else None
-    try:
-        value = json.loads(text).get(column)
-    except (json.JSONDecodeError, AttributeError):
-        return None
-    return value if isinstance(value, str) else ("" if value is None else None)
-
-
-def _raw_items(f: InputFile, column: Optional[str]) -> Iterator[Any]:
-    """A file's lines as bytes (text, tsv, jsonl) or its column's values (parquet)."""
-    from raymt.data.text import lines
-
-    if f.kind != "parquet":
-        yield from lines(f.path)
-        return
-    fs, path = storage.filesystem(f.path)
-    with fs.open_input_file(path) as fh:
-        if f.path.lower().endswith(".parquet"):
-            for batch in pq.ParquetFile(fh).iter_batches(batch_size=10_000, columns=[column]):
-                yield from batch.column(0).to_pylist()
-        else:
-            try:
-                table = pa.ipc.open_file(fh).read_all()
-            except pa.ArrowInvalid:
-                fh.seek(0)
-                table = pa.ipc.open_stream(fh).read_all()
-            yield from table.column(column).to_pylist()
-
-
-def _changed(f: InputFile, now: str) -> InputError:
-    """The error of an input file whose line count is not the one counted when the job started."""
-    return InputError(
-        f"{f.path} has {now} lines now but had {f.num_lines} when the job started: an input must not "
-        "change during a job; pass a new --output"
-    )
 
 
 def shard_inputs(job: Job) -> Iterator[tuple[int, pa.Table]]:
@@ -466,36 +177,22 @@ def shard_inputs(job: Job) -> Iterator[tuple[int, pa.Table]]:
             continue
         col = default_column(f.kind, job.args.column, src_lang)
         line_id = first
-        for raw in _raw_items(f, col):
+        for raw in raw_items(f, col):
             if line_id == end:
-                raise _changed(f, "more")
+                raise changed_error(f, "more")
             shard = line_id // shard_lines
             if shard in todo:  # the lines of done shards are not decoded
                 ids.append(line_id)
-                texts.append(_text_of(raw, f.kind, col, line_id == first))
+                texts.append(text_of(raw, f.kind, col, line_id == first))
                 if len(ids) == job.shard_rows(shard):
                     yield shard, pa.table({"line_id": pa.array(ids, pa.int64()), "text": pa.array(texts, pa.string())})
                     ids, texts = [], []
             line_id += 1
         if line_id != end:
-            raise _changed(f, str(line_id - first))
+            raise changed_error(f, str(line_id - first))
 
 
 # ---------------------------------------------------------------- decoding
-
-
-def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices sorted by length (stable), cut so that each batch's padded size (sentences x
-    longest) stays within max_tokens; a sentence longer than that is a batch of its own."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        if current and (len(current) + 1) * lengths[i] > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    return batches + ([current] if current else [])
 
 
 def noise_words(text: str, rng: random.Random, bt: BacktranslateConfig) -> str:
@@ -522,92 +219,6 @@ def _batch_seed(seed: int, first_line_id: int) -> int:
     return int.from_bytes(digest, "little")
 
 
-class RaymtEngine:
-    """raymt's own decoder (raymt.decoding) on CPU or GPU, at the checkpoint's precision."""
-
-    def __init__(self, checkpoint: str, opts: DecodeOptions, device: str, tags: list[str], **_: Any):
-        from raymt.checkpoint import load_model
-        from raymt.precision import for_inference
-
-        self.model, self.tokenizer, cfg = load_model(checkpoint, device)
-        self.opts, self.device = opts, device
-        self.tag_ids = [self.tokenizer.sp.piece_to_id(t) for t in tags]
-        self.autocast = for_inference(device, cfg, self.tokenizer.vocab_size).apply().autocast
-        self.max_src = cfg.model.max_positions - 1
-
-    def encode(self, text: str) -> list[int]:
-        """Source ids: tags, pieces (truncated to fit the positions), EOS."""
-        return self.tag_ids + self.tokenizer.encode(text)[: self.max_src - 1 - len(self.tag_ids)] + [EOS_ID]
-
-    def translate(self, sources: list[list[int]], seed: int) -> list[tuple[float, str]]:
-        """(score, text) of one batch of encoded sources."""
-        from raymt.decoding import decode_ids
-
-        opts = dataclasses.replace(self.opts, seed=seed) if self.opts.sample else self.opts
-        with self.autocast():
-            return [h[0] for h in decode_ids(self.model, self.tokenizer, sources, opts, 1, self.device)]
-
-
-class CT2Engine:
-    """CTranslate2 on the model exported once (int8 on CPU by default); raymt's per-sentence
-    length limit (a * src_len + b) by truncation, scores are CTranslate2's."""
-
-    def __init__(
-        self,
-        checkpoint: str,
-        opts: DecodeOptions,
-        device: str,
-        tags: list[str],
-        num_threads: int = 1,
-        compute_type: str = "auto",
-        cache: Optional[str] = None,
-    ):
-        import ctranslate2
-
-        directory = ct2_model_dir(checkpoint, cache)
-        if compute_type == "auto":
-            compute_type = "float16" if device == "cuda" else "int8"
-        self.translator = ctranslate2.Translator(
-            str(directory), device=device, compute_type=compute_type, intra_threads=num_threads, inter_threads=1
-        )
-        self.ct2, self.tokenizer = ctranslate2, Tokenizer.load(directory / SPM_FILE)
-        self.opts, self.tags = opts, tags
-        meta = json.loads((directory / CT2_RAYMT_CONFIG).read_text())
-        self.max_src = int(meta["config"]["model"]["max_positions"]) - 1
-
-    def encode(self, text: str) -> list[str]:
-        """Source pieces: tags and pieces, truncated to fit (CTranslate2 appends EOS itself)."""
-        pieces = self.tokenizer.sp.encode(text, out_type=str)
-        return self.tags + pieces[: self.max_src - 1 - len(self.tags)]
-
-    def translate(self, sources: list[list[str]], seed: int) -> list[tuple[float, str]]:
-        """(score, text) of one batch of sources."""
-        opts = self.opts
-        limits = [min(int(opts.max_len_a * (len(s) + 1) + opts.max_len_b), self.max_src) for s in sources]
-        if opts.sample:
-            self.ct2.set_random_seed(seed % (2**31))
-        results = self.translator.translate_batch(
-            sources,
-            beam_size=opts.beam,
-            length_penalty=opts.length_penalty,
-            max_decoding_length=max(1, max(limits) - 1),
-            min_decoding_length=0,
-            return_scores=True,
-            sampling_topk=(opts.top_k if opts.sample else 1),
-            sampling_temperature=opts.temperature,
-        )
-        sp = self.tokenizer.sp
-        out = []
-        for result, limit in zip(results, limits):
-            pieces = result.hypotheses[0][: max(0, limit - 1)]  # raymt's limit includes EOS
-            ids = [sp.piece_to_id(p) for p in pieces if not p.startswith("<raymt_filler_")]
-            out.append((float(result.scores[0]) if result.scores else 0.0, self.tokenizer.decode(ids)))
-        return out
-
-
-ENGINES = {"raymt": RaymtEngine, "ctranslate2": CT2Engine}
-
-
 class BacktranslateActor:
     """Decoding actor: loads the model once, then translates whole shards and writes each one."""
 
@@ -617,7 +228,7 @@ class BacktranslateActor:
         engine: str,
         opts: dict,
         bt: dict,
-        tags: list[str],
+        tgt_lang: str,
         device: str,
         num_threads: int,
         output: str,
@@ -626,26 +237,18 @@ class BacktranslateActor:
         delay_s: float = 0.0,
     ):
         import ray
-        import torch
 
-        torch.set_num_threads(num_threads)
         self.bt, self.delay_s, self.output = BacktranslateConfig(**bt), delay_s, output
+        self.opts, self.tgt_lang = DecodeOptions(**opts), tgt_lang
         # A local --output is the driver's directory: an actor on another machine sends its bytes back.
         self.writes = storage.is_uri(output) or ray.get_runtime_context().get_node_id() == driver_node
-        self.engine = ENGINES[engine](
-            checkpoint,
-            DecodeOptions(**opts),
-            device,
-            tags,
-            num_threads=num_threads,
-            compute_type=self.bt.compute_type,
-            cache=cache,
-        )
+        self.engine = load_engine(checkpoint, engine, device, num_threads, self.bt.compute_type, cache)
 
     def translate_shard(self, shard: int, block: pa.Table) -> dict:
         """Translate a whole shard and write its file; a small record back (shard, lines, counts),
         with the file's bytes only when this machine cannot write to --output."""
-        data, counts = shard_file(translate_block(self.engine, block, self.bt, self.delay_s))
+        table = translate_block(self.engine, block, self.opts, self.bt, self.tgt_lang, self.delay_s)
+        data, counts = shard_file(table)
         record: dict[str, Any] = {"shard": shard, "lines": block.num_rows, "counts": counts}
         if self.writes:
             write_shard(storage.join(self.output, shard_name(shard * self.bt.shard_lines)), data)
@@ -654,18 +257,27 @@ class BacktranslateActor:
         return record
 
 
-def translate_block(engine: Any, block: pa.Table, bt: BacktranslateConfig, delay_s: float = 0.0) -> pa.Table:
-    """Translate a block's valid, non-empty lines in token-budget batches; the others get ''."""
+def translate_block(
+    engine: Engine,
+    block: pa.Table,
+    opts: DecodeOptions,
+    bt: BacktranslateConfig,
+    tgt_lang: Optional[str] = None,
+    delay_s: float = 0.0,
+) -> pa.Table:
+    """Translate a block's valid, non-empty lines into `tgt_lang` in token-budget batches (sampling:
+    each batch seeded by its first line id); the other lines get ''."""
     line_ids = block.column("line_id").to_pylist()
     texts = block.column("text").to_pylist()
     n = len(line_ids)
     outputs, scores = [""] * n, [float("nan")] * n
     status = [STATUS_INVALID if t is None else STATUS_OK if t.strip() else STATUS_EMPTY for t in texts]
     todo = [i for i in range(n) if status[i] == STATUS_OK]
-    encoded = [engine.encode(texts[i].strip()) for i in todo]
-    for batch in token_batches([len(e) for e in encoded], bt.max_tokens):
+    encoded = engine.encode([texts[i].strip() for i in todo], tgt_lang)
+    for batch in token_batches([engine.length(e) for e in encoded], bt.max_tokens):
         seed = _batch_seed(bt.seed, line_ids[todo[batch[0]]])
-        for j, (score, text) in zip(batch, engine.translate([encoded[j] for j in batch], seed)):
+        batch_opts = dataclasses.replace(opts, seed=seed) if opts.sample else opts
+        for j, [(score, text)] in zip(batch, engine.translate_ids([encoded[j] for j in batch], batch_opts)):
             i = todo[j]
             if bt.noise:
                 text = noise_words(text, random.Random(f"{bt.seed}:{line_ids[i]}"), bt)
@@ -681,206 +293,6 @@ def translate_block(engine: Any, block: pa.Table, bt: BacktranslateConfig, delay
             "status": pa.array(status, pa.int8()),
         }
     )
-
-
-# ---------------------------------------------------------------- the job and its output
-
-
-@dataclass
-class Job:
-    """Everything checked before Ray starts: the model, input, output and what is left to do."""
-
-    args: argparse.Namespace
-    bt: BacktranslateConfig
-    opts: DecodeOptions
-    model: Model
-    engine: str
-    src_lang: str
-    tgt_lang: str
-    tags: list[str]
-    files: list[InputFile]
-    output: str
-    info: dict  # bt.json
-    done: dict[int, dict] = field(default_factory=dict)  # shard -> its counts, for verified shard files
-    todo: list[int] = field(default_factory=list)
-
-    @property
-    def num_lines(self) -> int:
-        """Lines of the whole input."""
-        return sum(f.num_lines for f in self.files)
-
-    @property
-    def num_shards(self) -> int:
-        """Output shards of the whole input."""
-        return -(-self.num_lines // self.bt.shard_lines)
-
-    def shard_rows(self, shard: int) -> int:
-        """Lines of shard `shard` (the last one may be short)."""
-        return min(self.bt.shard_lines, self.num_lines - shard * self.bt.shard_lines)
-
-
-def shard_name(first_line_id: int) -> str:
-    """`part-000000010000.parquet`: names sort in line-id order."""
-    return f"{SHARD_PREFIX}{first_line_id:012d}.parquet"
-
-
-def shard_file(table: pa.Table) -> tuple[bytes, dict]:
-    """A translated shard's Parquet file (rows in line-id order, its counts in the schema's
-    metadata) and its counts."""
-    table = table.take(pa.compute.sort_indices(table, [("line_id", "ascending")]))
-    status = table.column("status").to_pylist()
-    counts = {
-        "translated": status.count(STATUS_OK),
-        "empty": status.count(STATUS_EMPTY),
-        "invalid": status.count(STATUS_INVALID),
-    }
-    out = table.select(OUT_SCHEMA.names).cast(OUT_SCHEMA).replace_schema_metadata({META_KEY: json.dumps(counts)})
-    buf = io.BytesIO()
-    pq.write_table(out, buf)
-    return buf.getvalue(), counts
-
-
-def write_shard(location: str, data: bytes) -> None:
-    """Write a shard file whole: locally under a temporary name of this writer's own, then renamed
-    (a retried task and a first try that is still running never mix); an object in one PUT."""
-    if storage.is_uri(location):
-        storage.write_bytes(location, data)
-        return
-    path = Path(location)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")  # find_done removes leftovers
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def settings(job: Job) -> dict:
-    """What fixes a job's outputs: a rerun into the same --output must have the same."""
-    return {
-        "checkpoint": job.model.location,
-        "engine": job.engine,
-        "src_lang": job.src_lang,
-        "tgt_lang": job.tgt_lang,
-        "tags": job.tags,
-        "decode": {k: v for k, v in job.opts.__dict__.items() if k != "use_cache"},
-        "noise": {
-            k: getattr(job.bt, k) for k in ("noise", "noise_delete", "noise_replace", "noise_swap", "noise_filler")
-        },
-        "seed": job.bt.seed,
-        "shard_lines": job.bt.shard_lines,
-        "input": {
-            "spec": job.args.input,
-            "column": job.args.column,
-            "files": [{"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns} for f in job.files],
-        },
-    }
-
-
-SETTING_FLAGS = {
-    "checkpoint": "--checkpoint",
-    "engine": "--engine",
-    "src_lang": "--src-lang",
-    "tgt_lang": "--tgt-lang",
-    "tags": "--tgt-lang",
-    "decode": "the decoding flags",
-    "noise": "the --noise flags",
-    "seed": "--seed",
-    "shard_lines": "--shard-lines",
-    "input": "--input (or its files changed)",
-}
-
-
-def check_output(job: Job) -> Optional[dict]:
-    """The existing bt.json of --output (None for a new job); a one-line error for other settings."""
-    location = job.output
-    kind = storage.file_type(location)
-    if kind == pafs.FileType.File:
-        raise ValueError(f"--output {location} is a file: pass a directory (or a URI prefix)")
-    old = storage.optional_bytes(storage.join(location, INFO_FILE))
-    if old is None:
-        if kind == pafs.FileType.Directory and any(n.startswith(SHARD_PREFIX) for n in storage.listdir(location)):
-            raise ValueError(f"--output {location} holds shards but no {INFO_FILE}: pass a new --output")
-        return None
-    try:
-        info = json.loads(old)
-        assert info.get("format") == INFO_FORMAT
-    except (json.JSONDecodeError, AssertionError, AttributeError):
-        raise ValueError(f"{storage.join(location, INFO_FILE)} is not a raymt back-translation record") from None
-    now = settings(job)
-    differ = [k for k in now if info.get(k) != now[k]]
-    if differ:
-        names = ", ".join(dict.fromkeys(SETTING_FLAGS[k] for k in differ))
-        raise ValueError(
-            f"--output {location} holds a back-translation with other settings ({names}): rerun it with "
-            "the same flags to finish it, or pass a new --output"
-        )
-    return info
-
-
-def count_inputs(job: Job, old: Optional[dict]) -> None:
-    """Each input file's line count: from bt.json when the same files were counted before."""
-    known = old.get("num_lines_per_file") if old else None
-    if known and len(known) == len(job.files):
-        for f, n in zip(job.files, known):
-            f.num_lines = int(n)
-        return
-    for f in job.files:
-        f.num_lines = count_lines(f)
-    if job.num_lines == 0:
-        raise ValueError(f"--input {job.args.input} has no lines")
-
-
-def shard_counts(location: str, expected_rows: int) -> Optional[dict]:
-    """A finished shard's counts, or None when it is missing, unreadable or has another row count."""
-    fs, path = storage.filesystem(location)
-    try:
-        with fs.open_input_file(path) as fh:
-            meta = pq.ParquetFile(fh).metadata
-            counts = json.loads((meta.metadata or {}).get(META_KEY, b"{}"))
-    except (OSError, pa.ArrowException, json.JSONDecodeError):
-        return None
-    if meta.num_rows != expected_rows or not isinstance(counts, dict) or "empty" not in counts:
-        return None
-    return counts
-
-
-def find_done(job: Job) -> None:
-    """Verify the shard files already written (row counts); the rest, and broken ones, are to do."""
-    names = set(storage.listdir(job.output))
-    if not storage.is_uri(job.output):
-        for name in names:  # left by a driver killed while writing
-            if name.startswith(SHARD_PREFIX) and name.endswith(".tmp"):
-                os.remove(os.path.join(job.output, name))
-    for shard in range(job.num_shards):
-        name = shard_name(shard * job.bt.shard_lines)
-        counts = shard_counts(storage.join(job.output, name), job.shard_rows(shard)) if name in names else None
-        if counts is None:
-            job.todo.append(shard)
-        else:
-            job.done[shard] = counts
-
-
-def write_info(job: Job, done: bool = False) -> None:
-    """bt.json: settings, line counts, totals so far and whether the job is complete."""
-    totals = {"translated": 0, "empty": 0, "invalid": 0}
-    for counts in job.done.values():
-        for key in totals:
-            totals[key] += int(counts.get(key, 0))
-    info = {
-        "format": INFO_FORMAT,
-        **settings(job),
-        "num_lines": job.num_lines,
-        "num_lines_per_file": [f.num_lines for f in job.files],
-        "num_shards": job.num_shards,
-        "shards_done": len(job.done),
-        "counts": totals,
-        "done": done,
-        "text": text_names(job) if done and job.args.format == "text" else [],
-    }
-    job.info = info
-    storage.write_bytes(storage.join(job.output, INFO_FILE), json.dumps(info, indent=2).encode())
 
 
 def check_args(args: argparse.Namespace) -> Job:
@@ -998,7 +410,7 @@ def start_actors(job: Job) -> list:
         "engine": job.engine,
         "opts": dict(job.opts.__dict__),
         "bt": dataclasses.asdict(job.bt),
-        "tags": job.tags,
+        "tgt_lang": job.tgt_lang,
         "device": "cuda" if args.gpu else "cpu",
         "num_threads": plan.num_threads,
         "output": job.output,
@@ -1038,57 +450,6 @@ def run_on_cluster(job: Job, progress: Progress) -> None:
     finally:
         for actor in actors:  # at once: a failed run's actors must not hold the cluster's CPUs
             ray.kill(actor)
-
-
-def text_names(job: Job) -> list[str]:
-    """The aligned text files of --format text: inputs and outputs."""
-    return [f"text.{job.src_lang}", f"text.{job.tgt_lang}"]
-
-
-def text_complete(job: Job) -> bool:
-    """Whether bt.json (as the previous run left it) records the text files as written whole: a run
-    killed while writing them left done false, whatever files it left behind."""
-    names = text_names(job)
-    recorded = job.info.get("done") is True and job.info.get("text") == names
-    return recorded and all(storage.exists(storage.join(job.output, n)) for n in names)
-
-
-def write_text(job: Job) -> None:
-    """text.<src> and text.<tgt> from the shards in order, one shard in memory at a time; written
-    under temporary names and moved into place only when both are complete."""
-    names = text_names(job)
-    if names[0] == names[1]:
-        raise ValueError(f"--format text: source and target are both {job.src_lang}; read the Parquet shards instead")
-    fs, _ = storage.filesystem(job.output)
-    targets = [storage.filesystem(storage.join(job.output, n))[1] for n in names]
-    temps = [t + ".tmp" for t in targets]
-    try:
-        with _text_output(fs, temps[0]) as src_out, _text_output(fs, temps[1]) as tgt_out:
-            for shard in range(job.num_shards):
-                _, path = storage.filesystem(storage.join(job.output, shard_name(shard * job.bt.shard_lines)))
-                with fs.open_input_file(path) as fh:
-                    table = pq.read_table(fh, columns=["input", "output"])
-                for column, out in (("input", src_out), ("output", tgt_out)):
-                    out.write("".join(t.replace("\n", " ") + "\n" for t in table.column(column).to_pylist()))
-    except BaseException:
-        for tmp in temps:  # an object store completes a stream closed by an error: a partial object
-            _delete_quietly(fs, tmp)
-        raise
-    for tmp, target in zip(temps, targets):
-        fs.move(tmp, target)
-
-
-def _text_output(fs: pafs.FileSystem, path: str) -> io.TextIOWrapper:
-    """A writable UTF-8 text stream of a file or object (an object appears when closed)."""
-    return io.TextIOWrapper(fs.open_output_stream(path, compression=None), encoding="utf-8")
-
-
-def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
-    """Delete a file or object if it is there."""
-    try:
-        fs.delete_file(path)
-    except (OSError, pa.ArrowException):
-        pass
 
 
 def summary(job: Job, seconds: float, progress: Progress) -> str:

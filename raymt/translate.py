@@ -9,11 +9,11 @@ from typing import Optional
 
 import torch
 
-from raymt.checkpoint import load_model, source_prefix
+from raymt.checkpoint import source_prefix
+from raymt.config import DecodeOptions
 from raymt.data.text import read_lines
-from raymt.decoding import DecodeOptions, translate_nbest
+from raymt.engines import load_engine
 from raymt.metrics import score
-from raymt.precision import for_inference
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -101,15 +101,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         opts = decode_options(args, seed=args.seed)
         if not 1 <= args.n_best <= opts.beam:
             raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
-        prefix = source_prefix(args.checkpoint, args.tgt_lang)  # checked before the weights load
-        model, tokenizer, cfg = load_model(args.checkpoint, args.device)
+        source_prefix(args.checkpoint, args.tgt_lang)  # --tgt-lang checked before the weights load
+        engine = load_engine(args.checkpoint, "raymt", args.device)  # decodes at the run's precision
         sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
         refs = read_refs(args.ref, len(sentences)) if args.ref else None
     except ValueError as err:
         print(f"raymt.translate: error: {err}", file=sys.stderr)
         return 2
-    with for_inference(args.device, cfg, tokenizer.vocab_size).apply().autocast():  # the run's precision
-        nbest = translate_nbest(model, tokenizer, sentences, opts, args.n_best, args.batch_size, args.device, prefix)
+    nbest = engine.translate(sentences, opts, args.tgt_lang, args.n_best, args.batch_size)
     hyps = [h[0][1] for h in nbest]
     for i, hyp_list in enumerate(nbest):
         if args.n_best == 1:
@@ -118,7 +117,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             for hyp_score, hyp in hyp_list:
                 print(f"{i} ||| {hyp} ||| {hyp_score:.4f}")
     if refs is not None:
-        s = score(hyps, refs, lang=args.tgt_lang or cfg.data.tgt_lang)
+        s = score(hyps, refs, lang=args.tgt_lang or engine.info.config.data.tgt_lang)
         print(f"BLEU {s['bleu']:.2f} ({s['bleu_signature']})", file=sys.stderr)
         print(f"chrF {s['chrf']:.2f} ({s['chrf_signature']})", file=sys.stderr)
     return 0

@@ -19,9 +19,11 @@ import pytest
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 from raymt import backtranslate as bt
+from raymt import bt_job, engines
 from raymt.checkpoint import languages_entry
 from raymt.config import BacktranslateConfig, DecodeOptions
 from raymt.data.builtin import generate
+from raymt.data.mono import InputFile, count_lines
 
 pytestmark = pytest.mark.timeout(600)
 FLAGS = ["--beam", "1", "--max-len-a", "0", "--max-len-b", "4", "--engine", "raymt", "--progress-s", "0.5"]
@@ -56,18 +58,6 @@ def run(args: list[str]) -> int:
 # ---------------------------------------------------------------- pure functions
 
 
-def test_token_batches_respect_the_budget_and_cover_every_sentence():
-    rng = random.Random(0)
-    lengths = [rng.randint(1, 40) for _ in range(500)] + [300]  # one longer than the budget
-    batches = bt.token_batches(lengths, 256)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    for b in batches:
-        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 256
-    flat = [lengths[i] for b in batches for i in b]
-    assert flat == sorted(flat)  # sorted by length: little padding
-    assert [500] in batches
-
-
 def test_noise_deletes_replaces_and_moves_words_at_most_k():
     words = [f"w{i}" for i in range(2000)]
     text = " ".join(words)
@@ -93,18 +83,18 @@ def test_count_lines_counts_as_the_reader_splits(tmp_path):
     for i, (data, expected) in enumerate(cases.items()):
         path = tmp_path / f"f{i}.txt.gz"
         path.write_bytes(gzip.compress(data))
-        assert bt.count_lines(bt.InputFile(str(path), "text", 1, 0)) == expected, data
+        assert count_lines(InputFile(str(path), "text", 1, 0)) == expected, data
 
 
 def test_auto_engine_is_ctranslate2_when_installed(checkpoint):
-    model = bt.load_model_info(str(checkpoint))
+    model = engines.load_model_info(str(checkpoint))
     have = pytest.importorskip("ctranslate2") is not None
-    assert have and bt.resolve_engine("auto", model) == "ctranslate2"
-    assert bt.resolve_engine("raymt", model) == "raymt"
+    assert have and engines.resolve_engine("auto", model) == "ctranslate2"
+    assert engines.resolve_engine("raymt", model) == "raymt"
 
 
 def test_tagged_model_takes_its_tag(checkpoint):
-    model = bt.load_model_info(str(checkpoint))
+    model = engines.load_model_info(str(checkpoint))
     # The entry as training writes it into config.json (a multilingual checkpoint's own format).
     model.languages = languages_entry([("en", "de"), ("en", "fr")], {"<2de>": 4, "<2fr>": 5})
     assert model.languages["pairs"] == [["en", "de"], ["en", "fr"]]
@@ -118,7 +108,7 @@ def test_tagged_model_takes_its_tag(checkpoint):
 
 
 def test_tagged_model_checks_the_source_against_the_target(checkpoint):
-    model = bt.load_model_info(str(checkpoint))
+    model = engines.load_model_info(str(checkpoint))
     model.languages = languages_entry([("en", "de"), ("de", "en")], {"<2de>": 4, "<2en>": 5})
     assert bt.directions(model, None, "en") == ("de", "en", ["<2en>"])  # the one source trained into en
     assert bt.directions(model, None, "de") == ("en", "de", ["<2de>"])
@@ -174,7 +164,7 @@ def test_bad_input_is_one_line_before_ray(checkpoint, case, tmp_path, no_ray, er
         inp = "nope://bucket/mono.en"
     elif case == "other_settings":
         job = bt.check_args(bt.parse_args(["--checkpoint", ckpt, "--input", inp, "--output", out, *FLAGS]))
-        bt.write_info(job)
+        bt_job.write_info(job)
         extra = ["--beam", "3"]
     elif case == "beam":
         extra = ["--beam", "0"]
@@ -203,7 +193,7 @@ def test_bad_input_is_one_line_before_ray(checkpoint, case, tmp_path, no_ray, er
         "beam": "--beam 0 must be >= 1",
         "corrupt_xz": "mono.en.xz: Corrupt input data; check that the file is complete",
         "arrow_no_column": "mono.arrow has no column 'en' (columns: de): pass --column",
-        "arrow_not_text": "mono.ipc: column 'en' is int64, not text: pass --column",
+        "arrow_not_text": "mono.ipc: column 'en' has type int64, not string: pass --column to name a text column",
     }[case]
     assert expected in err[0]
 
@@ -212,22 +202,25 @@ def test_bad_input_is_one_line_before_ray(checkpoint, case, tmp_path, no_ray, er
 
 
 class UpperEngine:
-    """A stand-in decoder: the output is the input in capitals."""
+    """A stand-in engine: the output is the input in capitals."""
 
-    def encode(self, text: str) -> list[str]:
-        return text.split()
+    def encode(self, texts: list[str], tgt_lang=None) -> list[list[str]]:
+        return [text.split() for text in texts]
 
-    def translate(self, sources: list[list[str]], seed: int) -> list[tuple[float, str]]:
-        return [(0.0, " ".join(s).upper()) for s in sources]
+    def length(self, source: list[str]) -> int:
+        return len(source)
+
+    def translate_ids(self, sources: list[list[str]], opts, n_best: int = 1) -> list[list[tuple[float, str]]]:
+        return [[(0.0, " ".join(s).upper())] for s in sources]
 
 
 def decode_here(args: list[str]) -> None:
     """Write a job's shards in this process, as its actors would."""
     job = bt.check_args(bt.parse_args(args))
-    bt.write_info(job)
+    bt_job.write_info(job)
     for shard, block in bt.shard_inputs(job):
-        data, _ = bt.shard_file(bt.translate_block(UpperEngine(), block, job.bt))
-        bt.write_shard(bt.storage.join(job.output, bt.shard_name(shard * job.bt.shard_lines)), data)
+        data, _ = bt_job.shard_file(bt.translate_block(UpperEngine(), block, job.opts, job.bt))
+        bt_job.write_shard(bt_job.storage.join(job.output, bt_job.shard_name(shard * job.bt.shard_lines)), data)
 
 
 @pytest.fixture
@@ -266,7 +259,7 @@ def test_text_interrupted_while_written_is_rewritten(text_job):
 def test_text_failing_midway_leaves_no_partial_file(text_job, monkeypatch):
     args, out, lines = text_job
     job = bt.check_args(bt.parse_args(args))
-    real, calls = bt.pq.read_table, []
+    real, calls = bt_job.pq.read_table, []
 
     def fail_on_the_third_shard(*a, **kw):
         calls.append(1)
@@ -274,9 +267,9 @@ def test_text_failing_midway_leaves_no_partial_file(text_job, monkeypatch):
             raise OSError("connection reset")
         return real(*a, **kw)
 
-    monkeypatch.setattr(bt.pq, "read_table", fail_on_the_third_shard)
+    monkeypatch.setattr(bt_job.pq, "read_table", fail_on_the_third_shard)
     with pytest.raises(OSError, match="connection reset"):
-        bt.write_text(job)
+        bt_job.write_text(job)
     assert not list(out.glob("text.*"))  # neither under its final name nor a temporary one
     monkeypatch.undo()
     assert run(args) == 0
@@ -353,7 +346,7 @@ def test_every_input_kind_aligned_each_line_once(ray_cluster, checkpoint, tmp_pa
     assert info["counts"] == {"translated": 35, "empty": 3, "invalid": 2}
     assert (info["src_lang"], info["tgt_lang"], info["engine"]) == ("en", "de", "raymt")
     # The outputs are what the engine gives each shard (one block, across files), decoded here.
-    engine = bt.RaymtEngine(str(checkpoint), OPTS, "cpu", [])
+    engine = engines.load_engine(str(checkpoint), "raymt")
     cfg = BacktranslateConfig(shard_lines=7)
     expected = []
     for start in range(0, 40, 7):
@@ -364,7 +357,7 @@ def test_every_input_kind_aligned_each_line_once(ray_cluster, checkpoint, tmp_pa
                 "text": pa.array([None if i in invalid else texts[i] for i in ids], pa.string()),
             }
         )
-        expected += bt.translate_block(engine, block, cfg).column("output").to_pylist()
+        expected += bt.translate_block(engine, block, OPTS, cfg).column("output").to_pylist()
     assert outputs == expected
     # --format text: aligned line by line with the input
     assert (out / "text.en").read_text().split("\n")[:-1] == texts

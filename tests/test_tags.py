@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from tiny_checkpoint import make_checkpoint, one_thread, write_pairs  # noqa: F401 (autouse fixture)
 
-from raymt import average, evaluate, export, translate
+from raymt import average, engines, evaluate, export, translate
 from raymt.checkpoint import (
     check_languages,
     languages_entry,
@@ -33,9 +33,9 @@ from raymt.checkpoint import (
     save_checkpoint,
     source_prefix,
 )
-from raymt.config import Config, DataConfig, tiny
+from raymt.config import Config, CorpusSpec, DataConfig, tiny
 from raymt.data.builtin import generate
-from raymt.data.inputs import CorpusSpec, reserved_pieces
+from raymt.data.inputs import reserved_pieces
 from raymt.decoding import DecodeOptions, decode_nbest, encode_sources, pad_batch, translate_nbest
 from raymt.model import Transformer
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -251,7 +251,7 @@ def bad_checkpoint(request, tagged, untagged, tmp_path):
 @pytest.mark.parametrize("bad_checkpoint", list(BAD), indirect=True)
 def test_bad_languages_are_one_line_before_loading(bad_checkpoint, request, monkeypatch, err_lines):
     _, flags, message = BAD[request.node.callspec.params["bad_checkpoint"]]
-    no_weights(monkeypatch, translate)
+    no_weights(monkeypatch, engines)  # where raymt.translate loads them
     assert translate.main(["--checkpoint", str(bad_checkpoint), *flags, "Belize"]) == 2
     err = err_lines()
     assert len(err) == 1 and err[0].startswith("raymt.translate: error: ") and message in err[0], err

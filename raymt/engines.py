@@ -1,0 +1,350 @@
+"""Translation engines: raymt's own decoder and CTranslate2 behind one interface.
+
+`load_engine(checkpoint, engine="auto"|"raymt"|"ctranslate2", device, threads)` loads a raymt
+checkpoint or export (or a `raymt export --format ctranslate2` directory) once. The engine
+knows its model (`engine.info`: config, tokenizer, languages and trained pairs), encodes texts
+into source ids (a tagged model's target tag, the pieces, EOS: `engine.encode`) and translates
+a batch of encoded sources into the n best (score, text) per sentence (`translate_ids`). Each
+source carries its own tag, so one batch may hold several target languages; a caller that
+batches many requests' sentences cuts the batches itself (`token_batches`, by padded source
+tokens, each source costing `engine.length(source)`). `translate` does the whole job for a
+list of texts, in the length-sorted batches of `raymt translate`.
+
+raymt's engine decodes as `raymt.decoding` does, at the precision `raymt.precision.for_inference`
+picks. CTranslate2's runs the model exported once into raymt's cache (int8 on a CPU, float16
+on a GPU by default); raymt's length limit a * src_len + b is applied by truncation, its length
+penalty is CTranslate2's and its scores are CTranslate2's. Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Optional, Sequence, Union
+
+import torch
+
+from raymt import storage
+from raymt.checkpoint import CONFIG_FILE, SPM_FILE, check_checkpoint, load_model, local_checkpoint, weights_file
+from raymt.config import Config, DecodeOptions
+from raymt.data.inputs import decode_tags
+from raymt.decoding import decode_ids, encode_sources, length_batches
+from raymt.errors import check, first_line
+from raymt.export import CT2_RAYMT_CONFIG
+from raymt.precision import for_inference
+from raymt.tokenizer import Tokenizer
+
+ENGINE_CHOICES = ("auto", "raymt", "ctranslate2")
+Translation = tuple[float, str]  # (score, text)
+# One target language for every sentence, or one per sentence (None: the model's only target).
+TargetLangs = Union[None, str, Sequence[Optional[str]]]
+
+
+# ---------------------------------------------------------------- the model, without its weights
+
+
+def is_ct2_export(directory: Path) -> bool:
+    """Whether a local directory is a `raymt export --format ctranslate2` output."""
+    return (directory / "model.bin").is_file() and (directory / CT2_RAYMT_CONFIG).is_file()
+
+
+def _json(path: Path) -> dict:
+    """A JSON object from a file, with a one-line error."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read {path}: {first_line(err)}") from None
+
+
+@dataclass
+class ModelInfo:
+    """What is known of a model before its weights load: kind, config, tokenizer and languages."""
+
+    location: str  # normalized path or URI
+    kind: str  # "raymt" (a checkpoint or export) or "ctranslate2" (a CTranslate2 export)
+    config: Config
+    tokenizer: Tokenizer
+    languages: Optional[dict]  # config.json's "languages" (tagged multilingual models), else None
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (source, target) language pairs the model was trained on."""
+        if self.languages:
+            return [(src, tgt) for src, tgt in self.languages["pairs"]]
+        return [(self.config.data.src_lang, self.config.data.tgt_lang)]
+
+    @property
+    def target_langs(self) -> list[str]:
+        """The languages the model translates into, sorted."""
+        return sorted({tgt for _, tgt in self.pairs})
+
+    def tags(self, tgt_lang: Optional[str]) -> list[str]:
+        """The tag pieces before a source to translate into `tgt_lang` (None: the model's only
+        target); one-line errors for a missing or untrained language."""
+        if self.languages:  # a multilingual model (design-inputs.md section 6)
+            return decode_tags(tgt_lang, self.languages["target_langs"], list(self.languages["reserved"]))
+        data = self.config.data
+        check(
+            tgt_lang in (None, data.tgt_lang),
+            f"--tgt-lang {tgt_lang}: this model translates {data.src_lang} -> {data.tgt_lang} only; "
+            f"pass --tgt-lang {data.tgt_lang} or none",
+        )
+        return []
+
+    def prefix(self, tgt_lang: Optional[str]) -> list[int]:
+        """The ids of `tags(tgt_lang)`: what starts each source into `tgt_lang`."""
+        return [self.tokenizer.sp.piece_to_id(piece) for piece in self.tags(tgt_lang)]
+
+    def encode(self, texts: Sequence[str], tgt_lang: TargetLangs = None) -> list[list[int]]:
+        """Source ids of each text: its target's tag, its pieces (cut to fit the model's
+        positions) and EOS, as `raymt.decoding.encode_sources` makes them."""
+        max_positions = self.config.model.max_positions
+        if tgt_lang is None or isinstance(tgt_lang, str):
+            return encode_sources(self.tokenizer, texts, max_positions, self.prefix(tgt_lang))
+        langs = list(tgt_lang)
+        check(len(langs) == len(texts), f"{len(texts)} texts but {len(langs)} target languages")
+        prefixes = {lang: self.prefix(lang) for lang in dict.fromkeys(langs)}
+        return [encode_sources(self.tokenizer, [t], max_positions, prefixes[lang])[0] for t, lang in zip(texts, langs)]
+
+
+def load_model_info(checkpoint: str) -> ModelInfo:
+    """The model's kind, config, tokenizer and languages; one-line errors for a missing or broken one."""
+    directory = local_checkpoint(checkpoint)
+    if is_ct2_export(directory):
+        meta = _json(directory / CT2_RAYMT_CONFIG)
+        try:
+            config = Config.from_dict(meta["config"])
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{directory / CT2_RAYMT_CONFIG} is not a raymt export config ({err})") from None
+        tokenizer = Tokenizer.load(directory / SPM_FILE)
+        kind = "ctranslate2"
+    else:
+        config, tokenizer = check_checkpoint(directory)
+        meta = _json(directory / CONFIG_FILE)
+        kind = "raymt"
+    return ModelInfo(storage.normalize(checkpoint), kind, config, tokenizer, meta.get("languages"))
+
+
+def resolve_engine(requested: str, model: ModelInfo) -> str:
+    """'raymt' or 'ctranslate2' for --engine; auto takes CTranslate2 when it is installed."""
+    check(requested in ENGINE_CHOICES, f"--engine {requested}: no such engine; pick one of {', '.join(ENGINE_CHOICES)}")
+    have_ct2 = importlib.util.find_spec("ctranslate2") is not None
+    if model.kind == "ctranslate2":
+        if requested == "raymt":
+            raise ValueError(
+                f"--engine raymt: {model.location} is a CTranslate2 export; pass the raymt checkpoint "
+                "it came from, or --engine ctranslate2"
+            )
+        if not have_ct2:
+            raise ValueError(f"{model.location} is a CTranslate2 export: pip install ctranslate2")
+        return "ctranslate2"
+    if requested == "ctranslate2" and not have_ct2:
+        raise ValueError("--engine ctranslate2 needs the ctranslate2 package: pip install ctranslate2")
+    if requested == "auto":
+        return "ctranslate2" if have_ct2 else "raymt"
+    return requested
+
+
+def ct2_model_dir(checkpoint: str, cache: Optional[str] = None) -> Path:
+    """A local CTranslate2 directory of the model: the export itself, or the checkpoint exported once
+    into raymt's cache (keyed by its location and weights), renamed into place whole."""
+    from raymt.export import export_model
+
+    local = local_checkpoint(checkpoint)
+    if is_ct2_export(local):
+        return local
+    stat = weights_file(local).stat()
+    key = hashlib.sha256(f"{storage.normalize(checkpoint)}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    target = (Path(cache) if cache else storage.cache_root()) / "ctranslate2" / key[:16]
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        export_model(local, tmp / "model", "ctranslate2")
+        os.replace(tmp / "model", target)
+    except OSError:
+        if not target.is_dir():  # else another process won the race
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices sorted by length (stable), cut so that each batch's padded size (sentences x
+    longest) stays within max_tokens; a sentence longer than that is a batch of its own."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + ([current] if current else [])
+
+
+# ---------------------------------------------------------------- the engines
+
+
+class Engine(ABC):
+    """A loaded model: encodes texts and translates batches of encoded sources."""
+
+    name: ClassVar[str]
+
+    def __init__(self, info: ModelInfo):
+        self.info = info
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's SentencePiece tokenizer."""
+        return self.info.tokenizer
+
+    def encode(self, texts: Sequence[str], tgt_lang: TargetLangs = None) -> list[list[int]]:
+        """Source ids of each text into its target language (ModelInfo.encode)."""
+        return self.info.encode(texts, tgt_lang)
+
+    def length(self, source: Sequence[int]) -> int:
+        """The tokens a source costs in a batch's padded size (its ids, EOS included)."""
+        return len(source)
+
+    @abstractmethod
+    def translate_ids(
+        self, sources: Sequence[Sequence[int]], opts: DecodeOptions, n_best: int = 1
+    ) -> list[list[Translation]]:
+        """One batch of encoded sources (each ending in EOS): the n_best (score, text) each, best first."""
+
+    def translate(
+        self,
+        texts: Sequence[str],
+        opts: DecodeOptions,
+        tgt_lang: TargetLangs = None,
+        n_best: int = 1,
+        batch_size: int = 64,
+    ) -> list[list[Translation]]:
+        """Texts in length-sorted batches of batch_size sentences: the n_best (score, text) each,
+        in input order (raymt's engine: what `raymt.decoding.translate_nbest` gives)."""
+        encoded = self.encode(texts, tgt_lang)
+        out: list[list[Translation]] = [[] for _ in encoded]
+        for batch in length_batches([len(e) for e in encoded], batch_size):
+            for i, hyps in zip(batch, self.translate_ids([encoded[i] for i in batch], opts, n_best)):
+                out[i] = hyps
+        return out
+
+
+class RaymtEngine(Engine):
+    """raymt's own decoder (raymt.decoding) on CPU or GPU, at the precision for_inference picks."""
+
+    name = "raymt"
+
+    def __init__(self, info: ModelInfo, device: str = "cpu", **_: Any):
+        super().__init__(info)
+        self.model, _, _ = load_model(info.location, device)
+        self.device = device
+        self.autocast = for_inference(device, info.config, info.tokenizer.vocab_size).apply().autocast
+
+    def translate_ids(
+        self, sources: Sequence[Sequence[int]], opts: DecodeOptions, n_best: int = 1
+    ) -> list[list[Translation]]:
+        """One batch of encoded sources: the n_best (score, text) each (raymt.decoding.decode_ids)."""
+        with self.autocast():
+            return decode_ids(self.model, self.tokenizer, sources, opts, n_best, self.device)
+
+
+class CT2Engine(Engine):
+    """CTranslate2 on the model exported once (int8 on CPU by default); raymt's per-sentence
+    length limit (a * src_len + b) by truncation, scores are CTranslate2's."""
+
+    name = "ctranslate2"
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        device: str = "cpu",
+        threads: Optional[int] = None,
+        compute_type: str = "auto",
+        cache: Optional[str] = None,
+    ):
+        import ctranslate2
+
+        super().__init__(info)
+        directory = ct2_model_dir(info.location, cache)
+        kind, _, index = device.partition(":")
+        if compute_type == "auto":
+            compute_type = "float16" if kind == "cuda" else "int8"
+        self.translator = ctranslate2.Translator(
+            str(directory),
+            device=kind,
+            device_index=int(index or 0),
+            compute_type=compute_type,
+            intra_threads=threads or 1,
+            inter_threads=1,
+        )
+        self.ct2 = ctranslate2
+        self.max_src = info.config.model.max_positions - 1
+
+    def length(self, source: Sequence[int]) -> int:
+        """The tokens a source costs in a batch: its pieces (CTranslate2 appends EOS itself)."""
+        return len(source) - 1
+
+    def translate_ids(
+        self, sources: Sequence[Sequence[int]], opts: DecodeOptions, n_best: int = 1
+    ) -> list[list[Translation]]:
+        """One batch of encoded sources: the n_best (score, text) each, CTranslate2's scores."""
+        check(1 <= n_best <= opts.beam, f"n_best={n_best} must be between 1 and the beam size {opts.beam}")
+        if not sources:
+            return []
+        sp = self.tokenizer.sp
+        pieces = [[sp.id_to_piece(i) for i in s[:-1]] for s in sources]  # without EOS: CTranslate2 adds it
+        limits = [min(int(opts.max_len_a * len(s) + opts.max_len_b), self.max_src) for s in sources]
+        if opts.sample and opts.seed is not None:
+            self.ct2.set_random_seed(opts.seed % (2**31))
+        results = self.translator.translate_batch(
+            pieces,
+            beam_size=opts.beam,
+            num_hypotheses=n_best,
+            length_penalty=opts.length_penalty,
+            max_decoding_length=max(1, max(limits) - 1),
+            min_decoding_length=0,
+            return_scores=True,
+            sampling_topk=(opts.top_k if opts.sample else 1),
+            sampling_temperature=opts.temperature,
+        )
+        return [self._hypotheses(result, limit) for result, limit in zip(results, limits)]
+
+    def _hypotheses(self, result: Any, limit: int) -> list[Translation]:
+        """(score, text) of one sentence's hypotheses, each cut to raymt's limit (EOS included)."""
+        sp, out = self.tokenizer.sp, []
+        for k, hyp in enumerate(result.hypotheses):
+            ids = [sp.piece_to_id(p) for p in hyp[: max(0, limit - 1)] if not p.startswith("<raymt_filler_")]
+            out.append((float(result.scores[k]) if result.scores else 0.0, self.tokenizer.decode(ids)))
+        return out
+
+
+ENGINES: dict[str, type[Engine]] = {"raymt": RaymtEngine, "ctranslate2": CT2Engine}
+
+
+def load_engine(
+    checkpoint: str,
+    engine: str = "auto",
+    device: str = "cpu",
+    threads: Optional[int] = None,
+    compute_type: str = "auto",
+    cache: Optional[str] = None,
+) -> Engine:
+    """The model of a checkpoint or export loaded into an engine (auto: CTranslate2 when installed);
+    `threads`: this process's torch threads and CTranslate2's intra_threads (default 1);
+    `compute_type` and `cache` (where checkpoints are exported to): CTranslate2's."""
+    info = load_model_info(checkpoint)
+    name = resolve_engine(engine, info)
+    if threads:
+        torch.set_num_threads(threads)
+    return ENGINES[name](info, device=device, threads=threads, compute_type=compute_type, cache=cache)
