@@ -1,8 +1,9 @@
 """The training loop in plain PyTorch: step, lockstep, validation, progress, restore.
 
 No Ray and no `torch.distributed` here: collective operations go through a `Collective`
-(this module's single-process one by default; `raymt.worker` passes the torch.distributed
-one), so the loop runs and is tested in one process.
+(this module's single-process one by default; `raymt.distributed` has the torch.distributed
+one), so the loop runs and is tested in one process. What a loop around it adds at each step
+(validation, checkpoints, logs) comes in as `Hooks`.
 
 The step never waits for the device (no `.item()`, `bool(tensor)`, `.tolist()`, `.cpu()`):
 - the loss, the count of skipped updates and the longest run of them stay on the device
@@ -418,11 +419,34 @@ class Progress:
 # ---------------------------------------------------------------- the loop
 
 
+class Hooks:
+    """What a loop around `Trainer` adds to its steps (raymt.worker.WorkerLoop); alone, nothing."""
+
+    def before_step(self, update: Update) -> None:
+        """Called with each update before it trains."""
+
+    def after_step(self, update: Update) -> None:
+        """Called after each update (step already counted)."""
+
+    def logged(self, metrics: dict) -> None:
+        """Called with the training metrics of each log interval that ends without an evaluation."""
+
+    def evaluate(self, metrics: dict) -> None:
+        """Called every train.eval_every steps and at max_steps, with the interval's training metrics."""
+
+    def note(self) -> str:
+        """The end of rank 0's progress line."""
+        return ""
+
+
+NO_HOOKS = Hooks()
+
+
 class Trainer:
     """One worker's training loop: updates, progress lines, the evaluation and stop cadence.
 
-    Subclasses (raymt.worker.WorkerLoop) hook in with `before_step`, `after_step` and
-    `evaluate_and_report`; by itself it trains and logs in one process.
+    `hooks` (raymt.worker.WorkerLoop) add validation, checkpoints and logs; without them it
+    trains and prints progress lines in one process.
     """
 
     def __init__(
@@ -437,12 +461,14 @@ class Trainer:
         collective: Collective = SINGLE,
         autocast=contextlib.nullcontext,
         scaler: Optional[torch.amp.GradScaler] = None,
+        hooks: Hooks = NO_HOOKS,
     ):
         self.cfg, self.model, self.optimizer, self.scheduler = cfg, model, optimizer, scheduler
         self.device, self.step, self.epoch, self.collective = device, step, epoch, collective
-        self.autocast, self.scaler = autocast, scaler  # fp16's loss scaler, else None
+        self.autocast, self.scaler, self.hooks = autocast, scaler, hooks  # scaler: fp16's loss scaler, else None
         self.is_rank0 = collective.rank == 0
         self.progress = Progress(cfg, step, device, collective, self.is_rank0)
+        self.progress.note = hooks.note
         minutes = cfg.train.max_minutes
         self.deadline = time.monotonic() + 60 * minutes if minutes else None
 
@@ -454,7 +480,7 @@ class Trainer:
         """Train on `batches` until they end; True when the run must stop (steps, time)."""
         cfg = self.cfg
         for update in lockstep(batches, cfg.optim.update_freq, self.device, self.collective, self.late, mark):
-            self.before_step(update)
+            self.hooks.before_step(update)
             loss, applied = train_step(
                 self.model,
                 self.optimizer,
@@ -468,23 +494,18 @@ class Trainer:
             self.progress.update(loss, applied, update.num_tokens)
             self.scheduler.step()
             self.step += 1
-            self.after_step(update)
+            self.hooks.after_step(update)
             if self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps:
-                self.evaluate_and_report()
+                self.hooks.evaluate(self.log_train())
             elif self.step % cfg.train.log_every == 0:
-                self.log_train()
+                self.hooks.logged(self.log_train())
             if self.step >= cfg.train.max_steps or (self.step % cfg.train.log_every == 0 and update.late):
                 return True
         return False
 
-    def before_step(self, update: Update) -> None:
-        """Called with each update before it trains."""
-
-    def after_step(self, update: Update) -> None:
-        """Called after each update (step already counted)."""
-
     def log_train(self) -> dict:
-        """The interval's training metrics; stops a run stuck on non-finite updates."""
+        """The interval's training metrics and rank 0's progress line; stops a run stuck on
+        non-finite updates."""
         metrics = self.progress.log(self.step, self.epoch, self.scheduler.get_last_lr()[0])
         if metrics["nonfinite_in_a_row"] > self.cfg.train.max_nonfinite_steps:
             raise RuntimeError(
@@ -494,7 +515,3 @@ class Trainer:
             )
         metrics["epoch"] = self.epoch
         return metrics
-
-    def evaluate_and_report(self) -> None:
-        """Without validation data: a progress line."""
-        self.log_train()

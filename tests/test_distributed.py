@@ -52,7 +52,7 @@ def worker_loop(loop_config):
     import ray.train
     import ray.train.torch
 
-    from raymt.worker import TorchCollective
+    from raymt.distributed import TorchCollective
 
     cfg = Config.from_dict(loop_config["config"])
     rank = ray.train.get_context().get_world_rank()

@@ -184,11 +184,9 @@ def test_a_scaled_step_equals_the_unscaled_one():
         torch.testing.assert_close(results[1][name], value, rtol=1e-5, atol=1e-6)
 
 
-def test_the_loss_scale_is_checkpointed_and_restored(monkeypatch, tmp_path):
-    """The worker's report saves the scaler's state; restore_training loads it on resume."""
-    import ray.train
-
-    from raymt import worker
+def test_the_loss_scale_is_checkpointed_and_restored(tmp_path):
+    """The worker's checkpoints save the scaler's state; restore_training loads it on resume."""
+    from raymt.worker_state import CheckpointWriter
 
     cfg = small_config()
     torch.manual_seed(0)
@@ -197,28 +195,10 @@ def test_the_loss_scale_is_checkpointed_and_restored(monkeypatch, tmp_path):
     scaler = overflowing_scaler()
     batch = batches(1)[0]
     train_step(model, optimizer, [batch], batch.num_tokens, cfg, FP16.autocast, scaler=scaler)
-    saved = {}
-    monkeypatch.setattr(
-        ray.train, "report", lambda metrics, checkpoint=None: saved.update(load_train_state(checkpoint.path))
-    )
-    loop = types.SimpleNamespace(
-        collective=worker.Collective(),
-        is_rank0=True,
-        model=model,
-        run_cfg=cfg,
-        tokenizer=tok,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        step=1,
-        epoch=0,
-        segment=None,
-        scaler=scaler,
-        device=torch.device("cpu"),
-        position=types.SimpleNamespace(to_dict=lambda: {}),
-        data_mix=None,  # one pair: no mix record, no languages
-        languages=None,
-    )
-    worker._report({}, loop)
+    trainer = Trainer(cfg, model, optimizer, scheduler, torch.device("cpu"), step=1, scaler=scaler)
+    feed = types.SimpleNamespace(segment_record=lambda epoch: None, data_mix=None)  # one pair: no mix record
+    CheckpointWriter(cfg, tok).write(tmp_path, trainer, feed, [({}, {"cpu": torch.get_rng_state()})])
+    saved = load_train_state(tmp_path)
     assert saved["grad_scaler"]["scale"] == 16.0
 
     resumed = torch.amp.GradScaler("cpu")
@@ -278,8 +258,8 @@ def test_translate_evaluate_and_the_test_set_decode_in_the_choice_for_inference(
     import numpy as np
     from tiny_checkpoint import make_checkpoint
 
+    from raymt import engines, translate
     from raymt import evaluate as evaluate_module
-    from raymt import train, translate
     from raymt.checkpoint import load_model
 
     checkpoint = make_checkpoint(tmp_path / "checkpoint")
@@ -297,12 +277,11 @@ def test_translate_evaluate_and_the_test_set_decode_in_the_choice_for_inference(
 
         monkeypatch.setattr(module, name, wrapped)
 
-    spy(translate, "translate_nbest")
-    spy(train, "translate")
-    spy(evaluate_module, "decode_ids")
+    spy(engines, "decode_ids")  # raymt.translate's and the actor's engine
+    spy(evaluate_module, "decode_sentences")
     assert translate.main(["--checkpoint", str(checkpoint), "--beam", "1", "--device", "cpu", "hello"]) == 0
-    train.test_scores(checkpoint, (["hello"], ["hallo"]), cfg)
+    evaluate_module.decode_on_driver(checkpoint, ["hello"], cfg)
     actor = evaluate_module.BatchTranslator(str(checkpoint), {"beam": 1}, "cpu", 1)
     actor({"set": [0], "index": [np.array([0])], "lengths": [np.array([3])], "src_ids": [np.array([5, 6, 3])]})
-    assert [name for name, _, _ in seen] == ["translate_nbest", "translate", "decode_ids"]
+    assert [name for name, _, _ in seen] == ["decode_ids", "decode_sentences", "decode_ids"]
     assert all(enabled and dtype == torch.bfloat16 for _, enabled, dtype in seen), seen

@@ -145,7 +145,7 @@ def _two_process_worker(rank: int, init_file: str, out: str) -> None:
     """One of two gloo processes: DDP, the torch.distributed Collective, 20 steps, syncs counted."""
     import torch.distributed as dist
 
-    from raymt.worker import TorchCollective
+    from raymt.distributed import TorchCollective
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
@@ -239,7 +239,7 @@ def test_compiled_model_does_not_recompile_per_batch():
 def test_a_smaller_elastic_group_keeps_the_global_batch(capsys):
     """Fewer workers than train.num_workers raise optim.update_freq (rounded up); a fixed
     group, or the full elastic one, keeps the config as it is."""
-    from raymt.worker import elastic_batch
+    from raymt.worker_env import elastic_batch
 
     cfg = apply_overrides(Config(), {"train.num_workers": "4", "train.min_workers": "1", "optim.update_freq": "2"})
     assert [elastic_batch(cfg, w).optim.update_freq for w in (4, 2, 1, 3)] == [2, 4, 8, 3]

@@ -11,17 +11,21 @@ from pathlib import Path
 import pytest
 import torch
 from ray.train import WorkerGroupError
+from test_worker import loop_config
 from tiny_checkpoint import one_thread  # noqa: F401
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from raymt import train
 from raymt.batching import collate
 from raymt.config import Config, apply_overrides, tiny
+from raymt.distributed import compress_gradients, ddp_kwargs, place_model
 from raymt.metrics import MetricsLog
 from raymt.model import build_model
-from raymt.optim import inverse_sqrt, make_optimizer
-from raymt.trainer import Progress, Trainer, rng_state, set_rng_state
-from raymt.worker import WorkerLoop, compress_gradients, ddp_kwargs, out_of_memory_hint, place_model, restore_rng
+from raymt.trainer import Progress, rng_state, set_rng_state
+from raymt.worker import WorkerLoop, out_of_memory_hint
+from raymt.worker_env import WorkerEnv
+from raymt.worker_logs import Usage
+from raymt.worker_state import Saved, restore_rng
 
 VOCAB = 64
 
@@ -156,48 +160,34 @@ def test_bf16_gradient_compression_is_opt_in_and_only_with_several_workers(monke
         compress_gradients(model, cfg, world_size)
         assert model.hooks == []
     prepared = []
-    monkeypatch.setattr(
-        "ray.train.torch.prepare_model",
-        lambda m, parallel_strategy_kwargs: prepared.append(parallel_strategy_kwargs) or m,
-    )
-    model = place_model(FakeDDP(), on, world_size=16)  # the worker's own placement
+
+    def prepare_model(m, parallel_strategy_kwargs):  # Ray Train's, as WorkerEnv passes it
+        return prepared.append(parallel_strategy_kwargs) or m
+
+    model = place_model(FakeDDP(), on, 16, prepare_model)  # the worker's own placement
     assert model.hooks == [(None, default_hooks.bf16_compress_hook)]
     assert prepared == [ddp_kwargs(on)]
 
 
-CPU = torch.device("cpu")
+def worker_loop(tmp_path: Path, cfg: Config) -> WorkerLoop:
+    """A WorkerLoop of `cfg` built without Ray Train: one CPU process, nothing reported."""
+    config = loop_config(tmp_path)
+    config["config"] = cfg.to_dict()
+    return WorkerLoop.create(config, WorkerEnv(), Saved())
 
 
-def worker_loop(cfg: Config, device: torch.device = CPU) -> WorkerLoop:
-    """A WorkerLoop without Ray Train: its Trainer part on a tiny model, no stream or checkpoint."""
-    loop = WorkerLoop.__new__(WorkerLoop)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, VOCAB)
-    optimizer = make_optimizer(model, cfg.optim)
-    Trainer.__init__(loop, cfg, model, optimizer, inverse_sqrt(optimizer, cfg.optim.warmup_steps), torch.device("cpu"))
-    loop.run_cfg, loop.device = cfg, device
-
-    class Upcoming:
-        def start(self):
-            return self
-
-    loop.upcoming, loop.position = Upcoming(), None
-    loop.valid_sets, loop.pairs, loop.tokenizer, loop.opts = {None: ([], [])}, [], None, None
-    return loop
-
-
-def test_cuda_out_of_memory_in_a_step_becomes_one_line_naming_max_tokens(monkeypatch):
+def test_cuda_out_of_memory_in_a_step_becomes_one_line_naming_max_tokens(monkeypatch, tmp_path):
     cfg = apply_overrides(Config(model=tiny()), {"data.max_tokens": 4096})
-    loop = worker_loop(cfg)
-    loop.step = 7
+    loop = worker_loop(tmp_path, cfg)
+    loop.trainer.step = 7
 
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr("raymt.trainer.train_step", out_of_memory)
-    batch = collate([[5, 6, 3]], [[7, 8]])
+    loop.feed.open_next(1)
     with pytest.raises(ValueError) as err:
-        loop.train_epoch([batch], mark=lambda: (None, []))
+        loop.train_epoch()
     line = str(err.value)
     assert line == (
         "CUDA out of memory at step 8 with data.max_tokens=4096 per worker: retry with "
@@ -213,13 +203,14 @@ def test_cuda_out_of_memory_in_a_step_becomes_one_line_naming_max_tokens(monkeyp
     floor = apply_overrides(cfg, {"data.max_len": 200, "data.max_tokens": 300})
     assert "cannot go below 202 (data.max_len's padded pair)" in out_of_memory_hint(3, floor, None)
 
-    monkeypatch.setattr("raymt.worker.evaluate", out_of_memory)  # validation: its own budget
+    monkeypatch.setattr("raymt.worker_data.evaluate", out_of_memory)  # validation: its own budget
     with pytest.raises(
         ValueError,
         match=r"validating at step 7 with data.eval_batch_size=64: "
         r"retry with --set data.eval_batch_size=32$",
     ):
-        loop.evaluate_and_report()
+        loop.evaluate(loop.trainer.log_train())
+    loop.feed.end_epoch(stop=True)
 
 
 def test_the_driver_prints_a_workers_one_line_error_not_rays_traceback(monkeypatch, capsys):
@@ -241,11 +232,8 @@ def test_the_driver_prints_a_workers_one_line_error_not_rays_traceback(monkeypat
 
 def test_peak_gpu_memory_is_in_metrics_csv_and_the_progress_line(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1536 * 2**20)
-    loop = worker_loop(Config(model=tiny()), device=cuda(0))
-    loop.data_s = loop.eval_s = 0.0
-    loop.loop_t0 = 0.0
-    loop.stream = type("Stream", (), {"busy_s": 0.0})()
-    usage = loop.usage()
+    gpu = Usage(cuda(0))
+    usage = gpu(waited_s=0.0)
     assert usage["peak_gpu_mb"] == 1536.0 and usage["peak_rss_mb"] > 0
     log = MetricsLog(tmp_path)
     log.write(10, {"train_loss": 2.5, **usage})
@@ -254,14 +242,14 @@ def test_peak_gpu_memory_is_in_metrics_csv_and_the_progress_line(monkeypatch, tm
         row = next(csv.DictReader(f))
     assert float(row["peak_gpu_mb"]) == 1536.0
 
-    progress = Progress(loop.cfg, 0, torch.device("cpu"))
-    progress.note = loop.progress_note
+    progress = Progress(Config(model=tiny()), 0, torch.device("cpu"))
+    progress.note = gpu.note
     progress.update(torch.tensor(10.0), torch.tensor(1.0), 5)
     progress.log(1, 0, 1e-3)
     assert capsys.readouterr().out.rstrip().endswith("| peak GPU 1.5 GiB")
 
-    loop.device = torch.device("cpu")  # a CPU worker: resident memory only, nothing on the line
-    assert "peak_gpu_mb" not in loop.usage() and loop.progress_note() == ""
+    cpu = Usage(torch.device("cpu"))  # a CPU worker: resident memory only, nothing on the line
+    assert "peak_gpu_mb" not in cpu(waited_s=0.0) and cpu.note() == ""
 
 
 def test_a_resumed_older_metrics_csv_keeps_its_columns(tmp_path):

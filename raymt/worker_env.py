@@ -1,0 +1,81 @@
+"""Where a training worker runs: rank, world size, collective, device, precision, and its ways out
+to Ray Train (prepare a model or loader, report) as plain functions; the elastic global batch."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from raymt.config import Config
+from raymt.precision import Precision, for_training
+from raymt.trainer import SINGLE, Collective
+
+
+def _as_is(thing):
+    """One process's preparation: the model or loader unchanged."""
+    return thing
+
+
+def _prepared_as_is(model: torch.nn.Module, **kwargs) -> torch.nn.Module:
+    """One process's prepare_model: the model unchanged."""
+    return model
+
+
+def _no_report(metrics: dict, checkpoint_dir: Optional[str]) -> None:
+    """One process's report: nothing to tell."""
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """A worker's place in its group and its ways out; alone, one CPU process that reports nothing.
+
+    `raymt.worker.WorkerLoop.on_ray_train` fills it from Ray Train; tests pass fakes.
+    """
+
+    device: torch.device = torch.device("cpu")
+    collective: Collective = SINGLE
+    precision: Precision = Precision("cpu")  # the training precision (`agree_precision`)
+    prepare_model: Callable[..., torch.nn.Module] = _prepared_as_is  # (model, parallel_strategy_kwargs=)
+    prepare_loader: Callable[[Iterable], Iterable] = _as_is  # a loader -> this worker's share of it
+    report: Callable[[dict, Optional[str]], None] = _no_report  # metrics and a checkpoint directory (rank 0)
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank in the group."""
+        return self.collective.rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of workers in the group."""
+        return self.collective.world_size
+
+    @property
+    def is_rank0(self) -> bool:
+        """Whether this worker prints, writes metrics.csv and saves checkpoints."""
+        return self.collective.rank == 0
+
+    def agree_precision(self, cfg: Config, vocab_size: int) -> "WorkerEnv":
+        """This environment with the training precision rank 0 chose (on a CPU it may time a
+        probe), which every rank takes; its TF32 flags set."""
+        chosen = for_training(self.device, cfg, vocab_size) if self.is_rank0 else None
+        return dataclasses.replace(self, precision=self.collective.all_gather_object(chosen)[0].apply())
+
+
+def elastic_batch(cfg: Config, world_size: int, verbose: bool = False) -> Config:
+    """The config with optim.update_freq scaled so that a resized elastic group keeps the
+    global batch of train.num_workers workers (and so the learning-rate schedule's meaning)."""
+    if cfg.train.min_workers is None or world_size == cfg.train.num_workers:
+        return cfg
+    wanted = cfg.optim.update_freq * cfg.train.num_workers
+    update_freq = -(-wanted // world_size)  # rounded up: never a smaller batch than the recipe's
+    if verbose:
+        print(
+            f"{world_size} of {cfg.train.num_workers} workers: optim.update_freq "
+            f"{cfg.optim.update_freq} -> {update_freq} keeps the global batch"
+            + ("" if wanted % world_size == 0 else f" ({world_size * update_freq}/{wanted} of it)"),
+            flush=True,
+        )
+    return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, update_freq=update_freq))

@@ -1,0 +1,117 @@
+"""The worker loop without Ray Train: `WorkerLoop.create` with a fake environment (its report
+keeps the checkpoints) trains, writes metrics.csv, the data trace and checkpoints as a Ray run
+does, and a loop built from one of those checkpoints continues exactly."""
+
+import csv
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
+
+from raymt.checkpoint import load_train_state, load_weights
+from raymt.config import Config, apply_overrides, tiny
+from raymt.data.builtin import generate
+from raymt.data.format import eval_rows
+from raymt.metrics import CSV_COLUMNS
+from raymt.worker import WorkerLoop
+from raymt.worker_env import WorkerEnv
+from raymt.worker_state import Saved
+
+STATE_KEYS = {
+    "optimizer",
+    "scheduler",
+    "step",
+    "epoch",
+    "data_positions",
+    "data_segment",
+    "rng_states",
+    "grad_scaler",
+    "data_batching",
+}
+
+
+def loop_config(tmp_path: Path, **overrides) -> dict:
+    """A driver's loop config (raymt.train.fit's) for a tiny model on 300 built-in pairs in two
+    shards, 20 validation pairs, logs under tmp_path/logs; `overrides`: config fields."""
+    tok = tokenizer()
+    src, tgt = generate(320, "en", "de", seed=4)
+    shards = tmp_path / "shards"
+    shards.mkdir(parents=True, exist_ok=True)
+    train_files = []
+    for k, (lo, hi) in enumerate(((0, 180), (180, 300))):
+        ids = [pa.array(tok.encode_batch(side[lo:hi]), pa.list_(pa.int32())) for side in (src, tgt)]
+        path = shards / f"part-{k:05d}.parquet"
+        pq.write_table(pa.table({"src_ids": ids[0], "tgt_ids": ids[1]}), path, row_group_size=64)
+        train_files.append((str(path), hi - lo))
+    defaults = {"model.dropout": 0.1, "data.max_tokens": 1500, "data.window_rows": 64, "train.trace_data": True}
+    cfg = apply_overrides(Config(model=tiny()), {**defaults, **overrides})
+    valid = (src[300:], tgt[300:])
+    return {
+        "config": cfg.to_dict(),
+        "spm_model": tok.model_proto,
+        "num_threads": 1,
+        "train_files": train_files,
+        "valid": {"rows": eval_rows(valid, tok, cfg.model.max_positions), "refs": valid[1]},
+        "log_dir": str(tmp_path / "logs"),
+    }
+
+
+class Reports:
+    """A fake report function: every rank's metrics, and each checkpoint copied to keep it."""
+
+    def __init__(self, directory: Path):
+        self.directory, self.metrics, self.checkpoints = directory, [], {}
+
+    def __call__(self, metrics: dict, checkpoint_dir: Optional[str]) -> None:
+        self.metrics.append(metrics)
+        if checkpoint_dir is not None:
+            kept = self.directory / f"checkpoint-{metrics['step']}"
+            shutil.copytree(checkpoint_dir, kept)
+            self.checkpoints[metrics["step"]] = kept
+
+
+def test_a_loop_built_without_ray_trains_logs_and_resumes_exactly(tmp_path, capsys):
+    config = loop_config(tmp_path / "first", **{"train.max_steps": 12, "train.eval_every": 6, "train.log_every": 3})
+    reports = Reports(tmp_path / "first")
+    WorkerLoop.create(config, WorkerEnv(report=reports), Saved()).run()
+    out = capsys.readouterr().out
+    assert out.startswith("precision: forward pass in") and "step 12 | valid loss" in out
+    assert [m["step"] for m in reports.metrics] == [6, 12] and sorted(reports.checkpoints) == [6, 12]
+    state = load_train_state(reports.checkpoints[6])
+    assert set(state) == STATE_KEYS and state["step"] == 6 and len(state["data_positions"]) == 1
+    with open(tmp_path / "first" / "logs" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == CSV_COLUMNS and [r["step"] for r in rows] == ["3", "6", "9", "12"]
+    trace = (tmp_path / "first" / "logs" / "trace-rank0.tsv").read_text().splitlines()
+    assert trace[0].startswith("#start\t0\t") and trace[0].endswith("\t1")
+    assert {line.split("\t")[0] for line in trace[1:]} == {str(s) for s in range(1, 13)}
+    assert {line.split("\t")[1] for line in trace[1:]} == {"0", "1"}  # the run crosses an epoch's end
+
+    # Another loop, from the step-6 checkpoint: the same pairs, dropout and weights at step 12.
+    resumed = Reports(tmp_path / "second")
+    saved = Saved.resume(reports.checkpoints[6], shown="checkpoint-6")
+    config["log_dir"] = str(tmp_path / "first" / "logs")
+    WorkerLoop.create(config, WorkerEnv(report=resumed), saved).run()
+    assert "resuming at step 6 from checkpoint-6" in capsys.readouterr().out
+    assert [m["step"] for m in resumed.metrics] == [12]
+    for name, value in load_weights(reports.checkpoints[12]).items():
+        torch.testing.assert_close(load_weights(resumed.checkpoints[12])[name], value, rtol=0, atol=0)
+    trace = (tmp_path / "first" / "logs" / "trace-rank0.tsv").read_text().splitlines()
+    restart = trace.index(next(line for line in trace[1:] if line.startswith("#start")))
+    assert sorted(trace[restart + 1 :]) == sorted(line for line in trace[1:restart] if int(line.split("\t")[0]) > 6)
+
+
+def test_a_fresh_run_names_its_mix_and_refuses_another_mix_on_resume(tmp_path):
+    """A checkpoint of this run resumed with other corpora: the one-line data_mix error."""
+    config = loop_config(tmp_path, **{"train.max_steps": 2, "train.eval_every": 2})
+    reports = Reports(tmp_path)
+    WorkerLoop.create(config, WorkerEnv(report=reports), Saved()).run()
+    saved = Saved.resume(reports.checkpoints[2], shown="checkpoint-2")
+    tampered = Saved(saved.weights, {**saved.state, "data_mix": {"names": ["x"], "rows": [9], "temperature": 1.0}}, "c")
+    with pytest.raises(ValueError, match="this run reads one pair's corpus: its data positions do not carry over"):
+        WorkerLoop.create(config, WorkerEnv(report=reports), tampered)
