@@ -356,9 +356,10 @@ def prepare(raw: Path, out: Path, log: Path, vocab_size: int, timeout: float) ->
 def run_batches(cfg, corpus: str, count: int, pin_memory: bool = False) -> list:
     """The first `count` batches a lone worker of a fresh run trains on, epoch after epoch (CPU)."""
     from raymt.data import format as corpus_format
-    from raymt.data.stream import Position, TrainStream
+    from raymt.data.epoch import Mix, Position
+    from raymt.data.stream import TrainStream
 
-    files = corpus_format.train_files(corpus, corpus_format.read_manifest(corpus))
+    files = Mix.of_shards(corpus_format.train_files(corpus, corpus_format.read_manifest(corpus)))
     out: list = []
     for epoch in range(count):  # an epoch holds at least one batch
         stream = TrainStream(
@@ -431,7 +432,7 @@ def part_matmul(args: argparse.Namespace, sizes: Sizes) -> int:
 
 def train_config(args: argparse.Namespace):
     """The config `python -m raymt.train FLAGS` would run (device defaults included)."""
-    from raymt.train import build_config
+    from raymt.flags import build_config
     from raymt.train import parse_args as train_args
 
     return build_config(train_args(args.train_flags))

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-import torch
 
 from raymt import metrics, storage
 from raymt.average import describe_checkpoint
@@ -35,9 +34,11 @@ from raymt.checkpoint import (
     source_prefix,
 )
 from raymt.cluster import Plan, RayCluster, init_ray, plan, release_request
-from raymt.config import TrainConfig
+from raymt.config import Config, TrainConfig
 from raymt.data.text import Pairs, read_parallel
-from raymt.decoding import DecodeOptions, decode_ids, encode_sources, length_batches
+from raymt.decoding import DecodeOptions, encode_sources, length_batches
+from raymt.decoding import translate as decode_sentences
+from raymt.engines import load_engine
 from raymt.precision import for_inference
 from raymt.tokenizer import Tokenizer
 
@@ -139,18 +140,15 @@ class BatchTranslator:
     """Ray Data actor: loads the checkpoint once, then decodes whole planned batches."""
 
     def __init__(self, checkpoint: str, opts: dict, device: str, num_threads: int):
-        torch.set_num_threads(num_threads)
-        self.model, self.tokenizer, cfg = load_model(checkpoint, device)
-        self.opts, self.device = DecodeOptions(**opts), device
-        self.autocast = for_inference(device, cfg, self.tokenizer.vocab_size).apply().autocast
+        self.engine = load_engine(checkpoint, "raymt", device, threads=num_threads)
+        self.opts = DecodeOptions(**opts)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Planned batches in, one output row per sentence (set, index, hyp, score) out."""
         out: dict[str, list] = {"set": [], "index": [], "hyp": [], "score": []}
         for set_id, index, lengths, flat in zip(batch["set"], batch["index"], batch["lengths"], batch["src_ids"]):
             sources = [ids.tolist() for ids in np.split(np.asarray(flat), np.cumsum(lengths)[:-1])]
-            with self.autocast():
-                hyps = decode_ids(self.model, self.tokenizer, sources, self.opts, 1, self.device)
+            hyps = self.engine.translate_ids(sources, self.opts, 1)
             for i, [(score, text)] in zip(index, hyps):
                 out["set"].append(int(set_id))
                 out["index"].append(int(i))
@@ -360,6 +358,68 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             ray.shutdown()
     return 0
+
+
+# ---------------------------------------------------------------- a training run's test sets
+
+
+def score_test_sets(
+    checkpoint: str | Path, tests: dict[str, Pairs], cfg: Config, shown: str, prefixes: dict[str, Sequence[int]]
+) -> dict[str, dict]:
+    """Each pair's test set ("en-de" -> (sources, references)) beam-searched with a run's best
+    checkpoint and scored in the pair's target language; a run on one pair has one. Each
+    source starts with its pair's `prefixes` (a tagged model's target tag; none for one
+    untagged pair). Decoded on the run's GPUs (`decode_on_cluster`) when its workers had them,
+    else on the driver's CPUs (`decode_on_driver`: no actor start-up, faster for small CPU runs)."""
+    decode = decode_on_cluster if cfg.train.use_gpu else decode_on_driver
+    scored = {}
+    for pair, (sources, refs) in tests.items():
+        hyps = decode(checkpoint, sources, cfg, shown, prefixes[pair])
+        scored[pair] = scored_test_set(hyps, refs, cfg, checkpoint, shown, pair.split("-", 1)[1])
+    return scored
+
+
+def decode_on_driver(
+    checkpoint: str | Path, sources: list[str], cfg: Config, shown: Optional[str] = None, prefix: Sequence[int] = ()
+) -> list[str]:
+    """Beam-search sentences on the driver with a checkpoint, as the run's config.decode says."""
+    model, tokenizer, _ = load_model(checkpoint)
+    with for_inference(next(model.parameters()).device, cfg, tokenizer.vocab_size).apply().autocast():
+        return decode_sentences(model, tokenizer, sources, cfg.decode, prefix=prefix)
+
+
+def decode_on_cluster(
+    checkpoint: str | Path, sources: list[str], cfg: Config, shown: str, prefix: Sequence[int] = ()
+) -> list[str]:
+    """Beam-search sentences on the actor pool with the run's resources (one GPU per actor, as many
+    actors as training workers), not on the driver. `shown` (the checkpoint's storage path or URI)
+    is what the actors load: every node reads it. An elastic run that lost nodes decodes on the
+    GPUs left."""
+    num_actors = max(1, min(cfg.train.num_workers, int(RayCluster().resources().get("GPU", 0))))
+    [scored] = translate_on_cluster(
+        shown,
+        [sources],
+        cfg.decode,
+        num_actors=num_actors,
+        batch_size=cfg.data.eval_batch_size,
+        use_gpu=True,
+        prefix=prefix,
+    )
+    return [hyp for _, hyp in scored]
+
+
+def scored_test_set(
+    hyps: list[str], refs: list[str], cfg: Config, checkpoint: str | Path, shown: Optional[str], lang: str
+) -> dict:
+    """A test set's scores in its target language `lang`, which checkpoint (`shown`) and how it was decoded."""
+    scores = metrics.score(hyps, refs, extra=True, lang=lang)
+    return {
+        **scores,
+        "checkpoint": describe_checkpoint(checkpoint, shown),
+        "num_sentences": len(refs),
+        "beam": cfg.decode.beam,
+        "length_penalty": cfg.decode.length_penalty,
+    }
 
 
 if __name__ == "__main__":

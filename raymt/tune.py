@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from raymt import storage
-from raymt.cluster import _quiet_env, init_ray, plan
+from raymt.cluster import init_ray, plan, quiet_env
 from raymt.config import Config, CorpusOptions, apply_overrides
-from raymt.train import build_config, finalize, flag_parser, run_location
+from raymt.flags import build_config, flag_parser
+from raymt.rundir import finalize, run_location
 
 SCHEDULERS = ("asha", "pbt", "fifo")
 SEARCHERS = ("random", "optuna")
@@ -477,7 +478,7 @@ def connect(verbose: bool) -> None:
         if os.environ.get("RAY_ADDRESS"):
             ray.init(**quiet)  # inside a job, num_cpus may not be passed
         else:
-            ray.init(include_dashboard=True, runtime_env={"env_vars": _quiet_env()}, **quiet)
+            ray.init(include_dashboard=True, runtime_env={"env_vars": quiet_env()}, **quiet)
     init_ray(dashboard=True, verbose=verbose)
 
 
@@ -535,7 +536,7 @@ def progress(params: list[str], metric: str, max_steps: int):
 
 def shared_corpus(cfg: Config, sweep_dir: str) -> Config:
     """Prepare the training corpus once for every trial (unless it is already prepared)."""
-    from raymt.train import materialize, plan_data
+    from raymt.rundata import materialize, plan_data
 
     if cfg.data.corpus is not None:
         return cfg

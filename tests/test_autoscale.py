@@ -6,6 +6,7 @@ import pytest
 
 from raymt import train
 from raymt.cluster import FIRST_REPORT_S, RayCluster, plan, release_request
+from raymt.flags import build_config
 
 
 class FakeCluster(RayCluster):
@@ -84,7 +85,7 @@ def test_train_waits_for_the_autoscaler_with_its_timeout(monkeypatch):
     """The run's planner passes train.autoscale_timeout_s (0: refuse at once, as before)."""
     seen = {}
     monkeypatch.setattr(train, "plan", lambda *a, **kw: seen.setdefault("grow", kw["grow_timeout_s"]))
-    train.scaling(train.build_config(train.parse_args(["--gpu", "--num-workers", "16"])))
+    train.scaling(build_config(train.parse_args(["--gpu", "--num-workers", "16"])))
     assert seen["grow"] == 900
 
 

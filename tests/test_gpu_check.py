@@ -41,7 +41,8 @@ def test_part_caps_fit_one_gpu_session():
 def test_gpu_runs_get_the_gpu_defaults(tmp_path):
     """The ray, compiled and plain parts train what `python -m raymt.train --gpu` would on one
     GPU: only the run's length, logging, time bound and name are the check's own."""
-    from raymt.train import build_config, parse_args
+    from raymt.flags import build_config
+    from raymt.train import parse_args
 
     args = gpu_check.parse_args(["--out", str(tmp_path), "--work", str(tmp_path), "--corpus", str(tmp_path)])
     sizes = gpu_check.FULL

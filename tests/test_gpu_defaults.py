@@ -10,7 +10,9 @@ from tiny_checkpoint import make_checkpoint, write_pairs
 
 from raymt import cluster, evaluate, train
 from raymt.data.builtin import generate
-from raymt.train import build_config, parse_args
+from raymt.flags import build_config
+from raymt.rundir import resolve_resume
+from raymt.train import parse_args
 
 
 class FakeDataset:
@@ -39,11 +41,11 @@ def test_gpu_run_decodes_its_test_set_on_an_actor_pool_of_gpus_not_on_the_driver
     def on_the_driver(*args, **kwargs):
         raise AssertionError("the test set was decoded on the driver")
 
-    monkeypatch.setattr(train, "load_model", on_the_driver)
-    monkeypatch.setattr(train, "translate", on_the_driver)
+    monkeypatch.setattr(evaluate, "load_model", on_the_driver)
+    monkeypatch.setattr(evaluate, "decode_sentences", on_the_driver)
     stored = tmp_path / "storage" / "r" / "checkpoint_000001"  # the run's storage, where every node reads
     make_checkpoint(stored, step=7)
-    scores = train.score_test_set(checkpoint, (src, tgt), cfg, str(stored))
+    [scores] = evaluate.score_test_sets(checkpoint, {"en-de": (src, tgt)}, cfg, str(stored), {"en-de": []}).values()
     assert seen["fn"] is evaluate.BatchTranslator
     assert (seen["num_gpus"], seen["num_cpus"], seen["compute"].min_size) == (
         1,
@@ -55,7 +57,7 @@ def test_gpu_run_decodes_its_test_set_on_an_actor_pool_of_gpus_not_on_the_driver
     assert scores["num_sentences"] == 20 and scores["beam"] == cfg.decode.beam
     assert scores["checkpoint"].startswith(f"{stored} (step 7")
     monkeypatch.setattr(cluster.RayCluster, "resources", lambda self: {"CPU": 16.0, "GPU": 2.0})
-    train.score_test_set(checkpoint, (src, tgt), cfg, str(stored))  # an elastic run that lost a node
+    evaluate.score_test_sets(checkpoint, {"en-de": (src, tgt)}, cfg, str(stored), {"en-de": []})  # lost a node
     assert seen["compute"].min_size == 2
 
 
@@ -64,7 +66,8 @@ def test_cpu_run_keeps_decoding_its_test_set_on_the_driver(tmp_path, monkeypatch
     src, tgt = generate(4, "en", "de", seed=3)
     monkeypatch.setattr(evaluate, "translate_on_cluster", lambda *a, **kw: pytest.fail("an actor pool on CPU"))
     cfg = build_config(parse_args(["--set", "decode.beam=1"]))
-    assert train.score_test_set(checkpoint, (src, tgt), cfg, str(checkpoint))["num_sentences"] == 4
+    scores = evaluate.score_test_sets(checkpoint, {"en-de": (src, tgt)}, cfg, str(checkpoint), {"en-de": []})
+    assert scores["en-de"]["num_sentences"] == 4
 
 
 def test_gpu_workers_default_to_the_clusters_gpus():
@@ -129,11 +132,11 @@ def test_gpu_run_prints_its_schedule_at_start(tmp_path, monkeypatch, capsys):
 def test_run_from_a_checkpoint_keeps_its_batch_schedule(tmp_path):
     checkpoint = make_checkpoint(tmp_path / "ck")  # saved with the CPU defaults: 2048 tokens, lr 3e-3, warmup 100
     argv = ["--resume", str(checkpoint), "--gpu", "--num-workers", "1"]
-    cfg, _, start = train.resolve_resume(parse_args(argv))
+    cfg, _, start = resolve_resume(parse_args(argv))
     assert start == str(checkpoint)
     assert (cfg.data.max_tokens, cfg.optim.lr, cfg.optim.warmup_steps) == (2048, 3e-3, 100)
     assert cfg.data.pad_multiple == 8  # the other GPU defaults still apply
-    cfg, _, _ = train.resolve_resume(parse_args([*argv, "--set", "optim.lr=1e-3", "--set", "data.max_tokens=8192"]))
+    cfg, _, _ = resolve_resume(parse_args([*argv, "--set", "optim.lr=1e-3", "--set", "data.max_tokens=8192"]))
     assert (cfg.data.max_tokens, cfg.optim.lr) == (8192, 1e-3)  # what the user sets wins
 
 

@@ -29,20 +29,14 @@ from test_faults import (
 
 from raymt.config import apply_overrides, tiny
 from raymt.data import format as corpus_format
-from raymt.data.stream import Mix, Position, TrainStream, flat, mix_record, pair_hashes, training_data
+from raymt.data.epoch import Mix, Position, mix_record, training_data
+from raymt.data.stream import TrainStream, flat, pair_hashes
+from raymt.flags import build_config
 from raymt.metrics import pair_columns
 from raymt.model import build_model
-from raymt.train import (
-    RUN_CONFIG,
-    build_config,
-    finalize,
-    materialize,
-    pair_tags,
-    parse_args,
-    plan_data,
-    resolve_resume,
-    valid_config,
-)
+from raymt.rundata import PairTags, materialize, pair_tags, plan_data
+from raymt.rundir import RUN_CONFIG, finalize, resolve_resume
+from raymt.train import parse_args, valid_config
 from raymt.trainer import Collective, collate_eval, evaluate
 
 PAIRS = ["en-de", "en-fr", "de-en"]
@@ -115,7 +109,8 @@ def test_every_source_is_tagged_and_each_epoch_is_the_temperatures_mix(prepared,
 
 def test_one_pairs_shards_are_read_as_today(prepared):
     files = [corpus_format.Shard("train/part-00000.parquet", 10, (40,))]
-    assert training_data(files, 5.0) is files and mix_record(files, 5.0) is None
+    mix = training_data(files, 5.0)  # a mix of one corpus, its shards read in order
+    assert (mix.corpora, mix.rows) == ((tuple(files),), (10,)) and mix_record(files, 5.0) is None
 
 
 # ---------------------------------------------------------------- validation and test per pair
@@ -123,7 +118,7 @@ def test_one_pairs_shards_are_read_as_today(prepared):
 
 def test_each_pairs_validation_rows_start_with_its_tag(prepared):
     cfg, run_data, corpora, tokenizer = prepared
-    tags = pair_tags(run_data.corpus, corpora)
+    tags = pair_tags(run_data.corpus)
     ids = {lang: tokenizer.sp.piece_to_id(f"<2{lang}>") for lang in ("de", "en", "fr")}
     assert tags.prefixes == {"en-de": [ids["de"]], "en-fr": [ids["fr"]], "de-en": [ids["en"]]}
     assert tags.languages == {
@@ -138,28 +133,26 @@ def test_each_pairs_validation_rows_start_with_its_tag(prepared):
         assert entry["refs"] == valid[pair][1] and len(entry["rows"]) == len(valid[pair][0])
         assert all(row["src_ids"][0] == tags.prefixes[pair][0] for row in entry["rows"])
     # One pair: today's rows, untagged.
-    one = valid_config(valid["en-de"], tokenizer, 64, None)
+    one = valid_config({"en-de": valid["en-de"]}, tokenizer, 64, PairTags(None, {"en-de": []}))
     assert one == {"valid": {"rows": corpus_format.eval_rows(valid["en-de"], tokenizer, 64), "refs": valid["en-de"][1]}}
 
 
 def test_validation_scores_each_pair_and_averages_them(prepared):
-    """WorkerLoop.validate on two pairs: each pair's evaluate, BLEU/chrF averaged over pairs and
+    """The worker's ValidSets on two pairs: each pair's evaluate, BLEU/chrF averaged over pairs and
     the loss weighted by the target tokens `evaluate` reports; one pair keeps today's keys."""
-    from raymt.worker import WorkerLoop
+    from raymt.worker_data import ValidSets
 
     cfg, run_data, corpora, tokenizer = prepared
     torch.manual_seed(0)
-    loop = WorkerLoop.__new__(WorkerLoop)
-    loop.model = build_model(tiny(), tokenizer.vocab_size).eval()
-    loop.tokenizer, loop.collective, loop.run_cfg = tokenizer, Collective(), cfg
-    loop.autocast = lambda: torch.autocast("cpu", enabled=False)
-    loop.opts = apply_overrides(cfg, {"decode.beam": 1, "decode.max_len_a": 0.0, "decode.max_len_b": 3}).decode
-    tags = pair_tags(run_data.corpus, corpora)
+    model = build_model(tiny(), tokenizer.vocab_size).eval()
+    autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
+    opts = apply_overrides(cfg, {"decode.beam": 1, "decode.max_len_a": 0.0, "decode.max_len_b": 3}).decode
+    tags = pair_tags(run_data.corpus)
     sets = valid_config(run_data.eval_sets["valid"], tokenizer, tiny().max_positions, tags)["valid_pairs"]
     loaders = {p: ([collate_eval(s["rows"][:8]), collate_eval(s["rows"][8:])], s["refs"]) for p, s in sets.items()}
-    loop.valid_sets = {p: loaders[p] for p in ("en-fr", "de-en")}
-    got = loop.validate()
-    alone = {p: evaluate(loop.model, loaders[p][0], tokenizer, loaders[p][1], loop.opts) for p in ("en-fr", "de-en")}
+    two = ValidSets({p: loaders[p] for p in ("en-fr", "de-en")}, tokenizer, opts, cfg.data.tgt_lang)
+    got = two.score(model, Collective(), autocast)
+    alone = {p: evaluate(model, loaders[p][0], tokenizer, loaders[p][1], opts) for p in ("en-fr", "de-en")}
     tokens = {p: sum(len(r["tgt_ids"]) + 1 for r in sets[p]["rows"]) for p in alone}  # + EOS
     assert {p: m["valid_tokens"] for p, m in alone.items()} == tokens
     assert set(pair_columns(["en-fr", "de-en"])) < set(got) and "valid_tokens" not in got
@@ -168,27 +161,31 @@ def test_validation_scores_each_pair_and_averages_them(prepared):
     assert got["valid_bleu"] == pytest.approx((alone["en-fr"]["valid_bleu"] + alone["de-en"]["valid_bleu"]) / 2)
     loss = sum(alone[p]["valid_loss"] * tokens[p] for p in alone) / sum(tokens.values())
     assert got["valid_loss"] == pytest.approx(loss)
-    loop.valid_sets = {None: loaders["en-de"]}
-    one = loop.validate()
-    alone = evaluate(loop.model, loaders["en-de"][0], tokenizer, loaders["en-de"][1], loop.opts)
+    one = ValidSets({None: loaders["en-de"]}, tokenizer, opts, cfg.data.tgt_lang).score(model, Collective(), autocast)
+    alone = evaluate(model, loaders["en-de"][0], tokenizer, loaders["en-de"][1], opts)
     assert one == {k: v for k, v in alone.items() if k != "valid_tokens"}
 
 
 def test_each_pairs_test_set_is_decoded_with_its_tag_and_scored_in_its_language(prepared, monkeypatch, capsys):
-    from raymt import train
+    from raymt import evaluate, train
 
     cfg, run_data, corpora, _ = prepared
-    tags = pair_tags(run_data.corpus, corpora)
+    tags = pair_tags(run_data.corpus)
     calls = []
 
-    def decoded(checkpoint, pairs, cfg, shown, prefix, lang):
-        calls.append((pairs, prefix, lang))
+    def decoded(checkpoint, sources, cfg, shown, prefix):
+        calls.append((sources, prefix))
+        return list(sources)
+
+    def scored_in(hyps, refs, cfg, checkpoint, shown, lang):
+        calls.append(lang)
         return {"bleu": 1.0, "chrf": 2.0, "bleu_tok": 3.0, "checkpoint": shown, "beam": 5, "length_penalty": 1.0}
 
-    monkeypatch.setattr(train, "test_scores", decoded)
-    scored = train.score_test_pairs("ckpt", run_data.eval_sets["test"], cfg, "runs/r/ckpt", tags)
+    monkeypatch.setattr(evaluate, "decode_on_driver", decoded)
+    monkeypatch.setattr(evaluate, "scored_test_set", scored_in)
+    scored = evaluate.score_test_sets("ckpt", run_data.eval_sets["test"], cfg, "runs/r/ckpt", tags.prefixes)
     assert list(scored) == PAIRS
-    assert calls == [(run_data.eval_sets["test"][p], tags.prefixes[p], p[-2:]) for p in PAIRS]
+    assert calls == [x for p in PAIRS for x in ((run_data.eval_sets["test"][p][0], tags.prefixes[p]), p[-2:])]
     summary = {"pairs": PAIRS, "test": {p: {**s, "num_sentences": 20} for p, s in scored.items()}}
     train.print_summary({**summary, "metrics_csv": "m", "run_dir": "r", "best_checkpoint": "b", "wall_time_s": 6})
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("test")]
@@ -199,7 +196,7 @@ def test_each_pairs_test_set_is_decoded_with_its_tag_and_scored_in_its_language(
 
 
 def test_a_checkpoint_of_another_mix_is_refused_in_one_line(prepared):
-    from raymt.worker import check_data_mix
+    from raymt.worker_data import check_data_mix
 
     _, _, corpora, _ = prepared
     at1, at5 = mix_record(corpora, 1.0), mix_record(corpora, 5.0)
@@ -316,7 +313,7 @@ def test_a_pairs_own_sets_replace_the_built_in_ones(tmp_path):
     assert (
         run_data.eval_sets["valid"]
         == run_data.eval_sets["test"]
-        == (["a house .", "two dogs ."], ["ein Haus .", "zwei Hunde ."])
+        == {"en-de": (["a house .", "two dogs ."], ["ein Haus .", "zwei Hunde ."])}
     )
 
 

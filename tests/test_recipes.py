@@ -15,10 +15,11 @@ from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
 from raymt.batching import chunk_batches, collate
 from raymt.config import Config, batch_schedule
 from raymt.data.builtin import generate
+from raymt.flags import build_config
 from raymt.model import build_model
 from raymt.precision import autocast_for
 from raymt.tokenizer import EOS_ID
-from raymt.train import build_config, parse_args
+from raymt.train import parse_args
 from raymt.trainer import Trainer, restore_training
 
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"

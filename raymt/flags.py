@@ -1,0 +1,133 @@
+"""The flags shared by `raymt train` and `raymt tune`, and the config they build: defaults <
+device defaults < preset < config file < flags < --set (`build_config`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable, Optional
+
+from raymt.config import (
+    SCHEDULE_FIELDS,
+    Config,
+    apply_overrides,
+    check_training,
+    device_defaults,
+    flatten,
+    load_file,
+    parse_set_args,
+    preset,
+)
+
+
+def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The flags shared by train and tune; each one addresses a field of `Config`."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--preset", help="model preset: tiny, mini, small, base, big (default mini)")
+    p.add_argument("--config", help="JSON or TOML file with sections model/data/optim/train")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override any config field, e.g. --set optim.lr=5e-4 (repeatable)",
+    )
+    flag_fields = {
+        "num_workers": "train.num_workers",
+        "max_steps": "train.max_steps",
+        "epochs": "train.epochs",
+        "max_minutes": "train.max_minutes",
+        "src_lang": "data.src_lang",
+        "tgt_lang": "data.tgt_lang",
+        "corpus": "data.corpus",
+        "storage_path": "train.storage_path",
+        "name": "train.name",
+    }
+    for flag, field in flag_fields.items():
+        p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"sets {field}")
+    add_input_flags(p)
+    p.add_argument("--gpu", action="store_true", help="one GPU per worker (sets train.use_gpu)")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print Ray's own INFO lines and internal messages (else in Ray's log files)",
+    )
+    p.set_defaults(flag_fields=flag_fields)
+    return p
+
+
+INPUT_HELP = (
+    "SPEC = [SRC-TGT:]LOCATION (a prefix, a .tsv/.jsonl/.parquet file or a URI); without "
+    "SRC-TGT: for data.src_lang-data.tgt_lang; repeatable"
+)
+
+
+def add_input_flags(p: argparse.ArgumentParser) -> None:
+    """--train/--valid/--test/--bt/--pairs: the corpora of a run (`raymt.data.inputs.input_overrides`)."""
+    p.add_argument("--train", action="append", default=[], metavar="SPEC", help=f"training pairs; {INPUT_HELP}")
+    p.add_argument(
+        "--valid", action="append", default=[], metavar="SPEC", help=f"one validation set per pair; {INPUT_HELP}"
+    )
+    p.add_argument("--test", action="append", default=[], metavar="SPEC", help=f"test set(s) of a pair; {INPUT_HELP}")
+    p.add_argument(
+        "--bt",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="back-translated pairs (a `raymt backtranslate` output directory, or files as --train) "
+        f"for the direction SRC-TGT trained; {INPUT_HELP}",
+    )
+    p.add_argument("--pairs", metavar="SRC-TGT,...", help="pairs of the built-in corpus, e.g. en-de,en-fr,de-en")
+    p.add_argument(
+        "--real-weight", type=float, metavar="W", help="with --bt: the real pairs W times per epoch (default 1)"
+    )
+
+
+def input_flags(args: argparse.Namespace, default_pair: tuple[str, str]) -> dict:
+    """The config fields that --train/--valid/--test/--bt/--pairs set (none when none is given)."""
+    from raymt.data.inputs import input_overrides
+
+    return input_overrides(args.train, args.bt, args.valid, args.test, args.pairs, default_pair, args.real_weight)
+
+
+def build_config(
+    args: argparse.Namespace,
+    base: Optional[Config] = None,
+    new_run: bool = True,
+    cluster_gpus: Optional[Callable[[], int]] = None,
+    from_checkpoint: bool = False,
+) -> Config:
+    """Defaults < device defaults < preset < config file < flags < --set, validated field by field.
+
+    A new run on a GPU (or compiled) gets `device_defaults` for the fields the config file,
+    flags and --set leave alone: with `cluster_gpus` (how many GPUs the cluster has) one
+    worker per GPU unless --num-workers is given. A resumed run keeps its saved values (its
+    batches stay the same); a run started `from_checkpoint` (`base` is its config) keeps
+    the checkpoint's batch schedule (`SCHEDULE_FIELDS`) unless it is set here.
+    """
+    cfg = base or Config()
+    if args.preset:
+        cfg = apply_overrides(cfg, {f"model.{k}": v for k, v in preset(args.preset).__dict__.items()})
+    given = flatten(load_file(args.config)) if args.config else {}
+    cfg = apply_overrides(cfg, given)
+    flags = {field: getattr(args, flag) for flag, field in args.flag_fields.items() if getattr(args, flag) is not None}
+    if args.gpu:
+        flags["train.use_gpu"] = True
+    sets = parse_set_args(args.set)
+    # A bare SPEC is for the pair that the config file, flags and --set name.
+    lang = {**flags, **sets}
+    pair = (lang.get("data.src_lang", cfg.data.src_lang), lang.get("data.tgt_lang", cfg.data.tgt_lang))
+    given = {**given, **flags, **input_flags(args, pair), **sets}
+    cfg = apply_overrides(cfg, given)
+    check_training(cfg)
+    if not new_run:
+        return cfg
+    num_gpus = None
+    if cfg.train.use_gpu and "train.num_workers" not in given and cluster_gpus is not None:
+        num_gpus = cluster_gpus()
+        if num_gpus < 1:
+            raise ValueError(
+                "--gpu: the cluster has no GPU now; pass --num-workers N (an autoscaling "
+                "cluster then adds GPU nodes for N workers) or drop --gpu"
+            )
+    kept = set(SCHEDULE_FIELDS) if from_checkpoint else set()
+    return apply_overrides(cfg, device_defaults(cfg, set(given) | kept, num_gpus))

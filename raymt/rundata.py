@@ -1,0 +1,213 @@
+"""What a run trains, validates and tests on, settled on the driver before Ray starts
+(`plan_data`: every input checked, the small sets read) and prepared once Ray is up
+(`materialize`).
+
+One planning path: a single pair is a mix of one corpus. Its inputs plan as several corpora
+do, and `raymt.data.prepare.prepare_corpora` prepares one real corpus as today's one-pair
+`raymt-corpus/1` corpus (no tags, no mix); a prepared `--corpus` of either format is read
+pair by pair. Validation and test sets are keyed by pair ("en-de") whatever their number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from raymt import storage
+from raymt.checkpoint import SPM_FILE
+from raymt.config import Config, apply_overrides
+from raymt.data import builtin
+from raymt.data import format as corpus_format
+from raymt.data.text import Pairs
+from raymt.errors import check
+from raymt.rundir import CORPUS_DIR
+from raymt.tokenizer import Tokenizer
+
+
+@dataclass
+class PairTags:
+    """A run's pairs and their tags: its checkpoints' config.json entry (`languages_entry`; None for
+    one untagged pair) and the ids put before each pair's validation and test sources."""
+
+    languages: Optional[dict]
+    prefixes: dict[str, list[int]]  # "en-de" -> [id of <2de>]; [] where the corpus reserves no tag
+
+
+def pair_tags(corpus: str) -> PairTags:
+    """The PairTags of a prepared corpus: its pairs in the order of its training corpora."""
+    from raymt.checkpoint import languages_entry
+
+    manifest = corpus_format.read_manifest(corpus)
+    pairs = list(dict.fromkeys((c.src_lang, c.tgt_lang) for c in corpus_format.corpora(corpus, manifest)))
+    prefixes = {f"{s}-{t}": corpus_format.prefix_ids(manifest, f"{s}-{t}") for s, t in pairs}
+    if manifest["format"] == corpus_format.FORMAT:  # one pair, untagged: its checkpoints as ever
+        return PairTags(None, prefixes)
+    return PairTags(languages_entry(pairs, manifest.get("tags", {}).get("reserved", {})), prefixes)
+
+
+@dataclass
+class RunData:
+    """What a run trains and validates on, settled on the driver before Ray starts."""
+
+    corpus: str  # a prepared corpus: given (data.corpus) or made in the run directory
+    # "valid" and "test": pair ("en-de") -> (sources, references) in memory; a test set for
+    # each pair that has one (its first).
+    eval_sets: dict[str, dict[str, Pairs]]
+    tokenizer: Optional[Tokenizer]  # known up front (corpus, resumed run, checkpoint) or None
+    corpora: Optional[list] = None  # sources.CorpusInput list still to prepare into `corpus`
+    # Several corpora (or back-translated pairs): tags, a mix, a raymt-corpus/2 corpus.
+    mixed: bool = False
+
+
+def plan_data(
+    cfg: Config, run_dir: str | Path, resume_dir: Optional[str], init_checkpoint: Optional[str | Path]
+) -> tuple[Config, RunData]:
+    """Check every input and read the small sets; nothing here needs Ray. A run on one pair
+    gets its languages in data.src_lang/tgt_lang (the run's name, the test set's scorer)."""
+    known = _known_tokenizer(resume_dir, init_checkpoint)
+    given = str(init_checkpoint or resume_dir)
+    if cfg.data.corpus is not None:
+        return plan_prepared(cfg, known, given)
+    return plan_inputs(cfg, storage.join(str(run_dir), CORPUS_DIR), resume_dir, known, given)
+
+
+def run_corpora(cfg: Config) -> list:
+    """The CorpusSpecs a run trains on: data.corpora, or the one corpus of data.src_lang/
+    tgt_lang/train/valid/test (the built-in corpus without data.train)."""
+    from raymt.data.inputs import single_pair
+
+    d = cfg.data
+    return d.corpora or single_pair(d.src_lang, d.tgt_lang, d.train, d.valid, d.test)
+
+
+def builtin_sources(cfg: Config):
+    """The `corpus_inputs` callback of a run: a corpus without files gets the built-in splits
+    of its pair at data.builtin_train_size/builtin_eval_size, generated from train.seed."""
+    sizes = cfg.data.builtin_train_size, cfg.data.builtin_eval_size
+    return lambda spec, _: builtin.sources(spec.src_lang, spec.tgt_lang, *sizes, cfg.train.seed)
+
+
+def plan_inputs(
+    cfg: Config, corpus_dir: str, resume_dir: Optional[str], known: Optional[Tokenizer], given: str
+) -> tuple[Config, RunData]:
+    """plan_data for a run that prepares its own corpus into `corpus_dir`: each corpus's sources,
+    each pair's validation and (first) test set read into memory, checked before Ray starts."""
+    from raymt.config import run_prepare_config
+    from raymt.data import inputs, prepare, sources
+
+    specs = run_corpora(cfg)
+    mixed = inputs.mixed(specs)
+    if not mixed:  # its languages are the run's (the name, the test set's scorer)
+        cfg = apply_overrides(cfg, {"data.src_lang": specs[0].src_lang, "data.tgt_lang": specs[0].tgt_lang})
+    options = run_prepare_config(cfg)
+    corpora = sources.corpus_inputs(specs, options, builtin_sources(cfg))
+    valid, test = {}, {}
+    for c in corpora:
+        corpus_cfg = sources.corpus_config(options, c.spec)
+        if c.valid:
+            valid[c.spec.pair] = sources.read_eval(corpus_cfg, c.valid)
+        if c.test:
+            test[c.spec.pair] = sources.read_eval(corpus_cfg, next(iter(c.test.values())))
+    if known is not None and mixed:
+        prepare.check_tags(known, inputs.reserved_pieces(specs, cfg.data.bt_tag), given)
+    for c in corpora:  # validation sets are prepared from memory (read once)
+        c.valid = [sources.Source(kind="pairs", pairs=valid[c.spec.pair])] if c.valid else []
+        if not cfg.data.corpora:  # data.train/test's corpus holds no test set, as ever: scored from memory
+            c.test = {}
+    if resume_dir is not None and storage.exists(storage.join(corpus_dir, corpus_format.MANIFEST_FILE)):
+        corpora = None  # prepared when the run started
+    return cfg, RunData(corpus_dir, {"valid": valid, "test": test}, known, corpora, mixed)
+
+
+def plan_prepared(cfg: Config, known: Optional[Tokenizer], given: str) -> tuple[Config, RunData]:
+    """plan_data for a prepared corpus (data.corpus): each pair's validation set and first test
+    set; a one-pair corpus's may be replaced by data.valid/data.test, and brings its languages."""
+    corpus = cfg.data.corpus
+    manifest = corpus_format.read_manifest(corpus)
+    mixed = manifest["format"] == corpus_format.FORMAT_CORPORA
+    check(
+        not (mixed and (cfg.data.valid or cfg.data.test)),
+        f"--valid/--test PREFIX replace a one-pair corpus's sets, but {corpus} holds several "
+        "pairs: prepare it again with --valid/--test SRC-TGT:SPEC",
+    )
+    if not mixed:
+        cfg = apply_overrides(cfg, {"data.src_lang": manifest["src_lang"], "data.tgt_lang": manifest["tgt_lang"]})
+    tokenizer = corpus_format.load_tokenizer(corpus, manifest)
+    fix = "train from scratch on it" if mixed else "prepare the corpus with that model, or train from scratch"
+    check(
+        known is None or known.model_proto == tokenizer.model_proto,
+        f"{given} has a different SentencePiece model than the corpus {corpus}: {fix}",
+    )
+    _temperature_note(cfg, manifest)
+    valid, test = {}, {}
+    for pair in corpus_format.pairs(manifest):
+        valid[pair] = _read_set(cfg, cfg.data.valid) if cfg.data.valid else _stored_set(corpus, manifest, "valid", pair)
+        names = _test_names(manifest, pair)
+        if cfg.data.test:
+            test[pair] = _read_set(cfg, cfg.data.test)
+        elif names:
+            test[pair] = _stored_set(corpus, manifest, names[0], pair)
+    return cfg, RunData(corpus, {"valid": valid, "test": test}, tokenizer, mixed=mixed)
+
+
+def _stored_set(corpus: str, manifest: dict, split: str, pair: str) -> Pairs:
+    """A prepared corpus's validation or test set of `pair`."""
+    return corpus_format.eval_pairs(corpus, manifest, split, pair)
+
+
+def _test_names(manifest: dict, pair: str) -> list[str]:
+    """The test sets of `pair` in a prepared corpus, the one a run scores first: a one-pair
+    corpus's in name order, a several-corpora corpus's in the order they were given."""
+    tests = manifest["splits"].get("test", {})
+    if manifest["format"] == corpus_format.FORMAT:
+        return sorted(tests)
+    return list(tests.get(pair, {}))
+
+
+def _read_set(cfg: Config, location: str) -> Pairs:
+    """A data.valid/data.test set that replaces a one-pair corpus's, read whole (stripped, nothing dropped)."""
+    from raymt.config import run_prepare_config
+    from raymt.data import sources
+
+    options = run_prepare_config(cfg)
+    return sources.read_eval(options, [sources.source_from_spec(location, options)])
+
+
+def _temperature_note(cfg: Config, manifest: dict) -> None:
+    """A note when a corpus's SentencePiece sample was mixed at another temperature than this run's."""
+    prepared_at = manifest.get("options", {}).get("temperature", cfg.data.temperature)
+    if prepared_at != cfg.data.temperature:  # data.temperature mixes; a sweep may vary it on purpose
+        print(
+            f"note: {cfg.data.corpus} was prepared with --temperature {prepared_at:g} (its SentencePiece sample); "
+            f"this run mixes its corpora at data.temperature={cfg.data.temperature:g} "
+            f"(--set data.temperature={prepared_at:g} mixes them as prepared)",
+            flush=True,
+        )
+
+
+def _known_tokenizer(resume_dir: Optional[str], init_checkpoint: Optional[str | Path]) -> Optional[Tokenizer]:
+    """The SentencePiece model a resumed run or a starting checkpoint already has."""
+    for directory in (resume_dir, init_checkpoint):
+        proto = storage.optional_bytes(storage.join(directory, SPM_FILE)) if directory is not None else None
+        if proto is not None:
+            return Tokenizer(proto)
+    return None
+
+
+def materialize(cfg: Config, run_data: RunData) -> tuple[list, Tokenizer]:
+    """Prepare the corpus if the run makes its own (Ray Data, or the driver for small inputs),
+    then list its training data: a `format.Corpus` (its shards, tags, weight) per corpus of a
+    mixed run; the `Shard`s of a one-pair corpus, which the workers stream as ever."""
+    from raymt.config import run_prepare_config
+    from raymt.data import prepare
+
+    if run_data.corpora is not None:
+        prepare.prepare_corpora(
+            run_prepare_config(cfg), run_data.corpus, run_data.corpora, tokenizer=run_data.tokenizer
+        )
+    manifest = corpus_format.read_manifest(run_data.corpus)
+    tokenizer = corpus_format.load_tokenizer(run_data.corpus, manifest)
+    if run_data.mixed:
+        return corpus_format.corpora(run_data.corpus, manifest), tokenizer
+    return corpus_format.train_files(run_data.corpus, manifest), tokenizer

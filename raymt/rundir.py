@@ -1,0 +1,221 @@
+"""The run directory: its layout, resuming it (`--resume`, Ray Train's snapshot of its
+checkpoints), the checks before a run starts or continues there (same mix, same model shape,
+writable) and the files a run writes for `--resume` and for people."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional
+
+from raymt import storage
+from raymt.checkpoint import MODEL_FILE, RAY_SNAPSHOT_FILE, SAFETENSORS_FILE, SPM_FILE, load_config
+from raymt.config import Config, apply_overrides
+from raymt.data import format as corpus_format
+from raymt.flags import build_config
+from raymt.tokenizer import Tokenizer
+
+RUN_CONFIG = "raymt_config.json"
+METRICS_CSV = "logs/metrics.csv"
+CORPUS_DIR = "corpus"  # a run's own prepared corpus, on the run's storage: every node reads it
+
+
+def resolve_resume(
+    args: argparse.Namespace,
+    cluster_gpus: Optional[Callable[[], int]] = None,
+) -> tuple[Config, Optional[str], Optional[str]]:
+    """(config, run directory to continue, checkpoint to initialize from); locations are
+    absolute local paths or URIs. `cluster_gpus` as in `build_config`."""
+    if not args.resume:
+        return build_config(args, cluster_gpus=cluster_gpus), None, None
+    location = storage.normalize(args.resume)
+    if any(storage.exists(storage.join(location, f)) for f in (MODEL_FILE, SAFETENSORS_FILE)):
+        return (
+            build_config(
+                args,
+                load_config(location)[0],
+                cluster_gpus=cluster_gpus,  # new run from weights
+                from_checkpoint=True,
+            ),
+            None,
+            location,
+        )
+    saved = storage.optional_bytes(storage.join(location, RUN_CONFIG))
+    if saved is None:
+        raise ValueError(
+            f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) nor a checkpoint (no {MODEL_FILE})"
+        )
+    check_resumable(location)
+    before = Config.from_dict(json.loads(saved))
+    cfg = build_config(args, before, new_run=False)
+    check_same_mix(before, cfg, location)
+    parent, name = storage.split(location)
+    return apply_overrides(cfg, {"train.storage_path": parent, "train.name": name}), location, None
+
+
+def registered_checkpoints(run_dir: str) -> int:
+    """How many checkpoints Ray Train registered in a run directory (0 when none)."""
+    snapshot = storage.optional_bytes(storage.join(run_dir, RAY_SNAPSHOT_FILE))
+    try:
+        return len(json.loads(snapshot)["checkpoint_results"]) if snapshot else 0
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return 0
+
+
+def check_resumable(run_dir: str) -> None:
+    """A one-line error when a run that trained has no registered checkpoint to continue from
+    (it would silently start again at step 0)."""
+    if registered_checkpoints(run_dir):
+        return
+    last = _last_step(storage.optional_bytes(storage.join(run_dir, METRICS_CSV)))
+    found = [n for n in storage.listdir(run_dir) if n.startswith("checkpoint_")]
+    if last is not None or found:
+        trained = f"logged step {last}" if last is not None else f"has {len(found)} checkpoint_* directories"
+        raise ValueError(
+            f"--resume {run_dir}: the run {trained} but Ray Train registered no checkpoint "
+            f"there (no {RAY_SNAPSHOT_FILE} listing one), so it would start again at step 0; "
+            "pass one of its checkpoint_* directories to --resume, or start a new run"
+        )
+
+
+def latest_checkpoint(run_dir: str) -> Optional[str]:
+    """The checkpoint Ray Train would continue a run from (its latest registered one), if any."""
+    snapshot = storage.optional_bytes(storage.join(run_dir, RAY_SNAPSHOT_FILE))
+    try:
+        name = json.loads(snapshot)["latest_checkpoint_result"]["checkpoint_dir_name"] if snapshot else None
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return None
+    return storage.join(run_dir, name) if name else None
+
+
+def mixes_corpora(cfg: Config) -> bool:
+    """Whether a run trains on several corpora (data.corpora with tags, or a raymt-corpus/2 --corpus)."""
+    from raymt.data.inputs import mixed
+
+    if cfg.data.corpora:
+        return mixed(cfg.data.corpora)
+    if cfg.data.corpus is None:
+        return False
+    try:
+        return corpus_format.read_manifest(cfg.data.corpus)["format"] == corpus_format.FORMAT_CORPORA
+    except ValueError:  # not (or no longer) a prepared corpus: plan_data says so where it reads it
+        return False
+
+
+MIX_FIELDS = ("corpora", "corpus", "temperature")
+
+
+def check_same_mix(saved: Config, cfg: Config, run_dir: str) -> None:
+    """A one-line error, before Ray starts, when a resumed multi-corpus run is given other corpora
+    or another data.temperature: its checkpoints' data positions are positions in its mix (the
+    workers check the checkpoint's `data_mix` too). One-pair runs resume as they always have."""
+    changed = [f for f in MIX_FIELDS if getattr(saved.data, f) != getattr(cfg.data, f)]
+    if not changed or not (mixes_corpora(saved) or mixes_corpora(cfg)):
+        return
+    diff = "; ".join(
+        f"data.{f} {_mix_field(saved, f)} there, {_mix_field(cfg, f)} here"
+        if _mix_field(saved, f) != _mix_field(cfg, f)
+        else f"data.{f}: other files, weights or sets"
+        for f in changed
+    )
+    start = latest_checkpoint(run_dir) or f"{run_dir}/checkpoint_..."
+    raise ValueError(
+        f"--resume {run_dir}: the run's mix of corpora cannot change ({diff}); "
+        f"start a new run from its checkpoint instead: --resume {start} --name NEW"
+    )
+
+
+def _mix_field(cfg: Config, field: str) -> str:
+    """data.corpora (its corpora's names), data.corpus or data.temperature, in words."""
+    if field == "corpora":
+        return "[" + ", ".join(c.name for c in cfg.data.corpora) + "]"
+    return f"{getattr(cfg.data, field)}" if field == "corpus" else f"{cfg.data.temperature:g}"
+
+
+SHAPE_FIELDS = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers", "pre_norm", "activation")
+
+
+def check_shape(cfg: Config, checkpoint: str | Path) -> None:
+    """A one-line error when the starting checkpoint's model differs in shape from the config's."""
+    saved, _ = load_config(checkpoint)
+    diff = [
+        f"model.{f} {getattr(saved.model, f)} there, {getattr(cfg.model, f)} here"
+        for f in SHAPE_FIELDS
+        if getattr(saved.model, f) != getattr(cfg.model, f)
+    ]
+    if diff:
+        raise ValueError(
+            f"{checkpoint} holds a model of another shape ({'; '.join(diff)}): drop "
+            "--preset / --set model.* to start from it, or train from scratch"
+        )
+
+
+def check_writable(run_dir: str) -> None:
+    """A one-line error, before Ray starts and without leaving anything behind, if a local run
+    directory cannot be written (Ray Train checks remote storage itself)."""
+    if storage.is_uri(run_dir):
+        return
+    directory = existing = Path(run_dir)
+    while not existing.exists():
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file, not a directory")
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as err:
+        raise ValueError(
+            f"cannot write the run directory {directory} ({err.strerror or err}): pass a writable --storage-path"
+        ) from None
+
+
+def write_run_files(cfg: Config, run_dir: str, tokenizer: Tokenizer) -> None:
+    """The run's config and SentencePiece model, for --resume and for people."""
+    storage.write_bytes(storage.join(run_dir, SPM_FILE), tokenizer.model_proto)
+    storage.write_bytes(storage.join(run_dir, RUN_CONFIG), json.dumps(cfg.to_dict(), indent=2).encode())
+
+
+def run_pairs(cfg: Config) -> list[str]:
+    """The pairs a run trains ("en-de"), for its name: its corpora's, a prepared corpus's, or its one pair's."""
+    if cfg.data.corpora:
+        return list(dict.fromkeys(c.pair for c in cfg.data.corpora))
+    if cfg.data.corpus is not None:  # data.src_lang/tgt_lang come from its manifest only later
+        try:
+            return corpus_format.pairs(corpus_format.read_manifest(cfg.data.corpus))
+        except ValueError:  # not a prepared corpus: plan_data says so
+            pass
+    return [f"{cfg.data.src_lang}-{cfg.data.tgt_lang}"]
+
+
+def finalize(cfg: Config) -> Config:
+    """Give the run a name and an absolute storage path (URIs such as s3:// stay as they are)."""
+    # Named after its pairs: "raymt-en-de-...", or "raymt-en-de+de-en-..." for a mixed run.
+    name = cfg.train.name or f"raymt-{'+'.join(run_pairs(cfg))}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    storage = cfg.train.storage_path
+    if "://" not in storage:
+        storage = str(Path(storage).expanduser().resolve())
+    return apply_overrides(cfg, {"train.name": name, "train.storage_path": storage})
+
+
+def run_location(cfg: Config) -> str:
+    """The run directory: STORAGE_PATH/NAME, a local path or a URI; everything a resume needs is there."""
+    return storage.join(cfg.train.storage_path, cfg.train.name)
+
+
+def _csv_steps(metrics_csv: Optional[bytes]) -> list[int]:
+    """The steps of a metrics.csv's rows (none when it is missing)."""
+    rows = (metrics_csv or b"").decode().splitlines()[1:]
+    return [int(row.split(",")[0]) for row in rows if row]
+
+
+def first_step(metrics_csv: Optional[bytes]) -> Optional[int]:
+    """The first step logged by this run (above log_every when it continued another run)."""
+    return next(iter(_csv_steps(metrics_csv)), None)
+
+
+def _last_step(metrics_csv: Optional[bytes]) -> Optional[int]:
+    """The last step a run logged, if any."""
+    steps = _csv_steps(metrics_csv)
+    return steps[-1] if steps else None
