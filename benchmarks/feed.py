@@ -107,9 +107,10 @@ def generated_corpus(args: argparse.Namespace) -> str:
 def measure(corpus: str, args: argparse.Namespace) -> dict:
     """Target tokens per second of one worker's stream from its first batch on, over epochs."""
     from raymt.config import DataConfig
-    from raymt.data.stream import Position, TrainStream
+    from raymt.data.epoch import Mix, Position
+    from raymt.data.stream import TrainStream
 
-    files = corpus_format.train_files(corpus, corpus_format.read_manifest(corpus))
+    files = Mix.of_shards(corpus_format.train_files(corpus, corpus_format.read_manifest(corpus)))
     cfg = DataConfig(max_tokens=args.max_tokens)
     stream = TrainStream(files, cfg, seed=1, rank=0, world_size=1, position=Position(0), num_epochs=args.epochs).start()
     t_start = time.perf_counter()
@@ -146,9 +147,10 @@ def boundary_waits(corpus: str, args: argparse.Namespace, continuous: bool) -> l
     one stream over the epochs or, as the training loop does it, one stream per epoch whose
     next one starts after the current epoch's first batch."""
     from raymt.config import DataConfig
-    from raymt.data.stream import Position, TrainStream
+    from raymt.data.epoch import Mix, Position
+    from raymt.data.stream import TrainStream
 
-    files = corpus_format.train_files(corpus, corpus_format.read_manifest(corpus))
+    files = Mix.of_shards(corpus_format.train_files(corpus, corpus_format.read_manifest(corpus)))
     cfg = DataConfig(max_tokens=args.max_tokens)
     open_stream = lambda epoch, n=1: TrainStream(files, cfg, 1, 0, 1, Position(epoch), num_epochs=n)
     waits, t = [], time.perf_counter()

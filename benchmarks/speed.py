@@ -155,9 +155,10 @@ def train_stream(corpus: Path, rank: int, world_size: int) -> "TrainStream":
     """Worker `rank` of `world_size`'s training stream of epoch 0 (seed 1), not started."""
     from raymt.config import DataConfig
     from raymt.data import format as corpus_format
-    from raymt.data.stream import Position, TrainStream
+    from raymt.data.epoch import Mix, Position
+    from raymt.data.stream import TrainStream
 
-    files = corpus_format.train_files(str(corpus), corpus_format.read_manifest(str(corpus)))
+    files = Mix.of_shards(corpus_format.train_files(str(corpus), corpus_format.read_manifest(str(corpus))))
     return TrainStream(files, DataConfig(), seed=1, rank=rank, world_size=world_size, position=Position(0))
 
 
@@ -725,9 +726,10 @@ def stream_rate(corpus: Path, rank: int, world_size: int, epochs: int) -> dict:
     stream started after the current epoch's first batch (as the training loop does)."""
     from raymt.config import DataConfig
     from raymt.data import format as corpus_format
-    from raymt.data.stream import Position, TrainStream
+    from raymt.data.epoch import Mix, Position
+    from raymt.data.stream import TrainStream
 
-    files = corpus_format.train_files(str(corpus), corpus_format.read_manifest(str(corpus)))
+    files = Mix.of_shards(corpus_format.train_files(str(corpus), corpus_format.read_manifest(str(corpus))))
     streams = [TrainStream(files, DataConfig(), 1, rank, world_size, Position(e)) for e in range(epochs)]
     t0 = time.perf_counter()
     first = None

@@ -15,7 +15,7 @@ import pytest
 
 from raymt.data import format as corpus_format
 from raymt.data.stream import flat, pair_hashes
-from raymt.train import registered_checkpoints
+from raymt.rundir import registered_checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -146,7 +146,7 @@ def test_a_run_shrinks_after_a_lost_node_and_grows_back(tmp_path):
     assert "optim.update_freq 1 -> 2" in out  # 1 worker keeps the global batch of 2
     # Each resize resumed from a checkpoint written in the middle of an epoch.
     resizes = re.findall(
-        r"resized from (\d) to (\d) workers: they share the (\d+) pairs left of epoch "
+        r"resized from (\d) to (\d) workers: the workers share the (\d+) pairs left of epoch "
         r"\d+ \((\d+) trained before",
         out,
     )

@@ -9,20 +9,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from raymt.config import DataConfig
+from raymt.config import CorpusSpec, DataConfig, check_corpora, corpora_from_tables
+from raymt.data.epoch import Piece, epoch_pieces, iter_pieces, stream_ranges
 from raymt.data.inputs import (
     BT_TAG,
-    CorpusSpec,
-    Piece,
     allocate,
     as_single_pair,
-    check_corpora,
     corpora_from_flags,
-    corpora_from_tables,
     decode_tags,
-    epoch_pieces,
     epoch_rows,
-    iter_pieces,
     lang_tag,
     parse_pairs,
     reserved_pieces,
@@ -31,7 +26,6 @@ from raymt.data.inputs import (
     single_pair,
     source_tags,
     split_spec,
-    stream_ranges,
 )
 
 SIZES = [100_003, 9_001, 517]  # awkward sizes: floats of n_i / N are not exact
@@ -416,8 +410,8 @@ class _MixedPlan:
         return [(self.corpora[i][j].path, 0, self.corpora[i][j].num_pairs) for j in order]
 
     def epoch_reads(self, files, seed: int, epoch: int) -> list[tuple[str, int, int]]:
-        """The mixed epoch's plan (stands in for raymt.data.stream.epoch_reads)."""
-        from raymt.data.stream import sub_plan
+        """The mixed epoch's plan (stands in for raymt.data.epoch.epoch_reads)."""
+        from raymt.data.epoch import sub_plan
 
         return [
             read
@@ -428,7 +422,7 @@ class _MixedPlan:
 
     def planned(self, seed: int, epoch: int) -> Counter:
         """(corpus, row id) of each corpus's stream window [epoch r_i, (epoch + 1) r_i)."""
-        from raymt.data.stream import sub_plan
+        from raymt.data.epoch import sub_plan
 
         return Counter(
             (i, self.first[path] + x)
@@ -442,15 +436,17 @@ class _MixedPlan:
 def test_mixed_plan_through_todays_stream_is_exact(tmp_path, monkeypatch):
     """With only `epoch_reads` and `slice_bounds` giving the mixed plan, today's TrainStream,
     resume and elastic resize train each planned row once, and each pair once per corpus epoch."""
+    from raymt.data import epoch as planning
     from raymt.data import stream
 
     sizes, seed = [300, 70, 45], 7
     corpora, first = _write_corpora(tmp_path, sizes)
     plan = _MixedPlan(corpora, first, epoch_rows(sizes, 5.0), piece_rows=16)
-    monkeypatch.setattr(stream, "epoch_reads", plan.epoch_reads)
-    monkeypatch.setattr(
-        stream, "slice_bounds", lambda files, s, e, rank, world: stream.row_bounds(sum(plan.rows), rank, world)
-    )
+    bounds = lambda files, s, e, rank, world: planning.row_bounds(sum(plan.rows), rank, world)
+    for module in (planning, stream):  # epoch_slice (the stream's plan) and resize_segment look them up
+        monkeypatch.setattr(module, "epoch_reads", plan.epoch_reads)
+        monkeypatch.setattr(module, "slice_bounds", bounds)
+    corpora = planning.Mix(corpora, plan.rows, 16)  # read by the stream: its plan is the one above
     cfg = DataConfig(window_rows=32, shuffle_buffer_rows=32, max_tokens=64, max_len=20)
 
     def run(rank, world, position, segment=None, stop=None):

@@ -1,4 +1,4 @@
-"""Several corpora in one stream (raymt.data.stream.Mix, docs/design-inputs.md section 4):
+"""Several corpora in one stream (raymt.data.epoch.Mix, docs/design-inputs.md section 4):
 the temperature's mix in every epoch and every worker's slice, each pair once per epoch of its
 corpus, exact resume, elastic resizes, one shard open per corpus, one corpus == today's plan.
 
@@ -13,24 +13,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import todays_stream
 
 from raymt.config import DataConfig
 from raymt.data import stream
-from raymt.data.format import Shard, token_index
-from raymt.data.inputs import epoch_pieces, epoch_rows, sampling_probs, stream_ranges
-from raymt.data.stream import (
+from raymt.data.epoch import (
     Mix,
     Position,
-    TrainStream,
     corpus_name,
+    epoch_pieces,
     epoch_reads,
     epoch_slice,
-    mixed_bounds,
-    mixed_reads,
-    resume_point,
     slice_bounds,
+    stream_ranges,
     sub_plan,
 )
+from raymt.data.format import Shard, token_index
+from raymt.data.inputs import epoch_rows, sampling_probs
+from raymt.data.stream import TrainStream, resume_point
 
 NAMES = ["en-de", "en-fr", "de-en"]
 SIZES = [300, 70, 45]  # of the corpora written to files
@@ -259,6 +259,7 @@ def test_a_piece_does_not_reopen_its_shard(corpora, monkeypatch):
         return real_read(self, i, *args, **kwargs)
 
     monkeypatch.setattr(stream, "filesystem", filesystem)
+    monkeypatch.setattr(todays_stream, "filesystem", filesystem)
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", read_row_group)
     tables = list(stream.read_plan(reads, mix.corpus_of))
     rows = [(c - 5, r - 100) for t in tables for c, r in (s[:2] for s in t.column("src_ids").to_pylist())]
@@ -269,10 +270,10 @@ def test_a_piece_does_not_reopen_its_shard(corpora, monkeypatch):
     runs = _runs(mix, reads)
     moves = sum(1 for k, (path, _, _) in enumerate(runs) if path != _last_path(mix, runs[:k], path))
     assert sum(opens.values()) == moves and sum(groups.values()) == sum(-(-e // 20) - s // 20 for _, s, e in runs)
-    # Today's one-corpus reader on the same plan: an open and its row groups per read.
+    # ee135a8's one-corpus reader on the same plan: an open and its row groups per read.
     mixed = (sum(opens.values()), sum(groups.values()))
     opens.clear(), groups.clear()
-    assert [len(t) for t in stream.read_plan(reads)] == [len(t) for t in tables]
+    assert [len(t) for t in todays_stream.read_plan(reads)] == [len(t) for t in tables]
     assert sum(opens.values()) == len(reads) > 3 * mixed[0] and sum(groups.values()) > 3 * mixed[1], mixed
 
 
@@ -326,29 +327,33 @@ def test_slices_balance_tokens_across_corpora(tmp_path):
 
 
 def test_one_corpus_is_todays_plan_and_stream(tmp_path):
-    """A Mix of one corpus read once per epoch runs today's code: the same reads, slices,
-    batches, trace and resize; the general path, forced, plans the same reads and cuts."""
+    """A Mix of one corpus read once per epoch is ee135a8's one-pair plan (tests/todays_stream.py):
+    the same reads and slices, a trace naming no corpus, one resize; in pieces of any size.
+    (tests/test_stream_fixture.py: the same batches, trace and positions as that code gave.)"""
     (files,) = write_corpora(tmp_path, [300])
     mix = Mix([files], [300])
     assert mix.single and mix.names == ["en-de"]
     for seed, epoch in ((7, 0), (3, 5)):
-        assert epoch_reads(mix, seed, epoch) == epoch_reads(files, seed, epoch)
+        assert epoch_reads(mix, seed, epoch) == todays_stream.epoch_reads(files, seed, epoch)
         for world in (1, 2, 3):
             for rank in range(world):
-                assert epoch_slice(mix, seed, epoch, rank, world) == epoch_slice(files, seed, epoch, rank, world)
-    for files_or_mix in (files, mix):
-        traced = run(files_or_mix, 1, 2, Position(2), trace=True)
-        assert traced == run(files, 1, 2, Position(2), trace=True) and ":" not in traced[1][0]
+                bounds = todays_stream.slice_bounds(files, seed, epoch, rank, world)
+                assert epoch_slice(mix, seed, epoch, rank, world) == sub_plan(epoch_reads(mix, seed, epoch), *bounds)
+    traced = run(mix, 1, 2, Position(2), trace=True)
+    assert traced == run(Mix.of_shards(files), 1, 2, Position(2), trace=True) and ":" not in traced[1][0]
     saved = [Position(0, 1, 2).to_dict(), Position(0, 0, 3).to_dict()]
-    assert resume_point(mix, CFG, 7, 0, saved, None, 1, 3) == resume_point(files, CFG, 7, 0, saved, None, 1, 3)
-    # The general path on one corpus (rows == its size) reads and cuts exactly as today.
+    assert resume_point(mix, CFG, 7, 0, saved, None, 1, 3) == resume_point(
+        Mix.of_shards(files), CFG, 7, 0, saved, None, 1, 3
+    )
+    # In pieces of 100 rows (not 1024), one corpus (rows == its size) reads and cuts as ee135a8 did.
     big = [Shard(f"part-{k}", n, tuple(token_index(np.arange(n) % 13 + 2))) for k, n in enumerate([2500, 700, 1800])]
     general = Mix([big], [5000], piece_rows=100)
     for epoch in (0, 1):
-        assert mixed_reads(general, 4, epoch) == epoch_reads(big, 4, epoch)
+        assert epoch_reads(general, 4, epoch) == todays_stream.epoch_reads(big, 4, epoch)
         for world in (2, 3, 5):
             for rank in range(world):
-                assert mixed_bounds(general, 4, epoch, rank, world) == slice_bounds(big, 4, epoch, rank, world)
+                want = todays_stream.slice_bounds(big, 4, epoch, rank, world)
+                assert slice_bounds(general, 4, epoch, rank, world) == want
 
 
 def test_a_single_corpus_read_twice_per_epoch_uses_the_mix():
@@ -358,8 +363,9 @@ def test_a_single_corpus_read_twice_per_epoch_uses_the_mix():
     assert not mix.single and mix.rows == (100,)
     reads = epoch_reads(mix, 1, 3)
     assert sum(e - s for _, s, e in reads) == 100
-    assert reads == epoch_reads(shards, 1, 6) + epoch_reads(shards, 1, 7)
-    assert sub_plan(reads, 0, 50) == epoch_reads(shards, 1, 6)
+    one = Mix.of_shards(shards)  # read once per epoch: its epochs 6 and 7
+    assert reads == epoch_reads(one, 1, 6) + epoch_reads(one, 1, 7)
+    assert sub_plan(reads, 0, 50) == epoch_reads(one, 1, 6) == todays_stream.epoch_reads(shards, 1, 6)
 
 
 def test_a_mix_pickles_to_the_same_plan(corpora):

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from tiny_checkpoint import tokenizer
 
 from raymt.batching import chunk_batches, collate
-from raymt.data import prepare
+from raymt.data import clean
+from raymt.data.epoch import Mix, epoch_slice
 from raymt.data.format import TOKEN_INDEX_ROWS, Shard, token_index
-from raymt.data.stream import epoch_slice
 from raymt.data.text import decode
 from raymt.tokenizer import EOS_ID
 from raymt.trainer import Collective, Done, lockstep
@@ -28,13 +28,13 @@ OPTIONS = {"max_chars": 40, "max_len": 12, "max_ratio": 3.0, "ratio_min_len": 3,
 @given(st.lists(st.tuples(st.text(max_size=60), st.text(max_size=60)), max_size=40))
 def test_cleaning_and_tokenizing_any_unicode_accounts_for_every_pair(rows):
     tok = tokenizer()
-    tally = prepare._Tally()  # counts land here instead of in a Ray actor
+    tally = clean.Tally()  # counts land here instead of in a Ray actor
     src = [s.strip() for s, _ in rows]
     tgt = [t.strip() for _, t in rows]
     table = pa.table({"src": src, "tgt": tgt, "source": [0] * len(rows), "line": list(range(1, len(rows) + 1))})
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(prepare, "_report", lambda _, key, counts: tally.put(key, counts))
-        out = prepare._tokenize_block(table, tok.model_proto, OPTIONS, None)
+        mp.setattr(clean, "_report", lambda _, key, counts: tally.put(key, counts))
+        out = clean.tokenize_block(table, tok.model_proto, OPTIONS, None)
     counts = tally.total()
     dropped = sum(counts.get(rule, 0) for rule in ("empty", "too_long_chars", "too_long", "ratio"))
     assert len(out) + dropped == len(rows)
@@ -90,7 +90,7 @@ def test_epoch_slices_cover_each_pair_once_and_balance(sizes, world_size, epoch,
     files = [(f"part-{i}", n) for i, n in enumerate(sizes)]
     seen, per_rank = Counter(), []
     for rank in range(world_size):
-        plan = epoch_slice(files, seed, epoch, rank, world_size)
+        plan = epoch_slice(Mix.of_shards(files), seed, epoch, rank, world_size)
         per_rank.append(sum(end - start for _, start, end in plan))
         seen.update((path, i) for path, start, end in plan for i in range(start, end))
     assert seen == Counter((path, i) for path, n in files for i in range(n))
@@ -113,7 +113,7 @@ def test_token_balanced_slices_cover_each_pair_once_and_balance_tokens(shards, w
     lengths = {f"part-{i}": lens for i, lens in enumerate(shards)}
     seen, tokens = Counter(), []
     for rank in range(world_size):
-        plan = epoch_slice(files, seed, epoch, rank, world_size)
+        plan = epoch_slice(Mix.of_shards(files), seed, epoch, rank, world_size)
         tokens.append(sum(sum(lengths[path][start:end]) for path, start, end in plan))
         seen.update((path, i) for path, start, end in plan for i in range(start, end))
     assert seen == Counter((f.path, i) for f in files for i in range(f.num_pairs))

@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 
 from raymt.batching import ShapeLadder, chunk_batches
 from raymt.config import Config, DataConfig, ModelConfig, tiny
-from raymt.data.stream import Position, TrainStream, restore_position
+from raymt.data.epoch import Mix, Position, restore_position
+from raymt.data.stream import TrainStream
+from raymt.flags import build_config
 from raymt.model import Transformer
 from raymt.optim import loss_sum, make_optimizer
 from raymt.tokenizer import EOS_ID, PAD_ID
-from raymt.train import build_config, parse_args
+from raymt.train import parse_args
 from raymt.trainer import compile_model, train_step
 
 VOCAB = 64
@@ -31,8 +33,8 @@ def wmt_like(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return src, tgt
 
 
-def write_shard(path, src_lens, tgt_lens, seed=0) -> list[tuple[str, int]]:
-    """One Parquet shard of random ids with the given lengths (the prepared-corpus layout)."""
+def write_shard(path, src_lens, tgt_lens, seed=0) -> Mix:
+    """One Parquet shard of random ids with the given lengths (the prepared-corpus layout), as one pair's `Mix`."""
     rng = np.random.default_rng(seed)
 
     def column(lens):
@@ -41,7 +43,7 @@ def write_shard(path, src_lens, tgt_lens, seed=0) -> list[tuple[str, int]]:
         return pa.ListArray.from_arrays(offsets, values)
 
     pq.write_table(pa.table({"src_ids": column(src_lens), "tgt_ids": column(tgt_lens)}), path, row_group_size=8192)
-    return [(str(path), len(src_lens))]
+    return Mix.of_shards([(str(path), len(src_lens))])
 
 
 def gpu_data() -> DataConfig:

@@ -10,21 +10,13 @@ import torch
 
 from raymt.batching import collate, collate_flat
 from raymt.config import DataConfig
+from raymt.data.epoch import Mix, Position, batching_record, epoch_slice, restore_position, skip_rows
 from raymt.data.format import Shard, token_index
-from raymt.data.stream import (
-    Position,
-    TrainStream,
-    batching_record,
-    epoch_slice,
-    flat,
-    restore_position,
-    resume_point,
-    skip_rows,
-)
+from raymt.data.stream import TrainStream, flat, resume_point
 
 
 def write_shards(tmp_path, sizes, seed=0):
-    """Parquet shards of random pairs; returns [(path, rows)] and every pair as a tuple."""
+    """Parquet shards of random pairs; returns them as one pair's `Mix` and every pair as a tuple."""
     rng = np.random.default_rng(seed)
     files, pairs = [], []
     for k, n in enumerate(sizes):
@@ -38,7 +30,7 @@ def write_shards(tmp_path, sizes, seed=0):
         )
         files.append((str(path), n))
         pairs += [(tuple(s), tuple(t)) for s, t in zip(src, tgt)]
-    return files, pairs
+    return Mix.of_shards(files), pairs
 
 
 def batch_pairs(batch):
@@ -56,15 +48,15 @@ def test_epoch_slices_cover_every_row_once_and_balance():
         seen = Counter()
         sizes = []
         for rank in range(world_size):
-            plan = epoch_slice(files, seed=1, epoch=2, rank=rank, world_size=world_size)
+            plan = epoch_slice(Mix.of_shards(files), seed=1, epoch=2, rank=rank, world_size=world_size)
             sizes.append(sum(e - s for _, s, e in plan))
             for path, start, end in plan:
                 seen.update((path, i) for i in range(start, end))
         assert seen == Counter((p, i) for p, n in files for i in range(n))
         assert max(sizes) - min(sizes) <= 1
-    order = lambda epoch: [p for p, _, _ in epoch_slice(files, 1, epoch, 0, 1)]
+    order = lambda epoch: [p for p, _, _ in epoch_slice(Mix.of_shards(files), 1, epoch, 0, 1)]
     assert order(0) != order(1) and order(0) == order(0)
-    plan = epoch_slice(files, 1, 0, 0, 1)
+    plan = epoch_slice(Mix.of_shards(files), 1, 0, 0, 1)
     assert sum(e - s for _, s, e in skip_rows(plan, 310)) == 506 - 310
 
 
@@ -72,7 +64,7 @@ def test_slices_balance_tokens_across_sources_of_different_lengths():
     # Two sources: 5000 short pairs (10 tokens) and 5000 long ones (40 tokens).
     lengths = {"short": [10] * 5000, "long": [40] * 5000}
     tokens = lambda files, rank: sum(
-        sum(lengths[p][a:b]) for p, a, b in epoch_slice(files, seed=1, epoch=0, rank=rank, world_size=2)
+        sum(lengths[p][a:b]) for p, a, b in epoch_slice(Mix.of_shards(files), seed=1, epoch=0, rank=rank, world_size=2)
     )
     by_rows = [(p, 5000) for p in lengths]
     assert sorted(tokens(by_rows, r) for r in (0, 1)) == [50_000, 200_000]
@@ -138,7 +130,7 @@ def test_resumed_stream_continues_exactly(tmp_path, stop_after):
 
 def test_a_reader_error_reaches_the_training_loop(tmp_path):
     files, _ = write_shards(tmp_path, [50])
-    broken = stream([(str(tmp_path / "missing.parquet"), 50)], 0, 1, Position(0))
+    broken = stream(Mix.of_shards([(str(tmp_path / "missing.parquet"), 50)]), 0, 1, Position(0))
     with pytest.raises(Exception, match="missing.parquet"):
         list(broken)
     assert len(list(stream(files, 0, 1, Position(0)))) > 0

@@ -4,37 +4,28 @@ Groundwork for multilingual training (issue 30) and back-translation (issue 29),
 docs/design-inputs.md. Plain Python and numpy: the functions here are pure, so the driver,
 `raymt data prepare` and every worker compute the same mix from the same (seed, epoch).
 
-- `CorpusSpec`: one training corpus, its languages (`src_lang` -> `tgt_lang`), its files, its
-  origin ("real" pairs, or "bt": synthetic sources made by back-translation), a weight, and
-  its validation/test sets; parsed from `--train en-de:PREFIX` / `--bt SPEC` flags or from
-  `[[data.corpora]]` tables; today's single-pair `DataConfig` is a list of one.
+- Corpus specs from flags: `CorpusSpec`s (raymt.config.corpus: one training corpus, its
+  languages, files, origin, weight and validation/test sets) of `--train en-de:PREFIX` /
+  `--bt SPEC` flags; `[[data.corpora]]` tables are read by raymt.config.corpus too.
 - Reserved tag pieces: `<2de>` target-language tags (Johnson et al. 2017) and `<BT>` on
   back-translated sources (Caswell et al. 2019).
-- Temperature mixing: p_i ~ (w_i n_i)^(1/T), each epoch's rows per corpus, and the epoch's
-  schedule of pieces, drawn from (seed, epoch) only.
+- Temperature mixing: p_i ~ (w_i n_i)^(1/T) and each epoch's rows per corpus (the epoch's
+  schedule of pieces, drawn from (seed, epoch) only, is `raymt.data.epoch.epoch_pieces`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
-from dataclasses import fields
-from typing import Any, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from raymt.config import BUILTIN_LANGS, CorpusSpec, _check_lang
-from raymt.data.format import TOKEN_INDEX_ROWS
-from raymt.data.text import COMPRESSED
+from raymt.config import CorpusSpec, check_corpora, check_lang
+from raymt.data.text import text_prefix
 from raymt.errors import check
 
 BT_TAG = "<BT>"
-# Rows of one piece of the epoch's mixed schedule: the token index's block, so that a
-# worker's token share of a mixed epoch is cut at known counts.
-PIECE_ROWS = TOKEN_INDEX_ROWS
-# Mixes the epoch's pieces; 7919 already orders the shards (raymt.data.stream.epoch_reads).
-MIX_STREAM = 7927
 # A language code of the short SRC-TGT form: no '-', which separates the two (pt_BR, eng_Latn).
 SHORT_LANG = r"[A-Za-z][A-Za-z0-9_]*"
 PAIR = re.compile(rf"^({SHORT_LANG})-({SHORT_LANG})$")
@@ -180,20 +171,6 @@ def input_overrides(
 
 
 SETS = ("train", "valid", "test")
-# Inputs that are files of pairs, not PREFIX.<lang> text files (raymt.data.prepare.source_from_spec).
-TABLE_SUFFIXES = (".tsv", ".jsonl", ".ndjson", ".parquet", ".arrow", ".feather", ".ipc")
-
-
-def text_prefix(spec: str) -> bool:
-    """Whether a SPEC's location names PREFIX.<src> and PREFIX.<tgt> text files, not a
-    .tsv/.jsonl/Parquet file or a directory."""
-    lower = spec.lower()
-    for suffix in COMPRESSED:
-        if lower.endswith(suffix):
-            lower = lower[: -len(suffix)]
-            break
-    local_dir = "://" not in spec and os.path.isdir(spec)
-    return not (lower.endswith(TABLE_SUFFIXES) or spec.endswith("/") or local_dir)
 
 
 def _eval_specs(specs: Sequence[str], flag: str, default_pair: tuple[str, str]) -> dict[tuple[str, str], list[str]]:
@@ -203,26 +180,6 @@ def _eval_specs(specs: Sequence[str], flag: str, default_pair: tuple[str, str]) 
         pair, location = split_spec(spec, flag)
         by_pair.setdefault(pair or default_pair, []).append(location)
     return by_pair
-
-
-TABLE_KEYS = tuple(f.name for f in fields(CorpusSpec))
-
-
-def corpora_from_tables(tables: Any, where: str = "data.corpora") -> list[CorpusSpec]:
-    """Corpora of `[[data.corpora]]` TOML tables (dicts with CorpusSpec's fields), checked."""
-    check(
-        isinstance(tables, list) and all(isinstance(t, dict) for t in tables) and bool(tables),
-        f"{where} must be a non-empty list of tables ([[data.corpora]] in TOML)",
-    )
-    corpora = []
-    for i, table in enumerate(tables):
-        unknown = sorted(set(table) - set(TABLE_KEYS))
-        check(not unknown, f"{where}[{i}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(TABLE_KEYS)}")
-        missing = [k for k in ("src_lang", "tgt_lang") if k not in table]
-        check(not missing, f"{where}[{i}]: {' and '.join(missing)} missing: every corpus names its languages")
-        corpora.append(CorpusSpec(**table))
-    check_corpora(corpora)
-    return corpora
 
 
 def single_pair(
@@ -255,48 +212,12 @@ def mixed(corpora: Sequence[CorpusSpec]) -> bool:
     return len(corpora) > 1 or any(c.origin != "real" for c in corpora)
 
 
-def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> None:
-    """One-line errors for duplicate corpora, a file in two corpora of a pair, built-in languages and
-    validation sets: with `need_valid`, each pair trained from files has exactly one (the
-    built-in corpus brings its own)."""
-    check(bool(corpora), "no training corpus: pass --train SRC-TGT:PATH or a [[data.corpora]] table")
-    names = [c.name for c in corpora]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    check(
-        not duplicates,
-        f"corpus {', '.join(duplicates)} is given twice: give one per pair and "
-        "origin, listing all its files in train = [...]",
-    )
-    # A prefix may serve both directions (en-de and de-en), not two corpora of one pair.
-    files = [(c.pair, f) for c in corpora for f in c.train]
-    twice = sorted({f"{f} ({p})" for p, f in files if files.count((p, f)) > 1})
-    check(
-        not twice,
-        f"{', '.join(twice)} is in two corpora of one pair: real and back-translated pairs come from different files",
-    )
-    for c in corpora:
-        for lang in (c.src_lang, c.tgt_lang) if c.builtin else ():
-            check(
-                lang in BUILTIN_LANGS,
-                f"corpus {c.name}: language {lang!r} is not in the built-in "
-                f"corpus ({', '.join(BUILTIN_LANGS)}); pass files for it",
-            )
-    for pair in dict.fromkeys(c.pair for c in corpora):
-        of_pair = [c for c in corpora if c.pair == pair]
-        given = [c.valid for c in of_pair if c.valid is not None]
-        check(len(given) <= 1, f"pair {pair} has {len(given)} validation sets: give one per pair")
-        check(
-            given or not need_valid or any(c.builtin for c in of_pair),
-            f"pair {pair} has no validation set: pass --valid {pair}:PREFIX (or valid = ... in its table)",
-        )
-
-
 # ---------------------------------------------------------------- tags
 
 
 def lang_tag(lang: str) -> str:
     """The target-language tag piece: "<2de>" for "de" (Johnson et al. 2017)."""
-    _check_lang(lang, "tag language")
+    check_lang(lang, "tag language")
     return f"<2{lang}>"
 
 
@@ -381,52 +302,3 @@ def epoch_rows(sizes: Sequence[int], temperature: float, weights: Optional[Seque
     weights = [1.0] * len(sizes) if weights is None else list(weights)
     total = round(sum(n * w for n, w in zip(sizes, weights)))
     return allocate(total, sampling_probs(sizes, temperature, weights))
-
-
-class Piece(NamedTuple):
-    """Rows [lo, hi) of one corpus's stream (its epochs one after another) in an epoch's schedule."""
-
-    corpus: int
-    lo: int
-    hi: int
-
-
-def epoch_pieces(rows: Sequence[int], seed: int, epoch: int, piece_rows: int = PIECE_ROWS) -> list[Piece]:
-    """Epoch `epoch`'s read order: corpus i's stream rows [epoch r_i, (epoch + 1) r_i) cut into
-    m_i pieces of `piece_rows`, interleaved so that every stretch of the schedule holds the
-    epoch's mix (a worker's contiguous slice too): piece j of corpus i goes at (j + u_i) / m_i,
-    with offsets u_i in [0, 1) drawn from (seed, epoch) only. One corpus: its rows in order."""
-    counts = [math.ceil(r / piece_rows) for r in rows]
-    offsets = np.random.default_rng([seed, epoch, MIX_STREAM]).random(len(rows))
-    corpus = np.repeat(np.arange(len(rows)), counts)
-    index = np.concatenate([np.arange(m) for m in counts])
-    at = (index + offsets[corpus]) / np.asarray(counts)[corpus]
-    order = np.lexsort((corpus, at))  # by position, ties to the lower corpus
-    pieces = []
-    for i, j in zip(corpus[order].tolist(), index[order].tolist()):
-        lo = epoch * rows[i] + j * piece_rows
-        pieces.append(Piece(i, lo, min(lo + piece_rows, (epoch + 1) * rows[i])))
-    return pieces
-
-
-def iter_pieces(
-    rows: Sequence[int], seed: int, epoch: int = 0, piece: int = 0, num_epochs: int = 1, piece_rows: int = PIECE_ROWS
-) -> Iterator[tuple[int, int, Piece]]:
-    """(epoch, index, piece) from piece `piece` of `epoch` on, for `num_epochs` epochs: a run
-    resumed at any (epoch, piece) continues exactly where an uninterrupted one would."""
-    for e in range(epoch, epoch + num_epochs):
-        schedule = epoch_pieces(rows, seed, e, piece_rows)
-        for k in range(piece if e == epoch else 0, len(schedule)):
-            yield e, k, schedule[k]
-
-
-def stream_ranges(num_pairs: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
-    """Stream rows [lo, hi) of a corpus of `num_pairs` pairs as (corpus epoch, first row, end row)."""
-    assert 0 <= lo <= hi and num_pairs > 0, (num_pairs, lo, hi)
-    out = []
-    while lo < hi:
-        k, start = divmod(lo, num_pairs)
-        end = min(num_pairs, start + hi - lo)
-        out.append((k, start, end))
-        lo += end - start
-    return out
