@@ -1,0 +1,88 @@
+"""Corpora, run directories and checkpoints written by an earlier raymt still train, resume
+exactly and translate.
+
+tests/fixtures/ee135a8/ was made by raymt at commit ee135a8 (before the one-path redesign):
+- corpus-v1: a one-pair `raymt-corpus/1` corpus, corpus-v2: an en-de + de-en `raymt-corpus/2` one
+  (600 built-in pairs each, `raymt data prepare --vocab-size 160 --shard-pairs 300`);
+- runs/v1-5, runs/v2-5: 2-worker runs on them stopped at step 5 (a d=16, 1+1-layer model,
+  `data.max_tokens=256`, `train.eval_every=5`, `train.trace_data=true`), so their train_state.pt
+  is without and with `data_mix`;
+- expected/: that code's weights and data trace of the same runs uninterrupted to step 10 (a
+  resume there gave identical weights), and its `raymt translate --beam 2` output of the step-5
+  checkpoints in fp32 (on an AVX2-only CPU too).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ee135a8"
+SENTENCES = {
+    "v1": ("", "Monday, July 4, 1999 and twelve kilometers\nthe house\n"),
+    "v2-de": ("de", "Monday, July 4, 1999 and twelve kilometers\n"),
+    "v2-en": ("en", "548 ¥, Kiribati und Sardisch\n"),
+}
+
+
+def trace_lines(path: Path) -> list[str]:
+    """The traced pairs of a trace-rank<r>.tsv (step, epoch, digest), without the #start lines."""
+    return [line for line in path.read_text().splitlines() if not line.startswith("#")]
+
+
+def checkpoint_of(run: Path) -> Path:
+    """The one checkpoint directory of a fixture run."""
+    (found,) = [p for p in run.glob("checkpoint_*") if p.is_dir()]
+    return found
+
+
+@pytest.mark.parametrize("corpus", ["v1", "v2"])
+def test_old_run_resumes_exactly(corpus, tmp_path, ray_address):
+    # The fixture runs name their corpus relative to where they ran (data.corpus=corpus-vN).
+    work = tmp_path / "work"
+    shutil.copytree(FIXTURES, work)
+    run = work / "runs" / f"{corpus}-5"
+    # They trained in fp32 (the CPU probe found bf16 slower for this model): a probe on another
+    # CPU must not pick bf16 for the resumed steps.
+    out = subprocess.run(
+        [sys.executable, "-m", "raymt.train", "--resume", str(run), "--max-steps", "10", "--set", "train.bf16=false"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=dict(os.environ, RAY_ADDRESS=ray_address.address),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    latest = max((p for p in run.glob("checkpoint_*") if p.is_dir()), key=lambda p: p.name)
+    weights = torch.load(latest / "model.pt", weights_only=True)
+    expected = torch.load(FIXTURES / "expected" / f"{corpus}-10.pt", weights_only=True)
+    assert weights.keys() == expected.keys()
+    for name, value in expected.items():
+        # Another CPU's kernels may round differently; the data and the steps are the same.
+        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    for rank in (0, 1):
+        resumed = trace_lines(run / "logs" / f"trace-rank{rank}.tsv")
+        assert resumed == trace_lines(FIXTURES / "expected" / f"{corpus}-10-trace-rank{rank}.tsv")
+
+
+@pytest.mark.parametrize("case", sorted(SENTENCES))
+def test_old_checkpoint_translates_as_before(case, tmp_path):
+    tgt_lang, text = SENTENCES[case]
+    # No probe result cached: decoding in fp32 (a cached CPU bf16 probe would pick bf16).
+    env = dict(os.environ, RAYMT_PRECISION_CACHE=str(tmp_path / "precision.json"))
+    checkpoint = checkpoint_of(FIXTURES / "runs" / f"{case.split('-')[0]}-5")
+    cmd = [sys.executable, "-m", "raymt.translate", "--checkpoint", str(checkpoint), "--beam", "2"]
+    out = subprocess.run(
+        cmd + (["--tgt-lang", tgt_lang] if tgt_lang else []),
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout == (FIXTURES / "expected" / f"translate-{case}.txt").read_text()
