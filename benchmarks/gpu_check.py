@@ -2,6 +2,8 @@
 
     python benchmarks/gpu_check.py [--corpus PREPARED | --multi30k DIR] [--out DIR] [--work DIR]
     python benchmarks/gpu_check.py --cpu --tiny      # the CPU form, in the default test suite
+    python benchmarks/gpu_check.py --plan [--tiny]   # caps, sizes, training commands, configs (JSON)
+    python benchmarks/gpu_check.py --report OUT      # the table again, from OUT/gpu_check.json
 
 Parts, in this order, each in its own process under its own cap (`FULL.caps`, seconds; with
 the start-up they sum to TOTAL_S = 480, so nothing waits on the total; tests check it); every
@@ -9,7 +11,7 @@ figure goes to OUT/gpu_check.json as soon as its part ends, with the part's log 
 
 | part | what |
 |---|---|
-| matmul | the card's name, a measured bf16 matmul (fp16 on cards without bf16) and its datasheet dense peak (`PEAKS`) |
+| matmul | the card's name, a measured bf16 matmul (fp16 on cards without bf16) and its datasheet dense peak (`raymt.profiling.PEAKS`) |
 | ray | `raymt.train.run` of `python -m raymt.train --gpu` flags, so with the `--gpu` defaults (`raymt.config.device_defaults`; one worker, 200 steps, validation at the end only, no test decoding): target tok/s, data_share and peak GPU memory (if logged) from its metrics.csv |
 | plain | the ray run's config, initial weights and batches through `raymt.trainer.Trainer` in one process (a second thread, as Ray Train runs it; no Ray): tok/s, peak GPU memory, host syncs per step over one more log interval (`torch.cuda.set_sync_debug_mode("warn")`) |
 | compiled | the ray part with `train.compile=true` |
@@ -18,7 +20,8 @@ figure goes to OUT/gpu_check.json as soon as its part ends, with the part's log 
 
 MFU = target tok/s x training FLOPs per target token (`raymt.profiling.train_flops` over
 the timed steps' batches, the same in every run) / the datasheet peak ("peak") or the
-measured matmul ("matmul").
+measured matmul ("matmul"); the peaks, the matmul, MFU, sync counting and a run's rates from
+its metrics.csv are `raymt.profiling`'s (tests/test_profiling.py).
 The table (Markdown) has the rows `gpu`, `matmul`, `setup`, `tgt tok/s`, `mfu` (columns
 `peak` and `matmul`), `goal` (MFU >= 40% of peak through Ray Train), `ray/plain`,
 `data_share`, `peak GPU MiB`, `syncs/step`, `resume` and `evaluate`. The script exits 1
@@ -53,7 +56,6 @@ under $OUT; checkpoints stay in --work.
 from __future__ import annotations
 
 import argparse
-import csv
 import gzip
 import json
 import os
@@ -77,23 +79,6 @@ RUNS = ("ray", "compiled", "plain")
 GOAL_MFU = 0.40  # of the datasheet bf16 peak, through Ray Train (issue 27)
 FLOPS_BATCHES = 50  # a Ray run's FLOPs per token are estimated over its first batches
 CORRECTNESS = ("ray", "resume", "evaluate")  # a failure here: exit status 1
-
-# (pattern in torch.cuda.get_device_name, card, dtype, dense TFLOP/s on the datasheet, no
-# sparsity), most specific first. V100 and T4 have no bf16: their fp16 tensor-core peak.
-PEAKS = (
-    (r"H100.*PCIe", "H100 PCIe", "bf16", 756.0),
-    (r"H100.*NVL", "H100 NVL", "bf16", 835.0),
-    (r"H100", "H100 SXM", "bf16", 989.0),
-    (r"H200.*NVL", "H200 NVL", "bf16", 835.0),
-    (r"H200", "H200", "bf16", 989.0),
-    (r"A100", "A100", "bf16", 312.0),
-    (r"\bL40S\b", "L40S", "bf16", 362.0),
-    (r"\bL4\b", "L4", "bf16", 121.0),
-    (r"\bA10G\b", "A10G", "bf16", 70.0),  # AWS's A10 variant, lower clocks than the A10's 125
-    (r"V100.*PCIE", "V100 PCIe", "fp16", 112.0),
-    (r"V100", "V100 SXM2", "fp16", 125.0),
-    (r"\bT4\b", "T4", "fp16", 65.0),
-)
 
 
 @dataclass(frozen=True)
@@ -178,6 +163,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--timeout-scale", type=float, default=1.0, help="multiply every part's cap (a slow or busy machine)"
     )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the caps, sizes, training commands and their configs as JSON, and run nothing",
+    )
+    p.add_argument("--report", metavar="OUT", help="print the table of OUT/gpu_check.json, and run nothing")
     p.add_argument("--part", choices=("matmul", "plain", "train"), help=argparse.SUPPRESS)  # a part's process
     p.add_argument("--name", help=argparse.SUPPRESS)  # the train part's run name
     p.add_argument("train_flags", nargs="*", help=argparse.SUPPRESS)  # the train part's raymt.train flags
@@ -372,22 +363,7 @@ def run_batches(cfg, corpus: str, count: int, pin_memory: bool = False) -> list:
     return out
 
 
-def flops_per_token(cfg, vocab: int, batches: list) -> float:
-    """Training FLOPs per target token over `batches` (padding computed too)."""
-    from raymt.profiling import train_flops
-
-    return sum(train_flops(cfg.model, vocab, b) for b in batches) / sum(b.num_tokens for b in batches)
-
-
 # ---------------------------------------------------------------- the parts' processes
-
-
-def card_peak(name: str) -> Optional[tuple[str, str, float]]:
-    """(card, dtype, datasheet dense TFLOP/s) of a GPU named `name`, None when not in PEAKS."""
-    for pattern, card, dtype, tflops in PEAKS:
-        if re.search(pattern, name, re.IGNORECASE):
-            return card, dtype, tflops
-    return None
 
 
 def cpu_name() -> str:
@@ -403,7 +379,7 @@ def part_matmul(args: argparse.Namespace, sizes: Sizes) -> int:
     """The device's name, its datasheet peak and a measured matmul in the peak's dtype."""
     import torch
 
-    from benchmarks.speed import matmul_flops
+    from raymt.profiling import gpu_peak, matmul_tflops
 
     result: dict = {"torch": torch.__version__}
     if args.cpu:  # no datasheet: the matmul column is the measured rate of raymt's CPU dtype
@@ -413,20 +389,10 @@ def part_matmul(args: argparse.Namespace, sizes: Sizes) -> int:
         torch.set_num_threads(plan(1, total={"CPU": machine_cpus()}).num_threads)  # a worker's threads
         result.update(gpu=cpu_name(), card=None, peak_tflops=None, dtype="bf16" if trains_in_bf16("cpu") else "fp32")
     else:
-        name = torch.cuda.get_device_name(0)
-        known = card_peak(name)
-        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
-        result.update(
-            gpu=name,
-            capability="sm_%d%d" % torch.cuda.get_device_capability(0),
-            card=known[0] if known else None,
-            peak_tflops=known[2] if known else None,
-            dtype=known[1] if known else ("bf16" if bf16 else "fp16"),
-        )
+        result.update(gpu_peak(0))
     write_part(args, "matmul", result)  # the name and peak stand even if the matmul hangs
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[result["dtype"]]
-    rate = matmul_flops("cpu" if args.cpu else "cuda", dtype, sizes.matmul_n)
-    write_part(args, "matmul", {**result, "matmul_tflops": rate / 1e12, "n": sizes.matmul_n})
+    tflops = matmul_tflops("cpu" if args.cpu else "cuda", result["dtype"], sizes.matmul_n)
+    write_part(args, "matmul", {**result, "matmul_tflops": tflops, "n": sizes.matmul_n})
     return 0
 
 
@@ -441,6 +407,7 @@ def train_config(args: argparse.Namespace):
 def part_train(args: argparse.Namespace, sizes: Sizes) -> int:
     """`raymt.train.run` of the train flags, without test decoding; FLOPs per token of its batches."""
     from raymt.data import format as corpus_format
+    from raymt.profiling import flops_per_token
     from raymt.train import run
 
     cfg = train_config(args)
@@ -449,7 +416,7 @@ def part_train(args: argparse.Namespace, sizes: Sizes) -> int:
     # Over its first batches (seconds on the CPU); the plain part gives those of the timed steps exactly.
     batches = run_batches(cfg, args.corpus, min(cfg.train.max_steps, FLOPS_BATCHES))
     result = {
-        "flops_per_token": flops_per_token(cfg, vocab, batches),
+        "flops_per_token": flops_per_token(cfg.model, vocab, batches),
         "flops_s": round(time.perf_counter() - t0, 1),
         "max_tokens": cfg.data.max_tokens,
         "pad_multiple": cfg.data.pad_multiple,
@@ -470,22 +437,6 @@ def part_train(args: argparse.Namespace, sizes: Sizes) -> int:
         },
     )
     return 0
-
-
-def count_syncs(fn: Callable[[], None]) -> int:
-    """Host-device synchronizations while `fn` runs (CUDA's sync debug mode, one warning each)."""
-    import warnings
-
-    import torch
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def in_a_thread(fn: Callable[[], int]) -> int:
@@ -529,6 +480,7 @@ def plain_loop(args: argparse.Namespace) -> int:
     from raymt.cluster import machine_cpus, plan
     from raymt.data import format as corpus_format
     from raymt.model import build_model
+    from raymt.profiling import count_syncs, flops_per_token
     from raymt.trainer import Trainer, compile_model, restore_training
 
     ray_cfg = train_config(args)  # the ray run's config, its device defaults included
@@ -563,7 +515,7 @@ def plain_loop(args: argparse.Namespace) -> int:
     result = {
         "tokens_per_s": sum(b.num_tokens for b in batches[warm:steps]) / seconds,
         "steps": steps - warm,
-        "flops_per_token": flops_per_token(cfg, vocab, batches[warm:steps]),
+        "flops_per_token": flops_per_token(cfg.model, vocab, batches[warm:steps]),
         "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if gpu else None,
     }
     write_part(args, "plain", result)
@@ -577,9 +529,13 @@ def plain_loop(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- the parts, from the main process
 
 
-def train_flags(args: argparse.Namespace, sizes: Sizes, name: str, steps: int, *extra: str) -> list[str]:
-    """`python -m raymt.train` flags of a new run `name` on one worker of the device (an old one is removed)."""
+def new_run(args: argparse.Namespace, name: str) -> None:
+    """Remove an old run `name` of --work (a new one starts from scratch)."""
     shutil.rmtree(Path(args.work) / "runs" / name, ignore_errors=True)
+
+
+def train_flags(args: argparse.Namespace, sizes: Sizes, name: str, steps: int, *extra: str) -> list[str]:
+    """`python -m raymt.train` flags of a run `name` on one worker of the device."""
     return [
         *([] if args.cpu else ["--gpu"]),
         "--num-workers",
@@ -610,32 +566,36 @@ def speed_flags(sizes: Sizes, minutes: float) -> list[str]:
     ]
 
 
-def metrics_figures(metrics_csv: str) -> dict:
-    """tok/s (time-weighted over the intervals after the first), data_share, peak GPU memory."""
-    with open(metrics_csv) as f:
-        rows = [r for r in csv.DictReader(f) if r.get("tokens_per_s")]
-    if len(rows) < 2:
-        return {"error": f"{len(rows)} logged interval(s): none after the warm-up one"}
-    steps = [int(b["step"]) - int(a["step"]) for a, b in zip(rows, rows[1:])]
-    rates = [float(r["tokens_per_s"]) for r in rows[1:]]
-    # Time-weighted (token-budget batches: about as many tokens a step): steps / seconds.
-    out = {
-        "tokens_per_s": sum(steps) / sum(n / v for n, v in zip(steps, rates)),
-        "steps": sum(steps),
-        "data_share": float(rows[-1]["data_share"]) if rows[-1].get("data_share") else None,
-    }
-    # When the worker logs it (peak_gpu_mb or a column named alike).
-    column = next((k for k in rows[0] if re.fullmatch(r"(peak_)?gpu(_mem(ory)?)?_mi?b", k)), None)
-    gpu_mb = [float(r[column]) for r in rows if column and r.get(column)]
-    out["peak_gpu_mb"] = max(gpu_mb) if gpu_mb else None
-    return out
+def train_cmd(args: argparse.Namespace, sizes: Sizes, name: str) -> list[str]:
+    """The process of training part `name` (ray, compiled, plain or resume) with its run's raymt.train flags."""
+    if name == "resume":
+        flags = train_flags(
+            args,
+            sizes,
+            name,
+            sizes.resume_steps,
+            "--set",
+            f"train.eval_every={sizes.resume_every}",
+            "--set",
+            f"train.log_every={max(1, sizes.resume_every // 2)}",
+            "--set",
+            "train.max_failures=1",
+        )
+    else:
+        minutes = sizes.compiled_minutes if name == "compiled" else sizes.max_minutes
+        compiled = ["--set", "train.compile=true"] if name == "compiled" else []
+        flags = train_flags(args, sizes, name, sizes.steps, *speed_flags(sizes, minutes), *compiled)
+    if name == "plain":
+        return part_cmd(args, "plain", "--", *flags)
+    return part_cmd(args, "train", "--name", name, "--", *flags)
 
 
-def check_speed_run(args: argparse.Namespace, sizes: Sizes, budget: Budget, name: str, *extra: str) -> dict:
+def check_speed_run(args: argparse.Namespace, sizes: Sizes, budget: Budget, name: str) -> dict:
     """A Ray Train run with the device defaults: its figures from metrics.csv."""
-    minutes = sizes.compiled_minutes if name == "compiled" else sizes.max_minutes
-    flags = train_flags(args, sizes, name, sizes.steps, *speed_flags(sizes, minutes), *extra)
-    result = run_part(args, budget, name, part_cmd(args, "train", "--name", name, "--", *flags))
+    from raymt.profiling import metrics_figures
+
+    new_run(args, name)
+    result = run_part(args, budget, name, train_cmd(args, sizes, name))
     precision = re.search(r"forward pass in (.+)", result["log"])
     result["precision"] = precision.group(1).strip() if precision else None
     csv_file = Path(args.work) / "runs" / name / "logs" / "metrics.csv"
@@ -670,20 +630,9 @@ def logged_steps(text: str) -> list[int]:
 def check_resume(args: argparse.Namespace, sizes: Sizes, budget: Budget) -> dict:
     """A worker SIGKILLed after the first checkpoint: the group restarts from it and trains on past it."""
     killed: dict = {}
-    flags = train_flags(
-        args,
-        sizes,
-        "resume",
-        sizes.resume_steps,
-        "--set",
-        f"train.eval_every={sizes.resume_every}",
-        "--set",
-        f"train.log_every={max(1, sizes.resume_every // 2)}",
-        "--set",
-        "train.max_failures=1",
-    )
+    new_run(args, "resume")
     watch = kill_a_worker_after_checkpoint(Path(args.work) / "runs" / "resume", killed)
-    result = run_part(args, budget, "resume", part_cmd(args, "train", "--name", "resume", "--", *flags), watch)
+    result = run_part(args, budget, "resume", train_cmd(args, sizes, "resume"), watch)
     text = result["log"]
     resumed = re.search(r"resuming at step (\d+)", text)
     after = logged_steps(text[resumed.end() :]) if resumed else []
@@ -749,15 +698,10 @@ def pct(x: Optional[float]) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def mfu(part: dict, flops: Optional[float], rate: Optional[float]) -> Optional[float]:
-    """Model FLOPs utilization of a run's tok/s against `rate` FLOP/s (None when either is unknown)."""
-    if not rate or not flops or not part.get("tokens_per_s"):
-        return None
-    return part["tokens_per_s"] * flops / rate
-
-
 def table_rows(parts: dict, cpu: bool) -> list[tuple[str, str, str, str, str]]:
     """The report's rows: (row, run, value, peak, matmul)."""
+    from raymt.profiling import mfu
+
     mm = parts.get("matmul", {})
     peak = mm["peak_tflops"] * 1e12 if mm.get("peak_tflops") else None
     measured = mm["matmul_tflops"] * 1e12 if mm.get("matmul_tflops") else None
@@ -802,8 +746,9 @@ def table_rows(parts: dict, cpu: bool) -> list[tuple[str, str, str, str, str]]:
         rows.append(("tgt tok/s", run, value if run in parts else "not run (yet)", "", ""))
     for run in RUNS:
         p = parts.get(run, {})
-        rows.append(("mfu", run, "", pct(mfu(p, flops[run], peak)), pct(mfu(p, flops[run], measured))))
-    through_ray = {run: mfu(parts.get(run, {}), flops[run], peak) for run in ("ray", "compiled")}
+        tok_s = p.get("tokens_per_s")
+        rows.append(("mfu", run, "", pct(mfu(tok_s, flops[run], peak)), pct(mfu(tok_s, flops[run], measured))))
+    through_ray = {run: mfu(parts.get(run, {}).get("tokens_per_s"), flops[run], peak) for run in ("ray", "compiled")}
     best = max((v for v in through_ray.values() if v is not None), default=None)
     rows.append(
         (
@@ -882,12 +827,12 @@ def measure(args: argparse.Namespace, sizes: Sizes, budget: Budget) -> Iterator[
     """The parts in order, each one's result as soon as it ends."""
     yield "matmul", run_part(args, budget, "matmul", part_cmd(args, "matmul"))
     yield "ray", check_speed_run(args, sizes, budget, "ray")
-    plain = train_flags(args, sizes, "plain", sizes.steps, *speed_flags(sizes, sizes.max_minutes))
-    yield "plain", run_part(args, budget, "plain", part_cmd(args, "plain", "--", *plain))
+    new_run(args, "plain")
+    yield "plain", run_part(args, budget, "plain", train_cmd(args, sizes, "plain"))
     yield (
         "compiled",
         (
-            check_speed_run(args, sizes, budget, "compiled", "--set", "train.compile=true")
+            check_speed_run(args, sizes, budget, "compiled")
             if sizes.compiled
             else {"skipped": "skipped (--tiny on CPU: ~75 s of inductor; --compiled runs it)"}
         ),
@@ -903,6 +848,23 @@ def best_checkpoints(run_dir: Path) -> list[Path]:
     return [Path(json.loads(summary.read_text())["best_checkpoint"])] if summary.exists() else []
 
 
+def plan(args: argparse.Namespace, sizes: Sizes) -> dict:
+    """What the check would run (--plan): its caps and sizes, each training part's process and the config
+    that process builds from its flags. Nothing runs and nothing is removed."""
+    args.out = str(Path(args.out).resolve())
+    args.work = str(Path(args.work or args.out).resolve())
+    args.corpus = str(Path(args.corpus).resolve()) if args.corpus else str(Path(args.work) / "corpus")
+    commands = {name: train_cmd(args, sizes, name) for name in (*RUNS, "resume")}
+    configs = {name: asdict(train_config(parse_args(cmd[2:]))) for name, cmd in commands.items()}
+    return {"total_s": TOTAL_S, "sizes": asdict(sizes), "commands": commands, "configs": configs}
+
+
+def report(directory: str) -> str:
+    """The table of a check from the parts saved in DIR/gpu_check.json (--report)."""
+    results = json.loads((Path(directory) / RESULTS).read_text())
+    return markdown(table_rows(results["parts"], results["device"] == "cpu"))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point: each part in its own process under its cap; 1 if ray, resume or evaluate failed."""
     args = parse_args(argv)
@@ -912,6 +874,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     if args.part:
         return {"matmul": part_matmul, "plain": part_plain, "train": part_train}[args.part](args, sizes)
+    if args.plan or args.report:
+        print(json.dumps(plan(args, sizes), indent=2, default=str) if args.plan else report(args.report))
+        return 0
     budget = Budget(sizes.caps, sum(sizes.caps.values()))
     out = Path(args.out).resolve()
     work = Path(args.work or out).resolve()

@@ -39,7 +39,6 @@ from raymt.batching import Batch, chunk_batches, collate_flat  # noqa: E402
 from raymt.config import Config, DataConfig, preset  # noqa: E402
 from raymt.data.stream import flat  # noqa: E402
 from raymt.optim import make_optimizer  # noqa: E402
-from raymt.precision import for_training, native_bf16, probe_key, write_cache  # noqa: E402
 from raymt.tokenizer import Tokenizer  # noqa: E402
 from raymt.trainer import train_step  # noqa: E402
 
@@ -111,18 +110,6 @@ def tokens_per_s(
     return num_tokens / (time.perf_counter() - t0), loss / num_tokens
 
 
-def record_cpu_bf16(cfg: Config, vocab_size: int, rates: dict[str, list[float]]) -> Optional[str]:
-    """Record the measured cpu-bf16 / fp32 ratio as raymt's probe result for this CPU and model
-    shape (CPUs with bf16 units); the precision line a run of it then prints, else None."""
-    cpu = torch.device("cpu")
-    if "cpu-bf16" not in rates or not native_bf16(cpu):
-        return None
-    write_cache(
-        probe_key(cfg.model, vocab_size), statistics.median(rates["cpu-bf16"]) / statistics.median(rates["raymt"])
-    )
-    return for_training(cpu, cfg, vocab_size).line(cpu)
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     """Measure raymt and each change side by side; optionally profile raymt's step."""
     args = parse_args(argv)
@@ -152,9 +139,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name, (_, _, warm_s, _) in setups.items():
         rate = statistics.median(rates[name])
         print(f"| {name} | {rate:.0f} | {rate / base:.3f} | {warm_s:.1f} | {losses[name]:.4f} |")
-    line = record_cpu_bf16(cfg, vocab, rates)
-    if line:
-        print(f"recorded for raymt's runs of this model on this CPU: {line}")
     if args.profile:
         from torch.profiler import profile
 

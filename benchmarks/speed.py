@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from raymt.batching import Batch  # noqa: E402
 from raymt.config import Config, ModelConfig, apply_overrides, preset  # noqa: E402
-from raymt.profiling import train_flops  # noqa: E402
+from raymt.profiling import matmul_flops, synchronize, train_flops  # noqa: E402
 from raymt.tokenizer import PAD_ID  # noqa: E402
 
 if TYPE_CHECKING:
@@ -184,28 +184,6 @@ def vocab_size(corpus: Path) -> int:
 # ---------------------------------------------------------------- in-process training
 
 
-def matmul_flops(device: str, dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> float:
-    """Measured FLOP/s of square matrix multiplies in this process (the hardware's practical peak)."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    _sync(device)
-    count, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        count += 1
-        if count % 8 == 0:
-            _sync(device)
-    _sync(device)
-    return 2 * n**3 * count / (time.perf_counter() - t0)
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def autocast_for(device: str) -> Callable:
     """raymt's own choice: bf16 autocast on GPU and on CPUs with bf16 units, else none."""
     from raymt.precision import autocast_for as raymt_autocast
@@ -249,14 +227,14 @@ class PlainLoop:
         import resource
 
         out = []
-        _sync(self.device)
+        synchronize(self.device)
         for i in range(0, len(batches), every):
             t0 = time.perf_counter()
             num_tokens = 0
             for batch in batches[i : i + every]:
                 num_tokens += self.step_fn(batch)
                 self.scheduler.step()
-            _sync(self.device)
+            synchronize(self.device)
             out.append(
                 (num_tokens, time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
             )
@@ -862,10 +840,10 @@ class Decoding:
             if not warmed:
                 fn()
                 warmed.append(True)
-            _sync(self.device)
+            synchronize(self.device)
             t0 = time.perf_counter()
             measure.outputs = fn()
-            _sync(self.device)
+            synchronize(self.device)
             return len(self.sources) / (time.perf_counter() - t0)
 
         return measure

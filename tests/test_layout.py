@@ -301,3 +301,16 @@ def test_allowlists_may_only_shrink():
         "import cycle c -> d -> c",
         "KNOWN_CYCLES lists ['e', 'f'], no longer a cycle: delete it",
     ]
+
+
+def test_no_test_imports_benchmark_code():
+    """Tests run a benchmark as a process and read what it writes; what both need lives in raymt/
+    or a tests/ helper (issue 43)."""
+    bad = []
+    for path in sorted((ROOT.parent / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            bad += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "benchmarks"]
+    assert not bad, "tests import benchmark code:\n" + "\n".join(bad)
