@@ -85,14 +85,14 @@ def random_checkpoint(work: Path, preset: str, lines: list[str]) -> Path:
     import torch
 
     from raymt.checkpoint import save_checkpoint
-    from raymt.config import Config, DataConfig
+    from raymt.config import Config, CorpusSpec, DataConfig
     from raymt.config import preset as model_preset
     from raymt.model import Transformer
     from raymt.tokenizer import train_tokenizer
 
     torch.manual_seed(0)
     tok = train_tokenizer(lines[:20000] + lines[:1], 8000)
-    config = Config(model=model_preset(preset), data=DataConfig(src_lang="de", tgt_lang="en", vocab_size=8000))
+    config = Config(model=model_preset(preset), data=DataConfig(corpora=[CorpusSpec("de", "en")], vocab_size=8000))
     return save_checkpoint(work / "checkpoint", Transformer(config.model, tok.vocab_size), config, tok)
 
 

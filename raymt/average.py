@@ -161,8 +161,8 @@ def check_same_model(directories: Sequence[Path]) -> tuple[Config, Tokenizer]:
             raise ValueError(
                 f"{d} was trained on other language pairs than {first}: only checkpoints of one model can be averaged"
             )
-        pair, other_pair = (config.data.src_lang, config.data.tgt_lang), (other.data.src_lang, other.data.tgt_lang)
-        if languages is None and other_pair != pair:  # untagged: the direction is data.src_lang -> data.tgt_lang
+        pair, other_pair = config.data.pair(), other.data.pair()
+        if languages is None and other_pair != pair:  # untagged: the direction is its one pair's
             raise ValueError(
                 f"{d} translates {'->'.join(other_pair)} but {first} translates {'->'.join(pair)}: "
                 "only checkpoints of one direction can be averaged"

@@ -146,18 +146,16 @@ def directions(model: ModelInfo, src_lang: Optional[str], tgt_lang: Optional[str
                 f"{', '.join(sources)}; back-translate text in one of them"
             )
         return src_lang or sources[0], tgt_lang, tags
-    for flag, given, own, side in (
-        ("--src-lang", src_lang, data.src_lang, "input"),
-        ("--tgt-lang", tgt_lang, data.tgt_lang, "output"),
-    ):
+    src, tgt = data.pair()  # untagged: one pair
+    for flag, given, own, side in (("--src-lang", src_lang, src, "input"), ("--tgt-lang", tgt_lang, tgt, "output")):
         if given is not None and given != own:
             raise ValueError(
-                f"{flag} {given}: {model.location} translates {data.src_lang}->{data.tgt_lang}, so its "
-                f"{side} is {own}; to back-translate {tgt_lang or data.tgt_lang} text into "
-                f"{src_lang or data.src_lang}, use a {src_lang or data.src_lang}->"
-                f"{tgt_lang or data.tgt_lang} model (a reverse model of the pair you train)"
+                f"{flag} {given}: {model.location} translates {src}->{tgt}, so its "
+                f"{side} is {own}; to back-translate {tgt_lang or tgt} text into "
+                f"{src_lang or src}, use a {src_lang or src}->"
+                f"{tgt_lang or tgt} model (a reverse model of the pair you train)"
             )
-    return data.src_lang, data.tgt_lang, []
+    return src, tgt, []
 
 
 # ---------------------------------------------------------------- the input

@@ -6,7 +6,7 @@ runs code from a file: torch files are read with `weights_only=True`.
 
 A model trained on several corpora records its languages in config.json (`"languages":
 {"pairs", "target_langs", "reserved"}`, docs/design-inputs.md section 6); a model without
-them (every single-pair run) is untagged and translates `data.src_lang` into `data.tgt_lang`.
+them (every single-pair run) is untagged and translates its one pair (`data.corpora`, `DataConfig.pair`).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _meta_file(directory: Path) -> Path:
 
 def model_languages(checkpoint: str | Path) -> Optional[dict]:
     """The `languages` entry of a checkpoint or exported model (path or URI); None for a model
-    trained on one pair (untagged: `data.src_lang` -> `data.tgt_lang`), every checkpoint so far."""
+    trained on one pair (untagged: `DataConfig.pair`), every checkpoint so far."""
     path = _meta_file(local_checkpoint(checkpoint))
     if not path.is_file():
         raise ValueError(f"{path} does not exist; is {checkpoint} a raymt checkpoint directory?")
@@ -143,7 +143,7 @@ def source_prefix(checkpoint: str | Path, tgt_lang: Optional[str]) -> list[int]:
     config, tokenizer = check_checkpoint(checkpoint)
     languages = model_languages(checkpoint)
     if languages is None:
-        src, tgt = config.data.src_lang, config.data.tgt_lang
+        src, tgt = config.data.pair()
         if tgt_lang is not None and tgt_lang != tgt:
             raise ValueError(
                 f"--tgt-lang {tgt_lang}: this model translates {src} -> {tgt} only (one pair, no language "

@@ -78,7 +78,7 @@ class ModelInfo:
         """The (source, target) language pairs the model was trained on."""
         if self.languages:
             return [(src, tgt) for src, tgt in self.languages["pairs"]]
-        return [(self.config.data.src_lang, self.config.data.tgt_lang)]
+        return [self.config.data.pair()]  # untagged: one pair
 
     @property
     def target_langs(self) -> list[str]:
@@ -90,11 +90,10 @@ class ModelInfo:
         target); one-line errors for a missing or untrained language."""
         if self.languages:  # a multilingual model (design-inputs.md section 6)
             return decode_tags(tgt_lang, self.languages["target_langs"], list(self.languages["reserved"]))
-        data = self.config.data
+        src, tgt = self.config.data.pair()
         check(
-            tgt_lang in (None, data.tgt_lang),
-            f"--tgt-lang {tgt_lang}: this model translates {data.src_lang} -> {data.tgt_lang} only; "
-            f"pass --tgt-lang {data.tgt_lang} or none",
+            tgt_lang in (None, tgt),
+            f"--tgt-lang {tgt_lang}: this model translates {src} -> {tgt} only; pass --tgt-lang {tgt} or none",
         )
         return []
 

@@ -61,12 +61,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--src-lang",
-        help="source language suffix (default: the checkpoint's data.src_lang; a multilingual model's "
+        help="source language suffix (default: the source of the checkpoint's pair; a multilingual model's "
         "one source into --tgt-lang)",
     )
     p.add_argument(
         "--tgt-lang",
-        help="target language suffix (default: the checkpoint's data.tgt_lang); for a multilingual "
+        help="target language suffix (default: the target of the checkpoint's pair); for a multilingual "
         "(tagged) model also the tag before each source, and required",
     )
     p.add_argument("--output-dir", default="evaluation", help="hypotheses and report.json go here")
@@ -276,8 +276,8 @@ def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOption
         args.prefix = source_prefix(args.checkpoint, args.tgt_lang)  # the tag of --tgt-lang
         args.tgt_lang = args.tgt_lang or languages["target_langs"][0]  # many-to-one: its one target
         args.src_lang = args.src_lang or default_src_lang(languages, args.tgt_lang)
-    args.src_lang = args.src_lang or config.data.src_lang
-    args.tgt_lang = args.tgt_lang or config.data.tgt_lang
+    args.src_lang = args.src_lang or config.data.pair()[0]
+    args.tgt_lang = args.tgt_lang or config.data.pair()[1]
     sets = read_test_sets(args.test, args.src_lang, args.tgt_lang)
     try:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)

@@ -4,19 +4,25 @@ device defaults < preset < config file < flags < --set (`build_config`)."""
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from raymt.config import (
+    ONE_PAIR_FIELDS,
     SCHEDULE_FIELDS,
     Config,
+    CorpusSpec,
     apply_overrides,
     check_training,
     device_defaults,
     flatten,
     load_file,
+    one_pair,
     parse_set_args,
+    parse_value,
     preset,
+    with_one_pair,
 )
+from raymt.errors import check
 
 
 def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -36,14 +42,16 @@ def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
         "max_steps": "train.max_steps",
         "epochs": "train.epochs",
         "max_minutes": "train.max_minutes",
-        "src_lang": "data.src_lang",
-        "tgt_lang": "data.tgt_lang",
         "corpus": "data.corpus",
         "storage_path": "train.storage_path",
         "name": "train.name",
     }
     for flag, field in flag_fields.items():
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"sets {field}")
+    for flag, side in (("--src-lang", "source"), ("--tgt-lang", "target")):
+        p.add_argument(
+            flag, help=f"the {side} language of a SPEC without SRC-TGT: and of the built-in corpus (sets data.corpora)"
+        )
     add_input_flags(p)
     p.add_argument("--gpu", action="store_true", help="one GPU per worker (sets train.use_gpu)")
     p.add_argument(
@@ -57,7 +65,7 @@ def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 INPUT_HELP = (
     "SPEC = [SRC-TGT:]LOCATION (a prefix, a .tsv/.jsonl/.parquet file or a URI); without "
-    "SRC-TGT: for data.src_lang-data.tgt_lang; repeatable"
+    "SRC-TGT: for --src-lang-TGT (default: the pair of data.corpora, en-de); repeatable"
 )
 
 
@@ -82,11 +90,31 @@ def add_input_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def input_flags(args: argparse.Namespace, default_pair: tuple[str, str]) -> dict:
-    """The config fields that --train/--valid/--test/--bt/--pairs set (none when none is given)."""
+def input_flags(args: argparse.Namespace, langs: dict[str, str], current: Sequence[CorpusSpec]) -> dict:
+    """data.corpora of --train/--valid/--test/--bt/--pairs and --src-lang/--tgt-lang (`langs`), made
+    from the `current` corpora (none when no such flag is given)."""
     from raymt.data.inputs import input_overrides
 
-    return input_overrides(args.train, args.bt, args.valid, args.test, args.pairs, default_pair, args.real_weight)
+    out = input_overrides(args.train, args.bt, args.valid, args.test, args.pairs, langs, current, args.real_weight)
+    check(
+        args.corpus is None or one_pair(out.get("data.corpora", current)),
+        "data.corpora and data.corpus are both set: give every corpus and its valid/test sets in data.corpora "
+        "(--train/--valid/--test SRC-TGT:SPEC), or drop data.corpora",
+    )
+    return out
+
+
+# Older configs' names of data.corpora's one pair (raymt.config.with_one_pair reads them).
+ONE_PAIR_KEYS = tuple(f"data.{name}" for name in ONE_PAIR_FIELDS)
+
+
+def one_pair_sets(sets: dict[str, str], corpora: Sequence[CorpusSpec]) -> dict:
+    """--set values with older configs' one-pair keys (data.src_lang, data.train, ...) read into
+    data.corpora, set on `corpora` (those of the config file and flags)."""
+    old = {k[5:]: parse_value(v, Optional[str], k) for k, v in sets.items() if k in ONE_PAIR_KEYS}
+    if not old or "data.corpora" in sets:  # beside data.corpora: apply_overrides says what is wrong
+        return sets
+    return {**{k: v for k, v in sets.items() if k not in ONE_PAIR_KEYS}, "data.corpora": with_one_pair(corpora, old)}
 
 
 def build_config(
@@ -109,14 +137,17 @@ def build_config(
         cfg = apply_overrides(cfg, {f"model.{k}": v for k, v in preset(args.preset).__dict__.items()})
     given = flatten(load_file(args.config)) if args.config else {}
     cfg = apply_overrides(cfg, given)
+    if any(k in given for k in ONE_PAIR_KEYS):  # read into data.corpora, which flags then change
+        given = {**{k: v for k, v in given.items() if k not in ONE_PAIR_KEYS}, "data.corpora": cfg.data.corpora}
     flags = {field: getattr(args, flag) for flag, field in args.flag_fields.items() if getattr(args, flag) is not None}
     if args.gpu:
         flags["train.use_gpu"] = True
     sets = parse_set_args(args.set)
-    # A bare SPEC is for the pair that the config file, flags and --set name.
-    lang = {**flags, **sets}
-    pair = (lang.get("data.src_lang", cfg.data.src_lang), lang.get("data.tgt_lang", cfg.data.tgt_lang))
-    given = {**given, **flags, **input_flags(args, pair), **sets}
+    # A bare SPEC is for the pair that flags and --set name, else the config's.
+    langs = {k: v for k in ONE_PAIR_FIELDS[:2] if (v := getattr(args, k) or sets.get(f"data.{k}")) is not None}
+    inputs = input_flags(args, langs, cfg.data.corpora)
+    sets = one_pair_sets(sets, inputs.get("data.corpora", cfg.data.corpora))
+    given = {**given, **flags, **inputs, **sets}
     cfg = apply_overrides(cfg, given)
     check_training(cfg)
     if not new_run:

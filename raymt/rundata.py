@@ -16,7 +16,7 @@ from typing import Optional
 
 from raymt import storage
 from raymt.checkpoint import SPM_FILE
-from raymt.config import Config, apply_overrides
+from raymt.config import Config, CorpusSpec, apply_overrides
 from raymt.data import builtin
 from raymt.data import format as corpus_format
 from raymt.data.text import Pairs
@@ -63,22 +63,13 @@ class RunData:
 def plan_data(
     cfg: Config, run_dir: str | Path, resume_dir: Optional[str], init_checkpoint: Optional[str | Path]
 ) -> tuple[Config, RunData]:
-    """Check every input and read the small sets; nothing here needs Ray. A run on one pair
-    gets its languages in data.src_lang/tgt_lang (the run's name, the test set's scorer)."""
+    """Check every input and read the small sets; nothing here needs Ray. A run on a prepared
+    corpus gets its pairs in data.corpora (its checkpoints' languages, the test set's scorer)."""
     known = _known_tokenizer(resume_dir, init_checkpoint)
     given = str(init_checkpoint or resume_dir)
     if cfg.data.corpus is not None:
         return plan_prepared(cfg, known, given)
     return plan_inputs(cfg, storage.join(str(run_dir), CORPUS_DIR), resume_dir, known, given)
-
-
-def run_corpora(cfg: Config) -> list:
-    """The CorpusSpecs a run trains on: data.corpora, or the one corpus of data.src_lang/
-    tgt_lang/train/valid/test (the built-in corpus without data.train)."""
-    from raymt.data.inputs import single_pair
-
-    d = cfg.data
-    return d.corpora or single_pair(d.src_lang, d.tgt_lang, d.train, d.valid, d.test)
 
 
 def builtin_sources(cfg: Config):
@@ -96,10 +87,8 @@ def plan_inputs(
     from raymt.config import run_prepare_config
     from raymt.data import inputs, prepare, sources
 
-    specs = run_corpora(cfg)
+    specs = cfg.data.corpora
     mixed = inputs.mixed(specs)
-    if not mixed:  # its languages are the run's (the name, the test set's scorer)
-        cfg = apply_overrides(cfg, {"data.src_lang": specs[0].src_lang, "data.tgt_lang": specs[0].tgt_lang})
     options = run_prepare_config(cfg)
     corpora = sources.corpus_inputs(specs, options, builtin_sources(cfg))
     valid, test = {}, {}
@@ -113,7 +102,7 @@ def plan_inputs(
         prepare.check_tags(known, inputs.reserved_pieces(specs, cfg.data.bt_tag), given)
     for c in corpora:  # validation sets are prepared from memory (read once)
         c.valid = [sources.Source(kind="pairs", pairs=valid[c.spec.pair])] if c.valid else []
-        if not cfg.data.corpora:  # data.train/test's corpus holds no test set, as ever: scored from memory
+        if not mixed:  # a one-pair run's corpus holds no test set, as ever: scored from memory
             c.test = {}
     if resume_dir is not None and storage.exists(storage.join(corpus_dir, corpus_format.MANIFEST_FILE)):
         corpora = None  # prepared when the run started
@@ -122,17 +111,21 @@ def plan_inputs(
 
 def plan_prepared(cfg: Config, known: Optional[Tokenizer], given: str) -> tuple[Config, RunData]:
     """plan_data for a prepared corpus (data.corpus): each pair's validation set and first test
-    set; a one-pair corpus's may be replaced by data.valid/data.test, and brings its languages."""
+    set; a one-pair corpus's may be replaced by data.corpora's valid/test. Its pairs become
+    data.corpora (without files)."""
     corpus = cfg.data.corpus
     manifest = corpus_format.read_manifest(corpus)
     mixed = manifest["format"] == corpus_format.FORMAT_CORPORA
+    valid_given = next((c.valid for c in cfg.data.corpora if c.valid), None)
+    test_given = next((c.test for c in cfg.data.corpora if c.test), ())
     check(
-        not (mixed and (cfg.data.valid or cfg.data.test)),
+        not (mixed and (valid_given or test_given)),
         f"--valid/--test PREFIX replace a one-pair corpus's sets, but {corpus} holds several "
         "pairs: prepare it again with --valid/--test SRC-TGT:SPEC",
     )
-    if not mixed:
-        cfg = apply_overrides(cfg, {"data.src_lang": manifest["src_lang"], "data.tgt_lang": manifest["tgt_lang"]})
+    pairs = [tuple(pair.split("-", 1)) for pair in corpus_format.pairs(manifest)]  # codes hold no '-'
+    specs = [CorpusSpec(src, tgt, valid=valid_given, test=test_given) for src, tgt in pairs]
+    cfg = apply_overrides(cfg, {"data.corpora": specs})
     tokenizer = corpus_format.load_tokenizer(corpus, manifest)
     fix = "train from scratch on it" if mixed else "prepare the corpus with that model, or train from scratch"
     check(
@@ -142,13 +135,24 @@ def plan_prepared(cfg: Config, known: Optional[Tokenizer], given: str) -> tuple[
     _temperature_note(cfg, manifest)
     valid, test = {}, {}
     for pair in corpus_format.pairs(manifest):
-        valid[pair] = _read_set(cfg, cfg.data.valid) if cfg.data.valid else _stored_set(corpus, manifest, "valid", pair)
+        valid[pair] = _read_set(cfg, valid_given) if valid_given else _stored_set(corpus, manifest, "valid", pair)
         names = _test_names(manifest, pair)
-        if cfg.data.test:
-            test[pair] = _read_set(cfg, cfg.data.test)
+        if test_given:
+            test[pair] = _read_set(cfg, test_given[0])
         elif names:
             test[pair] = _stored_set(corpus, manifest, names[0], pair)
     return cfg, RunData(corpus, {"valid": valid, "test": test}, tokenizer, mixed=mixed)
+
+
+def on_prepared(cfg: Config, run_data: RunData) -> Config:
+    """The config of runs on the corpus `run_data` just prepared (a sweep's trials): data.corpus,
+    data.corpora its pairs; a one-pair run keeps its valid and test sets (its corpus holds no
+    test set)."""
+    specs = [CorpusSpec(src, tgt) for src, tgt in cfg.data.pairs()]
+    if not run_data.mixed:
+        (c,) = cfg.data.corpora
+        specs = [CorpusSpec(c.src_lang, c.tgt_lang, valid=c.valid, test=c.test)]
+    return apply_overrides(cfg, {"data.corpus": run_data.corpus, "data.corpora": specs})
 
 
 def _stored_set(corpus: str, manifest: dict, split: str, pair: str) -> Pairs:
@@ -166,7 +170,7 @@ def _test_names(manifest: dict, pair: str) -> list[str]:
 
 
 def _read_set(cfg: Config, location: str) -> Pairs:
-    """A data.valid/data.test set that replaces a one-pair corpus's, read whole (stripped, nothing dropped)."""
+    """A valid/test set that replaces a one-pair corpus's, read whole (stripped, nothing dropped)."""
     from raymt.config import run_prepare_config
     from raymt.data import sources
 

@@ -95,10 +95,8 @@ def mixes_corpora(cfg: Config) -> bool:
     """Whether a run trains on several corpora (data.corpora with tags, or a raymt-corpus/2 --corpus)."""
     from raymt.data.inputs import mixed
 
-    if cfg.data.corpora:
-        return mixed(cfg.data.corpora)
     if cfg.data.corpus is None:
-        return False
+        return mixed(cfg.data.corpora)
     try:
         return corpus_format.read_manifest(cfg.data.corpus)["format"] == corpus_format.FORMAT_CORPORA
     except ValueError:  # not (or no longer) a prepared corpus: plan_data says so where it reads it
@@ -178,15 +176,13 @@ def write_run_files(cfg: Config, run_dir: str, tokenizer: Tokenizer) -> None:
 
 
 def run_pairs(cfg: Config) -> list[str]:
-    """The pairs a run trains ("en-de"), for its name: its corpora's, a prepared corpus's, or its one pair's."""
-    if cfg.data.corpora:
-        return list(dict.fromkeys(c.pair for c in cfg.data.corpora))
-    if cfg.data.corpus is not None:  # data.src_lang/tgt_lang come from its manifest only later
+    """The pairs a run trains ("en-de"), for its name: a prepared corpus's, or its corpora's."""
+    if cfg.data.corpus is not None:  # data.corpora gets them from its manifest only later
         try:
             return corpus_format.pairs(corpus_format.read_manifest(cfg.data.corpus))
         except ValueError:  # not a prepared corpus: plan_data says so
             pass
-    return [f"{cfg.data.src_lang}-{cfg.data.tgt_lang}"]
+    return [f"{src}-{tgt}" for src, tgt in cfg.data.pairs()]
 
 
 def finalize(cfg: Config) -> Config:

@@ -117,7 +117,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             for hyp_score, hyp in hyp_list:
                 print(f"{i} ||| {hyp} ||| {hyp_score:.4f}")
     if refs is not None:
-        s = score(hyps, refs, lang=args.tgt_lang or engine.info.config.data.tgt_lang)
+        s = score(hyps, refs, lang=args.tgt_lang or engine.info.config.data.pair()[1])
         print(f"BLEU {s['bleu']:.2f} ({s['bleu_signature']})", file=sys.stderr)
         print(f"chrF {s['chrf']:.2f} ({s['chrf_signature']})", file=sys.stderr)
     return 0

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from raymt import storage
 from raymt.cluster import init_ray, plan, quiet_env
-from raymt.config import Config, CorpusOptions, apply_overrides
+from raymt.config import ONE_PAIR_FIELDS, Config, CorpusOptions, apply_overrides
 from raymt.flags import build_config, flag_parser
 from raymt.rundir import finalize, run_location
 
@@ -80,12 +80,9 @@ def _typed(key: str, raw: str, base: Optional[Config] = None) -> Any:
 # SentencePiece sample follows the base config's temperature), so trials may vary it.
 CORPUS_FIELDS = {f.name for f in dataclasses.fields(CorpusOptions) if f.name != "temperature"} | {
     "vocab_size",
-    "train",
-    "valid",
-    "test",
+    "corpora",
     "corpus",
-    "src_lang",
-    "tgt_lang",
+    *ONE_PAIR_FIELDS,  # older configs' names of data.corpora's fields
     "builtin_train_size",
     "builtin_eval_size",
 }
@@ -536,13 +533,13 @@ def progress(params: list[str], metric: str, max_steps: int):
 
 def shared_corpus(cfg: Config, sweep_dir: str) -> Config:
     """Prepare the training corpus once for every trial (unless it is already prepared)."""
-    from raymt.rundata import materialize, plan_data
+    from raymt.rundata import materialize, on_prepared, plan_data
 
     if cfg.data.corpus is not None:
         return cfg
     cfg, run_data = plan_data(cfg, sweep_dir, None, None)
     materialize(cfg, run_data)
-    return apply_overrides(cfg, {"data.corpus": run_data.corpus, "data.train": None, "data.corpora": []})
+    return on_prepared(cfg, run_data)
 
 
 def summarize(

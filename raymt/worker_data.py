@@ -191,7 +191,7 @@ class ValidSets:
         }
         # Validation BLEU is greedy or beam search: decode.sample is for translating, not scoring.
         opts = dataclasses.replace(cfg.decode, beam=cfg.train.valid_beam, sample=False)
-        return cls(loaders, tokenizer, opts, cfg.data.tgt_lang)
+        return cls(loaders, tokenizer, opts, cfg.data.pair()[1])
 
     def score(
         self,

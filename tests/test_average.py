@@ -85,8 +85,8 @@ def reversed_checkpoint(directory):
     """A checkpoint like the others but trained de->en: same model and spm.model, other direction."""
     make_checkpoint(directory, seed=5)
     meta = json.loads((directory / "config.json").read_text())
-    data = meta["config"]["data"]
-    data["src_lang"], data["tgt_lang"] = data["tgt_lang"], data["src_lang"]
+    (corpus,) = meta["config"]["data"]["corpora"]
+    corpus["src_lang"], corpus["tgt_lang"] = corpus["tgt_lang"], corpus["src_lang"]
     (directory / "config.json").write_text(json.dumps(meta))
     return directory
 

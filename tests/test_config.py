@@ -16,7 +16,7 @@ def test_presets_and_overrides():
     cfg = apply_overrides(
         Config(), {"optim.lr": "5e-4", "train.epochs": "3", "model.pre_norm": "false", "data.test": "none"}
     )
-    assert (cfg.optim.lr, cfg.train.epochs, cfg.model.pre_norm, cfg.data.test) == (5e-4, 3, False, None)
+    assert (cfg.optim.lr, cfg.train.epochs, cfg.model.pre_norm, cfg.data.corpora[0].test) == (5e-4, 3, False, ())
     assert Config.from_dict(cfg.to_dict()) == cfg
 
 
@@ -42,7 +42,7 @@ def test_cli_sources_layer_in_order(tmp_path):
     cfg = build_config(args)
     assert cfg.model.d_model == 64 and cfg.model.num_heads == 2  # file over preset
     assert cfg.optim.lr == 1e-3 and cfg.optim.warmup_steps == 10  # --set over file
-    assert cfg.train.num_workers == 3 and (cfg.data.src_lang, cfg.data.tgt_lang) == ("fr", "es")
+    assert cfg.train.num_workers == 3 and cfg.data.pairs() == [("fr", "es")]
 
 
 @pytest.mark.parametrize(
@@ -187,3 +187,28 @@ def test_parse_value_and_check_lang_are_public():
     check_lang("pt_BR", "corpus")
     with pytest.raises(ValueError, match="'pt-BR' must be a language code"):
         check_lang("pt-BR", "corpus")
+
+
+def test_older_configs_one_pair_fields_are_read_into_corpora(tmp_path):
+    """[data] src_lang/tgt_lang/train/valid/test (config files and recipes before issue 43, --set,
+    run directories' raymt_config.json and checkpoints' config.json) are data.corpora's one corpus."""
+    import json
+    from pathlib import Path
+
+    from raymt.config import CorpusSpec
+
+    old = tmp_path / "old.toml"
+    old.write_text('[data]\nsrc_lang = "fr"\ntgt_lang = "en"\ntrain = "tr"\nvalid = "va"\nmax_tokens = 4096\n')
+    cfg = build_config(parse_args(["--config", str(old)]))
+    assert cfg.data.corpora == [CorpusSpec("fr", "en", ("tr",), valid="va")] and cfg.data.max_tokens == 4096
+    # Flags and --set change the corpus the file made, as they changed its fields.
+    cfg = build_config(parse_args(["--config", str(old), "--valid", "dev", "--set", "data.test=te"]))
+    assert cfg.data.corpora == [CorpusSpec("fr", "en", ("tr",), valid="dev", test=("te",))]
+    assert build_config(parse_args(["--set", "data.src_lang=es"])).data.pairs() == [("es", "de")]
+    runs = Path(__file__).parent / "fixtures" / "ee135a8" / "runs"
+    for saved in sorted(runs.glob("*/raymt_config.json")) + sorted(runs.glob("*/checkpoint_*/config.json")):
+        meta = json.loads(saved.read_text())
+        data = Config.from_dict(meta.get("config", meta)).data
+        assert data.corpora == [CorpusSpec("en", "de")] and data.corpus in ("corpus-v1", "corpus-v2"), saved
+    with pytest.raises(ValueError, match="data.corpora and data.train are both set"):
+        Config.from_dict({"data": {"train": "x", "corpora": [{"src_lang": "en", "tgt_lang": "de", "train": "a"}]}})

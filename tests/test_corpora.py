@@ -88,12 +88,16 @@ def write_bt_dir(path: Path, rows: list[tuple[str, str]], src_lang: str = "de", 
 
 
 def test_flags_make_one_pair_or_corpora():
+    assert build_config(parse_args([])).data.corpora == [CorpusSpec("en", "de")]  # the built-in en-de
     one = build_config(parse_args(["--train", "en-de:a", "--valid", "en-de:v", "--test", "t"]))
-    assert (one.data.train, one.data.valid, one.data.test, one.data.corpora) == ("a", "v", "t", [])
+    assert one.data.corpora == [CorpusSpec("en", "de", ("a",), valid="v", test=("t",))]
     bare = build_config(parse_args(["--src-lang", "fr", "--tgt-lang", "en", "--train", "a", "--valid", "v"]))
-    assert (bare.data.src_lang, bare.data.tgt_lang, bare.data.train, bare.data.corpora) == ("fr", "en", "a", [])
-    builtin_one = build_config(parse_args(["--pairs", "fr-es"]))
-    assert (builtin_one.data.src_lang, builtin_one.data.tgt_lang, builtin_one.data.train) == ("fr", "es", None)
+    assert bare.data.corpora == [CorpusSpec("fr", "en", ("a",), valid="v")]
+    assert build_config(parse_args(["--pairs", "fr-es"])).data.corpora == [CorpusSpec("fr", "es")]
+    langs = build_config(parse_args(["--src-lang", "fr", "--valid", "v", "--test", "t"]))
+    assert langs.data.corpora == [CorpusSpec("fr", "de", valid="v", test=("t",))]
+    # Older configs' one-pair fields, in a config file or --set, change the one corpus.
+    assert build_config(parse_args(["--set", "data.tgt_lang=es"])).data.corpora == [CorpusSpec("en", "es")]
 
     argv = ["--train", "en-de:a", "--train", "en-fr:b", "--valid", "en-de:v", "--valid", "en-fr:w"]
     argv += ["--bt", "en-de:s3://bucket/bt/", "--test", "en-fr:t1", "--test", "en-fr:t2", "--set", "data.temperature=5"]
@@ -101,16 +105,16 @@ def test_flags_make_one_pair_or_corpora():
     assert [c.name for c in many.data.corpora] == ["en-de", "en-fr", "en-de.bt"]
     assert many.data.corpora[1] == CorpusSpec("en", "fr", ("b",), valid="w", test=("t1", "t2"))
     assert many.data.corpora[2].train == ("s3://bucket/bt/",) and many.data.temperature == 5.0
-    assert many.data.train is None and many.data.sp_vocab_size() == 8000
+    assert many.data.sp_vocab_size() == 8000
     pairs = build_config(parse_args(["--pairs", "en-de,en-fr,de-en"]))
     assert [(c.pair, c.builtin) for c in pairs.data.corpora] == [("en-de", True), ("en-fr", True), ("de-en", True)]
     assert pairs.data.sp_vocab_size() == 1000
-    # Two files of one pair: one real corpus, kept as data.corpora (today's data.train holds one prefix).
+    # Two files of one pair: one real corpus.
     two = build_config(parse_args(["--train", "a", "--train", "b", "--valid", "v"]))
     assert two.data.corpora == [CorpusSpec("en", "de", ("a", "b"), valid="v")]
-    # So is one .tsv/.jsonl/Parquet input: data.train/valid/test hold text prefixes only.
+    # So is one .tsv/.jsonl/Parquet input.
     tsv = build_config(parse_args(["--train", "news.tsv.gz", "--valid", "v"]))
-    assert tsv.data.corpora == [CorpusSpec("en", "de", ("news.tsv.gz",), valid="v")] and tsv.data.train is None
+    assert tsv.data.corpora == [CorpusSpec("en", "de", ("news.tsv.gz",), valid="v")]
 
 
 def test_tables_round_trip_and_old_configs_load(tmp_path):
@@ -130,29 +134,39 @@ def test_tables_round_trip_and_old_configs_load(tmp_path):
     saved = json.loads(json.dumps(cfg.to_dict()))  # as config.json holds it
     assert Config.from_dict(saved) == cfg
 
-    # A single-pair config.json gains only the new fields, at their defaults; one without them loads.
+    # A single-pair config.json is its one corpus; an older one (one-pair fields, no corpora,
+    # temperature or bt_tag) is read into it.
     single = Config().to_dict()
     assert {k: single["data"][k] for k in ("corpora", "temperature", "bt_tag")} == {
-        "corpora": [],
+        "corpora": [
+            {"src_lang": "en", "tgt_lang": "de", "train": (), "origin": "real", "weight": 1.0}
+            | {"valid": None, "test": ()}
+        ],
         "temperature": 1.0,
         "bt_tag": True,
     }
     for key in ("corpora", "temperature", "bt_tag"):
         del single["data"][key]
     assert Config.from_dict(single) == Config()
+    old = {"src_lang": "fr", "tgt_lang": "en", "train": "tr", "valid": "va", "test": None, "corpora": []}
+    assert Config.from_dict({"data": old}).data.corpora == [CorpusSpec("fr", "en", ("tr",), valid="va")]
+    prepared = {"src_lang": "cs", "tgt_lang": "en", "train": None, "valid": None, "test": None, "corpus": "c"}
+    assert Config.from_dict({"data": prepared}).data.corpora == [CorpusSpec("cs", "en")]  # any language
+    beside = {"src_lang": "en", "tgt_lang": "de", "corpora": [{"src_lang": "de", "tgt_lang": "en"}]}
+    assert Config.from_dict({"data": beside}).data.corpora == [CorpusSpec("de", "en")]
 
 
 @pytest.mark.parametrize(
     "data, message",
     [
         ({"train": "x", "valid": "v"}, "data.corpora and data.train are both set"),
-        ({"corpus": "c"}, "data.corpora and data.corpus are both set"),
+        ({"corpus": "c"}, "data.corpus and data.train are both set"),
         ({"test": "t"}, "data.corpora and data.test are both set"),
         ({"temperature": 0}, "data.temperature=0 must be a number > 0"),
     ],
 )
 def test_corpora_with_single_pair_fields_are_refused(data, message):
-    tables = [{"src_lang": "en", "tgt_lang": "de"}, {"src_lang": "en", "tgt_lang": "fr"}]
+    tables = [{"src_lang": "en", "tgt_lang": "de", "train": "a", "valid": "w"}, {"src_lang": "en", "tgt_lang": "fr"}]
     with pytest.raises(ValueError, match=message):
         Config.from_dict({"data": {"corpora": tables, **data}})
 
@@ -375,7 +389,7 @@ def test_a_run_on_one_tsv_corpus_is_a_one_pair_run(tmp_path, no_ray):
     argv = [f"--train=en-fr:{tmp_path}/train.tsv", f"--valid=en-fr:{tmp_path}/valid.tsv"]
     argv += [f"--test=en-fr:{tmp_path}/test.tsv", "--set=data.vocab_size=96", "--set=data.sp_model_type=bpe"]
     cfg, run_data = plan_data(build_config(parse_args(argv)), tmp_path / "run", None, None)
-    assert (cfg.data.src_lang, cfg.data.tgt_lang, run_data.mixed) == ("en", "fr", False)
+    assert (cfg.data.pairs(), run_data.mixed) == ([("en", "fr")], False)
     assert run_data.eval_sets == {
         "valid": {"en-fr": tuple(map(list, zip(*mirrored(4, 500))))},
         "test": {"en-fr": tuple(map(list, zip(*mirrored(3, 600))))},

@@ -62,5 +62,5 @@ def test_prepare_multi30k_over_http_for_a_run(ray_cluster, tmp_path, monkeypatch
 
     cfg = apply_overrides(Config(model=tiny()), {"data.corpus": str(out)})
     cfg, run_data = plan_data(cfg, tmp_path / "runs" / "m30k", None, None)
-    assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("en", "de") and run_data.corpora is None
+    assert cfg.data.pairs() == [("en", "de")] and run_data.corpora is None
     assert {k: len(v["en-de"][0]) for k, v in run_data.eval_sets.items()} == {"valid": 1014, "test": 1000}

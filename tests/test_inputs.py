@@ -9,12 +9,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from raymt.config import CorpusSpec, DataConfig, check_corpora, corpora_from_tables
+from raymt.config import CorpusSpec, DataConfig, check_corpora, corpora_from_tables, one_pair, with_one_pair
 from raymt.data.epoch import Piece, epoch_pieces, iter_pieces, stream_ranges
 from raymt.data.inputs import (
     BT_TAG,
     allocate,
-    as_single_pair,
     corpora_from_flags,
     decode_tags,
     epoch_rows,
@@ -23,7 +22,6 @@ from raymt.data.inputs import (
     reserved_pieces,
     sample_sizes,
     sampling_probs,
-    single_pair,
     source_tags,
     split_spec,
 )
@@ -294,37 +292,31 @@ def test_tables_reject_mistakes(tables, message):
 
 def test_single_pair_config_is_one_corpus():
     data = DataConfig()
-    (builtin,) = single_pair(data.src_lang, data.tgt_lang, data.train, data.valid, data.test)
-    assert builtin == CorpusSpec("en", "de") and builtin.builtin
-    files = DataConfig(src_lang="fr", tgt_lang="es", train="tr", valid="va", test="te")
-    corpora = single_pair(files.src_lang, files.tgt_lang, files.train, files.valid, files.test)
+    (builtin,) = data.corpora
+    assert builtin == CorpusSpec("en", "de") and builtin.builtin and data.pairs() == [("en", "de")]
+    # Older configs' one-pair fields are read into the corpus they describe.
+    old = {"src_lang": "fr", "tgt_lang": "es", "train": "tr", "valid": "va", "test": "te"}
+    corpora = with_one_pair(data.corpora, old)
     assert corpora == [CorpusSpec("fr", "es", ("tr",), valid="va", test=("te",))]
     check_corpora(corpora)
     assert reserved_pieces(corpora) == []  # no tag: the SentencePiece model stays as today's
-    assert as_single_pair(corpora) == {
-        "data.src_lang": "fr",
-        "data.tgt_lang": "es",
-        "data.train": "tr",
-        "data.valid": "va",
-        "data.test": "te",
-    }
-    assert as_single_pair([builtin])["data.train"] is None
+    assert with_one_pair(corpora, {"train": None, "valid": None, "test": None}) == [CorpusSpec("fr", "es")]
+    with pytest.raises(ValueError, match="--train is set but --valid is not"):
+        with_one_pair(data.corpora, {"train": "tr"})
 
 
-def test_only_one_real_corpus_of_one_file_maps_back_to_todays_fields():
+def test_only_one_real_corpus_of_one_file_is_what_the_one_pair_fields_described():
     flags = corpora_from_flags(["en-de:x"], [], ["en-de:v"], [], ("fr", "es"))
-    assert as_single_pair(flags) == {
-        "data.src_lang": "en",
-        "data.tgt_lang": "de",
-        "data.train": "x",
-        "data.valid": "v",
-        "data.test": None,
-    }
-    assert as_single_pair(corpora_from_flags(["x"], ["y"], ["v"], [], ("en", "de"))) is None  # + bt
-    assert as_single_pair(corpora_from_flags(["x", "y"], [], ["v"], [], ("en", "de"))) is None  # 2 files
-    assert (
-        as_single_pair(corpora_from_flags(["en-de:x", "de-en:x"], [], ["en-de:v", "de-en:v"], [], ("en", "de"))) is None
-    )
+    assert one_pair(flags) and with_one_pair(flags, {"src_lang": "fr"})[0].pair == "fr-de"
+    for corpora in (
+        corpora_from_flags(["x"], ["y"], ["v"], [], ("en", "de")),  # + bt
+        corpora_from_flags(["x", "y"], [], ["v"], [], ("en", "de")),  # 2 files
+        corpora_from_flags(["en-de:x", "de-en:x"], [], ["en-de:v", "de-en:v"], [], ("en", "de")),
+    ):
+        assert not one_pair(corpora)
+        assert with_one_pair(corpora, {"src_lang": "fr"}) == corpora  # languages beside corpora: unused
+        with pytest.raises(ValueError, match="data.corpora and data.train are both set"):
+            with_one_pair(corpora, {"train": "z"})
     assert epoch_rows([1234], 5.0) == [1234]
 
 

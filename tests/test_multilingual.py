@@ -150,7 +150,7 @@ def test_validation_scores_each_pair_and_averages_them(prepared):
     tags = pair_tags(run_data.corpus)
     sets = valid_config(run_data.eval_sets["valid"], tokenizer, tiny().max_positions, tags)["valid_pairs"]
     loaders = {p: ([collate_eval(s["rows"][:8]), collate_eval(s["rows"][8:])], s["refs"]) for p, s in sets.items()}
-    two = ValidSets({p: loaders[p] for p in ("en-fr", "de-en")}, tokenizer, opts, cfg.data.tgt_lang)
+    two = ValidSets({p: loaders[p] for p in ("en-fr", "de-en")}, tokenizer, opts, cfg.data.pair()[1])
     got = two.score(model, Collective(), autocast)
     alone = {p: evaluate(model, loaders[p][0], tokenizer, loaders[p][1], opts) for p in ("en-fr", "de-en")}
     tokens = {p: sum(len(r["tgt_ids"]) + 1 for r in sets[p]["rows"]) for p in alone}  # + EOS
@@ -161,7 +161,7 @@ def test_validation_scores_each_pair_and_averages_them(prepared):
     assert got["valid_bleu"] == pytest.approx((alone["en-fr"]["valid_bleu"] + alone["de-en"]["valid_bleu"]) / 2)
     loss = sum(alone[p]["valid_loss"] * tokens[p] for p in alone) / sum(tokens.values())
     assert got["valid_loss"] == pytest.approx(loss)
-    one = ValidSets({None: loaders["en-de"]}, tokenizer, opts, cfg.data.tgt_lang).score(model, Collective(), autocast)
+    one = ValidSets({None: loaders["en-de"]}, tokenizer, opts, cfg.data.pair()[1]).score(model, Collective(), autocast)
     alone = evaluate(model, loaders["en-de"][0], tokenizer, loaders["en-de"][1], opts)
     assert one == {k: v for k, v in alone.items() if k != "valid_tokens"}
 

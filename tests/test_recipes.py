@@ -95,7 +95,7 @@ def test_recipe_loads_and_its_header_matches_its_fields(path):
 def _batches(cfg: Config, seed: int):
     """Endless token-budget batches of a generated en-de corpus, cut with the recipe's data fields."""
     tok = tokenizer()
-    src, tgt = generate(300, cfg.data.src_lang, cfg.data.tgt_lang, seed=seed)
+    src, tgt = generate(300, *cfg.data.pair(), seed=seed)
     src_ids = [ids + [EOS_ID] for ids in tok.encode_batch(src)]
     tgt_ids = tok.encode_batch(tgt)
     src_lens = np.array([len(s) for s in src_ids])

@@ -46,8 +46,8 @@ def run_prepare_config(cfg: Config) -> PrepareConfig:
     corpus): every CorpusOptions field comes from data.*, so no cleaning option is dropped."""
     shared = {f.name: getattr(cfg.data, f.name) for f in dataclasses.fields(CorpusOptions)}
     return PrepareConfig(
-        src_lang=cfg.data.src_lang,
-        tgt_lang=cfg.data.tgt_lang,
+        src_lang=cfg.data.pair()[0],
+        tgt_lang=cfg.data.pair()[1],
         vocab_size=cfg.data.sp_vocab_size(),
         seed=cfg.train.seed,
         **shared,

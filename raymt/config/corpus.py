@@ -103,8 +103,9 @@ def _paths(value: Any, where: str) -> tuple[str, ...]:
 TABLE_KEYS = tuple(f.name for f in fields(CorpusSpec))
 
 
-def corpora_from_tables(tables: Any, where: str = "data.corpora") -> list[CorpusSpec]:
-    """Corpora of `[[data.corpora]]` TOML tables (dicts with CorpusSpec's fields), checked."""
+def corpora_from_tables(tables: Any, where: str = "data.corpora", builtin: bool = True) -> list[CorpusSpec]:
+    """Corpora of `[[data.corpora]]` TOML tables (dicts with CorpusSpec's fields), checked
+    (`builtin` as in `check_corpora`)."""
     check(
         isinstance(tables, list) and all(isinstance(t, dict) for t in tables) and bool(tables),
         f"{where} must be a non-empty list of tables ([[data.corpora]] in TOML)",
@@ -116,14 +117,15 @@ def corpora_from_tables(tables: Any, where: str = "data.corpora") -> list[Corpus
         missing = [k for k in ("src_lang", "tgt_lang") if k not in table]
         check(not missing, f"{where}[{i}]: {' and '.join(missing)} missing: every corpus names its languages")
         corpora.append(CorpusSpec(**table))
-    check_corpora(corpora)
+    check_corpora(corpora, builtin=builtin)
     return corpora
 
 
-def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> None:
+def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True, builtin: bool = True) -> None:
     """One-line errors for duplicate corpora, a file in two corpora of a pair, built-in languages and
     validation sets: with `need_valid`, each pair trained from files has exactly one (the
-    built-in corpus brings its own)."""
+    built-in corpus brings its own). Without `builtin`, corpora without files name the pairs of a
+    prepared corpus, in any language."""
     check(bool(corpora), "no training corpus: pass --train SRC-TGT:PATH or a [[data.corpora]] table")
     names = [c.name for c in corpora]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -140,7 +142,7 @@ def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> Non
         f"{', '.join(twice)} is in two corpora of one pair: real and back-translated pairs come from different files",
     )
     for c in corpora:
-        for lang in (c.src_lang, c.tgt_lang) if c.builtin else ():
+        for lang in (c.src_lang, c.tgt_lang) if c.builtin and builtin else ():
             check(
                 lang in BUILTIN_LANGS,
                 f"corpus {c.name}: language {lang!r} is not in the built-in "
@@ -154,3 +156,55 @@ def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True) -> Non
             given or not need_valid or any(c.builtin for c in of_pair),
             f"pair {pair} has no validation set: pass --valid {pair}:PREFIX (or valid = ... in its table)",
         )
+
+
+# The one-pair fields of data.* in configs before data.corpora described every run (ee135a8 and
+# older): data.src_lang/tgt_lang/train/valid/test, read into data.corpora by `with_one_pair`.
+ONE_PAIR_FIELDS = ("src_lang", "tgt_lang", "train", "valid", "test")
+
+
+def one_pair(corpora: Sequence[CorpusSpec]) -> bool:
+    """Whether corpora are what the one-pair fields described: one real corpus of at most one
+    file and one test set."""
+    if len(corpora) != 1:
+        return False
+    (c,) = corpora
+    return c.origin == "real" and len(c.train) <= 1 and len(c.test) <= 1
+
+
+def check_beside_corpora(given: dict[str, Optional[str]]) -> None:
+    """One-pair fields beside corpora they cannot describe: their languages are ignored (as they
+    always were), files and sets refused."""
+    for name in ("train", "valid", "test"):
+        check(
+            given.get(name) is None,
+            f"data.corpora and data.{name} are both set: give every corpus and its valid/test "
+            f"sets in data.corpora (--train/--valid/--test SRC-TGT:SPEC), or drop data.corpora",
+        )
+
+
+def with_one_pair(corpora: Sequence[CorpusSpec], given: dict[str, Optional[str]]) -> list[CorpusSpec]:
+    """`corpora` with the one-pair fields in `given` (ONE_PAIR_FIELDS, older configs' and flags'
+    names) set on their one corpus. Corpora the fields cannot describe keep their languages
+    (as when they stood beside data.corpora), and refuse files or sets."""
+    unknown = sorted(set(given) - set(ONE_PAIR_FIELDS))
+    check(not unknown, f"unknown one-pair field(s) {', '.join(unknown)}; known: {', '.join(ONE_PAIR_FIELDS)}")
+    if not one_pair(corpora):
+        check_beside_corpora(given)
+        return list(corpora)
+    (c,) = corpora
+    fields_ = {"src_lang": c.src_lang, "tgt_lang": c.tgt_lang, "valid": c.valid}
+    fields_.update({"train": (c.train or (None,))[0], "test": (c.test or (None,))[0]})
+    fields_.update(given)
+    for name in ("src_lang", "tgt_lang"):
+        check_lang(fields_[name], f"data.{name}")
+    check(
+        fields_["src_lang"] != fields_["tgt_lang"],
+        f"data.src_lang and data.tgt_lang are both {fields_['src_lang']!r}: pick two languages",
+    )
+    check(
+        fields_["train"] is None or fields_["valid"] is not None,
+        "--train is set but --valid is not: pass a validation file prefix",
+    )
+    train, test = fields_.pop("train"), fields_.pop("test")
+    return [CorpusSpec(**fields_, train=(train,) if train else (), test=(test,) if test else ())]

@@ -11,7 +11,14 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from raymt.config.corpus import BUILTIN_LANGS, CorpusSpec, check_corpora, corpora_from_tables
+from raymt.config.corpus import (
+    ONE_PAIR_FIELDS,
+    CorpusSpec,
+    check_beside_corpora,
+    check_corpora,
+    corpora_from_tables,
+    with_one_pair,
+)
 from raymt.errors import check
 
 ACTIVATIONS = ("relu", "gelu")
@@ -110,15 +117,14 @@ class DataConfig(CorpusOptions):
     """Corpus, tokenizer and batching (the cleaning fields of CorpusOptions apply when the run
     prepares its own corpus; a prepared --corpus keeps the options it was made with)."""
 
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    # File prefixes: PREFIX.{src_lang} and PREFIX.{tgt_lang}, optionally gzipped.
-    # None means the built-in corpus, generated offline.
-    train: Optional[str] = None
-    valid: Optional[str] = None
-    test: Optional[str] = None
+    # The corpora a run trains on, each with its languages, files, origin ("real" or "bt"),
+    # weight and its pair's valid/test sets ([[data.corpora]] tables, or the --train/--valid/
+    # --test/--bt/--pairs/--src-lang/--tgt-lang flags); one pair is a list of one. A corpus
+    # without files is the built-in corpus of its pair, generated offline: the default run's en-de.
+    corpora: list[CorpusSpec] = field(default_factory=lambda: [CorpusSpec("en", "de")])
     # A corpus made by `python -m raymt.data prepare` (local path or URI): its shards, tokenizer,
-    # validation and test sets. Replaces `train`; `valid`/`test` prefixes still override its sets.
+    # validation and test sets. data.corpora then names its pairs, without files (the run reads
+    # them from its manifest); a one-pair corpus's valid/test there replace its own sets.
     corpus: Optional[str] = None
     builtin_train_size: int = 24000
     builtin_eval_size: int = 300
@@ -144,10 +150,6 @@ class DataConfig(CorpusOptions):
     shape_buckets: int = 0
     shuffle_buffer_rows: int = 16384
     eval_batch_size: int = 64
-    # Several training corpora, each with its languages, files, origin ("real" or "bt"),
-    # weight and its pair's valid/test sets ([[data.corpora]] tables, or --train SRC-TGT:SPEC,
-    # --bt and --pairs flags); replaces src_lang/tgt_lang/train/valid/test. Empty: one pair.
-    corpora: list[CorpusSpec] = field(default_factory=list)
 
     def widest(self) -> int:
         """The widest batch: a pair of data.max_len with its EOS (or BOS), padded to data.pad_multiple."""
@@ -157,11 +159,15 @@ class DataConfig(CorpusOptions):
         """The smallest data.max_tokens that holds one pair of data.max_len (never below max_len + 2)."""
         return max(self.max_len + 2, self.widest())
 
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (source, target) pairs of data.corpora, each once, in order."""
+        return list(dict.fromkeys((c.src_lang, c.tgt_lang) for c in self.corpora))
+
+    def pair(self) -> tuple[str, str]:
+        """(source, target) of the first corpus: the one direction of a one-pair (untagged) model."""
+        return self.pairs()[0]
+
     def __post_init__(self) -> None:
-        check(
-            self.src_lang != self.tgt_lang,
-            f"data.src_lang and data.tgt_lang are both {self.src_lang!r}: pick two languages",
-        )
         self.check_corpus_options("data")
         positive(
             self,
@@ -190,49 +196,32 @@ class DataConfig(CorpusOptions):
             f"(a ladder from data.pad_multiple to data.max_len + 1; GPU runs get {GPU_SHAPE_BUCKETS})",
         )
         check(self.shuffle_buffer_rows >= 0, f"data.shuffle_buffer_rows={self.shuffle_buffer_rows} must be >= 0")
-        check(
-            self.corpus is None or self.train is None,
-            "data.corpus and data.train are both set: train either on a prepared corpus "
-            "(--corpus) or on text files (--train)",
-        )
-        if self.corpora:
-            self._check_corpora()
-        elif self.corpus is None and self.train is None:  # a corpus brings its own languages
-            for lang in (self.src_lang, self.tgt_lang):
-                check(
-                    lang in BUILTIN_LANGS,
-                    f"language {lang!r} is not in the built-in corpus ({', '.join(BUILTIN_LANGS)});"
-                    f" pass --train/--valid files for other languages",
-                )
-        elif self.train is not None:
-            check(self.valid is not None, "--train is set but --valid is not: pass a validation file prefix")
+        self._check_corpora()
 
     def _check_corpora(self) -> None:
-        """data.corpora: tables become CorpusSpecs, checked together (raymt.config.corpus); the
-        single-pair fields that they replace must be unset."""
+        """data.corpora: tables become CorpusSpecs, checked together (raymt.config.corpus); beside a
+        prepared data.corpus they name its pairs only (no files, any language)."""
         check(
             isinstance(self.corpora, list),
             f"data.corpora={self.corpora!r} must be a list of tables ([[data.corpora]] in TOML)",
         )
+        prepared = self.corpus is not None
         if all(isinstance(c, CorpusSpec) for c in self.corpora):
-            check_corpora(self.corpora)
+            check_corpora(self.corpora, builtin=not prepared)
         else:  # tables of a config file or config.json, checked as they are read
             given = [dataclasses.asdict(c) if isinstance(c, CorpusSpec) else c for c in self.corpora]
-            self.corpora = corpora_from_tables(given)
-        for name in ("corpus", "train", "valid", "test"):
-            check(
-                getattr(self, name) is None,
-                f"data.corpora and data.{name} are both set: give every corpus and its valid/test "
-                f"sets in data.corpora (--train/--valid/--test SRC-TGT:SPEC), or drop data.corpora",
-            )
+            self.corpora = corpora_from_tables(given, builtin=not prepared)
+        check(
+            not prepared or not any(c.train for c in self.corpora),
+            "data.corpus and data.train are both set: train either on a prepared corpus "
+            "(--corpus) or on text files (--train)",
+        )
 
     def sp_vocab_size(self) -> int:
         """The SentencePiece vocabulary size to train."""
         if self.vocab_size is not None:
             return self.vocab_size
-        if self.corpora:
-            return 1000 if all(c.builtin for c in self.corpora) else 8000
-        return 1000 if self.train is None else 8000
+        return 1000 if all(c.builtin for c in self.corpora) else 8000
 
 
 @dataclass
@@ -260,6 +249,9 @@ class OptimConfig:
             check(0.0 <= value < 1.0, f"optim.{name}={value!r} must be in [0, 1)")
         check(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay!r} must be >= 0")
         check(self.clip_norm >= 0, f"optim.clip_norm={self.clip_norm!r} must be >= 0 (0 = off)")
+
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # train.precision's values (raymt.precision)
 
 
 @dataclass
@@ -290,8 +282,11 @@ class TrainConfig:
     # Low precision allowed (raymt.precision): bf16 autocast on GPUs with bf16 units, fp16
     # with dynamic loss scaling on older GPUs (V100, T4), bf16 on CPUs with bf16 units
     # (AVX512-BF16, AMX) where a short timed probe finds it faster for the model; else fp32.
-    # false: fp32 everywhere.
+    # false: fp32 everywhere (whatever train.precision says).
     bf16: bool = True
+    # "auto": the precision a resumed checkpoint recorded, else raymt.precision's choice above;
+    # "fp32", "bf16" or "fp16" (with loss scaling) pin it. Checkpoints record the choice here.
+    precision: str = "auto"
     # TF32 tensor cores for fp32 matmuls and convolutions on GPUs of compute capability >= 8.0.
     tf32: bool = True
     seed: int = 1
@@ -341,6 +336,10 @@ class TrainConfig:
         check(self.max_failures >= -1, f"train.max_failures={self.max_failures} must be >= -1")
         check(self.ddp_bucket_mb > 0, f"train.ddp_bucket_mb={self.ddp_bucket_mb} must be > 0")
         check(self.profile_steps >= 0, f"train.profile_steps={self.profile_steps} must be >= 0 (0 = off)")
+        check(
+            self.precision in PRECISIONS,
+            f"train.precision={self.precision!r} must be one of {', '.join(map(repr, PRECISIONS))}",
+        )
         check(
             self.autoscale_timeout_s >= 0,
             f"train.autoscale_timeout_s={self.autoscale_timeout_s} must be >= 0 (0 = never wait)",
@@ -427,13 +426,32 @@ RENAMED = {
 
 
 def _renamed(d: dict) -> dict:
-    """A copy of the nested config dict `d` with moved fields under their new names."""
+    """A copy of the nested config dict `d` with moved fields under their new names, and older
+    configs' one-pair fields (data.src_lang/tgt_lang/train/valid/test) read into data.corpora."""
     out = {section: dict(value) if isinstance(value, dict) else value for section, value in d.items()}
     for (section, name), (new_section, new_name) in RENAMED.items():
         if isinstance(out.get(section), dict) and name in out[section]:
             value = out[section].pop(name)
             out.setdefault(new_section, {}).setdefault(new_name, value)
+    if isinstance(out.get("data"), dict):
+        out["data"] = read_one_pair(out["data"], DataConfig().corpora)
     return out
+
+
+def read_one_pair(data: dict, current: list[CorpusSpec]) -> dict:
+    """The reader of configs before data.corpora described every run (ee135a8 and older): a data
+    section (dict) whose one-pair fields are read into data.corpora, set on `current` (the
+    corpora they change: the defaults', or a config's that overrides apply to). An empty
+    data.corpora meant "the one pair"; beside tables, the fields' languages were unused."""
+    old = {k: data[k] for k in ONE_PAIR_FIELDS if k in data}
+    if not old:
+        return data
+    data = {k: v for k, v in data.items() if k not in ONE_PAIR_FIELDS}
+    if data.get("corpora"):
+        check_beside_corpora(old)
+    else:
+        data["corpora"] = with_one_pair(current, old)
+    return data
 
 
 def check_training(cfg: Config) -> None:

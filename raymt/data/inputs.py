@@ -21,8 +21,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from raymt.config import CorpusSpec, check_corpora, check_lang
-from raymt.data.text import text_prefix
+from raymt.config import CorpusSpec, check_corpora, check_lang, with_one_pair
 from raymt.errors import check
 
 BT_TAG = "<BT>"
@@ -143,34 +142,29 @@ def input_overrides(
     valid: Sequence[str],
     test: Sequence[str],
     pairs: Optional[str],
-    default_pair: tuple[str, str],
+    langs: dict[str, str],
+    current: Sequence[CorpusSpec],
     real_weight: Optional[float] = None,
 ) -> dict[str, Any]:
-    """Config fields of a run's data flags (`raymt train`, `raymt tune`): one real corpus of one
-    file and at most one test set sets today's data.src_lang/tgt_lang/train/valid/test
-    (`as_single_pair`); anything more sets data.corpora. Without --train/--bt/--pairs, a bare
-    --valid/--test overrides the sets of the built-in or a prepared (--corpus) corpus."""
+    """data.corpora of a run's data flags (`raymt train`, `raymt tune`); none when none is given.
+    --train/--bt/--pairs give the corpora, a bare SPEC for the pair of `langs` (--src-lang/
+    --tgt-lang: "src_lang", "tgt_lang") or else of the `current` corpora's first. Without them,
+    --src-lang/--tgt-lang and a bare --valid/--test change the one corpus of `current` (the
+    built-in or a prepared (--corpus) corpus: its languages and sets)."""
     if not (train or bt) and pairs is None:
         check_real_weight(real_weight, bt)  # corpora_from_flags checks it on the other path
-        out: dict[str, Any] = {}
+        given: dict[str, Optional[str]] = dict(langs)
         for flag, specs in (("valid", valid), ("test", test)):
             check(len(specs) <= 1, f"--{flag} is given {len(specs)} times: one without --train (or use SRC-TGT:SPEC)")
             for spec in specs:
                 pair, location = split_spec(spec, f"--{flag}")
                 check(pair is None, f"--{flag} {spec} names a pair with no --train, --bt or --pairs data")
-                out[f"data.{flag}"] = location
-        return out
+                given[flag] = location
+        return {"data.corpora": with_one_pair(current, given)} if given else {}
+    first = (current[0].src_lang, current[0].tgt_lang) if current else ("en", "de")
+    default_pair = (langs.get("src_lang", first[0]), langs.get("tgt_lang", first[1]))
     builtin = parse_pairs(pairs) if pairs is not None else []  # --pairs "" is an error there
-    corpora = corpora_from_flags(train, bt, valid, test, default_pair, builtin, real_weight)
-    single = as_single_pair(corpora)
-    # data.train/valid/test hold text prefixes; a .tsv/.jsonl/Parquet input needs data.corpora.
-    if single is None or not all(text_prefix(v) for k, v in single.items() if k[5:] in SETS and v):
-        return {"data.corpora": corpora, "data.train": None, "data.valid": None, "data.test": None}
-    fields_ = {k: v for k, v in single.items() if v is not None or k in ("data.train",)}
-    return {**fields_, "data.corpora": []}
-
-
-SETS = ("train", "valid", "test")
+    return {"data.corpora": corpora_from_flags(train, bt, valid, test, default_pair, builtin, real_weight)}
 
 
 def _eval_specs(specs: Sequence[str], flag: str, default_pair: tuple[str, str]) -> dict[tuple[str, str], list[str]]:
@@ -180,30 +174,6 @@ def _eval_specs(specs: Sequence[str], flag: str, default_pair: tuple[str, str]) 
         pair, location = split_spec(spec, flag)
         by_pair.setdefault(pair or default_pair, []).append(location)
     return by_pair
-
-
-def single_pair(
-    src_lang: str, tgt_lang: str, train: Optional[str], valid: Optional[str], test: Optional[str]
-) -> list[CorpusSpec]:
-    """Today's data.src_lang/tgt_lang/train/valid/test as the one corpus they describe."""
-    return [CorpusSpec(src_lang, tgt_lang, (train,) if train else (), valid=valid, test=(test,) if test else ())]
-
-
-def as_single_pair(corpora: Sequence[CorpusSpec]) -> Optional[dict[str, Optional[str]]]:
-    """The data.* fields of today's config for corpora that are one real corpus of at most one
-    file and one test set (then a run is exactly today's); None when they need data.corpora."""
-    if len(corpora) != 1:
-        return None
-    (c,) = corpora
-    if c.origin != "real" or len(c.train) > 1 or len(c.test) > 1:
-        return None
-    return {
-        "data.src_lang": c.src_lang,
-        "data.tgt_lang": c.tgt_lang,
-        "data.valid": c.valid,
-        "data.train": (c.train or (None,))[0],
-        "data.test": (c.test or (None,))[0],
-    }
 
 
 def mixed(corpora: Sequence[CorpusSpec]) -> bool:
