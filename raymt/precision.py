@@ -1,48 +1,63 @@
 """Which precision a run computes in: the autocast dtype, loss scaling and TF32, and why.
 
-Training (`for_training`), with `train.bf16` (low precision allowed) on:
+Training (`for_training`): `train.precision` pins it ("fp32", "bf16", "fp16"); "auto" (the
+default) keeps the precision a resumed checkpoint recorded, else chooses, with `train.bf16`
+(low precision allowed) on:
 - a GPU with bf16 units (compute capability >= 8.0): bf16 autocast, no loss scaling;
 - an older GPU (V100, T4): fp16 autocast with `torch.amp.GradScaler` (dynamic loss scaling);
 - a CPU with bf16 units (AVX512-BF16, AMX): bf16 autocast only where it pays: a short timed
-  probe of the training step (forward, backward, AdamW) of the run's model shape, fp32
-  against bf16, cached per machine and model shape in a JSON file (`$RAYMT_PRECISION_CACHE`,
+  probe of the run's own training step, fp32 against bf16 in CPU time, run by every worker at
+  once with the run's threads per worker on batches of the run's row lengths (`ProbeShape`),
+  plus the gradient all-reduce both precisions share; cached by CPU, torch and its kernel
+  level, model shape, threads, workers and batches in a JSON file (`$RAYMT_PRECISION_CACHE`,
   default ~/.cache/raymt/precision.json);
 - any other CPU: fp32.
-`train.bf16=false` means fp32 everywhere. Weights, loss and optimizer stay fp32 throughout.
-TF32 (fp32 matmuls and convolutions on tensor cores) is on for GPUs of compute capability
->= 8.0 unless `train.tf32=false`.
+`train.bf16=false` means fp32 everywhere (it wins over `train.precision`). Weights, loss and
+optimizer stay fp32 throughout. TF32 (fp32 matmuls and convolutions on tensor cores) is on for
+GPUs of compute capability >= 8.0 unless `train.tf32=false`. The worker records the choice in
+every checkpoint (its config's train.precision and its train state), so a resume or restart
+computes as before.
 
-Inference (`for_inference`: validation, test set, translate, evaluate) autocasts to the same
-dtype with no scaler; on a CPU it only reads the probe's cached result (never runs it), so a
-CPU without a measured gain decodes in fp32.
+Inference (`for_inference`: the test set, translate, evaluate) autocasts to training's dtype on
+a GPU with no scaler; on a CPU it decodes in fp32: no decoding measurement found bf16 faster
+there, and bf16 changed outputs (issue 44: 28 of 300 sentences). Validation during training
+runs in the training precision (the trainer's autocast).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ContextManager, Optional
+from typing import Callable, ContextManager, Optional, Sequence
 
 import torch
 
-from raymt.batching import collate
+from raymt.batching import Batch, collate
 from raymt.config import Config, ModelConfig
 from raymt.model import build_model
 from raymt.optim import make_optimizer
-from raymt.trainer import train_step
+from raymt.trainer import SINGLE, Collective, train_step
 
 CACHE_ENV = "RAYMT_PRECISION_CACHE"
 # bf16 rounds activations to 8 mantissa bits: on a CPU it has to buy at least this much speed.
 BF16_MIN_SPEEDUP = 1.05
-PROBE_BUDGET_S = 1.5  # the CPU probe's timed part; a warm-up pass of each precision comes on top
-PROBE_ROW_LEN = 20  # tokens per source and target row of the probe's batch (a sentence's)
-PROBE_MAX_TOKENS = 2048  # the probe's batch: data.max_tokens, at most this (a pass stays short)
+PROBE_BUDGET_S = 2.0  # the CPU probe's timed part (at least 2 passes of each); a warm-up pass of each on top
+PROBE_ROW_LEN = 20  # tokens per source and target row of the probe's batch without known lengths
+PROBE_MAX_TOKENS = 2048  # a one-process probe's batch (no ProbeShape): data.max_tokens, at most this
+# A run's probe batches: data.max_tokens, at most this: the ratio hardly depends on the rows (the
+# Multi30k recipe's model, rows of 10 and 9 or 13 and 14 tokens: within 5% at 1024, 2048 and
+# 4096 tokens), its cost does.
+RUN_MAX_TOKENS = 2048
+PROBE_BATCHES = 6  # a run's probe: batches of this many typical row lengths (bf16's gain varies with them)
+DTYPES: dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,10 @@ class Precision:
             torch.backends.cuda.matmul.allow_tf32 = self.tf32
             torch.backends.cudnn.allow_tf32 = self.tf32
         return self
+
+    def record(self) -> dict:
+        """What a checkpoint's train state keeps of this choice (`recorded` reads it back)."""
+        return {"name": self.name, "device_type": self.device_type, "why": self.why}
 
     def line(self, device: torch.device) -> str:
         """The run's first log line: autocast, TF32 and loss scaling, and why."""
@@ -135,11 +154,9 @@ def _tf32(device: torch.device, wanted: bool) -> tuple[bool, str]:
     return True, ""
 
 
-def _cuda_choice(device: torch.device, allowed: bool, tf32_wanted: bool) -> Precision:
-    """bf16 where the GPU has bf16 units, else fp16; fp32 when low precision is not allowed."""
+def _cuda_choice(device: torch.device, tf32_wanted: bool) -> Precision:
+    """bf16 where the GPU has bf16 units, else fp16 (low precision allowed, nothing pinned)."""
     tf32, tf32_why = _tf32(device, tf32_wanted)
-    if not allowed:
-        return Precision("cuda", None, tf32, "; ".join(filter(None, ["train.bf16=false", tf32_why])))
     dtype = hardware_dtype(device)
     why = "no bf16 units" if dtype == torch.float16 else ""
     return Precision("cuda", dtype, tf32, "; ".join(filter(None, [why, tf32_why])))
@@ -148,24 +165,79 @@ def _cuda_choice(device: torch.device, allowed: bool, tf32_wanted: bool) -> Prec
 # ---------------------------------------------------------------- the CPU probe
 
 
+@dataclass(frozen=True)
+class ProbeShape:
+    """The run's steps as the probe times them: torch threads per worker, workers busy at once,
+    and batches of data.max_tokens whose rows have the run's (source, target) lengths, one batch
+    per length (`typical_lengths`: spread over the run's distribution, as its batches are)."""
+
+    threads: int = 1
+    workers: int = 1
+    max_tokens: int = PROBE_MAX_TOKENS
+    lengths: tuple[tuple[int, int], ...] = ((PROBE_ROW_LEN, PROBE_ROW_LEN),)  # tokens per row, EOS not counted
+
+    @classmethod
+    def of_run(
+        cls, cfg: Config, threads: int, workers: int, lengths: Optional[Sequence[tuple[int, int]]] = None
+    ) -> "ProbeShape":
+        """A run's shape: `lengths` (source, target tokens of typical rows) or one of 20 and 20."""
+        longest = cfg.data.max_len
+        pairs = tuple((min(s, longest), min(t, longest)) for s, t in lengths or ((PROBE_ROW_LEN, PROBE_ROW_LEN),))
+        return cls(threads, workers, min(cfg.data.max_tokens, RUN_MAX_TOKENS), pairs)
+
+    @property
+    def key(self) -> str:
+        """The part of a probe's cache key that this shape decides."""
+        rows = ",".join(f"{s}x{t}" for s, t in self.lengths)
+        return f"threads{self.threads} workers{self.workers} batch{self.max_tokens}:{rows}"
+
+    def batches(self, vocab_size: int) -> list[Batch]:
+        """Random ids (above the special ones): for each length pair, as many rows as the budget holds."""
+        out = []
+        for src_len, tgt_len in self.lengths:
+            rows = max(1, self.max_tokens // (max(src_len, tgt_len) + 1))  # + EOS (BOS), as the budget counts
+            src = torch.randint(4, vocab_size, (rows, src_len)).tolist()
+            tgt = torch.randint(4, vocab_size, (rows, tgt_len)).tolist()
+            out.append(collate([s + [3] for s in src], tgt))  # 3: EOS ends a source
+        return out
+
+
+def typical_lengths(rows: Sequence[dict], k: int = PROBE_BATCHES) -> Optional[tuple[tuple[int, int], ...]]:
+    """(source, target) lengths (EOS not counted) of `k` eval rows (raymt.data.format's) spread
+    over their distribution as the run's batches are: sorted by the longer side, the rows at
+    quantiles (i + 1/2) / k of the tokens (a token budget makes a length's share of the batches
+    its share of the tokens, not of the rows)."""
+    if not rows:
+        return None
+    pairs = sorted(((len(r["src_ids"]) - 1, len(r["tgt_ids"])) for r in rows), key=lambda p: (max(p), p))
+    tokens = list(itertools.accumulate(max(p) + 1 for p in pairs))
+    picked = [pairs[bisect.bisect_left(tokens, (i + 0.5) * tokens[-1] / k)] for i in range(k)]
+    return tuple((max(1, s), max(1, t)) for s, t in picked)
+
+
 def cache_path() -> Path:
     """The JSON file of CPU probe results: $RAYMT_PRECISION_CACHE or ~/.cache/raymt/precision.json."""
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "raymt" / "precision.json")
 
 
-def probe_key(model_cfg: ModelConfig, vocab_size: int) -> str:
-    """What a probe result holds for: this CPU (model name and flags), torch, the model's shape."""
+def probe_key(model_cfg: ModelConfig, vocab_size: int, shape: Optional[ProbeShape] = None) -> str:
+    """What a probe result holds for: this CPU (model name and flags), torch and the kernels it
+    dispatches to (ATEN_CPU_CAPABILITY), the model's shape, and with `shape` the run's threads,
+    workers and batch (without: a one-process measurement)."""
     try:
         name = re.search(r"^model name\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
     except OSError:
         name = None
     flags = hashlib.sha1(" ".join(sorted(_cpu_flags().split())).encode()).hexdigest()[:10]
     m = model_cfg
-    return (
+    key = (
         f"{name.group(1).strip() if name else 'cpu'} flags:{flags} torch:{torch.__version__} "
         f"d{m.d_model} h{m.num_heads} ff{m.d_ff} enc{m.num_encoder_layers} dec{m.num_decoder_layers} "
         f"{m.activation} {'pre' if m.pre_norm else 'post'}-norm vocab{vocab_size}"
     )
+    if shape is None:
+        return key
+    return f"{key} {torch.backends.cpu.get_cpu_capability()} {shape.key}"
 
 
 def read_cache() -> dict[str, float]:
@@ -189,59 +261,99 @@ def write_cache(key: str, speedup: float) -> None:
         pass
 
 
-def measure_bf16_speedup(cfg: Config, vocab_size: int, budget_s: float = PROBE_BUDGET_S) -> float:
+def _allreduce_seconds(model: torch.nn.Module, collective: Collective) -> float:
+    """The fastest of three all-reduces of the model's gradients (fp32 in either precision): the
+    share of a step that bf16 does not change (0 for one worker)."""
+    if collective.world_size == 1:
+        return 0.0
+    flat = torch.zeros(sum(p.numel() for p in model.parameters()))
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        collective.all_reduce_sum_async(flat).wait()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def measure_bf16_speedup(
+    cfg: Config,
+    vocab_size: int,
+    shape: Optional[ProbeShape] = None,
+    collective: Collective = SINGLE,
+    budget_s: float = PROBE_BUDGET_S,
+) -> float:
     """bf16-autocast speed / fp32 speed of the run's training step (forward, backward, clip,
-    AdamW) for its model shape on the CPU, on a batch of data.max_tokens tokens (at most
-    PROBE_MAX_TOKENS), timed in alternation (the fastest pass of each)."""
+    AdamW) for its model on `shape`'s batches (without: one of PROBE_MAX_TOKENS in 20-token
+    rows), on every worker of `collective` at once: each pass over the batches starts together,
+    a batch takes its slowest worker (the run steps in lockstep), the gradient all-reduce is
+    added to both. Passes alternate fp32/bf16 (ABBA), at least two of each; per batch the
+    fastest counts (the first pass sets kernels up). Every worker returns the same ratio."""
+    shape = shape or ProbeShape(torch.get_num_threads(), 1, min(cfg.data.max_tokens, PROBE_MAX_TOKENS))
     with torch.random.fork_rng(devices=[]):  # the run's weights and dropout stay as without a probe
         torch.manual_seed(0)
         model = build_model(cfg.model, vocab_size)
         optimizer = make_optimizer(model, cfg.optim)
-        length = min(PROBE_ROW_LEN, cfg.data.max_len)
-        rows = max(1, min(cfg.data.max_tokens, PROBE_MAX_TOKENS) // (length + 1))
-        ids = torch.randint(4, vocab_size, (2, rows, length)).tolist()  # ids above the special ones
-        batch = collate(ids[0], ids[1])
+        batches = shape.batches(vocab_size)
 
-        def seconds(dtype: Optional[torch.dtype]) -> float:
-            t0 = time.perf_counter()
-            train_step(model, optimizer, [batch], batch.num_tokens, cfg, Precision("cpu", dtype).autocast)
-            return time.perf_counter() - t0
+        def seconds(dtype: Optional[torch.dtype]) -> list[float]:
+            collective.all_gather_object(None)  # every worker starts the pass together
+            times = []
+            for batch in batches:
+                t0 = time.process_time()  # CPU time: what other processes' load does not change
+                train_step(model, optimizer, [batch], batch.num_tokens, cfg, Precision("cpu", dtype).autocast)
+                times.append(time.process_time() - t0)
+            return times
 
-        warm = seconds(None) + seconds(torch.bfloat16)  # allocations, oneDNN kernel set-up
-        reps = max(1, min(5, int(budget_s / max(warm, 1e-3))))  # one each for a model too big to time more
-        fp32, bf16 = zip(*[(seconds(None), seconds(torch.bfloat16)) for _ in range(reps)])
-    return min(fp32) / min(bf16)
+        passes = [(seconds(None), seconds(torch.bfloat16))]  # (fp32, bf16) seconds per batch
+        first = max(collective.all_gather_object(sum(map(sum, passes[0]))))
+        for r in range(1, max(2, min(4, 1 + int(budget_s / max(first, 1e-3))))):  # the same on every worker
+            if r % 2:
+                bf16 = seconds(torch.bfloat16)
+                passes.append((seconds(None), bf16))
+            else:
+                passes.append((seconds(None), seconds(torch.bfloat16)))
+        shared = _allreduce_seconds(model, collective)
+    ranks = collective.all_gather_object(passes)
+
+    def total(which: int) -> float:
+        slowest = [[max(rank[r][which][b] for rank in ranks) for b in range(len(batches))] for r in range(len(passes))]
+        return sum(min(times[b] for times in slowest) + shared for b in range(len(batches)))
+
+    return total(0) / total(1)
 
 
-def cpu_bf16_speedup(cfg: Config, vocab_size: int, measure: bool = True) -> tuple[Optional[float], bool]:
-    """(bf16 speed / fp32 speed for this CPU and model shape, whether it came from the cache);
-    measured and cached when not cached and `measure`, else (None, False)."""
-    key = probe_key(cfg.model, vocab_size)
-    cached = read_cache().get(key)
+def cpu_bf16_speedup(
+    cfg: Config,
+    vocab_size: int,
+    measure: bool = True,
+    shape: Optional[ProbeShape] = None,
+    collective: Collective = SINGLE,
+) -> tuple[Optional[float], bool]:
+    """(bf16 speed / fp32 speed for this CPU, model and `shape`, whether it came from the cache):
+    rank 0's cache answers for every worker; else, with `measure`, every worker probes at once
+    and rank 0 caches the result; else (None, False)."""
+    key = probe_key(cfg.model, vocab_size, shape)
+    cached = collective.all_gather_object(read_cache().get(key) if collective.rank == 0 else None)[0]
     if cached is not None:
         return float(cached), True
     if not measure:
         return None, False
-    speedup = measure_bf16_speedup(cfg, vocab_size)
-    write_cache(key, speedup)
+    speedup = measure_bf16_speedup(cfg, vocab_size, shape, collective)
+    if collective.rank == 0:
+        write_cache(key, speedup)
     return speedup, False
 
 
-def _cpu_choice(cfg: Config, vocab_size: int, measure: bool) -> Precision:
+def _cpu_choice(cfg: Config, vocab_size: int, shape: Optional[ProbeShape], collective: Collective) -> Precision:
     """bf16 on a CPU with bf16 units where the probe finds it pays, else fp32, and why."""
-    if not cfg.train.bf16:
-        return Precision("cpu", None, False, "train.bf16=false")
-    if not native_bf16(torch.device("cpu")):
-        return Precision("cpu", None, False, "no bf16 units: neither avx512_bf16 nor amx_bf16")
-    speedup, cached = cpu_bf16_speedup(cfg, vocab_size, measure)
-    if speedup is None:
-        return Precision("cpu", None, False, "bf16 not measured for this model")
+    speedup, cached = cpu_bf16_speedup(cfg, vocab_size, True, shape, collective)
     dtype = torch.bfloat16 if speedup >= BF16_MIN_SPEEDUP else None
+    workers = f" with {shape.workers} workers of {shape.threads} threads" if shape and shape.workers > 1 else ""
     return Precision(
         "cpu",
         dtype,
         False,
-        f"bf16 measured {speedup:.2f}x fp32 for this model{'; cached' if cached else ''}"
+        f"bf16 measured {speedup:.2f}x fp32 for this model{workers}{'; cached' if cached else ''}"
         + ("" if dtype else f"; bf16 needs {BF16_MIN_SPEEDUP:.2f}x"),
     )
 
@@ -249,17 +361,66 @@ def _cpu_choice(cfg: Config, vocab_size: int, measure: bool) -> Precision:
 # ---------------------------------------------------------------- the choices
 
 
-def for_training(device: torch.device, cfg: Config, vocab_size: int) -> Precision:
-    """The training precision of `cfg` on `device` (on a CPU with bf16 units: probed or cached)."""
+def recorded(state: Optional[dict]) -> Optional[dict]:
+    """The precision a checkpoint's train state recorded (`Precision.record`), if any."""
+    return (state or {}).get("precision")
+
+
+def _pinned(device: torch.device, cfg: Config, kept: Optional[dict]) -> Optional[Precision]:
+    """The precision train.bf16=false or train.precision pins, else None (auto)."""
+    wanted = cfg.train.precision
+    if wanted == "auto" and cfg.train.bf16:
+        return None
+    why = "train.bf16=false" if not cfg.train.bf16 else f"train.precision={wanted}"
+    dtype = None if not cfg.train.bf16 else DTYPES[wanted]
+    if kept and kept.get("name") != Precision(device.type, dtype).name:
+        why += f"; the checkpoint trained in {kept.get('name')}"
     if device.type == "cuda":
-        return _cuda_choice(device, cfg.train.bf16, cfg.train.tf32)
-    return _cpu_choice(cfg, vocab_size, measure=True)
+        tf32, tf32_why = _tf32(device, cfg.train.tf32)
+        return Precision("cuda", dtype, tf32, "; ".join(filter(None, [why, tf32_why])))
+    if dtype == torch.bfloat16 and not native_bf16(device):
+        why += " (no bf16 units: emulated)"
+    return Precision("cpu", dtype, False, why)
+
+
+def _settled(device: torch.device, cfg: Config, kept: Optional[dict]) -> Optional[Precision]:
+    """The training precision where no probe is needed: pinned, kept from the checkpoint (on
+    the same kind of device), a GPU's, a CPU's without bf16 units; None: the probe decides."""
+    pinned = _pinned(device, cfg, kept)
+    if pinned is not None:
+        return pinned
+    if kept and kept.get("device_type") == device.type and kept.get("name") in DTYPES:
+        tf32, tf32_why = _tf32(device, cfg.train.tf32)
+        why = f"as the checkpoint recorded: {kept.get('why') or kept['name']}"
+        return Precision(device.type, DTYPES[kept["name"]], tf32, "; ".join(filter(None, [why, tf32_why])))
+    if device.type == "cuda":
+        return _cuda_choice(device, cfg.train.tf32)
+    if not native_bf16(device):
+        return Precision("cpu", None, False, "no bf16 units: neither avx512_bf16 nor amx_bf16")
+    return None
+
+
+def for_training(
+    device: torch.device,
+    cfg: Config,
+    vocab_size: int,
+    shape: Optional[ProbeShape] = None,
+    collective: Collective = SINGLE,
+    kept: Optional[dict] = None,
+) -> Precision:
+    """The training precision of `cfg` on `device`: pinned, else `kept` (a checkpoint's record),
+    else the hardware's, on a CPU with bf16 units probed (every worker of `collective` at once,
+    with `shape`) or cached. Every worker calls it; rank 0's answer is the one to take."""
+    chosen = _settled(device, cfg, kept)
+    if collective.all_gather_object(chosen is None)[0]:  # rank 0 probes: every worker times with it
+        chosen = _cpu_choice(cfg, vocab_size, shape, collective)
+    return chosen
 
 
 def for_inference(device: torch.device | str, cfg: Config, vocab_size: int) -> Precision:
-    """Validation and decoding: training's dtype on a GPU (no scaler needed); on a CPU bf16
-    only where a cached probe found it pays (never probes)."""
+    """Decoding (the test set, translate, evaluate): training's dtype on a GPU (no scaler needed);
+    fp32 on a CPU, where no decoding measurement found bf16 faster and it changes outputs."""
     device = torch.device(device)
     if device.type == "cuda":
-        return _cuda_choice(device, cfg.train.bf16, cfg.train.tf32)
-    return _cpu_choice(cfg, vocab_size, measure=False)
+        return _pinned(device, cfg, None) or _cuda_choice(device, cfg.train.tf32)
+    return Precision("cpu", None, False, "decoding on a CPU: fp32")

@@ -15,10 +15,11 @@ import torch
 
 from raymt.config import Config
 from raymt.distributed import group_collective, place_model
+from raymt.precision import recorded
 from raymt.tokenizer import Tokenizer
 from raymt.trainer import Hooks, Trainer, Update, rng_state
 from raymt.worker_data import EpochFeed, ValidSets
-from raymt.worker_env import WorkerEnv, elastic_batch
+from raymt.worker_env import WorkerEnv, elastic_batch, valid_lengths
 from raymt.worker_logs import RunLogs
 from raymt.worker_state import CheckpointWriter, Restored, Saved, restore, restore_rng
 
@@ -87,7 +88,7 @@ class WorkerLoop(Hooks):
         tokenizer = Tokenizer(loop_config["spm_model"])
         torch.set_num_threads(loop_config["num_threads"])
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
-        env = env.agree_precision(cfg, tokenizer.vocab_size)
+        env = env.agree_precision(cfg, tokenizer.vocab_size, recorded(saved.state), valid_lengths(loop_config))
         place = lambda m: place_model(m, cfg, env.world_size, env.prepare_model)  # noqa: E731
         start = restore(cfg, tokenizer.vocab_size, env, saved, place)
         resumed = saved.resumed_from is not None  # this run's own checkpoint, not a donor's
@@ -98,7 +99,7 @@ class WorkerLoop(Hooks):
         feed.start(trace=logs.trace is not None, pin_memory=env.device.type == "cuda")  # reads while the rest sets up
         if env.is_rank0:
             print(env.precision.line(env.device) + (" (torch.compile)" if cfg.train.compile else ""), flush=True)
-        checkpoints = CheckpointWriter(run_cfg, tokenizer, loop_config.get("languages"))
+        checkpoints = CheckpointWriter(run_cfg, tokenizer, loop_config.get("languages"), env.precision)
         return cls(cfg, env, start, feed, logs, valid, checkpoints)
 
     def run(self) -> None:

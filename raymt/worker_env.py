@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
 from raymt.config import Config
-from raymt.precision import Precision, for_training
+from raymt.precision import Precision, ProbeShape, for_training, typical_lengths
 from raymt.trainer import SINGLE, Collective
 
 
@@ -57,11 +57,27 @@ class WorkerEnv:
         """Whether this worker prints, writes metrics.csv and saves checkpoints."""
         return self.collective.rank == 0
 
-    def agree_precision(self, cfg: Config, vocab_size: int) -> "WorkerEnv":
-        """This environment with the training precision rank 0 chose (on a CPU it may time a
-        probe), which every rank takes; its TF32 flags set."""
-        chosen = for_training(self.device, cfg, vocab_size) if self.is_rank0 else None
+    def agree_precision(
+        self,
+        cfg: Config,
+        vocab_size: int,
+        kept: Optional[dict] = None,
+        lengths: Optional[Sequence[tuple[int, int]]] = None,
+    ) -> "WorkerEnv":
+        """This environment with the training precision every rank takes (rank 0's), its TF32
+        flags set: pinned, else `kept` (a resumed checkpoint's record), else chosen; on a CPU with
+        bf16 units every rank times the probe at once, with this process's threads and batches
+        of data.max_tokens in rows of `lengths` (typical source, target tokens), as the run will."""
+        shape = ProbeShape.of_run(cfg, torch.get_num_threads(), self.world_size, lengths)
+        chosen = for_training(self.device, cfg, vocab_size, shape, self.collective, kept)
         return dataclasses.replace(self, precision=self.collective.all_gather_object(chosen)[0].apply())
+
+
+def valid_lengths(loop_config: dict) -> Optional[tuple[tuple[int, int], ...]]:
+    """Typical (source, target) lengths of a loop config's validation rows (every pair's), spread
+    over their distribution: the probe's stand-in for the training batches' rows."""
+    sets = loop_config.get("valid_pairs") or {None: loop_config.get("valid") or {"rows": []}}
+    return typical_lengths([row for s in sets.values() for row in s["rows"]])
 
 
 def elastic_batch(cfg: Config, world_size: int, verbose: bool = False) -> Config:

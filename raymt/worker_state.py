@@ -3,6 +3,7 @@ state, the restored model, optimizer, scheduler, step and RNG streams, the check
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -13,6 +14,7 @@ from raymt.checkpoint import load_train_state, load_weights, save_checkpoint
 from raymt.config import Config
 from raymt.data.epoch import batching_record
 from raymt.model import build_model
+from raymt.precision import Precision
 from raymt.tokenizer import Tokenizer
 from raymt.trainer import Trainer, compile_model, restore_training, set_rng_state, unwrap
 from raymt.worker_data import EpochFeed
@@ -96,11 +98,14 @@ def restore_rng(
 class CheckpointWriter:
     """Rank 0's checkpoints: the model, the run's config as given (before elastic scaling),
     tokenizer and languages, and a train state that holds every rank's data position and RNG
-    states, so that a restart continues each worker's stream and dropout where they were."""
+    states, so that a restart continues each worker's stream and dropout where they were. The
+    precision the run trains in goes into both: config.json's train.precision and the train
+    state's "precision" (what and why), which a resume or restart keeps unless one is pinned."""
 
     run_cfg: Config
     tokenizer: Tokenizer
     languages: Optional[dict] = None  # a tagged model's, for its config.json
+    precision: Optional[Precision] = None  # the run's, recorded in every checkpoint
 
     def write(self, directory: str | Path, trainer: Trainer, feed: EpochFeed, ranks: list[tuple[dict, dict]]) -> None:
         """Save a checkpoint into `directory`; `ranks`: every rank's (data position, RNG states)."""
@@ -117,4 +122,8 @@ class CheckpointWriter:
         }
         if feed.data_mix is not None:  # several corpora: what the positions are positions in
             state["data_mix"] = feed.data_mix
-        save_checkpoint(directory, unwrap(trainer.model), self.run_cfg, self.tokenizer, state, self.languages)
+        cfg = self.run_cfg
+        if self.precision is not None:
+            state["precision"] = self.precision.record()
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=self.precision.name))
+        save_checkpoint(directory, unwrap(trainer.model), cfg, self.tokenizer, state, self.languages)

@@ -3,7 +3,9 @@ GPUs, TF32 on Ampere and later, autocast in validation and decoding, the first l
 
 There is no GPU here: the GPU choices are checked against a faked device capability."""
 
+import json
 import re
+import threading
 import types
 from pathlib import Path
 
@@ -14,11 +16,11 @@ from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
 
 from raymt import precision
 from raymt.checkpoint import load_train_state
-from raymt.config import Config, DecodeOptions, tiny
+from raymt.config import Config, DecodeOptions, apply_overrides, tiny
 from raymt.model import build_model
 from raymt.optim import inverse_sqrt, make_optimizer
-from raymt.precision import for_inference, for_training, native_bf16
-from raymt.trainer import Trainer, collate_eval, evaluate, restore_training, train_step
+from raymt.precision import ProbeShape, for_inference, for_training, native_bf16, typical_lengths
+from raymt.trainer import Collective, Done, Trainer, collate_eval, evaluate, restore_training, train_step
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -95,7 +97,7 @@ def test_ampere_trains_in_bf16_with_tf32_unless_turned_off(fake_gpu, tf32_flags)
 def test_the_cpu_probe_rejects_bf16_where_it_measures_slower(monkeypatch, cache):
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
     measured = []
-    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size: measured.append(1) or 0.97)
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size, *a: measured.append(1) or 0.97)
     cfg = Config()
     slower = for_training(CPU, cfg, VOCAB)
     assert slower.dtype is None and slower.autocast().__class__.__name__ == "nullcontext"
@@ -106,7 +108,7 @@ def test_the_cpu_probe_rejects_bf16_where_it_measures_slower(monkeypatch, cache)
     assert measured == [1] and "0.97x fp32 for this model; cached" in again.line(CPU)
     assert for_inference(CPU, cfg, VOCAB).dtype is None
 
-    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size: 1.46)
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size, *a: 1.46)
     wider = Config()
     wider.model.d_model, wider.model.d_ff = 256, 1024  # another shape: measured apart
     faster = for_training(CPU, wider, VOCAB)
@@ -115,10 +117,10 @@ def test_the_cpu_probe_rejects_bf16_where_it_measures_slower(monkeypatch, cache)
         faster.line(CPU)
         == "precision: forward pass in bf16 autocast (fp32 weights) on cpu (bf16 measured 1.46x fp32 for this model)"
     )
-    assert for_inference(CPU, wider, VOCAB).dtype == torch.bfloat16  # the cached result, no probe
+    assert for_inference(CPU, wider, VOCAB).dtype is None  # decoding on a CPU: fp32 (not training's probe)
 
     cfg.train.bf16 = False  # keeps forcing fp32, without a probe
-    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size: pytest.fail("probed"))
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda *a: pytest.fail("probed"))
     assert for_training(CPU, cfg, VOCAB).line(CPU) == "precision: forward pass in fp32 on cpu (train.bf16=false)"
     other = Config()
     other.model.num_decoder_layers = 3  # no cached result: inference decodes in fp32, never probes
@@ -237,24 +239,12 @@ def test_validation_runs_its_forward_passes_and_decoding_under_autocast():
     assert seen and all(not enabled and dtype == torch.float32 for enabled, dtype in seen)
 
 
-def test_profile_step_records_what_it_measured_and_the_start_up_line_agrees(monkeypatch, cache):
-    from benchmarks import profile_step
-
-    for module in (precision, profile_step):
-        monkeypatch.setattr(module, "native_bf16", lambda device: True)
-    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda cfg, vocab_size: pytest.fail("probed"))
-    cfg = Config()
-    line = profile_step.record_cpu_bf16(cfg, VOCAB, {"raymt": [1000.0, 1010.0], "cpu-bf16": [970.0, 980.0]})
-    assert line == (
-        "precision: forward pass in fp32 on cpu (bf16 measured 0.97x fp32 for this model; cached; bf16 needs 1.05x)"
-    )
-    assert for_training(CPU, cfg, VOCAB).line(CPU) == line  # what a run of this model prints
-    assert profile_step.record_cpu_bf16(cfg, VOCAB, {"raymt": [1000.0]}) is None  # bf16 not compared
-
-
-def test_translate_evaluate_and_the_test_set_decode_in_the_choice_for_inference(monkeypatch, cache, tmp_path):
+def test_translate_evaluate_and_the_test_set_decode_in_fp32_on_a_cpu_where_training_took_bf16(
+    monkeypatch, cache, tmp_path
+):
     """raymt.translate, raymt.evaluate's actor and the test-set decode of raymt.train autocast
-    as for_inference says: here bf16 on a CPU whose cached probe found it pays for this model."""
+    as for_inference says: on a CPU fp32, even where the checkpoint trained in bf16 and a cached
+    probe found bf16 training pays (issue 44: bf16 changed outputs for no decoding speed)."""
     import numpy as np
     from tiny_checkpoint import make_checkpoint
 
@@ -266,6 +256,8 @@ def test_translate_evaluate_and_the_test_set_decode_in_the_choice_for_inference(
     _, tok, cfg = load_model(checkpoint)
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
     precision.write_cache(precision.probe_key(cfg.model, tok.vocab_size), 2.0)
+    cfg.train.precision = "bf16"  # as a checkpoint of a bf16 run records it
+    assert for_inference(CPU, cfg, tok.vocab_size).dtype is None
     seen = []
 
     def spy(module, name: str) -> None:
@@ -284,4 +276,126 @@ def test_translate_evaluate_and_the_test_set_decode_in_the_choice_for_inference(
     actor = evaluate_module.BatchTranslator(str(checkpoint), {"beam": 1}, "cpu", 1)
     actor({"set": [0], "index": [np.array([0])], "lengths": [np.array([3])], "src_ids": [np.array([5, 6, 3])]})
     assert [name for name, _, _ in seen] == ["decode_ids", "decode_sentences", "decode_ids"]
-    assert all(enabled and dtype == torch.bfloat16 for _, enabled, dtype in seen), seen
+    assert not any(enabled for _, enabled, _ in seen), seen
+
+
+# ---------------------------------------------------------------- what the run measures and keeps
+
+
+class ThreadGroup:
+    """Workers of one process as threads: a barrier makes each collective call meet."""
+
+    def __init__(self, size: int):
+        self.size, self.barrier, self.slots = size, threading.Barrier(size), [None] * size
+
+
+class ThreadCollective(Collective):
+    """One thread's view of a ThreadGroup: all-gathers and all-reduces across the threads."""
+
+    def __init__(self, group: ThreadGroup, rank: int):
+        self.group, self.rank, self.world_size = group, rank, group.size
+
+    def all_gather_object(self, obj):
+        self.group.slots[self.rank] = obj
+        self.group.barrier.wait()
+        out = list(self.group.slots)
+        self.group.barrier.wait()
+        return out
+
+    def all_reduce_sum_async(self, tensor):
+        tensor.copy_(sum(self.all_gather_object(tensor.clone())))
+        return Done(tensor)
+
+
+def in_threads(size: int, work) -> list:
+    """`work(collective)` on `size` threads at once, as `size` workers; their results by rank."""
+    group, results = ThreadGroup(size), [None] * size
+
+    def run(rank: int) -> None:
+        results[rank] = work(ThreadCollective(group, rank))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return results
+
+
+def test_every_worker_probes_at_once_with_the_runs_shape_and_rank_0s_cache_answers(monkeypatch, cache):
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    cfg = Config(model=tiny())
+    cfg.data.max_tokens = 256
+    shape = ProbeShape.of_run(cfg, threads=1, workers=2, lengths=[(9, 11), (4, 3)])
+    batches = shape.batches(VOCAB)
+    assert [b.src.shape for b in batches] == [(21, 10), (51, 5)]  # 256 // 12 and 256 // 5 rows
+    assert [b.tgt_out.shape for b in batches] == [(21, 12), (51, 4)]
+    passes = []
+    real_step = precision.train_step
+    monkeypatch.setattr(precision, "train_step", lambda *a, **k: passes.append(1) or real_step(*a, **k))
+    chosen = in_threads(2, lambda c: for_training(CPU, cfg, VOCAB, shape, c))
+    assert chosen[0] == chosen[1] and len(passes) % 4 == 0 and len(passes) >= 2 * 2 * 2 * 2  # 2 workers, 2 batches
+    key = precision.probe_key(cfg.model, VOCAB, shape)
+    assert "threads1 workers2 batch256:9x11,4x3" in key and list(precision.read_cache()) == [key]
+    assert "with 2 workers of 1 threads" in chosen[0].line(CPU)
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda *a: pytest.fail("probed"))
+    again = in_threads(2, lambda c: for_training(CPU, cfg, VOCAB, shape, c))
+    assert again[0].dtype == chosen[0].dtype and "cached" in again[0].line(CPU)
+    other = ProbeShape.of_run(cfg, threads=2, workers=2, lengths=[(9, 11), (4, 3)])  # other threads: another key
+    assert precision.probe_key(cfg.model, VOCAB, other) != key
+    rows = [{"src_ids": [5] * n + [3], "tgt_ids": [6] * (n + 1)} for n in (30, 4, 7, 9, 12, 2)]
+    # Quantiles 1/6, 3/6, 5/6 of the 76 tokens (longer side + 1: 4 6 9 11 14 32), as batches share them out.
+    assert typical_lengths(rows, k=3) == ((7, 8), (12, 13), (30, 31))
+
+
+def test_train_precision_pins_and_train_bf16_false_still_forces_fp32(monkeypatch, cache):
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda *a: pytest.fail("probed"))
+    cfg = apply_overrides(Config(), {"train.precision": "bf16"})
+    assert for_training(CPU, cfg, VOCAB).line(CPU) == (
+        "precision: forward pass in bf16 autocast (fp32 weights) on cpu (train.precision=bf16)"
+    )
+    kept = {"name": "bf16", "device_type": "cpu", "why": "bf16 measured 1.20x fp32 for this model"}
+    pinned = for_training(CPU, apply_overrides(Config(), {"train.precision": "fp32"}), VOCAB, kept=kept)
+    assert pinned.dtype is None and pinned.why == "train.precision=fp32; the checkpoint trained in bf16"
+    forced = for_training(CPU, apply_overrides(cfg, {"train.bf16": False}), VOCAB, kept=kept)
+    assert forced.dtype is None and forced.why.startswith("train.bf16=false")
+    fp16 = for_training(CPU, apply_overrides(Config(), {"train.precision": "fp16"}), VOCAB)
+    assert fp16.dtype == torch.float16 and fp16.grad_scaler() is not None
+    with pytest.raises(ValueError, match=r"train.precision='bf17' must be one of 'auto', 'fp32', 'bf16', 'fp16'"):
+        apply_overrides(Config(), {"train.precision": "bf17"})
+
+
+def test_a_resumed_run_keeps_the_recorded_precision_where_the_cache_now_says_otherwise(
+    monkeypatch, cache, tmp_path, capsys
+):
+    """Done-when 3 of issue 47: the worker (WorkerLoop.create with a fake environment) records
+    the precision it trained in; resumed from that checkpoint it keeps it, though the probe's
+    cache now says the other, and a fresh run of the same config follows the cache."""
+    from test_worker import Reports, loop_config
+
+    from raymt.checkpoint import load_config
+    from raymt.worker import WorkerLoop
+    from raymt.worker_env import WorkerEnv
+    from raymt.worker_state import Saved
+
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda *a: 1.5)  # bf16 pays, the probe says
+    config = loop_config(tmp_path, **{"train.max_steps": 2, "train.eval_every": 2})
+    reports = Reports(tmp_path)
+    WorkerLoop.create(config, WorkerEnv(report=reports), Saved()).run()
+    assert "bf16 autocast (fp32 weights) on cpu (bf16 measured 1.50x fp32 for this model)" in capsys.readouterr().out
+    checkpoint = reports.checkpoints[2]
+    assert load_train_state(checkpoint)["precision"]["name"] == "bf16"
+    assert load_config(checkpoint)[0].train.precision == "bf16"  # the run's config as the checkpoint keeps it
+
+    precision.cache_path().write_text(json.dumps({k: 0.8 for k in precision.read_cache()}))  # now: bf16 slower
+    monkeypatch.setattr(precision, "measure_bf16_speedup", lambda *a: pytest.fail("probed"))
+    resumed = WorkerLoop.create(config, WorkerEnv(report=reports), Saved.resume(checkpoint, shown="checkpoint-2"))
+    assert resumed.env.precision.dtype == torch.bfloat16
+    assert "(as the checkpoint recorded: bf16 measured 1.50x fp32 for this model)" in capsys.readouterr().out
+    fresh = WorkerLoop.create(config, WorkerEnv(report=reports), Saved())  # a new run: the cache decides
+    assert fresh.env.precision.dtype is None and "0.80x" in fresh.env.precision.why
+    config["config"]["train"]["precision"] = "fp32"  # the user pins it: that wins over the record
+    pinned = WorkerLoop.create(config, WorkerEnv(report=reports), Saved.resume(checkpoint, shown="checkpoint-2"))
+    assert pinned.env.precision.dtype is None and "the checkpoint trained in bf16" in pinned.env.precision.why

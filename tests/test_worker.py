@@ -32,6 +32,7 @@ STATE_KEYS = {
     "rng_states",
     "grad_scaler",
     "data_batching",
+    "precision",
 }
 
 
