@@ -21,6 +21,7 @@ COMMANDS = {
     "average": "average the weights of several checkpoints",
     "export": "export a checkpoint for serving",
     "plot": "draw learning curves of one or more runs (PNG)",
+    "serve": "serve a checkpoint over HTTP on Ray Serve (batched across requests)",
 }
 
 

@@ -53,6 +53,11 @@ PLAIN = [
     "flags",
     "rundir",
     "rundata",
+    "config.serve",
+    "serve.text",
+    "serve.batcher",
+    "serve.api",
+    "serve.page",
 ]
 
 

@@ -20,11 +20,15 @@ def raymt(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "raymt", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
+# Every command, in the order `raymt --help` lists them.
+EXPECTED = ("train", "tune", "data", "translate", "evaluate", "backtranslate", "average", "export", "plot", "serve")
+
+
 def test_help_lists_every_command():
     out = raymt("--help")
     assert out.returncode == 0, out.stderr
     listed = re.findall(r"^  (\w+) ", out.stdout, re.M)
-    assert listed == ["train", "tune", "data", "translate", "evaluate", "backtranslate", "average", "export", "plot"]
+    assert listed == list(EXPECTED)
 
 
 def test_translate_help_is_the_module_help():
@@ -63,17 +67,7 @@ def test_a_command_exits_with_its_module_status(capsys):
 def test_console_script_points_at_the_dispatcher():
     text = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'^\[project\.scripts\]\nraymt = "raymt\.__main__:main"$', text, re.M)
-    assert set(COMMANDS) == {
-        "train",
-        "tune",
-        "data",
-        "translate",
-        "evaluate",
-        "backtranslate",
-        "average",
-        "export",
-        "plot",
-    }
+    assert set(COMMANDS) == set(EXPECTED)
 
 
 @pytest.mark.parametrize("command, extras", [("train", []), ("shell", []), ("test", ["test"]), ("lint", ["lint"])])

@@ -1,11 +1,13 @@
 """Typed configuration: the one home of every default, presets and `--set` overrides.
 
-- `corpus`: the built-in languages, `check_lang`, `CorpusSpec` and the checks of a corpus list
+- `corpus`: the built-in languages, `check_lang`, `CorpusSpec`, the checks of a corpus list and
+  the one reader of older configs' one-pair fields (`with_one_pair`)
 - `sections`: the run's `Config` and its sections, `DecodeOptions`, `check_training`
 - `commands`: `PrepareConfig` (`raymt data prepare`) and `BacktranslateConfig`
 - `presets`: model presets as functions (tiny .. big)
 - `overrides`: config files, `--set` values and older configs' field names
 - `schedule`: the batch schedule and the defaults of GPU and compiled runs
+- `serve`: the options of `raymt serve` (`ServeConfig`)
 
 The names below are the package's: `from raymt.config import Config` wherever it is used.
 """
@@ -13,12 +15,15 @@ The names below are the package's: `from raymt.config import Config` wherever it
 from raymt.config.commands import BT_ENGINES, BT_FORMATS, BacktranslateConfig, PrepareConfig, run_prepare_config
 from raymt.config.corpus import (
     BUILTIN_LANGS,
+    ONE_PAIR_FIELDS,
     ORIGINS,
     TABLE_KEYS,
     CorpusSpec,
     check_corpora,
     check_lang,
     corpora_from_tables,
+    one_pair,
+    with_one_pair,
 )
 from raymt.config.overrides import apply_overrides, flatten, load_file, parse_set_args, parse_value
 from raymt.config.presets import PRESETS, base, big, mini, preset, small, tiny
@@ -49,6 +54,7 @@ from raymt.config.sections import (
     TrainConfig,
     check_training,
 )
+from raymt.config.serve import SERVE_ENGINES, ServeConfig
 
 __all__ = [
     "ACTIVATIONS",
@@ -60,12 +66,14 @@ __all__ = [
     "GPU_MAX_TOKENS",
     "GPU_SHAPE_BUCKETS",
     "MAX_LR_SCALE",
+    "ONE_PAIR_FIELDS",
     "ORIGINS",
     "PAPER_BATCH_TOKENS",
     "PAPER_WARMUP_STEPS",
     "PRESETS",
     "RENAMED",
     "SCHEDULE_FIELDS",
+    "SERVE_ENGINES",
     "SP_MODEL_TYPES",
     "TABLE_KEYS",
     "BacktranslateConfig",
@@ -77,6 +85,7 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "PrepareConfig",
+    "ServeConfig",
     "TrainConfig",
     "apply_overrides",
     "base",
@@ -91,6 +100,7 @@ __all__ = [
     "global_batch_tokens",
     "load_file",
     "mini",
+    "one_pair",
     "parse_set_args",
     "parse_value",
     "preset",
@@ -98,4 +108,5 @@ __all__ = [
     "schedule_line",
     "small",
     "tiny",
+    "with_one_pair",
 ]
