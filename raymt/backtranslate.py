@@ -326,7 +326,8 @@ def check_args(args: argparse.Namespace) -> Job:
         load_weights(model.location)  # a corrupt or truncated weights file fails now, not in every actor
     files = input_files(args.input)
     check_columns(files, args.column, src_lang.split("+")[0])
-    job = Job(args, bt, opts, model, engine, src_lang, tgt_lang, tags, files, storage.normalize(args.output), {})
+    output = storage.output_location(args.output, "--output")  # never into a job's package
+    job = Job(args, bt, opts, model, engine, src_lang, tgt_lang, tags, files, output, {})
     old = check_output(job)
     job.info = old or {}  # the previous run's record until write_info replaces it
     count_inputs(job, old)

@@ -7,8 +7,12 @@ import logging
 import os
 import re
 import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
+
+from raymt import storage
 
 # A worker may take a quarter CPU at the least: below that Ray packs so many on one core
 # that each step mostly waits for the scheduler.
@@ -56,6 +60,7 @@ def plan(
     cluster: Optional["RayCluster"] = None,
     keep_cpus: Optional[float] = None,
     timeout_name: str = "train.autoscale_timeout_s",
+    cpus_name: str = "train.cpus_per_worker",
 ) -> Plan:
     """Resources for `num` workers beside Ray Data's CPU; a one-line ValueError if they do not fit.
 
@@ -66,17 +71,21 @@ def plan(
     types of its own), up to `grow_timeout_s` is spent asking its autoscaler for the
     workers' bundles (`grow`); a fixed cluster, or 0 (the default), fails at once.
     `keep_cpus` overrides Ray Data's share (0 for a group that needs no Ray Data beside it).
+    GPU workers of `cpus_each` CPUs (`cpus_name`) are checked against each node of a live cluster.
     """
-    what, grew = what or f"train.num_workers={num}", False
+    what, grew, nodes = what or f"train.num_workers={num}", False, None
     if total is None:
         cluster = cluster or RayCluster()
         total = cluster.resources()
         if grow_timeout_s > 0 and _short(num, use_gpu, cpus_each, total) and cluster.can_grow():
             total = grow(cluster, num, use_gpu, cpus_each, grow_timeout_s, what, fix, timeout_name)
             grew = True
+        nodes = cluster.nodes() if use_gpu and cpus_each is not None else None
     num_cpus, num_gpus = total.get("CPU", 0), total.get("GPU", 0)
     if use_gpu and num > num_gpus:
         raise ValueError(f"{what} with --gpu needs {num} GPUs; the cluster has {num_gpus:g}: {fix} or drop --gpu")
+    if use_gpu and cpus_each is not None:
+        check_gpu_cpus(num, cpus_each, num_cpus, nodes, what, cpus_name)
     kept = data_cpus(num_cpus) if keep_cpus is None else keep_cpus
     budget = num_cpus - kept
     cpus = cpus_each
@@ -88,6 +97,28 @@ def plan(
         raise ValueError(f"{what} x {cpus:g} CPUs needs {cpus * num:g} CPUs but the cluster{has}: {fix}")
     fits = int(num_gpus // num) if use_gpu else int(budget // (num * cpus))
     return Plan(cpus=cpus, gpus=1 if use_gpu else 0, num_threads=max(1, int(cpus)), fits=max(1, fits), grew=grew)
+
+
+def check_gpu_cpus(num: int, cpus: float, num_cpus: float, nodes: Optional[list[dict]], what: str, name: str) -> None:
+    """A one-line error when `num` GPU workers of `cpus` CPUs each do not fit: a worker's CPUs
+    are on its GPU's node, so with `nodes` (each node's resources) per GPU node, else in total."""
+    if nodes is None:
+        if cpus * num > num_cpus:
+            raise ValueError(
+                f"{what} with --gpu x {cpus:g} CPUs needs {cpus * num:g} CPUs; "
+                f"the cluster has {num_cpus:g}: lower {name}"
+            )
+        return
+    gpu_nodes = [n for n in nodes if n.get("GPU", 0) >= 1]
+    held = sum(min(int(n["GPU"]), int(n.get("CPU", 0) // cpus)) for n in gpu_nodes)
+    most = max((n.get("CPU", 0) for n in gpu_nodes), default=0)
+    if held == 0:
+        raise ValueError(f"{what} with --gpu: no GPU node has {cpus:g} CPUs (the most is {most:g}): lower {name}")
+    if held < num:
+        raise ValueError(
+            f"{what} with --gpu: the GPU nodes hold {held} workers of {cpus:g} CPUs and a GPU "
+            f"(a GPU node has at most {most:g} CPUs): lower {name} or the number of workers"
+        )
 
 
 def _short(num: int, use_gpu: bool, cpus_each: Optional[float], total: dict) -> bool:
@@ -152,6 +183,34 @@ class RayCluster:
         report = json.loads(raw).get("autoscaler_report") if raw else None
         return (report or {}).get("node_type_mapping") or {}
 
+    def nodes(self) -> list[dict]:
+        """Each alive node's total resources ([{"CPU": 8.0, "GPU": 1.0, ...}, ...])."""
+        import ray
+
+        return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+
+    def nodes_without(self, path: str, timeout_s: float = 60.0) -> list[str]:
+        """The addresses of the alive nodes other than this one on which the file `path` does not
+        exist (a task on each; nodes that do not answer in `timeout_s` are left out)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = ray.get_runtime_context().get_node_id()
+        others = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
+        if not others:
+            return []
+
+        @ray.remote(num_cpus=0)  # runs on a node whose CPUs are all taken too
+        def exists(p: str) -> bool:
+            return os.path.exists(p)
+
+        refs = {
+            exists.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(path): n
+            for n in others
+        }
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        return sorted({refs[r]["NodeManagerAddress"] for r in ready if not ray.get(r)})
+
     def request(self, bundles: list[dict]) -> None:
         """Ask the autoscaler for room for `bundles` (replaces the last request; [] withdraws it)."""
         from ray.autoscaler.sdk import request_resources
@@ -187,8 +246,8 @@ def grow(
     A line every GROW_PRINT_S says how far it got; past `timeout_s`, a one-line ValueError.
     The request stays until `release_request` (Ray Train's own placement group keeps the nodes busy).
     """
-    if use_gpu:  # one GPU and one CPU per worker (plan's GPU worker)
-        bundles, unit, need = [{"CPU": 1.0, "GPU": 1.0}] * num, "GPU", float(num)
+    if use_gpu:  # one GPU and its CPUs (one unless set) per worker (plan's GPU worker)
+        bundles, unit, need = [{"CPU": float(cpus_each or 1.0), "GPU": 1.0}] * num, "GPU", float(num)
     else:  # the workers' CPUs and Ray Data's
         bundles = [{"CPU": float(cpus_each or 1.0)}] * num + [{"CPU": 1.0}]
         unit, need = "CPU", sum(b["CPU"] for b in bundles)
@@ -213,6 +272,30 @@ def grow(
             )
             printed = elapsed
         cluster.sleep(min(GROW_POLL_S, max(0.0, timeout_s - elapsed)))
+
+
+def check_shared(location: str, flag: str = "--storage-path", cluster: Optional[RayCluster] = None) -> None:
+    """A one-line error, before training, when a local run directory is on this node only and the
+    cluster has other nodes: their workers read the run's corpus there and Ray Train (2.60) writes
+    checkpoints there from the worker of rank 0 (its StorageContext fails on a node without the
+    directory's marker). A shared directory (NFS, or nodes on one machine) or a URI passes."""
+    if storage.is_uri(location):
+        return
+    existing = Path(location)
+    while not existing.exists():  # nothing is created: the nearest existing directory is probed
+        existing = existing.parent
+    marker = existing / f".raymt-shared-{uuid.uuid4().hex}"
+    marker.touch()
+    try:
+        missing = (cluster or RayCluster()).nodes_without(str(marker))
+    finally:
+        marker.unlink(missing_ok=True)
+    if missing:
+        raise ValueError(
+            f"{flag} {location} is on this node only: the cluster's nodes at {', '.join(missing)} cannot "
+            f"reach it, and training writes checkpoints and reads its corpus there from every node: "
+            f"pass {flag} a URI (s3://...) or a directory every node shares (NFS), or set RAYMT_STORAGE_PATH"
+        )
 
 
 def release_request(cluster: Optional[RayCluster] = None) -> None:

@@ -183,6 +183,7 @@ def actor_plan(
         keep_cpus=keep_cpus,
         grow_timeout_s=grow_timeout_s,
         timeout_name="--autoscale-timeout",
+        cpus_name="--cpus-per-actor",
     )
 
 
@@ -279,6 +280,7 @@ def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOption
     args.src_lang = args.src_lang or config.data.pair()[0]
     args.tgt_lang = args.tgt_lang or config.data.pair()[1]
     sets = read_test_sets(args.test, args.src_lang, args.tgt_lang)
+    args.output_dir = storage.output_location(args.output_dir, "--output-dir")  # never into a job's package
     try:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -186,13 +186,14 @@ def run_pairs(cfg: Config) -> list[str]:
 
 
 def finalize(cfg: Config) -> Config:
-    """Give the run a name and an absolute storage path (URIs such as s3:// stay as they are)."""
+    """Give the run a name and an absolute storage path (URIs such as s3:// stay as they are; a
+    relative path in a `ray job submit` job goes under ~/raymt: storage.output_location)."""
     # Named after its pairs: "raymt-en-de-...", or "raymt-en-de+de-en-..." for a mixed run.
     name = cfg.train.name or f"raymt-{'+'.join(run_pairs(cfg))}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
-    storage = cfg.train.storage_path
-    if "://" not in storage:
-        storage = str(Path(storage).expanduser().resolve())
-    return apply_overrides(cfg, {"train.name": name, "train.storage_path": storage})
+    location = storage.output_location(cfg.train.storage_path, "--storage-path")  # never into a job's package
+    if not storage.is_uri(location):
+        location = str(Path(location).resolve())
+    return apply_overrides(cfg, {"train.name": name, "train.storage_path": location})
 
 
 def run_location(cfg: Config) -> str:

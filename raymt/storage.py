@@ -36,6 +36,51 @@ def normalize(location: str | Path) -> str:
     return os.path.abspath(os.path.expanduser(location))
 
 
+# Ray unpacks a job's --working-dir (and py_modules) into <session>/runtime_resources/
+# working_dir_files/_ray_pkg_<hash>/ and starts the job's entrypoint there: a copy that is Ray's,
+# deleted when its cache needs the room or the session ends. Relative outputs of a process started
+# there go under JOB_HOME instead (Ray does not say where the job was submitted from: its package
+# is a zip named by content hash, and the submitter may be a laptop).
+JOB_HOME = "~/raymt"
+
+
+def ray_package(location: str | Path) -> Optional[str]:
+    """The Ray runtime-env package directory (a job's unpacked --working-dir) a local path lies in, if any."""
+    if is_uri(location):
+        return None
+    parts = Path(normalize(location)).parts
+    for i in range(2, len(parts)):
+        if parts[i].startswith("_ray_pkg_") and "runtime_resources" in parts[:i]:
+            return str(Path(*parts[: i + 1]))
+    return None
+
+
+def output_location(location: str | Path, flag: str) -> str:
+    """Where an output goes: a URI as given, a local path made absolute. In Ray's temporary
+    copy of a job's working directory a relative path goes under JOB_HOME instead (one line
+    says where) and an absolute path inside that copy is a one-line error naming `flag`."""
+    path = os.path.expanduser(str(location))
+    if is_uri(path):
+        return normalize(path)
+    package = ray_package(os.getcwd())
+    env = ", or set RAYMT_STORAGE_PATH" if flag == "--storage-path" else ""  # train's and tune's default
+    if not os.path.isabs(path) and package is not None:
+        moved = normalize(os.path.join(os.path.expanduser(JOB_HOME), path))
+        print(
+            f"raymt: {flag} {location} goes to {moved}, not into {package} (Ray's temporary copy of "
+            f"the job's working directory): pass an absolute path or a URI{env} to choose",
+            flush=True,
+        )
+        return moved
+    inside = ray_package(path)
+    if inside is not None:
+        raise ValueError(
+            f"{flag} {location} is inside {inside}, Ray's temporary copy of a job's working directory "
+            f"(deleted after the job): pass a directory outside it or a URI (s3://...){env}"
+        )
+    return normalize(path)
+
+
 def join(location: str | Path, *parts: str) -> str:
     """`location/part/...` for a local path or a URI."""
     out = normalize(location)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from raymt import storage
-from raymt.cluster import Plan, RayCluster, init_ray, plan, release_request, train_logging
+from raymt.cluster import Plan, RayCluster, check_shared, init_ray, plan, release_request, train_logging
 from raymt.config import Config, check_training, schedule_line
 from raymt.data import format as corpus_format
 from raymt.data.text import Pairs
@@ -182,6 +182,7 @@ def run(
     init_ray(dashboard=True, verbose=verbose)
     scaling(cfg)  # more workers or GPUs than the cluster has (or grows to): one line, before any data work
     try:
+        check_shared(run_dir)  # a node-local run directory on a multi-node cluster: one line
         train_files, tokenizer = materialize(cfg, run_data)
         tags = pair_tags(run_data.corpus)
         write_run_files(cfg, run_dir, tokenizer)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import threading
@@ -14,15 +13,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from raymt import storage
-from raymt.cluster import init_ray, plan, quiet_env
+from raymt.cluster import check_shared, init_ray, plan, quiet_env
 from raymt.config import ONE_PAIR_FIELDS, Config, CorpusOptions, apply_overrides
 from raymt.flags import build_config, flag_parser
 from raymt.rundir import finalize, run_location
+from raymt.sweep_report import METRICS, print_table, progress, summarize
 
 SCHEDULERS = ("asha", "pbt", "fifo")
 SEARCHERS = ("random", "optuna")
-METRICS = {"valid_bleu": "max", "valid_chrf": "max", "valid_loss": "min"}
-EARLY_STOPPED = "early_stopped"  # in the last result of a trial the scheduler stopped (see _Progress)
 # The sweep's defaults: short trials of the default model on the built-in corpus.
 DEFAULT_TRIAL = {"train.max_steps": 300, "train.eval_every": 100, "train.log_every": 50, "decode.beam": 1}
 DEFAULT_LRS = "optim.lr=1e-3,2e-3,4e-3,8e-3"
@@ -419,10 +417,12 @@ def run_sweep(
     connect(verbose)
     cpus, fits = trial_resources(cfg)  # raises before any trial starts if none fits
     cfg = finalize(apply_overrides(cfg, {"train.cpus_per_worker": cpus}))
+    where = cfg.train.storage_path if resume_dir is None else storage.output_location(resume_dir, "--resume-sweep")
+    check_shared(where)  # a node-local sweep directory on a multi-node cluster: one line, before any trial
     trainable = tune.with_resources(run_trial, {"cpu": 0, "memory": 64 * 2**20})
     # The sweep's directory is a local path or a URI (s3://...), as every run file: storage.join, not Path.
     if resume_dir is not None:
-        sweep_dir = storage.normalize(resume_dir)
+        sweep_dir = where
         if not tune.Tuner.can_restore(sweep_dir):
             raise ValueError(f"--resume-sweep {resume_dir}: no sweep to resume there")
         tuner = tune.Tuner.restore(sweep_dir, trainable, resume_unfinished=True, resume_errored=True)
@@ -445,7 +445,7 @@ def run_sweep(
                 name=sweep_name,
                 storage_path=storage.split(sweep_dir)[0],
                 # One line per trial result (progress); Tune's status tables only when verbose.
-                callbacks=[janitor(), progress(list(space), metric, cfg.train.max_steps)],
+                callbacks=[janitor(), progress(list(space), metric, cfg.train.max_steps, sweep_dir)],
                 verbose=1 if verbose else 0,
                 checkpoint_config=tune.CheckpointConfig(
                     # PBT clones checkpoints between trials: keep enough of them around.
@@ -479,58 +479,6 @@ def connect(verbose: bool) -> None:
     init_ray(dashboard=True, verbose=verbose)
 
 
-class _Progress:
-    """Tune callback (on the sweep driver): one console line per trial result or failure; marks
-    the last result of a trial the scheduler stopped (EARLY_STOPPED), which `summarize` reads."""
-
-    def __init__(self, params: list[str], metric: str, max_steps: int):
-        self.params, self.metric, self.max_steps = params, metric, max_steps
-        self.running: set[str] = set()  # trials whose last line said running
-
-    def on_trial_result(self, iteration: int, trials: list, trial, result: dict, **info) -> None:
-        """`trial <id>  <params>  step <n>  <metric> <value>  running|completed|stopped`."""
-        step = result.get("step", 0)
-        # `done` is set on a result callbacks see only when the scheduler has just decided to stop
-        # the trial (a trial that ends on its own, on --epochs or train.max_minutes, sends no new result).
-        status = "completed" if step >= self.max_steps else "stopped" if result.get("done") else "running"
-        if status == "stopped":
-            result[EARLY_STOPPED] = True  # Tune keeps this dict as the trial's last result (Result.metrics)
-        self.running.discard(trial.trial_id)
-        if status == "running":
-            self.running.add(trial.trial_id)
-        self.print_line(trial, result, status)
-
-    def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
-        """A trial that ended on its own before max_steps (epochs, time budget) gets its last line."""
-        if trial.trial_id in self.running:
-            self.running.discard(trial.trial_id)
-            self.print_line(trial, trial.last_result, "completed")
-
-    def print_line(self, trial, result: dict, status: str) -> None:
-        """One `result_line` for this trial."""
-        params = {k: trial.config.get(k) for k in self.params}
-        step, value = result.get("step", 0), result.get(self.metric)
-        print(result_line(trial.trial_id, params, step, self.metric, value, status), flush=True)
-
-    def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
-        """Where the failed trial's traceback is."""
-        print(f"trial {trial.trial_id} failed: its traceback is in {trial.path}/error.txt", flush=True)
-
-
-def result_line(trial_id: str, params: dict, step: int, metric: str, value: Optional[float], status: str) -> str:
-    """One trial result as a console line."""
-    shown = "  ".join(f"{k}={v}" for k, v in params.items())
-    score = f"{value:.2f}" if isinstance(value, (int, float)) else "-"
-    return f"trial {trial_id}  {shown}  step {step}  {metric} {score}  {status}"
-
-
-def progress(params: list[str], metric: str, max_steps: int):
-    """A `ray.tune.Callback` instance of `_Progress`."""
-    from ray import tune
-
-    return type("ResultLines", (_Progress, tune.Callback), {})(params, metric, max_steps)
-
-
 def shared_corpus(cfg: Config, sweep_dir: str) -> Config:
     """Prepare the training corpus once for every trial (unless it is already prepared)."""
     from raymt.rundata import materialize, on_prepared, plan_data
@@ -540,105 +488,6 @@ def shared_corpus(cfg: Config, sweep_dir: str) -> Config:
     cfg, run_data = plan_data(cfg, sweep_dir, None, None)
     materialize(cfg, run_data)
     return on_prepared(cfg, run_data)
-
-
-def summarize(
-    results, metric: str, sweep_dir: str | Path, early_stopping: bool = True, wall_s: Optional[float] = None
-) -> dict:
-    """One row per trial (its best metric, last step, minutes, status, checkpoint), best first,
-    with `early_stopping` (ASHA) the steps it saved, and the sweep's `wall_s` as minutes."""
-    mode = METRICS[metric]
-    rows, max_steps = [], 0
-    for result in results:
-        history = result.metrics_dataframe
-        config = {k: v for k, v in result.config.items() if k != "base"}
-        max_steps = result.config["base"]["train"]["max_steps"]
-        if history is None or metric not in history or history[metric].isna().all():
-            rows.append({"trial": result.path.split("/")[-1], **config, "status": "error"})
-            continue
-        best = history[metric].max() if mode == "max" else history[metric].min()
-        step = int(history["step"].max())
-        checkpoint = result.get_best_checkpoint(metric, mode)
-        # Not `step < max_steps`: a trial may end on its own earlier (--epochs, train.max_minutes).
-        status = "error" if result.error else "stopped" if result.metrics.get(EARLY_STOPPED) else "completed"
-        rows.append(
-            {
-                "trial": str(result.metrics.get("trial_id")),
-                **config,
-                "step": step,
-                **(
-                    {"minutes": round(result.metrics["time_total_s"] / 60, 1)}
-                    if "time_total_s" in result.metrics
-                    else {}
-                ),
-                metric: round(float(best), 2),
-                "status": status,
-                "checkpoint": _location(checkpoint.path, sweep_dir) if checkpoint else None,
-            }
-        )
-    sign = -1 if mode == "max" else 1
-    rows.sort(key=lambda r: (metric not in r, sign * r.get(metric, 0)))
-    summary = {
-        "sweep_dir": storage.normalize(sweep_dir),
-        "metric": metric,
-        "table": rows,
-        "best": rows[0] if rows and metric in rows[0] else None,
-        "steps": steps_saved(rows, max_steps) if early_stopping else None,
-        "minutes": round(wall_s / 60, 1) if wall_s is not None else None,
-    }
-    storage.write_bytes(storage.join(sweep_dir, "results.json"), json.dumps(summary, indent=2, default=str).encode())
-    storage.write_bytes(storage.join(sweep_dir, "results.csv"), _csv(rows).encode())
-    return summary
-
-
-def _location(path: str, sweep_dir: str | Path) -> str:
-    """A Tune path (a filesystem's own: `bucket/key` on S3) as a location `raymt translate` reads."""
-    scheme, sep, _ = str(sweep_dir).partition("://")
-    return f"{scheme}://{path}" if sep and "://" not in path else path
-
-
-def steps_saved(rows: list[dict], max_steps: int) -> dict:
-    """Training steps the stopped trials did not run, of all trials' max_steps."""
-    total = max_steps * len(rows)
-    saved = sum(max_steps - row["step"] for row in rows if row["status"] == "stopped")
-    return {"saved": saved, "total": total, "stopped": sum(row["status"] == "stopped" for row in rows)}
-
-
-def _csv(rows: list[dict]) -> str:
-    """The results table as CSV (columns: union of the rows' keys)."""
-    import csv
-    import io
-
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    out = io.StringIO(newline="")
-    writer = csv.DictWriter(out, fieldnames=columns)
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
-
-
-def print_table(summary: dict) -> None:
-    """The final table, best trial first, and how to use the best checkpoint."""
-    rows = summary["table"]
-    columns = [c for c in dict.fromkeys(k for row in rows for k in row) if c != "checkpoint"]
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
-    print("\n" + "  ".join(c.ljust(widths[c]) for c in columns))
-    for row in rows:
-        print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
-    best, steps = summary["best"], summary.get("steps")
-    if steps and steps["total"]:
-        print(
-            f"\nearly stopping saved {steps['saved']} of {steps['total']} steps "
-            f"({100 * steps['saved'] / steps['total']:.0f}%): {steps['stopped']} of {len(rows)} trials stopped"
-        )
-    if summary.get("minutes") is not None:
-        print(f"\nsweep: {len(rows)} trials in {summary['minutes']} min")
-    print(f"\nresults: {summary['sweep_dir']}/results.csv")
-    if best:
-        config = {k: v for k, v in best.items() if "." in k}
-        print(f"best trial {best['trial']}: {summary['metric']} {best[summary['metric']]} with {config}")
-        print(f"best checkpoint: {best['checkpoint']}")
-        print(f'translate: python -m raymt.translate --checkpoint {best["checkpoint"]} "..."')
 
 
 def main(argv: Optional[list[str]] = None) -> int:

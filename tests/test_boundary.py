@@ -53,6 +53,7 @@ PLAIN = [
     "flags",
     "rundir",
     "rundata",
+    "sweep_report",
     "config.serve",
     "serve.text",
     "serve.batcher",

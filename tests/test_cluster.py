@@ -68,12 +68,17 @@ def wait_for_nodes(address: str, count: int, env: dict, timeout: float = 90) -> 
 
 @pytest.mark.slow  # Ray's job agent on the head sometimes stays unavailable for minutes here
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.parametrize("where", ["default", "s3"])
 def test_two_node_ray_job_submit(tmp_path, request, where):
     """A head and a second node on one machine; `ray job submit` a 2-worker training run, its
-    storage a local directory or a bucket on a local S3 server (tests/s3.py)."""
+    storage a bucket on a local S3 server (tests/s3.py) or, without --storage-path, the durable
+    default of a job: ~/raymt/runs on the driver's node, not Ray's temporary copy of --working-dir
+    (the nodes share this machine's disk, so the multi-node check lets it through)."""
     bucket = request.getfixturevalue("s3_bucket") if where == "s3" else None  # sets AWS_* first
     env = dict(os.environ)
+    env.pop("RAYMT_STORAGE_PATH", None)
+    env["HOME"] = str(tmp_path / "home")  # the job's ~ (Ray's processes inherit it from `ray start`)
+    (tmp_path / "home").mkdir()
     # Token authentication (Ray's default since 2.59), with a token for this test only.
     env.update(
         RAY_AUTH_MODE="token",
@@ -126,7 +131,8 @@ def test_two_node_ray_job_submit(tmp_path, request, where):
         )
         wait_for_nodes(address, 2, env)
 
-        storage = f"{bucket}/{secrets.token_hex(4)}" if bucket else str(tmp_path / "runs")
+        storage = f"{bucket}/{secrets.token_hex(4)}" if bucket else str(tmp_path / "home/raymt/runs")
+        where_flags = ["--storage-path", storage] if bucket else []
         for _ in range(10):  # the head's job agent may still be starting: Ray says "try again later"
             out = ray_cli(
                 "job",
@@ -143,8 +149,7 @@ def test_two_node_ray_job_submit(tmp_path, request, where):
                 "2",
                 "--max-steps",
                 "20",
-                "--storage-path",
-                storage,
+                *where_flags,
                 "--name",
                 "job",
                 "--set",
@@ -175,6 +180,10 @@ def test_two_node_ray_job_submit(tmp_path, request, where):
         assert raymt_storage.exists(f"{summary['best_checkpoint']}/model.pt")
         assert raymt_storage.exists(f"{storage}/job/logs/metrics.csv")
         assert raymt_storage.listdir(f"{storage}/job/logs/tensorboard")  # the event file
+        if not bucket:  # the start line said where the run goes; Ray's package got none of it
+            assert f"goes to {storage}, not into " in out.stdout, out.stdout[-3000:]
+            packages = list(temp_dir.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"))
+            assert packages and not any((p / "runs").exists() for p in packages)
     finally:
         for proc in started[::-1]:  # stop only what this test started
             os.killpg(proc.pid, signal.SIGTERM)

@@ -49,3 +49,36 @@ def test_what_does_not_fit_is_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message) as err:
         plan(total={"CPU": 2}, **kwargs)
     assert "\n" not in str(err.value)
+
+
+class GpuNodes:
+    """A fixed cluster of the given nodes' resources (RayCluster's `resources` and `nodes`)."""
+
+    def __init__(self, *nodes: dict):
+        self.per_node = list(nodes)
+
+    def resources(self) -> dict:
+        return {k: sum(n.get(k, 0) for n in self.per_node) for k in ("CPU", "GPU")}
+
+    def nodes(self) -> list[dict]:
+        return self.per_node
+
+
+def test_cpus_per_gpu_worker_are_checked_per_node():
+    """--gpu with train.cpus_per_worker: each GPU worker's CPUs must be on its GPU's node."""
+    head, gpu_node = {"CPU": 64}, {"CPU": 8, "GPU": 4}  # 2 CPUs a GPU on the GPU node
+    assert plan(4, use_gpu=True, cpus_each=2.0, cluster=GpuNodes(head, gpu_node)).cpus == 2.0
+    with pytest.raises(ValueError) as err:  # the head's CPUs are of no use to a GPU worker
+        plan(4, use_gpu=True, cpus_each=3.0, cluster=GpuNodes(head, gpu_node))
+    assert "\n" not in str(err.value)
+    assert "GPU nodes hold 2 workers of 3 CPUs and a GPU" in str(err.value) and "train.cpus_per_worker" in str(
+        err.value
+    )
+    with pytest.raises(ValueError, match="no GPU node has 16 CPUs .the most is 8.: lower train.cpus_per_worker"):
+        plan(1, use_gpu=True, cpus_each=16.0, cluster=GpuNodes(head, gpu_node))
+
+
+def test_cpus_per_gpu_worker_are_checked_against_the_total_without_nodes():
+    with pytest.raises(ValueError, match=r"x 4 CPUs needs 8 CPUs; the cluster has 6: lower train.cpus_per_worker"):
+        plan(2, use_gpu=True, cpus_each=4.0, total={"CPU": 6, "GPU": 2})
+    assert plan(2, use_gpu=True, cpus_each=3.0, total={"CPU": 6, "GPU": 2}).cpus == 3.0

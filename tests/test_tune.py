@@ -532,7 +532,7 @@ def fake_result(
 
     import pandas as pd
 
-    from raymt.tune import EARLY_STOPPED
+    from raymt.sweep_report import EARLY_STOPPED
 
     checkpoint = SimpleNamespace(path=f"{sweep}/{trial_id}/checkpoint_000001")
     return SimpleNamespace(
@@ -546,7 +546,7 @@ def fake_result(
 
 
 def test_the_table_says_stopped_and_what_early_stopping_saved(tmp_path, capsys):
-    from raymt.tune import print_table, summarize
+    from raymt.sweep_report import print_table, summarize
 
     summary = summarize(
         [
@@ -581,7 +581,7 @@ def test_the_table_says_stopped_and_what_early_stopping_saved(tmp_path, capsys):
 
 def test_a_trial_that_ended_on_its_own_before_max_steps_is_completed(tmp_path):
     """--epochs or train.max_minutes may end a trial below max_steps: the scheduler did not stop it."""
-    from raymt.tune import summarize
+    from raymt.sweep_report import summarize
 
     summary = summarize(
         [
@@ -603,7 +603,7 @@ def test_the_console_marks_what_the_scheduler_stopped(capsys):
     summarize reads; a trial that ends on its own gets a completed line when Tune completes it."""
     from types import SimpleNamespace
 
-    from raymt.tune import EARLY_STOPPED, progress
+    from raymt.sweep_report import EARLY_STOPPED, progress
 
     lines = progress(["optim.lr"], "valid_bleu", 300)
     cut = SimpleNamespace(trial_id="t1", config={"optim.lr": 5e-4})
@@ -625,7 +625,7 @@ def test_the_console_marks_what_the_scheduler_stopped(capsys):
 def test_one_console_line_per_trial_result(capsys):
     from types import SimpleNamespace
 
-    from raymt.tune import progress
+    from raymt.sweep_report import progress
 
     lines = progress(["optim.lr"], "valid_bleu", 300)
     trial = SimpleNamespace(trial_id="t1", config={"base": {}, "optim.lr": 5e-4}, path="/sweep/t1")
@@ -639,6 +639,17 @@ def test_one_console_line_per_trial_result(capsys):
         "trial t1  optim.lr=0.0005  step 300  valid_bleu 30.00  completed",
         "trial t1 failed: its traceback is in /sweep/t1/error.txt",
     ]
+
+
+def test_a_failed_trial_on_s3_is_named_by_its_whole_uri(capsys):
+    """Tune's trial path is its filesystem's own (`bucket/key` on S3): the line prints the URI."""
+    from types import SimpleNamespace
+
+    from raymt.sweep_report import progress
+
+    lines = progress(["optim.lr"], "valid_bleu", 300, "s3://bucket/runs/sw")
+    lines.on_trial_error(0, [], SimpleNamespace(trial_id="t1", config={}, path="bucket/runs/sw/t1"))
+    assert capsys.readouterr().out == "trial t1 failed: its traceback is in s3://bucket/runs/sw/t1/error.txt\n"
 
 
 @pytest.mark.parametrize(
