@@ -40,6 +40,9 @@ def checkpoint_of(run: Path) -> Path:
     return found
 
 
+# Two Ray Train runs (~30 s here, twice that on a slow host): CI runs them after the default suite.
+@pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.parametrize("corpus", ["v1", "v2"])
 def test_old_run_resumes_exactly(corpus, tmp_path, ray_address):
     # The fixture runs name their corpus relative to where they ran (data.corpus=corpus-vN).
