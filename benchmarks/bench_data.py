@@ -184,12 +184,13 @@ def prepare(src: Path, tgt: Path, out: Path, vocab_size: int, base: str) -> dict
     """Prepare the generated corpus; returns its manifest and the seconds it took."""
     from raymt.config import PrepareConfig
     from raymt.data import prepare as prep
+    from raymt.data import sources
 
-    valid = prep.Source(kind="pairs", pairs=base_pairs_sample(base))
+    valid = sources.Source(kind="pairs", pairs=base_pairs_sample(base))
     t0 = time.perf_counter()
-    manifest = prep.prepare_corpus(
-        PrepareConfig(vocab_size=vocab_size), str(out), [prep.Source(kind="text", paths=(str(src), str(tgt)))], [valid]
-    )
+    cfg = PrepareConfig(vocab_size=vocab_size)
+    train = [sources.Source(kind="text", paths=(str(src), str(tgt)))]
+    manifest = prep.prepare_corpora(cfg, str(out), [sources.pair_input(cfg, train, [valid])])
     return {"manifest": manifest, "seconds": time.perf_counter() - t0}
 
 
@@ -279,7 +280,7 @@ def bench_size(num_pairs: int, args: argparse.Namespace, work: Path) -> dict:
     result: dict = {"pairs": num_pairs, "generate_s": generated_s}
     with PeakMemory() as mem:
         prepared = prepare(src, tgt, directory / "corpus", args.vocab_size, args.base)
-    split = prepared["manifest"]["splits"]["train"]
+    split = prepared["manifest"]["corpora"][0]["train"]
     result["prepare"] = {
         "seconds": prepared["seconds"],
         "kept_pairs": split["num_pairs"],

@@ -62,7 +62,7 @@ def write_corpus(out: Path, src: list, tgt: list, shard_pairs: int, model_proto:
         files.append({"path": rel, "num_pairs": len(s), "token_index": corpus_format.token_index(lengths)})
     (out / corpus_format.SPM_FILE).write_bytes(model_proto)
     manifest = {
-        "format": corpus_format.FORMAT,
+        "format": corpus_format.ONE_PAIR_FORMAT,  # the smallest manifest a reader takes
         "src_lang": "en",
         "tgt_lang": "de",
         "sp_model_sha256": hashlib.sha256(model_proto).hexdigest(),

@@ -128,6 +128,7 @@ def prepare_multi30k(data: Path, out: Path, vocab_size: int = 8000) -> Path:
     """Multi30k train (and 100 validation pairs) as a prepared corpus with an 8k joint vocabulary."""
     from raymt.config import PrepareConfig
     from raymt.data import prepare as prep
+    from raymt.data import sources
     from raymt.data.text import read_parallel
 
     if (out / "manifest.json").exists():
@@ -135,12 +136,10 @@ def prepare_multi30k(data: Path, out: Path, vocab_size: int = 8000) -> Path:
     if not (data / "train.en.gz").exists():
         raise SystemExit(f"speed.py: Multi30k not found in {data}: pass --data DIR")
     src, tgt = read_parallel(str(data / "val"), "en", "de")
-    prep.prepare_corpus(
-        PrepareConfig(vocab_size=vocab_size),
-        str(out),
-        [prep.Source(kind="text", paths=(str(data / "train.en.gz"), str(data / "train.de.gz")))],
-        [prep.Source(kind="pairs", pairs=(src[:100], tgt[:100]))],
-    )
+    cfg = PrepareConfig(vocab_size=vocab_size)
+    train = [sources.Source(kind="text", paths=(str(data / "train.en.gz"), str(data / "train.de.gz")))]
+    valid = [sources.Source(kind="pairs", pairs=(src[:100], tgt[:100]))]
+    prep.prepare_corpora(cfg, str(out), [sources.pair_input(cfg, train, valid)])
     return out
 
 

@@ -2,10 +2,9 @@
 (`plan_data`: every input checked, the small sets read) and prepared once Ray is up
 (`materialize`).
 
-One planning path: a single pair is a mix of one corpus. Its inputs plan as several corpora
-do, and `raymt.data.prepare.prepare_corpora` prepares one real corpus as today's one-pair
-`raymt-corpus/1` corpus (no tags, no mix); a prepared `--corpus` of either format is read
-pair by pair. Validation and test sets are keyed by pair ("en-de") whatever their number.
+One planning path: a single pair is a mix of one corpus. Its inputs plan and prepare as several
+corpora do (one real pair reserves no tags); a prepared `--corpus` (either format) is read pair by
+pair. Validation and test sets are keyed by pair ("en-de") whatever their number.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from raymt.tokenizer import Tokenizer
 @dataclass
 class PairTags:
     """A run's pairs and their tags: its checkpoints' config.json entry (`languages_entry`; None for
-    one untagged pair) and the ids put before each pair's validation and test sources."""
+    one pair without tags) and the ids put before each pair's validation and test sources."""
 
     languages: Optional[dict]
     prefixes: dict[str, list[int]]  # "en-de" -> [id of <2de>]; [] where the corpus reserves no tag
@@ -41,9 +40,10 @@ def pair_tags(corpus: str) -> PairTags:
     manifest = corpus_format.read_manifest(corpus)
     pairs = list(dict.fromkeys((c.src_lang, c.tgt_lang) for c in corpus_format.corpora(corpus, manifest)))
     prefixes = {f"{s}-{t}": corpus_format.prefix_ids(manifest, f"{s}-{t}") for s, t in pairs}
-    if manifest["format"] == corpus_format.FORMAT:  # one pair, untagged: its checkpoints as ever
+    reserved = manifest.get("tags", {}).get("reserved", {})
+    if len(pairs) == 1 and not reserved:  # one untagged pair: its checkpoints name no languages
         return PairTags(None, prefixes)
-    return PairTags(languages_entry(pairs, manifest.get("tags", {}).get("reserved", {})), prefixes)
+    return PairTags(languages_entry(pairs, reserved), prefixes)
 
 
 @dataclass
@@ -56,8 +56,6 @@ class RunData:
     eval_sets: dict[str, dict[str, Pairs]]
     tokenizer: Optional[Tokenizer]  # known up front (corpus, resumed run, checkpoint) or None
     corpora: Optional[list] = None  # sources.CorpusInput list still to prepare into `corpus`
-    # Several corpora (or back-translated pairs): tags, a mix, a raymt-corpus/2 corpus.
-    mixed: bool = False
 
 
 def plan_data(
@@ -88,7 +86,6 @@ def plan_inputs(
     from raymt.data import inputs, prepare, sources
 
     specs = cfg.data.corpora
-    mixed = inputs.mixed(specs)
     options = run_prepare_config(cfg)
     corpora = sources.corpus_inputs(specs, options, builtin_sources(cfg))
     valid, test = {}, {}
@@ -98,15 +95,13 @@ def plan_inputs(
             valid[c.spec.pair] = sources.read_eval(corpus_cfg, c.valid)
         if c.test:
             test[c.spec.pair] = sources.read_eval(corpus_cfg, next(iter(c.test.values())))
-    if known is not None and mixed:
+    if known is not None:
         prepare.check_tags(known, inputs.reserved_pieces(specs, cfg.data.bt_tag), given)
     for c in corpora:  # validation sets are prepared from memory (read once)
         c.valid = [sources.Source(kind="pairs", pairs=valid[c.spec.pair])] if c.valid else []
-        if not mixed:  # a one-pair run's corpus holds no test set, as ever: scored from memory
-            c.test = {}
     if resume_dir is not None and storage.exists(storage.join(corpus_dir, corpus_format.MANIFEST_FILE)):
         corpora = None  # prepared when the run started
-    return cfg, RunData(corpus_dir, {"valid": valid, "test": test}, known, corpora, mixed)
+    return cfg, RunData(corpus_dir, {"valid": valid, "test": test}, known, corpora)
 
 
 def plan_prepared(cfg: Config, known: Optional[Tokenizer], given: str) -> tuple[Config, RunData]:
@@ -115,22 +110,21 @@ def plan_prepared(cfg: Config, known: Optional[Tokenizer], given: str) -> tuple[
     data.corpora (without files)."""
     corpus = cfg.data.corpus
     manifest = corpus_format.read_manifest(corpus)
-    mixed = manifest["format"] == corpus_format.FORMAT_CORPORA
+    pairs = [tuple(pair.split("-", 1)) for pair in corpus_format.pairs(manifest)]  # codes hold no '-'
     valid_given = next((c.valid for c in cfg.data.corpora if c.valid), None)
     test_given = next((c.test for c in cfg.data.corpora if c.test), ())
     check(
-        not (mixed and (valid_given or test_given)),
+        len(pairs) == 1 or not (valid_given or test_given),
         f"--valid/--test PREFIX replace a one-pair corpus's sets, but {corpus} holds several "
         "pairs: prepare it again with --valid/--test SRC-TGT:SPEC",
     )
-    pairs = [tuple(pair.split("-", 1)) for pair in corpus_format.pairs(manifest)]  # codes hold no '-'
     specs = [CorpusSpec(src, tgt, valid=valid_given, test=test_given) for src, tgt in pairs]
     cfg = apply_overrides(cfg, {"data.corpora": specs})
     tokenizer = corpus_format.load_tokenizer(corpus, manifest)
-    fix = "train from scratch on it" if mixed else "prepare the corpus with that model, or train from scratch"
     check(
         known is None or known.model_proto == tokenizer.model_proto,
-        f"{given} has a different SentencePiece model than the corpus {corpus}: {fix}",
+        f"{given} has a different SentencePiece model than the corpus {corpus}: "
+        "prepare the corpus with that model, or train from scratch on it",
     )
     _temperature_note(cfg, manifest)
     valid, test = {}, {}
@@ -141,17 +135,13 @@ def plan_prepared(cfg: Config, known: Optional[Tokenizer], given: str) -> tuple[
             test[pair] = _read_set(cfg, test_given[0])
         elif names:
             test[pair] = _stored_set(corpus, manifest, names[0], pair)
-    return cfg, RunData(corpus, {"valid": valid, "test": test}, tokenizer, mixed=mixed)
+    return cfg, RunData(corpus, {"valid": valid, "test": test}, tokenizer)
 
 
 def on_prepared(cfg: Config, run_data: RunData) -> Config:
     """The config of runs on the corpus `run_data` just prepared (a sweep's trials): data.corpus,
-    data.corpora its pairs; a one-pair run keeps its valid and test sets (its corpus holds no
-    test set)."""
+    data.corpora its pairs (its validation and test sets are in it)."""
     specs = [CorpusSpec(src, tgt) for src, tgt in cfg.data.pairs()]
-    if not run_data.mixed:
-        (c,) = cfg.data.corpora
-        specs = [CorpusSpec(c.src_lang, c.tgt_lang, valid=c.valid, test=c.test)]
     return apply_overrides(cfg, {"data.corpus": run_data.corpus, "data.corpora": specs})
 
 
@@ -161,10 +151,10 @@ def _stored_set(corpus: str, manifest: dict, split: str, pair: str) -> Pairs:
 
 
 def _test_names(manifest: dict, pair: str) -> list[str]:
-    """The test sets of `pair` in a prepared corpus, the one a run scores first: a one-pair
-    corpus's in name order, a several-corpora corpus's in the order they were given."""
+    """The test sets of `pair` in a prepared corpus, the one a run scores first: in the order they
+    were given (a `raymt-corpus/1` corpus's in name order)."""
     tests = manifest["splits"].get("test", {})
-    if manifest["format"] == corpus_format.FORMAT:
+    if manifest["format"] == corpus_format.ONE_PAIR_FORMAT:
         return sorted(tests)
     return list(tests.get(pair, {}))
 
@@ -201,8 +191,7 @@ def _known_tokenizer(resume_dir: Optional[str], init_checkpoint: Optional[str | 
 
 def materialize(cfg: Config, run_data: RunData) -> tuple[list, Tokenizer]:
     """Prepare the corpus if the run makes its own (Ray Data, or the driver for small inputs),
-    then list its training data: a `format.Corpus` (its shards, tags, weight) per corpus of a
-    mixed run; the `Shard`s of a one-pair corpus, which the workers stream as ever."""
+    then list its training data: a `format.Corpus` (its shards, tags, weight) per corpus."""
     from raymt.config import run_prepare_config
     from raymt.data import prepare
 
@@ -212,6 +201,4 @@ def materialize(cfg: Config, run_data: RunData) -> tuple[list, Tokenizer]:
         )
     manifest = corpus_format.read_manifest(run_data.corpus)
     tokenizer = corpus_format.load_tokenizer(run_data.corpus, manifest)
-    if run_data.mixed:
-        return corpus_format.corpora(run_data.corpus, manifest), tokenizer
-    return corpus_format.train_files(run_data.corpus, manifest), tokenizer
+    return corpus_format.corpora(run_data.corpus, manifest), tokenizer

@@ -92,13 +92,15 @@ def latest_checkpoint(run_dir: str) -> Optional[str]:
 
 
 def mixes_corpora(cfg: Config) -> bool:
-    """Whether a run trains on several corpora (data.corpora with tags, or a raymt-corpus/2 --corpus)."""
+    """Whether a run mixes corpora (several, or a back-translated one: data.corpora, or a --corpus
+    prepared from them)."""
     from raymt.data.inputs import mixed
 
     if cfg.data.corpus is None:
         return mixed(cfg.data.corpora)
     try:
-        return corpus_format.read_manifest(cfg.data.corpus)["format"] == corpus_format.FORMAT_CORPORA
+        corpus = cfg.data.corpus
+        return mixed(corpus_format.corpora(corpus, corpus_format.read_manifest(corpus)))
     except ValueError:  # not (or no longer) a prepared corpus: plan_data says so where it reads it
         return False
 

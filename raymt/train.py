@@ -86,8 +86,8 @@ def fit(
 
     Workers read their own slices of `train_files` (raymt.data.stream), so no
     dataset is split by Ray Train; validation rows travel in the config, every one scored.
-    `valid` maps each pair to its set and `tags` gives the pairs' tags. Several corpora:
-    `train_files` is a `format.Corpus` per corpus (mixed by data.temperature in the workers).
+    `valid` maps each pair to its set and `tags` gives the pairs' tags. `train_files` is a
+    `format.Corpus` per corpus (mixed by data.temperature in the workers; one pair's a list of one).
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -135,16 +135,14 @@ def fit(
 
 
 def valid_config(valid: dict[str, Pairs], tokenizer: Tokenizer, max_positions: int, tags: PairTags) -> dict:
-    """The workers' validation rows and references of each pair, its sources starting with its
-    target tag: "valid_pairs" and the "languages" of a tagged model (for its checkpoints'
-    config.json); "valid", one set, for one untagged pair."""
+    """The workers' validation rows and references by pair ("valid"), each set's sources starting
+    with its pair's target tag, and the "languages" of a tagged model (None untagged; for its
+    checkpoints' config.json)."""
     sets = {
         pair: {"rows": corpus_format.eval_rows(p, tokenizer, max_positions, tags.prefixes[pair]), "refs": p[1]}
         for pair, p in valid.items()
     }
-    if tags.languages is None:
-        return {"valid": next(iter(sets.values()))}
-    return {"valid_pairs": sets, "languages": tags.languages}
+    return {"valid": sets, "languages": tags.languages}
 
 
 def best_checkpoint(result):

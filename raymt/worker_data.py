@@ -162,36 +162,33 @@ def resize_note(saved: Optional[list], world_size: int, recut: str) -> str:
 
 
 class ValidSets:
-    """The validation sets: one pair's (key None), or each pair's, its sources starting with its
-    tag; each as this worker's share of the rows (a loader) and every reference."""
+    """Each pair's validation set, its sources starting with the pair's tag (if any): this
+    worker's share of the rows (a loader) and every reference."""
 
     def __init__(
         self,
-        sets: dict[Optional[str], tuple[Iterable[dict], list[str]]],
+        sets: dict[str, tuple[Iterable[dict], list[str]]],
         tokenizer: Tokenizer,
         opts: DecodeOptions,
-        tgt_lang: str,
     ):
         self.sets, self.tokenizer, self.opts = sets, tokenizer, opts
-        self.tgt_lang = tgt_lang  # one pair's (key None) target language; each pair's is in its name
-        self.pairs = [pair for pair in sets if pair is not None]
+        self.pairs = list(sets)
 
     @classmethod
     def create(
         cls, loop_config: dict, cfg: Config, tokenizer: Tokenizer, prepare: Callable[[DataLoader], Iterable]
     ) -> "ValidSets":
         """The driver's validation rows (`raymt.train.valid_config`) in loaders that `prepare` shares out."""
-        sets = loop_config.get("valid_pairs") or {None: loop_config["valid"]}
         loaders = {
             pair: (
                 prepare(DataLoader(v["rows"], batch_size=cfg.data.eval_batch_size, collate_fn=collate_eval)),
                 v["refs"],
             )
-            for pair, v in sets.items()
+            for pair, v in loop_config["valid"].items()
         }
         # Validation BLEU is greedy or beam search: decode.sample is for translating, not scoring.
         opts = dataclasses.replace(cfg.decode, beam=cfg.train.valid_beam, sample=False)
-        return cls(loaders, tokenizer, opts, cfg.data.pair()[1])
+        return cls(loaders, tokenizer, opts)
 
     def score(
         self,
@@ -202,7 +199,7 @@ class ValidSets:
         """Each pair's validation metrics and, with several pairs, their averages (`pair_metrics`)."""
         per_pair, num_tokens = {}, {}
         for pair, (loader, refs) in self.sets.items():
-            lang = pair.split("-", 1)[1] if pair else self.tgt_lang  # codes hold no '-'
+            lang = pair.split("-", 1)[1]  # codes hold no '-'
             scores = evaluate(model, loader, self.tokenizer, refs, self.opts, collective, autocast, lang)
             num_tokens[pair] = scores.pop("valid_tokens")  # weights the pairs' losses; no metric
             per_pair[pair] = scores

@@ -76,8 +76,7 @@ class WorkerEnv:
 def valid_lengths(loop_config: dict) -> Optional[tuple[tuple[int, int], ...]]:
     """Typical (source, target) lengths of a loop config's validation rows (every pair's), spread
     over their distribution: the probe's stand-in for the training batches' rows."""
-    sets = loop_config.get("valid_pairs") or {None: loop_config.get("valid") or {"rows": []}}
-    return typical_lengths([row for s in sets.values() for row in s["rows"]])
+    return typical_lengths([row for s in loop_config["valid"].values() for row in s["rows"]])
 
 
 def elastic_batch(cfg: Config, world_size: int, verbose: bool = False) -> Config:

@@ -48,13 +48,9 @@ def test_checkpoint_of_another_vocabulary(ray_cluster, checkpoint, tmp_path, cap
     other = tokenizer(128)
     corpus = tmp_path / "corpus"
     pairs = (["a b c", "d e f"] * 20, ["g h i", "j k l"] * 20)
-    prepare.prepare_corpus(
-        PrepareConfig(vocab_size=128),
-        str(corpus),
-        [sources.Source(kind="pairs", pairs=pairs)],
-        [sources.Source(kind="pairs", pairs=pairs)],
-        tokenizer=other,
-    )
+    one = [sources.Source(kind="pairs", pairs=pairs)]
+    cfg = PrepareConfig(vocab_size=128)
+    prepare.prepare_corpora(cfg, str(corpus), [sources.pair_input(cfg, one, one)], tokenizer=other)
     argv = ["--resume", str(checkpoint), "--corpus", str(corpus), "--storage-path", str(tmp_path / "runs")]
     assert train.main(argv) == 2
     assert "has a different SentencePiece model than the corpus" in error_line(capsys, "raymt.train")

@@ -19,7 +19,7 @@ from raymt.data import format as corpus_format
 from raymt.data.__main__ import main as data_main
 from raymt.data.inputs import BT_TAG
 from raymt.flags import build_config
-from raymt.rundata import materialize, plan_data
+from raymt.rundata import materialize, pair_tags, plan_data
 from raymt.tokenizer import train_tokenizer
 from raymt.train import parse_args
 
@@ -179,7 +179,7 @@ def test_builtin_three_pairs_make_a_tagged_corpus(tmp_path, capsys, no_ray, smal
     status, stdout, err = prepare_cli(capsys, "--out", str(out), "--pairs", "en-de,en-fr,de-en", *SMALL)
     assert status == 0, err
     manifest = corpus_format.read_manifest(str(out))
-    assert manifest["format"] == corpus_format.FORMAT_CORPORA
+    assert manifest["format"] == corpus_format.FORMAT
     assert manifest["tags"] == {"target_langs": ["de", "en", "fr"], "reserved": {"<2de>": 4, "<2en>": 5, "<2fr>": 6}}
     assert (manifest["options"]["temperature"], manifest["options"]["bt_tag"]) == (1.0, True)
     corpora = corpus_format.corpora(str(out), manifest)
@@ -284,9 +284,9 @@ def test_temperature_balances_the_sentencepiece_sample(tmp_path, capsys, no_ray,
         assert from_small == shares[1]
 
 
-def test_one_pair_stays_raymt_corpus_1(tmp_path, capsys, no_ray):
-    """--train en-de:PREFIX (or one real corpus in data.corpora) is today's corpus, byte for byte:
-    no tags, no new options, the same SentencePiece model as the flags of old."""
+def test_one_pair_flags_and_one_labeled_corpus_prepare_alike(tmp_path, capsys, no_ray):
+    """--train PREFIX (the one-pair flags) and --train en-de:PREFIX (one real corpus) prepare the
+    same corpus, byte for byte: one corpus, no tags, a SentencePiece model without control symbols."""
     train = write_prefix(tmp_path / "train", mirrored(80))
     valid = write_prefix(tmp_path / "valid", mirrored(5, 500))
     old = prepare_cli(capsys, "--out", str(tmp_path / "old"), "--train", train, "--valid", valid, *SMALL)
@@ -297,14 +297,14 @@ def test_one_pair_stays_raymt_corpus_1(tmp_path, capsys, no_ray):
         del m["created"], m["command"]
     assert manifests[0] == manifests[1] and manifests[0]["format"] == corpus_format.FORMAT
     assert (tmp_path / "old" / "spm.model").read_bytes() == (tmp_path / "new" / "spm.model").read_bytes()
-    assert "temperature" not in manifests[0]["options"] and "bt_tag" not in manifests[0]["options"]
+    assert manifests[0]["tags"] == {"target_langs": ["de"], "reserved": {}}
     # No control symbols: the same model as a tokenizer trained without the argument.
     lines = [s for pair in mirrored(30) for s in pair]
     assert (
         train_tokenizer(lines, 96, "bpe").model_proto
         == train_tokenizer(lines, 96, "bpe", control_symbols=()).model_proto
     )
-    # Every reader sees a /1 corpus as one real, untagged corpus.
+    # Every reader sees it as one real, untagged corpus.
     (only,) = corpus_format.corpora(str(tmp_path / "new"), manifests[1])
     assert (only.name, only.origin, only.source_tags, only.num_pairs) == ("en-de", "real", (), 80)
     assert corpus_format.prefix_ids(manifests[1], "en-de") == []
@@ -357,7 +357,7 @@ def test_a_run_prepares_its_corpora_per_pair(tmp_path, no_ray):
     sets = [f"--set=data.{k}={v}" for k, v in SIZES.items()] + ["--set=data.vocab_size=200"]
     cfg = build_config(parse_args(["--pairs", "en-de,en-fr,de-en", *sets, "--set=data.sp_model_type=bpe"]))
     cfg, run_data = plan_data(cfg, tmp_path / "run", None, None)
-    assert run_data.mixed and sorted(run_data.eval_sets["valid"]) == ["de-en", "en-de", "en-fr"]
+    assert sorted(run_data.eval_sets["valid"]) == ["de-en", "en-de", "en-fr"]
     assert run_data.eval_sets["test"]["en-fr"] == builtin.builtin_splits("en", "fr", 300, 20, 1)["test"]
     corpora, tokenizer = materialize(cfg, run_data)
     assert [(c.name, c.source_tags, c.num_pairs) for c in corpora] == [
@@ -370,10 +370,10 @@ def test_a_run_prepares_its_corpora_per_pair(tmp_path, no_ray):
     assert manifest["options"]["vocab_size"] == 200
     # A resumed run finds its corpus prepared; a prepared /2 corpus gives the same sets per pair.
     _, resumed = plan_data(cfg, tmp_path / "run", str(tmp_path / "run"), None)
-    assert resumed.corpora is None and resumed.mixed
+    assert resumed.corpora is None
     given = build_config(parse_args(["--corpus", run_data.corpus]))
     _, from_corpus = plan_data(given, tmp_path / "run2", None, None)
-    assert from_corpus.mixed and from_corpus.eval_sets["valid"] == run_data.eval_sets["valid"]
+    assert from_corpus.eval_sets["valid"] == run_data.eval_sets["valid"]
     # A checkpoint whose SentencePiece model lacks the tags cannot start these corpora.
     untagged = tmp_path / "ckpt"
     untagged.mkdir()
@@ -383,21 +383,23 @@ def test_a_run_prepares_its_corpora_per_pair(tmp_path, no_ray):
 
 
 def test_a_run_on_one_tsv_corpus_is_a_one_pair_run(tmp_path, no_ray):
-    """One real corpus that data.train cannot hold (a .tsv) is prepared as today's /1 corpus."""
+    """One real corpus that data.train cannot hold (a .tsv): a corpus of one, untagged."""
     for name, pairs in (("train", mirrored(60)), ("valid", mirrored(4, 500)), ("test", mirrored(3, 600))):
         (tmp_path / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
     argv = [f"--train=en-fr:{tmp_path}/train.tsv", f"--valid=en-fr:{tmp_path}/valid.tsv"]
     argv += [f"--test=en-fr:{tmp_path}/test.tsv", "--set=data.vocab_size=96", "--set=data.sp_model_type=bpe"]
     cfg, run_data = plan_data(build_config(parse_args(argv)), tmp_path / "run", None, None)
-    assert (cfg.data.pairs(), run_data.mixed) == ([("en", "fr")], False)
+    assert cfg.data.pairs() == [("en", "fr")]
     assert run_data.eval_sets == {
         "valid": {"en-fr": tuple(map(list, zip(*mirrored(4, 500))))},
         "test": {"en-fr": tuple(map(list, zip(*mirrored(3, 600))))},
     }
-    files, tokenizer = materialize(cfg, run_data)
+    (corpus,), tokenizer = materialize(cfg, run_data)
     manifest = corpus_format.read_manifest(run_data.corpus)
-    assert manifest["format"] == corpus_format.FORMAT and (manifest["src_lang"], manifest["tgt_lang"]) == ("en", "fr")
-    assert files == corpus_format.train_files(run_data.corpus, manifest) and sum(f.num_pairs for f in files) == 60
+    assert manifest["format"] == corpus_format.FORMAT and manifest["tags"]["reserved"] == {}
+    assert (corpus.name, corpus.source_tags, corpus.num_pairs) == ("en-fr", (), 60)
+    assert list(corpus.files) == corpus_format.train_files(run_data.corpus, manifest)
+    assert pair_tags(run_data.corpus).languages is None
 
 
 # ---------------------------------------------------------------- bad input: one line, before Ray

@@ -51,10 +51,10 @@ def test_prepare_multi30k_over_http_for_a_run(ray_cluster, tmp_path, monkeypatch
     manifest = corpus_format.read_manifest(str(out))
     files = corpus_format.train_files(str(out), manifest)
     assert len(files) >= 4 and max(f.num_pairs for f in files) <= 8000
-    assert sum(f.num_pairs for f in files) == manifest["splits"]["train"]["num_pairs"]
-    assert manifest["splits"]["train"]["input_pairs"] == 29000
-    assert manifest["splits"]["train"]["num_pairs"] > 28900 and 500 < manifest["vocab_size"] <= 1000
-    assert manifest["splits"]["test"]["test_2016_flickr"]["num_pairs"] == 1000
+    (train,) = [c["train"] for c in manifest["corpora"]]
+    assert sum(f.num_pairs for f in files) == train["num_pairs"] and train["input_pairs"] == 29000
+    assert train["num_pairs"] > 28900 and 500 < manifest["vocab_size"] <= 1000
+    assert manifest["splits"]["test"]["en-de"]["test_2016_flickr"]["num_pairs"] == 1000
 
     # A run on it takes the validation and the first test set from the manifest (training
     # on a prepared corpus itself runs in test_gpu_check and test_storage).

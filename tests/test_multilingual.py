@@ -108,9 +108,10 @@ def test_every_source_is_tagged_and_each_epoch_is_the_temperatures_mix(prepared,
 
 
 def test_one_pairs_shards_are_read_as_today(prepared):
-    files = [corpus_format.Shard("train/part-00000.parquet", 10, (40,))]
-    mix = training_data(files, 5.0)  # a mix of one corpus, its shards read in order
-    assert (mix.corpora, mix.rows) == ((tuple(files),), (10,)) and mix_record(files, 5.0) is None
+    files = [corpus_format.Shard("train/en-de/part-00000.parquet", 10, (40,))]
+    one = [corpus_format.Corpus("en-de", "en", "de", "real", 1.0, (), files, 10)]
+    mix = training_data(one, 5.0)  # a mix of one corpus at any temperature, its shards read once
+    assert (mix.corpora, mix.rows, mix.single) == ((tuple(files),), (10,), True) and mix_record(one, 5.0) is None
 
 
 # ---------------------------------------------------------------- validation and test per pair
@@ -128,13 +129,14 @@ def test_each_pairs_validation_rows_start_with_its_tag(prepared):
     }
     valid = run_data.eval_sets["valid"]
     loop = valid_config(valid, tokenizer, cfg.model.max_positions, tags)
-    assert list(loop["valid_pairs"]) == PAIRS and loop["languages"] == tags.languages
-    for pair, entry in loop["valid_pairs"].items():
+    assert list(loop["valid"]) == PAIRS and loop["languages"] == tags.languages
+    for pair, entry in loop["valid"].items():
         assert entry["refs"] == valid[pair][1] and len(entry["rows"]) == len(valid[pair][0])
         assert all(row["src_ids"][0] == tags.prefixes[pair][0] for row in entry["rows"])
     # One pair: today's rows, untagged.
     one = valid_config({"en-de": valid["en-de"]}, tokenizer, 64, PairTags(None, {"en-de": []}))
-    assert one == {"valid": {"rows": corpus_format.eval_rows(valid["en-de"], tokenizer, 64), "refs": valid["en-de"][1]}}
+    rows = corpus_format.eval_rows(valid["en-de"], tokenizer, 64)
+    assert one == {"valid": {"en-de": {"rows": rows, "refs": valid["en-de"][1]}}, "languages": None}
 
 
 def test_validation_scores_each_pair_and_averages_them(prepared):
@@ -148,9 +150,9 @@ def test_validation_scores_each_pair_and_averages_them(prepared):
     autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
     opts = apply_overrides(cfg, {"decode.beam": 1, "decode.max_len_a": 0.0, "decode.max_len_b": 3}).decode
     tags = pair_tags(run_data.corpus)
-    sets = valid_config(run_data.eval_sets["valid"], tokenizer, tiny().max_positions, tags)["valid_pairs"]
+    sets = valid_config(run_data.eval_sets["valid"], tokenizer, tiny().max_positions, tags)["valid"]
     loaders = {p: ([collate_eval(s["rows"][:8]), collate_eval(s["rows"][8:])], s["refs"]) for p, s in sets.items()}
-    two = ValidSets({p: loaders[p] for p in ("en-fr", "de-en")}, tokenizer, opts, cfg.data.pair()[1])
+    two = ValidSets({p: loaders[p] for p in ("en-fr", "de-en")}, tokenizer, opts)
     got = two.score(model, Collective(), autocast)
     alone = {p: evaluate(model, loaders[p][0], tokenizer, loaders[p][1], opts) for p in ("en-fr", "de-en")}
     tokens = {p: sum(len(r["tgt_ids"]) + 1 for r in sets[p]["rows"]) for p in alone}  # + EOS
@@ -161,7 +163,7 @@ def test_validation_scores_each_pair_and_averages_them(prepared):
     assert got["valid_bleu"] == pytest.approx((alone["en-fr"]["valid_bleu"] + alone["de-en"]["valid_bleu"]) / 2)
     loss = sum(alone[p]["valid_loss"] * tokens[p] for p in alone) / sum(tokens.values())
     assert got["valid_loss"] == pytest.approx(loss)
-    one = ValidSets({None: loaders["en-de"]}, tokenizer, opts, cfg.data.pair()[1]).score(model, Collective(), autocast)
+    one = ValidSets({"en-de": loaders["en-de"]}, tokenizer, opts).score(model, Collective(), autocast)
     alone = evaluate(model, loaders["en-de"][0], tokenizer, loaders["en-de"][1], opts)
     assert one == {k: v for k, v in alone.items() if k != "valid_tokens"}
 
@@ -285,7 +287,7 @@ def test_a_sweep_may_vary_the_temperature_of_its_shared_corpus(prepared, tmp_pat
         # a run mixes at its own data.temperature; one other than the corpus's is said once
         note = f"(its SentencePiece sample); this run mixes its corpora at data.temperature={temperature:g}"
         assert (note in capsys.readouterr().out) == (temperature != 1.0)
-        assert run_data.corpus == base.data.corpus and run_data.mixed
+        assert run_data.corpus == base.data.corpus
         corpora, _ = materialize(trial, run_data)
         rows[temperature] = mix_record(corpora, trial.data.temperature)["rows"]
     assert rows[1.0] == [300, 300, 300] and rows[5.0] == rows[1.0]  # equal corpora: any T, the same

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raymt.config import CorpusSpec, PrepareConfig
+from raymt.config import PrepareConfig
 from raymt.data import format as corpus_format
 from raymt.data import mono, prepare, shards, sources, text
 from raymt.data.__main__ import main
@@ -50,6 +50,11 @@ def write_prefix(prefix: Path, pairs: list[tuple], compress: str = "") -> str:
     write_lines(Path(f"{prefix}.en{ext}"), [s for s, _ in pairs], compress)
     write_lines(Path(f"{prefix}.de{ext}"), [t for _, t in pairs], compress)
     return str(prefix)
+
+
+def check_inputs(cfg: PrepareConfig, train: list, valid: list) -> list[dict]:
+    """The driver's check of one pair's inputs (`check_corpus_inputs` of a corpus of one)."""
+    return sources.check_corpus_inputs(cfg, [sources.pair_input(cfg, train, valid)])
 
 
 def decoded_train(out: Path) -> Counter:
@@ -95,13 +100,13 @@ def test_text_gz_corpus_end_to_end(ray_cluster, tmp_path, capsys):
         capsys, "--out", str(out), "--train", prefix, "--valid", valid, "--test", test, "--shard-pairs", "7", *SMALL
     )
     assert status == 0
-    assert "kept pairs" in stdout and "dropped: ratio" in stdout
+    assert "kept" in stdout and "dropped in en-de: none" in stdout
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["format"] == "raymt-corpus/1" and manifest["command"].startswith("python -m raymt.data")
-    train_split = manifest["splits"]["train"]
+    assert manifest["format"] == "raymt-corpus/2" and manifest["command"].startswith("python -m raymt.data")
+    train_split = manifest["corpora"][0]["train"]
     assert train_split["input_pairs"] == 41 and train_split["num_pairs"] == 41
     assert set(train_split["dropped"].values()) == {0}
-    assert [f["path"] for f in train_split["files"]] == [f"train/part-{i:05d}.parquet" for i in range(6)]
+    assert [f["path"] for f in train_split["files"]] == [f"train/en-de/part-{i:05d}.parquet" for i in range(6)]
     assert all(f["num_pairs"] <= 7 for f in train_split["files"])
     assert decoded_train(out) == Counter((s.strip(), t.strip()) for s, t in train)
     tokenizer = corpus_format.load_tokenizer(str(out), manifest)
@@ -126,10 +131,10 @@ def test_pairs_that_tokenize_to_nothing_are_dropped_as_empty(ray_cluster, tmp_pa
     argv = ["--out", str(tmp_path / "corpus"), "--train", prefix, "--valid", valid, *SMALL]
     status, stdout, err = run_cli(capsys, *argv)
     assert status == 0, err
-    train = json.loads((tmp_path / "corpus" / "manifest.json").read_text())["splits"]["train"]
+    train = json.loads((tmp_path / "corpus" / "manifest.json").read_text())["corpora"][0]["train"]
     assert (train["input_pairs"], train["num_pairs"], train["dropped"]["empty"]) == (33, 30, 3)
     assert sum(train["dropped"].values()) == 3
-    assert ["dropped:", "empty", "3"] in [line.split() for line in stdout.splitlines()]
+    assert "dropped in en-de: empty 3" in stdout.splitlines()
     assert decoded_train(tmp_path / "corpus") == Counter(mirrored(30))
     assert run_cli(capsys, *argv)[0] == 0
 
@@ -157,7 +162,7 @@ def test_table_inputs(ray_cluster, tmp_path, capsys, kind):
     out = tmp_path / "corpus"
     status, _, err = run_cli(capsys, "--out", str(out), *flags, "--valid", valid, "--shard-pairs", "16", *SMALL)
     assert status == 0, err
-    train = json.loads((out / "manifest.json").read_text())["splits"]["train"]
+    train = json.loads((out / "manifest.json").read_text())["corpora"][0]["train"]
     assert (train["input_pairs"], train["num_pairs"], train["dropped"]["empty"]) == (31, 30, 1)
     assert [f["num_pairs"] for f in train["files"]] == [16, 14]
     assert decoded_train(out) == Counter(mirrored(30))
@@ -212,7 +217,7 @@ def test_cleaning_counts_are_exact(ray_cluster, tmp_path, capsys):
         "200",
     )
     assert status == 0, err
-    train = json.loads((out / "manifest.json").read_text())["splits"]["train"]
+    train = json.loads((out / "manifest.json").read_text())["corpora"][0]["train"]
     # The second copy of the over-long pair counts as too_long: rules apply in order.
     assert train["dropped"] == {
         "invalid_utf8": 1,
@@ -225,7 +230,7 @@ def test_cleaning_counts_are_exact(ray_cluster, tmp_path, capsys):
     assert (train["input_pairs"], train["num_pairs"]) == (30, 21)
     expected = Counter(normal + [(normal[2][0], normal[2][1] + " anders")])
     assert decoded_train(out) == expected
-    assert "dropped: duplicate" in stdout
+    assert "duplicate 2" in stdout
 
 
 def small_corpus(tmp_path: Path, name: str, count: int = 24) -> tuple[str, str]:
@@ -243,7 +248,7 @@ def test_rerun_is_a_no_op_and_overwrite_is_explicit(ray_cluster, tmp_path, capsy
     assert run_cli(capsys, *argv)[0] == 0
     before = (out / "manifest.json").read_text()
     status, stdout, _ = run_cli(capsys, *argv)
-    assert status == 0 and "already prepared" in stdout and "kept pairs" not in stdout
+    assert status == 0 and "already prepared" in stdout and "kept" not in stdout
     other, _ = small_corpus(tmp_path, "b", count=30)
     changed = ["--out", str(out), "--train", other, "--valid", valid, *SMALL]
     status, _, err = run_cli(capsys, *changed)
@@ -252,7 +257,8 @@ def test_rerun_is_a_no_op_and_overwrite_is_explicit(ray_cluster, tmp_path, capsy
     assert run_cli(capsys, *changed, "--overwrite")[0] == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert (
-        manifest["splits"]["train"]["num_pairs"] == 30 and manifest["fingerprint"] != json.loads(before)["fingerprint"]
+        manifest["corpora"][0]["train"]["num_pairs"] == 30
+        and manifest["fingerprint"] != json.loads(before)["fingerprint"]
     )
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("corpus")) == ["corpus"]
     # A directory with other content is never replaced, --overwrite or not.
@@ -272,13 +278,13 @@ def test_overwrite_replaces_corpus_files_an_upload_left_without_manifest(ray_clu
     argv = ["--out", f"file://{out}", "--train", train, "--valid", valid, "--shard-pairs", "10", *SMALL]
     assert run_cli(capsys, *argv)[0] == 0
     (out / "manifest.json").unlink()
-    (out / "train" / "part-00002.parquet").unlink()
+    (out / "train" / "en-de" / "part-00002.parquet").unlink()
     status, _, err = run_cli(capsys, *argv)
     assert status == 2 and "holds corpus files but no manifest.json" in error_line(err) and "--overwrite" in err
     status, _, err = run_cli(capsys, *argv, "--overwrite")
     assert status == 0, err
     manifest = corpus_format.read_manifest(str(out))
-    assert manifest["splits"]["train"]["num_pairs"] == 24 and decoded_train(out) == Counter(mirrored(24))
+    assert manifest["corpora"][0]["train"]["num_pairs"] == 24 and decoded_train(out) == Counter(mirrored(24))
 
 
 def bad_input(tmp_path: Path, case: str) -> tuple[list[str], str]:
@@ -387,13 +393,8 @@ def test_pairs_source_with_a_given_tokenizer(ray_cluster, tmp_path):
     tokenizer = train_tokenizer([s for p in pairs for s in p], 80, "bpe")
     src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
     cfg = PrepareConfig(vocab_size=80, shard_pairs=20)
-    manifest = prepare.prepare_corpus(
-        cfg,
-        str(tmp_path / "c"),
-        [sources.Source("pairs", pairs=(src, tgt))],
-        [sources.Source("pairs", pairs=(src[:5], tgt[:5]))],
-        tokenizer=tokenizer,
-    )
+    train, valid = [sources.Source("pairs", pairs=(src, tgt))], [sources.Source("pairs", pairs=(src[:5], tgt[:5]))]
+    manifest = prepare.prepare_corpora(cfg, str(tmp_path / "c"), [sources.pair_input(cfg, train, valid)], tokenizer)
     assert corpus_format.load_tokenizer(str(tmp_path / "c"), manifest).model_proto == tokenizer.model_proto
     assert [f.num_pairs for f in corpus_format.train_files(str(tmp_path / "c"), manifest)] == [20, 20, 10]
     assert decoded_train(tmp_path / "c") == Counter(pairs)
@@ -427,15 +428,15 @@ def test_small_inputs_prepared_in_the_driver_equal_ray_datas(ray_cluster, tmp_pa
     train, valid = equivalence_inputs(tmp_path, kind), [sources.Source("pairs", pairs=(["a"], ["b"]))]
 
     def prepared(out: Path) -> tuple:
-        manifest = prepare.prepare_corpus(cfg, str(out), train, valid)
+        manifest = prepare.prepare_corpora(cfg, str(out), [sources.pair_input(cfg, train, valid)])
         rows = [pq.read_table(path).to_pylist() for path, _, _ in corpus_format.train_files(str(out), manifest)]
-        return manifest["splits"], manifest["sp_model_sha256"], rows
+        return {**manifest["corpora"][0], "splits": manifest["splits"]}, manifest["sp_model_sha256"], rows
 
-    assert shards.in_driver(sources.check_sources(cfg, train, valid))
+    assert shards.in_driver(check_inputs(cfg, train, valid))
     here = prepared(tmp_path / "here")
     monkeypatch.setattr(shards, "DRIVER_PAIRS", 0)
     monkeypatch.setattr(shards, "DRIVER_BYTES", 0)
-    assert not shards.in_driver(sources.check_sources(cfg, train, valid))
+    assert not shards.in_driver(check_inputs(cfg, train, valid))
     assert prepared(tmp_path / "ray") == here
     dropped = here[0]["train"]["dropped"]
     if kind == "pairs":
@@ -463,7 +464,7 @@ def test_specs_and_manifest_errors(tmp_path):
     )
     with pytest.raises(ValueError, match="http"):
         https = sources.Source("tsv", ("https://example.com/x.tsv",))
-        sources.check_sources(cfg, [https], [https])
+        check_inputs(cfg, [https], [https])
     with pytest.raises(ValueError, match=r"no manifest\.json"):
         corpus_format.read_manifest(str(tmp_path))
     with pytest.raises(ValueError, match="must be >= 1"):
@@ -496,42 +497,32 @@ def test_file_kinds_are_one_table_for_every_reader(tmp_path):
     assert text.text_prefix(str(tmp_path / "nothing")) and not text.text_prefix(str(tmp_path))
 
 
-def test_one_pair_goes_through_the_corpora_pipeline_into_todays_format(tmp_path, capsys):
-    """`prepare_corpus` and `prepare_corpora` of one real corpus are one pipeline that writes
-    today's raymt-corpus/1 corpus: its files, manifest and fingerprint (this one was made by
-    raymt before the pipelines were merged), so older corpora stay "already prepared"."""
+def test_one_pair_is_a_corpus_of_one(tmp_path, capsys):
+    """One pair goes through the corpora pipeline as a list of one (`pair_input`): a
+    raymt-corpus/2 corpus of one real, untagged corpus whose shards, sets and SentencePiece model
+    are the one pair's; its progress lines and errors name no corpus."""
     cfg = PrepareConfig(vocab_size=96, shard_pairs=50, dedup=True)
     pairs = mirrored(200)
 
     def mem(n: int) -> sources.Source:
         return sources.Source("pairs", pairs=([s for s, _ in pairs[:n]], [t for _, t in pairs[:n]]))
 
-    one = prepare.prepare_corpus(cfg, str(tmp_path / "one"), [mem(200)], [mem(5)], {"t": [mem(3)]})
-    assert one["fingerprint"] == "9dbfd6e1c00f1a23e2f091ce85727cb38441e7b174c1813746b1921108692ee9"
-    assert list(one)[:7] == [
-        "format",
-        "src_lang",
-        "tgt_lang",
-        "vocab_size",
-        "sp_model_type",
-        "sp_model_sha256",
-        "splits",
-    ]
-    assert one["format"] == corpus_format.FORMAT and "temperature" not in one["options"]
-    assert sorted(one["splits"]) == ["test", "train", "valid"] and one["splits"]["valid"]["path"] == "valid.parquet"
+    one = prepare.prepare_corpora(
+        cfg, str(tmp_path / "one"), [sources.pair_input(cfg, [mem(200)], [mem(5)], {"t": [mem(3)]})]
+    )
+    assert one["format"] == corpus_format.FORMAT and one["tags"] == {"target_langs": ["de"], "reserved": {}}
+    assert [(c["name"], c["origin"], c["source_tags"]) for c in one["corpora"]] == [("en-de", "real", [])]
     assert "prepare: tokenizing and writing training shards\n" in capsys.readouterr().out
-    corpus = sources.CorpusInput(CorpusSpec("en", "de"), [mem(200)], [mem(5)], {"t": [mem(3)]})
-    two = prepare.prepare_corpora(cfg, str(tmp_path / "two"), [corpus])
-    drop = ("created", "command")
-    assert {k: v for k, v in two.items() if k not in drop} == {k: v for k, v in one.items() if k not in drop}
     files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*.parquet"))
     assert files == [
-        Path("test/t.parquet"),
-        *(Path(f"train/part-0000{i}.parquet") for i in range(4)),
-        Path("valid.parquet"),
+        Path("test/en-de/t.parquet"),
+        *(Path(f"train/en-de/part-0000{i}.parquet") for i in range(4)),
+        Path("valid/en-de.parquet"),
     ]
-    for rel in [*files, Path("spm.model")]:
-        assert (tmp_path / "one" / rel).read_bytes() == (tmp_path / "two" / rel).read_bytes(), rel
+    (corpus,) = corpus_format.corpora(str(tmp_path / "one"), one)
+    assert corpus_format.train_files(str(tmp_path / "one"), one) == list(corpus.files)
+    assert decoded_train(tmp_path / "one") == Counter(pairs)
+    assert corpus_format.eval_pairs(str(tmp_path / "one"), one, "t", "en-de")[0] == [s for s, _ in pairs[:3]]
 
 
 @pytest.mark.parametrize("string_type", ["string", "large_string", "string_view"])
@@ -544,14 +535,14 @@ def test_prepare_and_backtranslate_take_every_string_column_type(tmp_path, strin
     with pa.ipc.new_stream(path, table.schema) as writer:
         writer.write_table(table)
     cfg, source = PrepareConfig(), sources.Source("parquet", (path,))
-    sources.check_sources(cfg, [source], [source])
+    check_inputs(cfg, [source], [source])
     assert sources.read_eval(cfg, [source]) == (["a b", ""], ["x", "y z"])
     (f,) = mono.input_files(path)
     mono.check_columns([f], None, "en")
     assert mono.count_lines(f) == 2
     assert [mono.text_of(raw, f.kind, "en", False) for raw in mono.raw_items(f, "en")] == ["a b", ""]
     for check in (
-        lambda: sources.check_sources(cfg, [sources.Source("parquet", (path,), "n")], [source]),
+        lambda: check_inputs(cfg, [sources.Source("parquet", (path,), "n")], [source]),
         lambda: mono.check_columns([f], "n", "en"),
     ):
         with pytest.raises(ValueError, match=r"column 'n' has type int64, not string"):
@@ -563,7 +554,7 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
     import sys
     import types
 
-    from raymt.data.__main__ import prepare_config, prepare_parser, prepare_sources
+    from raymt.data.__main__ import pair_sources, prepare_config, prepare_parser
 
     calls = []
 
@@ -580,7 +571,7 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
 
     def sources(*argv):
         args = prepare_parser().parse_args(["prepare", "--out", str(tmp_path / "o"), *argv])
-        return prepare_sources(args, prepare_config(args))
+        return pair_sources(args, prepare_config(args))
 
     train, valid, tests = sources(
         "--dataset", "multi30k", "--src", "de", "--tgt", "en", "--test", extra, "--mirror", "http://mirror.example"
@@ -640,6 +631,6 @@ def test_train_run_prepares_with_the_data_cleaning_options(ray_cluster, tmp_path
         rule = {"max_len": cfg.data.max_len, "max_ratio": max_ratio, "ratio_min_len": cfg.data.ratio_min_len}
         return sum(_token_rule(len(tokenizer.encode(s)), len(tokenizer.encode(t)), rule) == "ratio" for s, t in pairs)
 
-    dropped = manifest["splits"]["train"]["dropped"]
+    dropped = manifest["corpora"][0]["train"]["dropped"]
     assert dropped["ratio"] == ratio_drops(1.5) > ratio_drops(3.0)
     assert dropped["duplicate"] == 4

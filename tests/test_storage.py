@@ -152,17 +152,18 @@ def test_prepare_out_uri(ray_cluster, prefix):
     valid = [sources.Source(kind="pairs", pairs=(pairs[0][:20], pairs[1][:20]))]
     out = f"{prefix}/corpus"
     cfg = PrepareConfig(vocab_size=128, shard_pairs=100)
-    manifest = prepare.prepare_corpus(cfg, out, train_src, valid)
-    assert {"manifest.json", "spm.model", "train", "valid.parquet"} <= set(storage.listdir(out))
+    manifest = prepare.prepare_corpora(cfg, out, [sources.pair_input(cfg, train_src, valid)])
+    assert {"manifest.json", "spm.model", "train", "valid"} <= set(storage.listdir(out))
     assert corpus_format.read_manifest(out) == manifest
     assert len(corpus_format.train_files(out, manifest)) == 3
     assert corpus_format.eval_pairs(out, manifest, "valid")[0] == pairs[0][:20]
     assert corpus_format.load_tokenizer(out, manifest).vocab_size == 128
-    assert prepare.prepare_corpus(cfg, out, train_src, valid) == manifest  # already there
+    assert prepare.prepare_corpora(cfg, out, [sources.pair_input(cfg, train_src, valid)]) == manifest  # already
     other = PrepareConfig(vocab_size=120, shard_pairs=100)
     with pytest.raises(ValueError, match="already holds a corpus prepared from other inputs"):
-        prepare.prepare_corpus(other, out, train_src, valid)
-    assert prepare.prepare_corpus(other, out, train_src, valid, overwrite=True)["vocab_size"] == 120
+        prepare.prepare_corpora(other, out, [sources.pair_input(other, train_src, valid)])
+    again = prepare.prepare_corpora(other, out, [sources.pair_input(other, train_src, valid)], overwrite=True)
+    assert again["vocab_size"] == 120
     assert corpus_format.read_manifest(out)["fingerprint"] != manifest["fingerprint"]
 
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raymt.config import DataConfig
-from raymt.data.format import Shard, token_index
+from raymt.data.format import Corpus, Shard, token_index
 
 FIXTURE = Path(__file__).parent / "fixtures" / "stream-ee135a8.json"
 CFG = dict(window_rows=64, shuffle_buffer_rows=128, max_tokens=160, max_len=12)
@@ -121,11 +121,12 @@ def test_one_pair_and_mixed_streams_are_ee135a8s(tmp_path):
     one, mixed = write_corpus(tmp_path)
     bare = [Shard(f.path, f.num_pairs) for f in one]
     got = lambda data: record(data, TrainStream, epoch_slice, resume_point, tmp_path)
-    assert got(training_data(one, 5.0)) == want["one_pair"]
-    assert got(training_data(bare, 5.0)) == want["one_pair_rows"]
+    as_corpus = lambda files: [Corpus("en-de", "en", "de", "real", 1.0, (), files, sum(f.num_pairs for f in files))]
+    assert got(training_data(as_corpus(one), 5.0)) == want["one_pair"]
+    assert got(training_data(as_corpus(bare), 5.0)) == want["one_pair_rows"]
     mix = Mix.by_temperature(mixed, 5.0, piece_rows=PIECE)
     assert list(mix.rows) == want["mixed_rows"] and got(mix) == want["mixed"]
-    assert mix_record(one, 5.0) is want["data_mix_one_pair"] is None
+    assert mix_record(as_corpus(one), 5.0) is want["data_mix_one_pair"] is None
 
 
 def test_one_pair_plans_are_ee135a8s_for_any_shards():

@@ -16,7 +16,7 @@ from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
 from raymt.checkpoint import load_train_state, load_weights
 from raymt.config import Config, apply_overrides, tiny
 from raymt.data.builtin import generate
-from raymt.data.format import eval_rows
+from raymt.data.format import Corpus, Shard, eval_rows
 from raymt.metrics import CSV_COLUMNS
 from raymt.worker import WorkerLoop
 from raymt.worker_env import WorkerEnv
@@ -37,8 +37,8 @@ STATE_KEYS = {
 
 
 def loop_config(tmp_path: Path, **overrides) -> dict:
-    """A driver's loop config (raymt.train.fit's) for a tiny model on 300 built-in pairs in two
-    shards, 20 validation pairs, logs under tmp_path/logs; `overrides`: config fields."""
+    """A driver's loop config (raymt.train.fit's) for a tiny model on 300 built-in pairs (one
+    corpus of two shards), 20 validation pairs, logs under tmp_path/logs; `overrides`: config fields."""
     tok = tokenizer()
     src, tgt = generate(320, "en", "de", seed=4)
     shards = tmp_path / "shards"
@@ -48,7 +48,7 @@ def loop_config(tmp_path: Path, **overrides) -> dict:
         ids = [pa.array(tok.encode_batch(side[lo:hi]), pa.list_(pa.int32())) for side in (src, tgt)]
         path = shards / f"part-{k:05d}.parquet"
         pq.write_table(pa.table({"src_ids": ids[0], "tgt_ids": ids[1]}), path, row_group_size=64)
-        train_files.append((str(path), hi - lo))
+        train_files.append(Shard(str(path), hi - lo))
     defaults = {"model.dropout": 0.1, "data.max_tokens": 1500, "data.window_rows": 64, "train.trace_data": True}
     cfg = apply_overrides(Config(model=tiny()), {**defaults, **overrides})
     valid = (src[300:], tgt[300:])
@@ -56,8 +56,8 @@ def loop_config(tmp_path: Path, **overrides) -> dict:
         "config": cfg.to_dict(),
         "spm_model": tok.model_proto,
         "num_threads": 1,
-        "train_files": train_files,
-        "valid": {"rows": eval_rows(valid, tok, cfg.model.max_positions), "refs": valid[1]},
+        "train_files": [Corpus("en-de", "en", "de", "real", 1.0, (), train_files, 300)],
+        "valid": {"en-de": {"rows": eval_rows(valid, tok, cfg.model.max_positions), "refs": valid[1]}},
         "log_dir": str(tmp_path / "logs"),
     }
 

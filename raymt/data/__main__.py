@@ -11,6 +11,7 @@ import typing
 from pathlib import Path
 from typing import Optional
 
+from raymt import storage
 from raymt.config import DataConfig, PrepareConfig, parse_value
 
 # Flags whose names differ from their PrepareConfig field.
@@ -99,8 +100,18 @@ def prepare_config(args: argparse.Namespace) -> PrepareConfig:
     return PrepareConfig(**values)
 
 
-def prepare_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list, list, dict]:
-    """(train, valid, test) sources named by the flags; files are checked later, before Ray."""
+def flag_corpora(args: argparse.Namespace, cfg: PrepareConfig) -> list:
+    """The corpora (`sources.CorpusInput`) the flags name: several, with their languages
+    (`labeled_corpora`), or one pair's in the one-pair flags (`pair_sources`)."""
+    from raymt.data.sources import pair_input
+
+    if several_corpora(args):
+        return labeled_corpora(args, cfg)
+    return [pair_input(cfg, *pair_sources(args, cfg))]
+
+
+def pair_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list, list, dict]:
+    """(train, valid, test) sources named by the one-pair flags; files are checked later, before Ray."""
     from raymt.data.sources import Source, source_from_spec, spec_name
 
     def spec(s: str) -> Source:
@@ -148,7 +159,7 @@ def several_corpora(args: argparse.Namespace) -> bool:
     return many or any(split_spec(s, flag)[0] is not None for flag, s in specs)
 
 
-def prepare_corpora_inputs(args: argparse.Namespace, cfg: PrepareConfig) -> list:
+def labeled_corpora(args: argparse.Namespace, cfg: PrepareConfig) -> list:
     """The corpora and their sources named by --train/--bt/--valid/--test SRC-TGT:SPEC and --pairs
     (of the built-in corpus, or of --dataset); checked before Ray starts."""
     from raymt.data.inputs import corpora_from_flags, parse_pairs, split_spec
@@ -198,16 +209,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = prepare_parser().parse_args(argv)
     try:
-        from raymt.data.prepare import prepare_corpora, prepare_corpus
+        from raymt.data.prepare import prepare_corpora
 
+        out = storage.output_location(args.out, "--out")  # never into a `ray job submit` job's package
         cfg = prepare_config(args)
         command = shlex.join(["python", "-m", "raymt.data", *argv])
-        if several_corpora(args):
-            corpora = prepare_corpora_inputs(args, cfg)
-            prepare_corpora(cfg, args.out, corpora, overwrite=args.overwrite, command=command)
-        else:
-            train, valid, tests = prepare_sources(args, cfg)
-            prepare_corpus(cfg, args.out, train, valid, tests, overwrite=args.overwrite, command=command)
+        prepare_corpora(cfg, out, flag_corpora(args, cfg), overwrite=args.overwrite, command=command)
     except ValueError as err:
         message = " ".join(str(err).split("\n"))  # one line, whatever the source
         print(f"raymt.data: error: {message}", file=sys.stderr)

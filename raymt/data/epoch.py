@@ -261,21 +261,19 @@ class Mix:
         return self._shards[path]
 
 
-def training_data(train_files: list, temperature: float) -> Mix:
-    """What the workers read: a one-pair corpus's shards (`format.train_files`) as a mix of one
-    corpus, or a prepared corpus's training corpora (`format.Corpus`, `format.corpora`) mixed at
-    `temperature` by their weights."""
-    if train_files and isinstance(train_files[0], Corpus):
-        return Mix.by_temperature([c.files for c in train_files], temperature, [c.weight for c in train_files])
-    return Mix.of_shards(train_files)
+def training_data(train_files: list[Corpus], temperature: float) -> Mix:
+    """What the workers read: a prepared corpus's training corpora (`format.corpora`) mixed at
+    `temperature` by their weights (one pair's a mix of one)."""
+    return Mix.by_temperature([c.files for c in train_files], temperature, [c.weight for c in train_files])
 
 
-def mix_record(train_files: list, temperature: float) -> Optional[dict]:
-    """A multi-corpus run's `data_mix` (checkpoints keep it): its corpora's names, the rows each
-    gives every epoch and the temperature; None for one pair's shards (as ee135a8 wrote)."""
-    if not train_files or not isinstance(train_files[0], Corpus):
-        return None
+def mix_record(train_files: list[Corpus], temperature: float) -> Optional[dict]:
+    """A mix's `data_mix` (checkpoints keep it): its corpora's names, the rows each gives every
+    epoch and the temperature; None for one corpus read once per epoch, whose positions are
+    positions in its shards at any temperature (as ee135a8 wrote for one pair)."""
     data = training_data(train_files, temperature)
+    if data.single:
+        return None
     return {"names": [c.name for c in train_files], "rows": list(data.rows), "temperature": float(temperature)}
 
 

@@ -36,10 +36,11 @@ from raymt.data.text import Pairs
 from raymt.storage import filesystem, read_bytes
 from raymt.tokenizer import EOS_ID, Tokenizer
 
-FORMAT = "raymt-corpus/1"
-# Several corpora with their languages and tags (raymt.data.prepare.prepare_corpora).
-FORMAT_CORPORA = "raymt-corpus/2"
-FORMATS = (FORMAT, FORMAT_CORPORA)
+# One corpus or several, with their languages and tags (raymt.data.prepare.prepare_corpora).
+FORMAT = "raymt-corpus/2"
+# One pair, as raymt wrote it until 2026-12 (train/, valid.parquet, test/NAME.parquet): read only.
+ONE_PAIR_FORMAT = "raymt-corpus/1"
+FORMATS = (FORMAT, ONE_PAIR_FORMAT)
 VALID_DIR = "valid"
 MANIFEST_FILE = "manifest.json"
 SPM_FILE = "spm.model"
@@ -122,19 +123,18 @@ def _shards(corpus: str, train: dict) -> list[Shard]:
 
 
 def train_files(corpus: str, manifest: dict) -> list[Shard]:
-    """A `Shard` (path or URI, pairs, token index) per training shard, in order (one-corpus format)."""
-    if manifest["format"] != FORMAT:
-        raise ValueError(
-            f"{corpus} holds {len(manifest['corpora'])} corpora ({FORMAT_CORPORA}); this reads one-pair "
-            "corpora only: pass a corpus prepared from one pair"
-        )
-    return _shards(corpus, manifest["splits"]["train"])
+    """A `Shard` (path or URI, pairs, token index) per training shard, in order, of a corpus
+    prepared from one corpus (`corpora` lists each corpus's of several)."""
+    found = corpora(corpus, manifest)
+    if len(found) != 1:
+        raise ValueError(f"{corpus} holds {len(found)} corpora; this reads a corpus prepared from one pair: pass one")
+    return list(found[0].files)
 
 
 def corpora(corpus: str, manifest: dict) -> list[Corpus]:
     """The training corpora of a prepared corpus, in manifest order; a `raymt-corpus/1` one is one
     real, untagged corpus of its src_lang -> tgt_lang."""
-    if manifest["format"] == FORMAT:
+    if manifest["format"] == ONE_PAIR_FORMAT:
         train = manifest["splits"]["train"]
         src, tgt = manifest["src_lang"], manifest["tgt_lang"]
         return [Corpus(f"{src}-{tgt}", src, tgt, "real", 1.0, (), _shards(corpus, train), train["num_pairs"])]
@@ -155,7 +155,7 @@ def corpora(corpus: str, manifest: dict) -> list[Corpus]:
 
 def pairs(manifest: dict) -> list[str]:
     """The language pairs ("en-de") of a prepared corpus, in the order of its corpora."""
-    if manifest["format"] == FORMAT:
+    if manifest["format"] == ONE_PAIR_FORMAT:
         return [f"{manifest['src_lang']}-{manifest['tgt_lang']}"]
     return list(dict.fromkeys(f"{c['src_lang']}-{c['tgt_lang']}" for c in manifest["corpora"]))
 
@@ -164,7 +164,7 @@ def corpus_files(manifest: dict) -> list[str]:
     """Every file a manifest names, relative to its corpus: shards, validation and test sets, the
     SentencePiece model (a `raymt-corpus/1` manifest's sets are its one pair's)."""
     splits = manifest.get("splits", {})
-    if manifest.get("format") == FORMAT_CORPORA:
+    if manifest.get("format") != ONE_PAIR_FORMAT:
         trains = [c["train"] for c in manifest.get("corpora", [])]
         valids = list(splits.get("valid", {}).values())
         tests = [t for by_name in splits.get("test", {}).values() for t in by_name.values()]
@@ -186,10 +186,12 @@ def prefix_ids(manifest: dict, pair: str) -> list[int]:
 
 
 def eval_pairs(corpus: str, manifest: dict, split: str, pair: Optional[str] = None) -> Pairs:
-    """The (sources, references) of "valid" or of a test set, every row; of `pair` in a
-    several-corpora corpus."""
+    """The (sources, references) of "valid" or of a test set, every row; of `pair` (None: the
+    corpus's only pair)."""
     splits = manifest["splits"]
-    if manifest["format"] == FORMAT_CORPORA:
+    if manifest["format"] != ONE_PAIR_FORMAT:
+        if pair is None and len(splits["valid"]) == 1:  # the corpus's one pair
+            (pair,) = splits["valid"]
         if pair not in splits["valid"]:
             raise ValueError(f"corpus {corpus} has no pair {pair!r}; it has: {', '.join(splits['valid'])}")
         splits = {"valid": splits["valid"][pair], "test": splits.get("test", {}).get(pair, {})}

@@ -1,4 +1,5 @@
-"""How a prepared corpus names its files and describes itself: `raymt-corpus/1` (one real corpus) or `/2`."""
+"""How a prepared corpus names its files and describes itself (`raymt-corpus/2`, one corpus or
+several); `raymt.data.format` still reads the one-pair `raymt-corpus/1` that older raymt wrote."""
 
 from __future__ import annotations
 
@@ -8,38 +9,28 @@ import json
 from typing import Optional
 
 from raymt.config import PrepareConfig
-from raymt.data.clean import DROP_RULES, drop_summary
-from raymt.data.format import FORMAT, FORMAT_CORPORA, TEST_DIR, TRAIN_DIR, VALID_DIR, VALID_FILE
-from raymt.data.inputs import mixed, target_langs
-from raymt.data.sources import CorpusInput, check_corpus_inputs, check_sources, corpus_config
+from raymt.data.clean import drop_summary
+from raymt.data.format import FORMAT, TEST_DIR, TRAIN_DIR, VALID_DIR
+from raymt.data.inputs import target_langs
+from raymt.data.sources import CorpusInput, check_corpus_inputs
 from raymt.tokenizer import Tokenizer
-
-# PrepareConfig fields that only several corpora use (left out of a one-pair manifest).
-CORPORA_OPTIONS = ("temperature", "bt_tag")
 
 
 def fingerprint(
-    fmt: str, options: dict, inputs: list[dict], tokenizer: Optional[Tokenizer], corpora: Optional[list] = None
+    fmt: str, options: dict, inputs: list[dict], tokenizer: Optional[Tokenizer], corpora: list[dict]
 ) -> str:
     """sha256 of everything a corpus depends on: format, options, inputs (paths, sizes, mtimes),
-    tokenizer, and for `raymt-corpus/2` the corpora (languages, origin, weight)."""
+    tokenizer, and the corpora (languages, origin, weight)."""
     sp = hashlib.sha256(tokenizer.model_proto).hexdigest() if tokenizer is not None else None
-    blob = {"format": fmt, "options": options, "inputs": inputs, "tokenizer": sp}
-    if corpora is not None:
-        blob["corpora"] = corpora
+    blob = {"format": fmt, "options": options, "inputs": inputs, "tokenizer": sp, "corpora": corpora}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
-
-
-def layout_of(cfg: PrepareConfig, corpora: list[CorpusInput]) -> Layout:
-    """`raymt-corpus/2` for several or back-translated corpora, else the one pair's `raymt-corpus/1`."""
-    return Layout(cfg, corpora) if mixed([c.spec for c in corpora]) else PairLayout(cfg, corpora)
 
 
 class Layout:
     """`raymt-corpus/2`: shards per corpus (train/NAME/), sets per pair (valid/PAIR.parquet,
-    test/PAIR/NAME.parquet), the corpora and their tags in the manifest."""
+    test/PAIR/NAME.parquet), the corpora and their tags (none for one real pair) in the manifest."""
 
-    format = FORMAT_CORPORA
+    format = FORMAT
 
     def __init__(self, cfg: PrepareConfig, corpora: list[CorpusInput]) -> None:
         self.cfg, self.corpora = cfg, corpora
@@ -63,12 +54,12 @@ class Layout:
         return [i for i in inputs if i.get("corpus") == c.spec.name]
 
     def label(self, c: CorpusInput) -> str:
-        """What a progress line about corpus `c` starts with."""
-        return f"{c.spec.name}: "
+        """What a progress line about corpus `c` starts with (one corpus needs no name)."""
+        return f"{c.spec.name}: " if len(self.corpora) > 1 else ""
 
     def where(self, c: CorpusInput) -> str:
-        """What an error about corpus `c` starts with."""
-        return f"corpus {c.spec.name}: "
+        """What an error about corpus `c` starts with (one corpus needs no name)."""
+        return f"corpus {c.spec.name}: " if len(self.corpora) > 1 else ""
 
     def train_dir(self, c: CorpusInput) -> str:
         """Corpus `c`'s shards' directory, relative to the corpus."""
@@ -83,7 +74,10 @@ class Layout:
         return f"{TEST_DIR}/{pair}/{name}.parquet"
 
     def sample_note(self, shares: list[int], reserved: list[str]) -> str:
-        """The end of the SentencePiece progress line: each corpus's share of the sample, the tags."""
+        """The end of the SentencePiece progress line: each corpus's share of the sample, the tags
+        (nothing for one corpus without tags: the sample is its own)."""
+        if len(self.corpora) == 1 and not reserved:
+            return ""
         taken = ", ".join(f"{c.spec.name} {k}" for c, k in zip(self.corpora, shares))
         return f" ({taken}), reserving {' '.join(reserved)}"
 
@@ -116,91 +110,6 @@ class Layout:
         tags = manifest["tags"]["reserved"]
         print(f"tags: {', '.join(f'{p} = id {i}' for p, i in tags.items()) or 'none'}")
         print(f"seconds: {seconds:.1f}")
-
-
-class PairLayout(Layout):
-    """`raymt-corpus/1`, one real corpus, written as before corpora had tags: the same files
-    (train/, valid.parquet, test/NAME.parquet), manifest and fingerprint, so that corpora and
-    checkpoints made by older raymt keep resuming."""
-
-    format = FORMAT
-
-    def __init__(self, cfg: PrepareConfig, corpora: list[CorpusInput]) -> None:
-        super().__init__(cfg, corpora)
-        (self.corpus,) = corpora
-        self.pair_cfg = corpus_config(cfg, self.corpus.spec)
-
-    def check_inputs(self) -> list[dict]:
-        """Every input checked on the driver before Ray starts; their descriptions for the manifest."""
-        c = self.corpus
-        return check_sources(self.pair_cfg, c.train, c.valid, c.test)
-
-    def options(self) -> dict:
-        """The options of a one-pair corpus, as before corpora had tags and temperatures: a corpus
-        prepared by an older raymt keeps its fingerprint ("already prepared")."""
-        return {k: v for k, v in dataclasses.asdict(self.pair_cfg).items() if k not in CORPORA_OPTIONS}
-
-    def fingerprint(self, inputs: list[dict], tokenizer: Optional[Tokenizer]) -> str:
-        """The corpus's fingerprint (`fingerprint`), without corpora."""
-        return fingerprint(self.format, self.options(), inputs, tokenizer)
-
-    def train_inputs(self, inputs: list[dict], c: CorpusInput) -> list[dict]:
-        """Every input description (`in_driver` takes the training ones)."""
-        return inputs
-
-    def label(self, c: CorpusInput) -> str:
-        """Progress lines of one pair name no corpus."""
-        return ""
-
-    def where(self, c: CorpusInput) -> str:
-        """Errors of one pair name no corpus."""
-        return ""
-
-    def train_dir(self, c: CorpusInput) -> str:
-        """The shards' directory, relative to the corpus."""
-        return TRAIN_DIR
-
-    def valid_path(self, pair: str) -> str:
-        """The validation set's file, relative to the corpus."""
-        return VALID_FILE
-
-    def test_path(self, pair: str, name: str) -> str:
-        """Test set `name`'s file, relative to the corpus."""
-        return f"{TEST_DIR}/{name}.parquet"
-
-    def sample_note(self, shares: list[int], reserved: list[str]) -> str:
-        """Nothing: the sample is the one corpus's, and no tag is reserved."""
-        return ""
-
-    def manifest(self, tokenizer: Tokenizer, entries: list[dict], valid: dict, tests: dict, ids: dict) -> dict:
-        """The manifest without its bookkeeping: the pair's train entry and sets."""
-        pair = self.corpus.spec.pair
-        return {
-            "format": self.format,
-            "src_lang": self.pair_cfg.src_lang,
-            "tgt_lang": self.pair_cfg.tgt_lang,
-            **_model_fields(self.cfg, tokenizer),
-            "splits": {"train": entries[0]["train"], "valid": valid[pair], "test": tests.get(pair, {})},
-        }
-
-    def print_summary(self, manifest: dict, out: str, seconds: float) -> None:
-        """The per-rule table printed at the end of a preparation."""
-        train = manifest["splits"]["train"]
-        rows = [("input pairs", train["input_pairs"])]
-        rows += [(f"  dropped: {rule}", train["dropped"][rule]) for rule in DROP_RULES]
-        rows += [
-            ("kept pairs", train["num_pairs"]),
-            ("src tokens", train["src_tokens"]),
-            ("tgt tokens", train["tgt_tokens"]),
-            ("shards", len(train["files"])),
-            ("valid pairs", manifest["splits"]["valid"]["num_pairs"]),
-        ]
-        rows += [(f"test pairs: {name}", t["num_pairs"]) for name, t in manifest["splits"]["test"].items()]
-        width = max(len(name) for name, _ in rows)
-        print(f"\n=== raymt corpus {out} ===")
-        for name, value in rows:
-            print(f"{name:<{width}}  {value:>12,}")
-        print(f"{'seconds':<{width}}  {seconds:>12.1f}")
 
 
 def _model_fields(cfg: PrepareConfig, tokenizer: Tokenizer) -> dict:

@@ -12,8 +12,8 @@ a sibling temporary directory that is renamed into place at the end, so an outpu
 directory is never left half-written; an output URI (s3://...) is built in a local
 temporary directory and uploaded, manifest last.
 
-One pipeline prepares one or several corpora (`prepare_corpora`); `raymt.data.layout` names the
-files and writes the manifest: one real corpus keeps today's `raymt-corpus/1` corpus exactly.
+One pipeline prepares one or several corpora (`prepare_corpora`; one pair is a list of one);
+`raymt.data.layout` names the files and writes the manifest.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from typing import Optional
 
 from raymt import storage
 from raymt.cluster import init_ray, machine_cpus
-from raymt.config import CorpusSpec, PrepareConfig
+from raymt.config import PrepareConfig
 from raymt.data.clean import READ_COUNTS, all_dropped
 from raymt.data.format import SPM_FILE
 from raymt.data.inputs import reserved_pieces, sample_sizes, source_tags
-from raymt.data.layout import Layout, layout_of
+from raymt.data.layout import Layout
 from raymt.data.shards import eval_split, first_pass, in_driver, ray_data_settings, write_split
-from raymt.data.sources import CorpusInput, Source, corpus_config, task_spec
+from raymt.data.sources import CorpusInput, corpus_config, task_spec
 from raymt.data.staging import build_staged, existing_corpus
 from raymt.tokenizer import Tokenizer, train_tokenizer
 
@@ -56,22 +56,6 @@ def check_tags(tokenizer: Tokenizer, reserved: list[str], where: str) -> None:
         )
 
 
-def prepare_corpus(
-    cfg: PrepareConfig,
-    out: str,
-    train: list[Source],
-    valid: list[Source],
-    test: Optional[dict[str, list[Source]]] = None,
-    tokenizer: Optional[Tokenizer] = None,
-    overwrite: bool = False,
-    command: Optional[str] = None,
-) -> dict:
-    """Prepare one pair's sources (cfg.src_lang -> cfg.tgt_lang) with `prepare_corpora`: a
-    `raymt-corpus/1` directory; returns the manifest."""
-    corpus = CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), train, valid, test or {})
-    return prepare_corpora(cfg, out, [corpus], tokenizer, overwrite, command)
-
-
 def prepare_corpora(
     cfg: PrepareConfig,
     out: str,
@@ -81,12 +65,11 @@ def prepare_corpora(
     command: Optional[str] = None,
 ) -> dict:
     """Prepare corpora into one directory (one joint SentencePiece model with the tags reserved,
-    shards per corpus, sets per pair); returns the manifest. One real corpus is today's
-    `raymt-corpus/1` corpus, several (or a back-translated one) `raymt-corpus/2` (`layout_of`).
+    shards per corpus, sets per pair: `raymt-corpus/2`, `raymt.data.layout`); returns the manifest.
     Starts Ray (ray.init) for inputs too large to prepare in the driver (`in_driver`)."""
     t0 = time.time()
     out = storage.normalize(out)
-    layout = layout_of(cfg, corpora)
+    layout = Layout(cfg, corpora)
     inputs = layout.check_inputs()
     reserved = reserved_pieces([c.spec for c in corpora], cfg.bt_tag)
     if tokenizer is not None:

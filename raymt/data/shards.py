@@ -80,7 +80,7 @@ def first_pass(cfg: PrepareConfig, specs: list[dict], here: bool) -> tuple[list[
 
 
 def in_driver(inputs: list[dict]) -> bool:
-    """Whether the training inputs (`check_sources`' descriptions) are small enough to prepare in
+    """Whether the training inputs (`check_corpus_inputs`' descriptions) are small enough to prepare in
     the driver, without Ray Data."""
     train = [i for i in inputs if i["split"] == "train"]
     pairs = sum(i["num_pairs"] for i in train if i["kind"] == "pairs")

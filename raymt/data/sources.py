@@ -276,25 +276,6 @@ def task_spec(source: Source, cfg: PrepareConfig) -> dict:
     }
 
 
-def check_sources(
-    cfg: PrepareConfig, train: list[Source], valid: list[Source], test: Optional[dict[str, list[Source]]] = None
-) -> list[dict]:
-    """Check every input on the driver before Ray starts; the inputs' descriptions."""
-    if not train:
-        raise ValueError("no training data: pass --train, --src-file/--tgt-file or --dataset")
-    if not valid:
-        raise ValueError("no validation set: pass --valid (a prefix or a file)")
-    inputs = [check_source(s, cfg, "train") for s in train]
-    inputs += [check_source(s, cfg, "valid") for s in valid]
-    for name, sources in (test or {}).items():
-        if not TEST_NAME.match(name):
-            raise ValueError(f"test set name {name!r} must be letters, digits, '_', '.' or '-'")
-        if not sources:
-            raise ValueError(f"test set {name!r} has no sources")
-        inputs += [check_source(s, cfg, f"test:{name}") for s in sources]
-    return inputs
-
-
 # ---------------------------------------------------------------- command-line specs
 
 
@@ -363,6 +344,13 @@ class CorpusInput:
     train: list[Source]
     valid: list[Source] = dataclasses.field(default_factory=list)
     test: dict[str, list[Source]] = dataclasses.field(default_factory=dict)
+
+
+def pair_input(
+    cfg: PrepareConfig, train: list[Source], valid: list[Source], test: Optional[dict[str, list[Source]]] = None
+) -> CorpusInput:
+    """cfg's one pair (src_lang -> tgt_lang) as a corpus of these sources: one pair is a list of one."""
+    return CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), train, valid, test or {})
 
 
 def corpus_config(cfg: PrepareConfig, spec: CorpusSpec) -> PrepareConfig:
