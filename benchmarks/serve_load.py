@@ -33,9 +33,10 @@ sys.path.insert(0, str(ROOT))
 from raymt.config import DecodeOptions  # noqa: E402
 
 
-def post(url: str, texts: list[str], target: Optional[str], timeout: float = 120) -> tuple[int, int]:
-    """(HTTP status, target tokens) of one POST /v1/translate."""
-    body = json.dumps({"text": texts} | ({"target": target} if target else {})).encode()
+def post(url: str, texts: list[str], target: Optional[str], model: str = "", timeout: float = 120) -> tuple[int, int]:
+    """(HTTP status, target tokens) of one POST /v1/translate (to `model` of a server of several)."""
+    fields = {"text": texts} | ({"target": target} if target else {}) | ({"model": model} if model else {})
+    body = json.dumps(fields).encode()
     request = urllib.request.Request(f"{url}/v1/translate", body, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -92,7 +93,7 @@ class Tally:
         return out
 
 
-def closed_loop(url: str, texts: list[str], clients: int, per_request: int, requests: int, target) -> dict:
+def closed_loop(url: str, texts: list[str], clients: int, per_request: int, requests: int, target, model="") -> dict:
     """`clients` threads, each sending `requests` requests of `per_request` sentences in turn."""
     tally, before = Tally(), stats(url)
 
@@ -101,7 +102,7 @@ def closed_loop(url: str, texts: list[str], clients: int, per_request: int, requ
             start = (c * requests + r) * per_request
             batch = [texts[(start + i) % len(texts)] for i in range(per_request)]
             t0 = time.perf_counter()
-            status, tokens = post(url, batch, target)
+            status, tokens = post(url, batch, target, model)
             tally.add(time.perf_counter() - t0, status, per_request, tokens)
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
@@ -113,10 +114,10 @@ def closed_loop(url: str, texts: list[str], clients: int, per_request: int, requ
     return {"load": f"closed {clients}x{per_request}"} | tally.report(time.perf_counter() - t0, before, stats(url))
 
 
-def open_loop(url: str, texts: list[str], rate: float, seconds: float, per_request: int, target, seed=0) -> dict:
+def open_loop(url: str, texts: list[str], rate: float, seconds: float, per_request: int, target, model="") -> dict:
     """Requests of `per_request` sentences at Poisson arrivals of `rate`/s for `seconds`; each
     latency from its scheduled send time."""
-    rng, tally, before = random.Random(seed), Tally(), stats(url)
+    rng, tally, before = random.Random(0), Tally(), stats(url)
     schedule, at = [], 0.0
     while at < seconds:
         schedule.append(at)
@@ -126,7 +127,7 @@ def open_loop(url: str, texts: list[str], rate: float, seconds: float, per_reque
     def send(i: int, due: float) -> None:
         time.sleep(max(0.0, t0 + due - time.perf_counter()))
         batch = [texts[(i * per_request + k) % len(texts)] for k in range(per_request)]
-        status, tokens = post(url, batch, target)
+        status, tokens = post(url, batch, target, model)
         tally.add(time.perf_counter() - (t0 + due), status, per_request, tokens)
 
     threads = [threading.Thread(target=send, args=(i, due)) for i, due in enumerate(schedule)]
@@ -185,6 +186,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--data", help="PREFIX: sentences from PREFIX.<src> (default: built-in sentences)")
     p.add_argument("--src-lang", default="en")
     p.add_argument("--tgt-lang", help="target of every request (a tagged model needs one)")
+    p.add_argument("--model", default="", help="the model field of every request (a server of several models)")
     p.add_argument("--limit", type=int, default=1000, help="sentences read")
     p.add_argument("--sentences", type=int, default=4, help="sentences a request")
     p.add_argument("--closed", default="16", help="comma-separated client counts (closed loop); '' for none")
@@ -225,9 +227,11 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
         urls.append(f"http://127.0.0.1:{args.naive_port}")
     for url in urls:
         for clients in [int(c) for c in args.closed.split(",") if c]:
-            rows.append({"url": url} | closed_loop(url, texts, clients, args.sentences, args.requests, args.tgt_lang))
+            load = closed_loop(url, texts, clients, args.sentences, args.requests, args.tgt_lang, args.model)
+            rows.append({"url": url} | load)
         for rate in [float(r) for r in args.rates.split(",") if r]:
-            rows.append({"url": url} | open_loop(url, texts, rate, args.seconds, args.sentences, args.tgt_lang))
+            load = open_loop(url, texts, rate, args.seconds, args.sentences, args.tgt_lang, args.model)
+            rows.append({"url": url} | load)
     for row in rows:
         print(json.dumps(row), flush=True)
     if args.out:

@@ -59,6 +59,7 @@ PLAIN = [
     "serve.batcher",
     "serve.api",
     "serve.page",
+    "serve.routing",
 ]
 
 

@@ -34,6 +34,7 @@ from raymt.engines import load_engine
 from raymt.model import Transformer
 from raymt.serve import __main__ as serve_cli
 from raymt.serve.api import Service
+from raymt.serve.routing import Refused, Router
 from raymt.serve.text import chunk, layout
 from raymt.tokenizer import BOS_ID, PAD_ID
 
@@ -57,7 +58,7 @@ def tagged(tmp_path_factory):
 
 def serve_config(checkpoint, **changes) -> ServeConfig:
     """A small server's config: raymt's engine, the test's search, a quarter CPU."""
-    base = ServeConfig(str(checkpoint), engine="raymt", decode=OPTS, cpus_per_replica=0.25, max_texts=16)
+    base = ServeConfig({"default": str(checkpoint)}, engine="raymt", decode=OPTS, cpus_per_replica=0.25, max_texts=16)
     return dataclasses.replace(base, **changes)
 
 
@@ -176,7 +177,7 @@ def test_front_retries_a_request_once_when_its_replica_dies(errors, calls, retri
     from raymt.serve.app import Busy, Front
 
     translator = FakeTranslator(*[ActorDiedError() for _ in errors])
-    front = Front(translator, 1000, 1)
+    front = Front(translator, {"default": [["en", "de"]]}, 1000, 1)
     if len(errors) == 2:
         with pytest.raises(Busy, match="failed twice"):
             asyncio.run(front.call(("POST", "/v1/translate", "", b"", "")))
@@ -190,7 +191,8 @@ def test_front_turns_back_pressure_into_a_json_503():
 
     from raymt.serve.app import Busy, Front, error
 
-    front = Front(FakeTranslator(BackPressureError(num_queued_requests=9, max_queued_requests=8)), 1000, 2)
+    translator = FakeTranslator(BackPressureError(num_queued_requests=9, max_queued_requests=8))
+    front = Front(translator, {"default": [["en", "de"]]}, 1000, 2)
     with pytest.raises(Busy) as busy:
         asyncio.run(front.call(("POST", "/v1/translate", "", b"", "")))
     assert busy.value.limit == "max_queued_requests"
@@ -218,6 +220,47 @@ def test_bad_flags_are_one_line_before_ray(tagged, flags, message, capsys):
     assert serve_cli.main(["--checkpoint", str(tagged), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ([], "--checkpoint CKPT or --model NAME=CKPT is required"),
+        (["--model", "nameless"], "--model nameless: give NAME=CKPT"),
+        (["--model", "a=x", "--model", "a=y"], "--model a=... is given twice"),
+        (["--model", "a b=x"], "--model a b=...: a name is letters"),
+        (["--checkpoint", "x", "--model", "a=x"], "--checkpoint and --model: give one of them"),
+        (["--model", "a=/no/such/dir", "--model", "b=/no/such/dir"], "--model a=/no/such/dir: "),
+        (["--model", "a=x", "--models-per-replica", "-1"], "--models-per-replica -1 must be >= 0"),
+    ],
+)
+def test_bad_model_flags_are_one_line_before_ray(flags, message, capsys):
+    assert serve_cli.main(flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_the_router_picks_a_model_by_name_or_by_its_one_pair():
+    router = Router({"multi": [("en", "de"), ("en", "fr")], "ende": [("en", "de")], "deen": [("de", "en")]}, 100)
+    assert router.pick({"model": "ende", "target": "fr"}) == "ende"  # named: its own checks follow
+    assert router.pick({"target": "fr"}) == router.pick({"source": "auto", "target": "fr"}) == "multi"
+    assert router.pick({"source": "de"}) == "deen"
+    with pytest.raises(Refused, match=r"en -> de is served by models multi, ende: name one in the model field"):
+        router.pick({"source": "en", "target": "de"})
+    with pytest.raises(Refused, match=r"model 'nope': no such model; this server serves multi \(en-de, en-fr\)"):
+        router.pick({"model": "nope"})
+    with pytest.raises(Refused, match=r"no model translates en -> es; .*, deen \(de-en\)"):
+        router.pick({"source": "en", "target": "es"})
+    assert Router({"default": [("en", "de")]}, 100).pick({"target": "xx"}) == "default"  # one model: its 400
+    assert router.local("GET", "/languages").body == [
+        {"code": "de", "name": "German", "targets": ["en"]},
+        {"code": "en", "name": "English", "targets": ["de", "fr"]},
+        {"code": "fr", "name": "French", "targets": []},
+    ]
+    models = router.local("GET", "/v1/models").body["models"]
+    assert [(m["name"], m["pairs"]) for m in models][1] == ("ende", [["en", "de"]])
+    assert router.local("POST", "/v1/translate") is None and router.local("GET", "/stats") is None
+    assert (router.local("GET", "/v1/translate").status, router.local("GET", "/x").status) == (405, 404)
 
 
 def test_a_missing_checkpoint_or_busy_port_is_one_line(tmp_path, tagged, capsys):
@@ -255,13 +298,24 @@ def test_print_config_is_a_serve_deploy_file_that_builds_the_app(tagged, flags, 
     schema = ServeDeploySchema.model_validate(config)
     app = schema.applications[0]
     assert (app.import_path, app.route_prefix, schema.http_options.port) == ("raymt.serve.app:build", "/", 8000)
-    assert app.args["decode"]["beam"] == 3 and app.args["checkpoint"] == str(tagged)
+    assert app.args["decode"]["beam"] == 3 and app.args["models"] == {"default": str(tagged)}
     front = build(app.args)._bound_deployment
     deployment = front.init_args[0]._bound_deployment  # the translator replicas behind the front
+    assert front.init_args[1] == {"default": [list(pair) for pair in PAIRS]}  # the front's routes
     assert (front.name, deployment.name, front.num_replicas) == ("front", "translator", 1)
     scaling = deployment._deployment_config.autoscaling_config
     assert (deployment.num_replicas, scaling and scaling.max_replicas) == replicas
     assert deployment.ray_actor_options["num_cpus"] == 1.0
+
+
+def test_cluster_yaml_has_a_cpu_serving_node_type_reached_only_from_a_load_balancer():
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "cluster.yaml").read_text())
+    node = config["available_node_types"]["serve_cpu"]
+    assert "GPU" not in node["resources"] and node["min_workers"] == 0 < node["max_workers"]
+    rules = [r for r in config["provider"]["security_group"]["IpPermissions"] if r["FromPort"] <= 8000 <= r["ToPort"]]
+    assert rules and all(r["UserIdGroupPairs"] and not r.get("IpRanges") and not r.get("Ipv6Ranges") for r in rules)
 
 
 def test_api_keys_are_checked_against_their_digests(engine, tagged, tmp_path, capsys):
@@ -283,7 +337,7 @@ def test_api_keys_are_checked_against_their_digests(engine, tagged, tmp_path, ca
     assert call(service, "POST", "/translate", body | {"api_key": "sesame"}, form=True)[0] == 200
     native = json.dumps({"text": "Hello.", "target": "fr"}).encode()
     reply = asyncio.run(service.handle("POST", "/v1/translate", "application/json", native, "Bearer sesame"))
-    assert reply.status == 200 and call(service, "GET", "/languages")[0] == 200
+    assert reply.status == 200 and json.loads(reply.content())["model"] == "default"
     keys.write_text("sesame\n")
     assert serve_cli.main(["--checkpoint", str(tagged), "--api-keys", str(keys)]) == 2
     assert "not SHA-256 hex digests" in capsys.readouterr().err

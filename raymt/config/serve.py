@@ -1,5 +1,5 @@
-"""The options of `raymt serve` (`ServeConfig`): where it listens, its replicas, token batches,
-decoding defaults and the limits of one request, validated in `__post_init__`."""
+"""The options of `raymt serve` (`ServeConfig`): its models, where it listens, its replicas, token
+batches, decoding defaults and the limits of one request, validated in `__post_init__`."""
 
 from __future__ import annotations
 
@@ -11,19 +11,25 @@ from raymt.config.sections import DecodeOptions
 from raymt.errors import check
 
 SERVE_ENGINES = ("auto", "raymt", "ctranslate2")
+# The name of the one model of `--checkpoint CKPT` (the same as `--model default=CKPT`).
+DEFAULT_MODEL = "default"
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass
 class ServeConfig:
-    """One served model: its checkpoint, engine, replicas, batching, defaults and limits."""
+    """The served models (name -> checkpoint), engine, replicas, batching, defaults and limits."""
 
-    checkpoint: str = ""
+    # Every served model by name, in order; `--checkpoint CKPT` is {DEFAULT_MODEL: CKPT}.
+    models: dict[str, str] = field(default_factory=dict)
     engine: str = "auto"
     device: str = "cpu"
     host: str = "127.0.0.1"
     port: int = 8000
     replicas: int = 1
     cpus_per_replica: float = 1.0
+    # Models one replica holds at once (Serve multiplexing, least recently used out); 0: all.
+    models_per_replica: int = 0
     # "MIN:MAX" replicas, scaled by Serve on the requests each holds (instead of `replicas`).
     autoscale: str = ""
     # Ongoing requests per replica Serve's autoscaler aims at: about one token batch's worth.
@@ -47,7 +53,13 @@ class ServeConfig:
     decode: DecodeOptions = field(default_factory=DecodeOptions)
 
     def __post_init__(self) -> None:
-        check(bool(self.checkpoint), "--checkpoint is required: a raymt checkpoint or export directory, or its URI")
+        check(
+            bool(self.models) and all(self.models.values()),
+            "--checkpoint CKPT or --model NAME=CKPT is required: a raymt checkpoint or export directory, or its URI",
+        )
+        bad = [name for name in self.models if not MODEL_NAME.fullmatch(name)]
+        check(not bad, f"--model {bad[0] if bad else ''}=...: a name is letters, digits, '.', '_' or '-' (64 at most)")
+        check(self.models_per_replica >= 0, f"--models-per-replica {self.models_per_replica} must be >= 0 (0: all)")
         check(
             self.engine in SERVE_ENGINES,
             f"--engine {self.engine}: no such engine; pick one of {', '.join(SERVE_ENGINES)}",
@@ -74,6 +86,10 @@ class ServeConfig:
         bad = [h for h in self.api_key_hashes if not re.fullmatch(r"[0-9a-f]{64}", h)]
         check(not bad, f"--api-keys: {len(bad)} line(s) are not SHA-256 hex digests (sha256sum of a key)")
         check(not self.decode.sample, "raymt serve searches (beam or greedy): sampling is not served")
+
+    def models_held(self) -> int:
+        """How many models one replica holds at once."""
+        return min(self.models_per_replica or len(self.models), len(self.models))
 
     def autoscale_range(self) -> Optional[tuple[int, int]]:
         """(MIN, MAX) replicas of --autoscale, None without it; a one-line error for a bad one."""

@@ -12,15 +12,29 @@ from pathlib import Path
 from typing import Optional
 
 from raymt.config import SERVE_ENGINES, DecodeOptions, ServeConfig
+from raymt.config.serve import DEFAULT_MODEL
 from raymt.engines import load_model_info, resolve_engine
 from raymt.errors import first_line
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
-    d, s = DecodeOptions(), ServeConfig(checkpoint="-")
+    d, s = DecodeOptions(), ServeConfig(models={DEFAULT_MODEL: "-"})
     p = argparse.ArgumentParser(prog="raymt serve", description=__doc__)
-    p.add_argument("--checkpoint", required=True, help="raymt checkpoint or export directory, or its URI")
+    p.add_argument(
+        "--checkpoint",
+        help=f"raymt checkpoint or export directory, or its URI (the same as --model {DEFAULT_MODEL}=CKPT)",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=CKPT",
+        help="serve several models (repeat it): a request picks one by its model field or by its language pair",
+    )
+    p.add_argument(
+        "--models-per-replica", type=int, default=s.models_per_replica, help="models a replica holds at once; 0: all"
+    )
     p.add_argument("--engine", default=s.engine, help=f"decoding engine: {', '.join(SERVE_ENGINES)}")
     p.add_argument("--device", default=s.device, help="cpu, cuda or cuda:N")
     p.add_argument("--host", default=s.host, help="address to listen on")
@@ -64,7 +78,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         beam=args.beam, length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b
     )
     return ServeConfig(
-        checkpoint=args.checkpoint,
+        models=model_flags(args.checkpoint, args.model),
+        models_per_replica=args.models_per_replica,
         engine=args.engine,
         device=args.device,
         host=args.host,
@@ -85,6 +100,26 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         decode=decode,
         api_key_hashes=read_key_hashes(args.api_keys) if args.api_keys else [],
     )
+
+
+def model_flags(checkpoint: Optional[str], models: list[str]) -> dict[str, str]:
+    """The served models by name: `--checkpoint CKPT` is one model named default, each `--model
+    NAME=CKPT` one more; one-line errors for a mix of both, a bad form or a name given twice."""
+    if checkpoint is not None and models:
+        raise ValueError(
+            f"--checkpoint and --model: give one of them (--checkpoint CKPT = --model {DEFAULT_MODEL}=CKPT)"
+        )
+    if checkpoint is not None:
+        return {DEFAULT_MODEL: checkpoint}
+    out: dict[str, str] = {}
+    for flag in models:
+        name, sep, path = flag.partition("=")
+        if not (sep and name and path):
+            raise ValueError(f"--model {flag}: give NAME=CKPT, e.g. --model en-de=runs/en-de/best")
+        if name in out:
+            raise ValueError(f"--model {name}=... is given twice: one checkpoint a name")
+        out[name] = path
+    return out
 
 
 def read_key_hashes(path: str) -> list[str]:
@@ -110,7 +145,7 @@ def check_before_ray(cfg: ServeConfig) -> str:
                 f"raymt serve needs Ray Serve's packages ({package} is missing): pip install 'raymt[serve]'"
             )
     check_device(cfg.device)
-    engine = resolve_engine(cfg.engine, load_model_info(cfg.checkpoint))
+    engine = check_models(cfg)
     with socket.socket() as probe:
         try:
             probe.bind((cfg.host, cfg.port))
@@ -119,13 +154,25 @@ def check_before_ray(cfg: ServeConfig) -> str:
     return engine
 
 
+def check_models(cfg: ServeConfig) -> str:
+    """Each model's checkpoint and engine checked (a one-line error naming the model when there are
+    several); returns the engine's name."""
+    engines = []
+    for name, checkpoint in cfg.models.items():
+        try:
+            engines.append(resolve_engine(cfg.engine, load_model_info(checkpoint)))
+        except ValueError as err:
+            raise ValueError(f"--model {name}={checkpoint}: {err}" if len(cfg.models) > 1 else str(err)) from None
+    return ", ".join(sorted(set(engines)))
+
+
 def print_config(cfg: ServeConfig) -> int:
     """Print the `serve deploy` config file of cfg (YAML) after checking the model; exit status 0."""
     import yaml
 
     from raymt.serve.app import deploy_config
 
-    resolve_engine(cfg.engine, load_model_info(cfg.checkpoint))
+    check_models(cfg)
     print(yaml.safe_dump(deploy_config(cfg), sort_keys=False), end="")
     return 0
 
@@ -177,9 +224,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, stop)  # as Ctrl-C: Serve is shut down before exiting
     try:
         handle = start(cfg)
-        print(
-            f"raymt serve: {cfg.checkpoint} ({engine}) on http://{cfg.host}:{cfg.port}/ ; Ctrl-C stops it", flush=True
-        )
+        served = ", ".join(f"{name}={path}" for name, path in cfg.models.items())
+        print(f"raymt serve: {served} ({engine}) on http://{cfg.host}:{cfg.port}/ ; Ctrl-C stops it", flush=True)
         block(handle, args.status_every)
     except KeyboardInterrupt:
         pass

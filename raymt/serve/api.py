@@ -1,9 +1,9 @@
-"""The HTTP API of `raymt serve`, apart from Ray and the web framework: `Service.handle(method,
-path, content type, body)` gives a `Reply`. Routes: native `POST /v1/translate`,
-LibreTranslate's `POST /translate` (JSON or form-encoded) and `GET /languages`, `GET /health`,
-`GET /ready`, `GET /stats` and the page at `/`. Every error is JSON, `{"error": message}` (the
-LibreTranslate shape), with `"limit"` naming the server limit a request went over. Request text
-is never logged.
+"""The HTTP API of one served model, apart from Ray and the web framework: `Service.handle(method,
+path, content type, body)` gives a `Reply` to native `POST /v1/translate` and LibreTranslate's
+`POST /translate` (JSON or form-encoded); `replica_reply` answers a replica's `GET /health`,
+`/ready` and `/stats` (`raymt.serve.routing` the page, `/languages` and which model answers).
+Every error is JSON, `{"error": message}` (the LibreTranslate shape), with `"limit"` naming the
+server limit a request went over. Request text is never logged.
 """
 
 from __future__ import annotations
@@ -11,51 +11,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
-import time
-from dataclasses import dataclass, field, replace
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
 from typing import Any, Optional
-from urllib.parse import parse_qs
 
 from raymt.config import ServeConfig
+from raymt.config.serve import DEFAULT_MODEL
 from raymt.engines import Engine
-from raymt.errors import first_line
-from raymt.serve.batcher import Batcher, QueueFull
-from raymt.serve.page import PAGE
+from raymt.serve.batcher import Batcher, QueueFull, Stats
+from raymt.serve.routing import TRANSLATE_ROUTES, Refused, Reply, parse_body
 from raymt.serve.text import layout
 
 log = logging.getLogger(__name__)
-LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish"}
-
-
-@dataclass
-class Reply:
-    """An HTTP answer: status, body and extra headers."""
-
-    status: int
-    body: Any  # JSON-ready, or str for the page
-    headers: dict = field(default_factory=dict)
-    media_type: str = "application/json"
-
-    def content(self) -> bytes:
-        """The body as bytes."""
-        if isinstance(self.body, str):
-            return self.body.encode()
-        return json.dumps(self.body, ensure_ascii=False).encode()
-
-
-class Refused(Exception):
-    """A request the server will not do: its status, message and the limit it went over."""
-
-    def __init__(self, status: int, message: str, limit: Optional[str] = None, headers: Optional[dict] = None):
-        super().__init__(message)
-        self.status, self.limit, self.headers = status, limit, headers or {}
-
-    def reply(self) -> Reply:
-        """The JSON error reply."""
-        body = {"error": str(self)} | ({"limit": self.limit} if self.limit else {})
-        return Reply(self.status, body, self.headers)
 
 
 @dataclass
@@ -70,31 +38,21 @@ class Job:
 
 
 class Service:
-    """A replica's model behind the API: parses and checks requests, translates through its Batcher."""
+    """One served model behind the API: parses and checks requests, translates through its Batcher
+    (`thread`: the decoding thread, shared by the models of one replica)."""
 
-    def __init__(self, engine: Engine, cfg: ServeConfig):
-        self.engine, self.cfg, self.info = engine, cfg, engine.info
-        self.batcher = Batcher(engine, cfg.max_batch_tokens, cfg.max_queue_sentences)
-        self.loaded = time.time()
+    def __init__(self, engine: Engine, cfg: ServeConfig, name: str = DEFAULT_MODEL, thread: Optional[Executor] = None):
+        self.engine, self.cfg, self.info, self.name = engine, cfg, engine.info, name
+        self.batcher = Batcher(engine, cfg.max_batch_tokens, cfg.max_queue_sentences, thread)
 
     async def handle(self, method: str, path: str, content_type: str, body: bytes, authorization: str = "") -> Reply:
-        """The reply to one HTTP request (`authorization`: its Authorization header)."""
-        routes = {
-            ("GET", "/"): lambda: Reply(200, PAGE, media_type="text/html; charset=utf-8"),
-            ("GET", "/health"): lambda: Reply(200, {"status": "ok", "stats": self.batcher.stats.as_dict()}),
-            ("GET", "/ready"): lambda: Reply(200, {"ready": True, "model": self.info.location}),
-            ("GET", "/stats"): lambda: Reply(200, self.batcher.stats.as_dict()),
-            ("GET", "/languages"): lambda: Reply(200, self.languages()),
-        }
+        """The reply to one translation request (`authorization`: its Authorization header)."""
         try:
-            if (method, path) in routes:
-                return routes[(method, path)]()
-            if method == "POST" and path in ("/v1/translate", "/translate"):
-                fields = parse_body(content_type, body, self.cfg)
-                self.check_key(fields.get("api_key") or authorization.removeprefix("Bearer ").strip())
-                return await (self.native if path == "/v1/translate" else self.libre)(fields)
-            known = {p for _, p in routes} | {"/v1/translate", "/translate"}
-            raise Refused(405 if path in known else 404, f"{method} {path}: no such route")
+            if method != "POST" or path not in TRANSLATE_ROUTES:
+                raise Refused(404, f"{method} {path}: no such route")
+            fields = parse_body(content_type, body, self.cfg.max_body_bytes)
+            self.check_key(fields.get("api_key") or authorization.removeprefix("Bearer ").strip())
+            return await (self.native if path == "/v1/translate" else self.libre)(fields)
         except Refused as refused:
             return refused.reply()
         except Exception as err:  # a JSON 500 naming the error's type only: its text may quote the request
@@ -115,14 +73,6 @@ class Service:
                 403, "Invalid API key" if key else "Please provide an API key (api_key or Authorization: Bearer)"
             )
 
-    def languages(self) -> list[dict]:
-        """LibreTranslate's /languages: each source language with the targets it translates into."""
-        targets: dict[str, list[str]] = {}
-        for src, tgt in self.info.pairs:
-            targets.setdefault(src, []).append(tgt)
-        codes = sorted(set(targets) | {t for ts in targets.values() for t in ts})
-        return [{"code": c, "name": LANGUAGE_NAMES.get(c, c), "targets": sorted(targets.get(c, []))} for c in codes]
-
     async def native(self, fields: dict) -> Reply:
         """POST /v1/translate: {"text": str or [str], "source", "target", "beam", "alternatives"}."""
         text = fields.get("text")
@@ -134,7 +84,8 @@ class Service:
             for r in results
         ]  # fmt: skip
         target = job.target or self.info.target_langs[0]
-        return Reply(200, {"translations": out if isinstance(text, list) else out[0], "target": target})
+        translations = out if isinstance(text, list) else out[0]
+        return Reply(200, {"translations": translations, "target": target, "model": self.name})
 
     async def libre(self, fields: dict) -> Reply:
         """LibreTranslate's POST /translate: q, source, target, format, alternatives, api_key."""
@@ -248,19 +199,13 @@ def integer(value: Any, name: str, default: int) -> int:
         raise Refused(400, f"Invalid request: {name} must be an integer, not {value!r}") from None
 
 
-def parse_body(content_type: str, body: bytes, cfg: ServeConfig) -> dict:
-    """A request's fields from a JSON or form-encoded body (a repeated form field is a list)."""
-    if len(body) > cfg.max_body_bytes:
-        raise Refused(413, f"a body of {len(body)} bytes; the limit is {cfg.max_body_bytes}", "max_body_bytes")
-    kind = content_type.split(";")[0].strip().lower()
-    try:
-        if kind == "application/x-www-form-urlencoded":
-            form = parse_qs(body.decode("utf-8"), keep_blank_values=True)
-            return {k: v[0] if len(v) == 1 else v for k, v in form.items()}
-        fields = json.loads(body or b"{}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        what = "form-encoded" if kind == "application/x-www-form-urlencoded" else "JSON"
-        raise Refused(400, f"Invalid request: the body is not {what} ({first_line(err)})") from None
-    if not isinstance(fields, dict):
-        raise Refused(400, "Invalid request: the body must be a JSON object")
-    return fields
+def replica_reply(path: str, stats: list[Stats], models: list[str]) -> Reply:
+    """A replica's GET /health, /ready or /stats: its models' counters summed, the models it holds."""
+    summed = Stats.merged(stats).as_dict()
+    if path == "/health":
+        return Reply(200, {"status": "ok", "stats": summed})
+    if path == "/ready":
+        return Reply(200, {"ready": True, "models": models})
+    if path == "/stats":
+        return Reply(200, summed)
+    return Refused(404, f"GET {path}: no such route").reply()

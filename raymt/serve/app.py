@@ -1,20 +1,25 @@
-"""The Ray Serve side of `raymt serve`: a thin HTTP front (`Front`: body size, one retry when a
-translator replica dies, back pressure as a JSON 503) before the translator replicas (`Replica`:
-one engine, one `Service`, one `Batcher` each); their deployment options from a `ServeConfig`
-(`application`), the start on a running Ray cluster (`start`) and the config file of `serve
-deploy` (`deploy_config`, `build`). `raymt.serve.api` answers the requests.
+"""The Ray Serve side of `raymt serve`: a thin HTTP front (`Front`: body size, the model of each
+request, one retry when a translator replica dies, back pressure as a JSON 503) before the
+translator replicas (`Replica`: its models through Serve multiplexing, an engine, a `Service` and
+a `Batcher` each); their deployment options from a `ServeConfig` (`application`), the start on a
+running Ray cluster (`start`) and the config file of `serve deploy` (`deploy_config`, `build`).
+`raymt.serve.api` answers the translations, `raymt.serve.routing` picks the model.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from typing import Any
 
 from raymt.config import DecodeOptions, ServeConfig
 from raymt.errors import first_line
+from raymt.serve.routing import Refused, Router, parse_body
 
 APP_NAME = "raymt"
+# Serve's logs: warnings and errors only, no access line per request (request text is never logged).
+LOGGING = {"log_level": "WARNING", "enable_access_log": False}
 # How often a stopping replica looks whether its requests are done (Serve's default: 2 s).
 SHUTDOWN_POLL_S = 0.25
 
@@ -30,29 +35,61 @@ def on_gpu(cfg: ServeConfig) -> bool:
 
 
 class Replica:
-    """One Serve replica: the model loaded once into an engine, its API and its batching loop."""
+    """One Serve replica: its models loaded on demand through Serve multiplexing (at most
+    `cfg.models_held()` at once, the first ones at start), each an engine and its `Service`,
+    decoding one batch at a time on one shared thread."""
 
-    def __init__(self, cfg: dict):
+    async def __init__(self, cfg: dict):  # async: Serve awaits it, so the first models load through the multiplexer
         import torch
+        from ray import serve
 
+        from raymt.serve.batcher import decoding_thread
+
+        self.cfg = config_from_dict(cfg)
+        self.threads = max(1, int(self.cfg.cpus_per_replica))
+        torch.set_num_threads(self.threads)
+        self.thread = decoding_thread()
+        self.stats_of: dict = {}  # every model's counters, kept after it is unloaded
+
+        async def load(name: str) -> Any:
+            return await asyncio.to_thread(self.service, name)
+
+        # Serve's multiplexer routes each model's requests to the replicas holding it and unloads
+        # the least recently used beyond the limit (applied here: it is a ServeConfig option).
+        self.load = serve.multiplexed(max_num_models_per_replica=self.cfg.models_held())(load)
+        for name in list(self.cfg.models)[: self.cfg.models_held()]:
+            await self.load(name)
+
+    def service(self, name: str) -> Any:
+        """Model `name` loaded into an engine behind its Service."""
         from raymt.engines import load_engine
         from raymt.serve.api import Service
 
-        self.cfg = config_from_dict(cfg)
-        threads = max(1, int(self.cfg.cpus_per_replica))
-        torch.set_num_threads(threads)
         device = "cuda" if on_gpu(self.cfg) else self.cfg.device  # Ray shows the replica its one GPU
-        engine = load_engine(self.cfg.checkpoint, self.cfg.engine, device, threads)
-        self.service = Service(engine, self.cfg)
+        engine = load_engine(self.cfg.models[name], self.cfg.engine, device, self.threads)
+        service = Service(engine, self.cfg, name, self.thread)
+        self.stats_of[name] = service.batcher.stats
+        return service
 
     async def answer(self, method: str, path: str, content_type: str, body: bytes, authorization: str) -> tuple:
-        """One HTTP request's (status, body bytes, headers, media type), from the front."""
-        reply = await self.service.handle(method, path, content_type, body, authorization)
+        """One HTTP request's (status, body bytes, headers, media type), from the front: a
+        translation by the request's multiplexed model, else this replica's health or counters."""
+        from ray import serve
+
+        from raymt.serve.api import replica_reply
+
+        name = serve.get_multiplexed_model_id()
+        if name:
+            reply = await (await self.load(name)).handle(method, path, content_type, body, authorization)
+        else:
+            reply = replica_reply(path, list(self.stats_of.values()), list(self.stats_of))
         return reply.status, reply.content(), reply.headers, reply.media_type
 
     def stats(self) -> dict:
-        """This replica's counters (the status line)."""
-        return self.service.batcher.stats.as_dict()
+        """This replica's counters, all its models' summed (the status line)."""
+        from raymt.serve.batcher import Stats
+
+        return Stats.merged(list(self.stats_of.values())).as_dict()
 
 
 def error(status: int, message: str, limit: str = "", retry_after_s: int = 0) -> Any:
@@ -65,12 +102,16 @@ def error(status: int, message: str, limit: str = "", retry_after_s: int = 0) ->
 
 
 class Front:
-    """The HTTP ingress, thin: checks a body's declared size, passes each request to a translator
-    replica, retries it once on another when that replica dies, and turns Serve's back pressure
-    (`max_queued_requests`) into a JSON 503 with Retry-After."""
+    """The HTTP ingress, thin: checks a body's declared size, answers the page, `/languages` and
+    `/v1/models` itself, picks the model of a translation request (`Router.pick`), passes the
+    request to a translator replica holding that model (Serve multiplexing), retries it once on
+    another when that replica dies, and turns Serve's back pressure (`max_queued_requests`) into
+    a JSON 503 with Retry-After. `models`: every model's (source, target) pairs by name."""
 
-    def __init__(self, translator: Any, max_body_bytes: int, retry_after_s: int):
+    def __init__(self, translator: Any, models: dict, max_body_bytes: int, retry_after_s: int):
         self.translator, self.max_body_bytes, self.retry_after_s = translator, max_body_bytes, retry_after_s
+        self.router = Router(models, max_body_bytes)
+        self.handles: dict[str, Any] = {}  # the translator's handle for each model
         self.retried = 0
 
     async def __call__(self, request: Any) -> Any:
@@ -81,27 +122,36 @@ class Front:
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             message = f"a body of {declared} bytes; the limit is {self.max_body_bytes}"
             return error(413, message, "max_body_bytes")
-        args = (
-            request.method,
-            request.url.path,
-            request.headers.get("content-type", ""),
-            await request.body(),
-            request.headers.get("authorization", ""),
-        )
+        method, path, content_type = request.method, request.url.path, request.headers.get("content-type", "")
+        body = await request.body()
         try:
-            status, content, headers, media_type = await self.call(args)
+            reply = self.router.local(method, path)
+            if reply is not None:
+                return Response(reply.content(), reply.status, reply.headers, media_type=reply.media_type)
+            model = self.router.pick(parse_body(content_type, body, self.max_body_bytes)) if method == "POST" else ""
+            args = (method, path, content_type, body, request.headers.get("authorization", ""))
+            status, content, headers, media_type = await self.call(args, model)
+        except Refused as refused:
+            reply = refused.reply()
+            return Response(reply.content(), reply.status, reply.headers, media_type=reply.media_type)
         except Busy as busy:
             return error(503, f"the server is busy: {busy}", busy.limit, self.retry_after_s)
         return Response(content, status, headers, media_type=media_type)
 
-    async def call(self, args: tuple) -> tuple:
+    def handle(self, model: str) -> Any:
+        """The translator's handle for requests of `model` ("": any replica, e.g. GET /stats)."""
+        if model and model not in self.handles:
+            self.handles[model] = self.translator.options(multiplexed_model_id=model)
+        return self.handles[model] if model else self.translator
+
+    async def call(self, args: tuple, model: str = "") -> tuple:
         """The translator's answer; once more on another replica when the first one died."""
         from ray.exceptions import RayActorError
         from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
         for attempt in (1, 2):
             try:
-                return await self.translator.answer.remote(*args)
+                return await self.handle(model).answer.remote(*args)
             except BackPressureError as err:
                 raise Busy(first_line(err), "max_queued_requests") from None
             except (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError) as err:
@@ -154,7 +204,16 @@ def application(cfg: ServeConfig) -> Any:
         ray_actor_options={"num_cpus": 0},
         graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,
     )
-    return front.bind(translator.bind(dataclasses.asdict(cfg)), cfg.max_body_bytes, cfg.retry_after_s)
+    routes = model_pairs(cfg)
+    return front.bind(translator.bind(dataclasses.asdict(cfg)), routes, cfg.max_body_bytes, cfg.retry_after_s)
+
+
+def model_pairs(cfg: ServeConfig) -> dict[str, list[list[str]]]:
+    """Every served model's (source, target) pairs by name, read from its checkpoint's config
+    where the application is built (a URI's checkpoint is fetched into raymt's cache once)."""
+    from raymt.engines import load_model_info
+
+    return {name: [list(p) for p in load_model_info(ckpt).pairs] for name, ckpt in cfg.models.items()}
 
 
 def build(args: dict) -> Any:
@@ -169,11 +228,12 @@ def deploy_config(cfg: ServeConfig) -> dict:
     return {
         "proxy_location": "EveryNode",
         "http_options": {"host": cfg.host, "port": cfg.port},
-        "logging_config": {"log_level": "WARNING"},
+        "logging_config": dict(LOGGING),
         "applications": [
             {
                 "name": APP_NAME,
                 "route_prefix": "/",
+                "logging_config": dict(LOGGING),  # a copy: no YAML anchor in the file
                 "import_path": "raymt.serve.app:build",
                 "args": dataclasses.asdict(cfg),
             }
@@ -187,6 +247,5 @@ def start(cfg: ServeConfig) -> Any:
     from ray import serve
     from ray.serve.config import HTTPOptions
 
-    # WARNING: no access line per request in Serve's logs (request text is never logged anyway)
-    serve.start(http_options=HTTPOptions(host=cfg.host, port=cfg.port), logging_config={"log_level": "WARNING"})
-    return serve.run(application(cfg), name=APP_NAME, route_prefix="/")
+    serve.start(http_options=HTTPOptions(host=cfg.host, port=cfg.port), logging_config=LOGGING)
+    return serve.run(application(cfg), name=APP_NAME, route_prefix="/", logging_config=LOGGING)

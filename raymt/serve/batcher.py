@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Sequence
 
@@ -59,6 +59,21 @@ class Stats:
         """The counters as a JSON-ready dict."""
         return asdict(self)
 
+    @classmethod
+    def merged(cls, many: Sequence["Stats"]) -> "Stats":
+        """The counters of several models (one replica's): summed, the largest batch the largest."""
+        out = cls(started=min((s.started for s in many), default=time.time()))
+        for name in asdict(out):
+            if name != "started":
+                values = [getattr(s, name) for s in many]
+                setattr(out, name, max(values, default=0) if name.startswith("max_") else sum(values))
+        return out
+
+
+def decoding_thread() -> Executor:
+    """One thread that runs engine batches one after another."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="raymt-decode")
+
 
 def padded(costs: Sequence[int]) -> int:
     """A batch's padded size: sentences x the longest."""
@@ -66,9 +81,12 @@ def padded(costs: Sequence[int]) -> int:
 
 
 class Batcher:
-    """One replica's queue of sentences and the loop that decodes them in token-budget batches."""
+    """One replica's queue of sentences and the loop that decodes them in token-budget batches on
+    `thread` (one of its own when None; the models of one replica share one)."""
 
-    def __init__(self, engine: Engine, max_batch_tokens: int, max_queue_sentences: int):
+    def __init__(
+        self, engine: Engine, max_batch_tokens: int, max_queue_sentences: int, thread: Optional[Executor] = None
+    ):
         self.engine = engine
         self.max_batch_tokens = max_batch_tokens
         self.max_queue_sentences = max_queue_sentences
@@ -76,7 +94,7 @@ class Batcher:
         self.stats = Stats()
         self.wake: Optional[asyncio.Event] = None
         self.task: Optional[asyncio.Task] = None
-        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raymt-decode")
+        self.thread = thread or decoding_thread()
         self.next_request = 0
 
     def start(self) -> None:

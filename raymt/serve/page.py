@@ -1,5 +1,6 @@
-"""The one-page UI of `raymt serve` at `/`: a text box, the model's languages (GET /languages) and
-a Translate button (POST /translate); no external assets."""
+"""The one-page UI of `raymt serve` at `/`: a text box, the languages served (GET /languages), the
+model when the server has several (GET /v1/models) and a Translate button (POST /translate); no
+external assets."""
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -20,6 +21,7 @@ textarea { width: 100%; height: 10rem; font: inherit; box-sizing: border-box; }
 <div class="row">
   <label>From <select id="source"></select></label>
   <label>To <select id="target"></select></label>
+  <label id="models" hidden>Model <select id="model"><option value="">any</option></select></label>
   <button id="go" type="button">Translate</button>
 </div>
 <textarea id="input" placeholder="Text to translate"></textarea>
@@ -37,10 +39,14 @@ async function load() {
   languages = await (await fetch("/languages")).json();
   for (const l of languages.filter((l) => l.targets.length)) $("source").add(new Option(l.name, l.code));
   fillTargets();
+  const models = (await (await fetch("/v1/models")).json()).models;
+  for (const m of models) $("model").add(new Option(m.name, m.name));
+  $("models").hidden = models.length < 2;
 }
 async function translate() {
   $("error").textContent = "";
   const body = { q: $("input").value, source: $("source").value, target: $("target").value, format: "text" };
+  if ($("model").value) body.model = $("model").value;
   const response = await fetch("/translate", {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
   });

@@ -1,0 +1,128 @@
+"""`raymt serve --model NAME=CKPT ...` over real HTTP: two tiny checkpoints (a tagged en->de/fr
+model and a one-pair en->de one) behind Serve multiplexing, one model held a replica at a time;
+each request answered by the model its `model` field or its pair names, equal to `raymt
+translate`'s output for that checkpoint; the page at `/` in a headless Chromium (CI).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+from conftest import free_port
+from test_serve import cli_translation, http, serve_config, tagged  # noqa: F401 (a fixture)
+from test_tags import SENTENCES
+from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
+
+pytestmark = [pytest.mark.slow, pytest.mark.ci]
+
+
+@pytest.fixture(scope="module")
+def models(tagged, tmp_path_factory):  # noqa: F811 (the imported fixture)
+    """{name: checkpoint}: the tagged en->de/fr model of test_serve and a one-pair en->de model."""
+    return {"multi": str(tagged), "ende": str(make_checkpoint(tmp_path_factory.mktemp("models") / "ende", 3))}
+
+
+@pytest.fixture(scope="module")
+def server(models, ray_cluster):
+    """Both models served on the session's Ray head, one replica holding one model at a time."""
+    from ray import serve
+
+    from raymt.serve.app import start
+
+    cfg = serve_config("-", models=models, models_per_replica=1, port=free_port(), request_timeout_s=60.0)
+    start(cfg)
+    try:
+        yield f"http://127.0.0.1:{cfg.port}"
+    finally:
+        serve.shutdown()
+
+
+def test_each_request_is_answered_by_the_model_it_names_or_its_pair_picks(server, models, capsys):
+    want_fr = cli_translation(models["multi"], SENTENCES[:3], "fr", capsys)
+    want_ende = cli_translation(models["ende"], SENTENCES[:3], "de", capsys)
+    want_multi_de = cli_translation(models["multi"], SENTENCES[:3], "de", capsys)
+    assert want_ende != want_multi_de  # the two models answer differently
+    for _ in range(2):  # one model a replica: each request loads its model again
+        status, body, _ = http(f"{server}/v1/translate", {"text": SENTENCES[:3], "target": "fr"})
+        assert (status, body["model"], [t["text"] for t in body["translations"]]) == (200, "multi", want_fr)
+        status, body, _ = http(f"{server}/v1/translate", {"text": SENTENCES[:3], "target": "de", "model": "ende"})
+        assert (status, body["model"], [t["text"] for t in body["translations"]]) == (200, "ende", want_ende)
+    libre = {"q": SENTENCES[:3], "source": "en", "target": "de", "model": "multi"}
+    status, body, _ = http(f"{server}/translate", libre)
+    assert (status, body["translatedText"]) == (200, want_multi_de)
+    status, body, _ = http(f"{server}/translate", {"q": SENTENCES[0], "source": "en", "target": "fr"}, form=True)
+    assert (status, body["translatedText"]) == (200, want_fr[0])
+
+
+def test_an_ambiguous_or_unknown_model_is_a_400_naming_the_choices(server):
+    status, body, _ = http(f"{server}/v1/translate", {"text": "Hello.", "target": "de"})
+    assert status == 400 and "served by models multi, ende: name one in the model field" in body["error"]
+    status, body, _ = http(f"{server}/translate", {"q": "Hello.", "source": "en", "target": "de", "model": "x"})
+    assert (
+        status == 400
+        and "model 'x': no such model; this server serves multi (en-de, en-fr), ende (en-de)" in (body["error"])
+    )
+    status, body, _ = http(f"{server}/v1/translate", {"text": "Hello.", "target": "es"})
+    assert status == 400 and body["error"].startswith("no model translates any source -> es")
+
+
+def test_languages_and_models_list_what_each_model_serves(server):
+    assert http(f"{server}/languages")[1] == [
+        {"code": "de", "name": "German", "targets": []},
+        {"code": "en", "name": "English", "targets": ["de", "fr"]},
+        {"code": "fr", "name": "French", "targets": []},
+    ]
+    assert http(f"{server}/v1/models")[1] == {
+        "models": [{"name": "multi", "pairs": [["en", "de"], ["en", "fr"]]}, {"name": "ende", "pairs": [["en", "de"]]}]
+    }
+    assert http(f"{server}/ready")[1]["ready"] is True
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="no chromium and chromedriver on PATH (Debian: apt-get install chromium chromium-driver; .ci/run does)",
+)
+def test_the_page_in_headless_chromium_translates_a_typed_sentence(server, models, capsys):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra")
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console, on failure
+    wants = {
+        key: cli_translation(models[key[0]], SENTENCES, key[1], capsys) for key in (("multi", "fr"), ("ende", "de"))
+    }
+    # a sentence both untrained models answer with some text (most get an empty answer)
+    i = next(i for i in range(len(SENTENCES)) if all(want[i] for want in wants.values()))
+    t0 = time.time()
+    browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    try:
+        browser.get(f"{server}/")
+        wait = WebDriverWait(browser, 60)
+        wait.until(lambda b: len(Select(b.find_element("id", "model")).options) == 3)  # any, multi, ende
+        assert browser.find_element("id", "models").is_displayed()
+        Select(browser.find_element("id", "source")).select_by_value("en")
+        for model, target in (("", "fr"), ("ende", "de")):
+            Select(browser.find_element("id", "target")).select_by_value(target)
+            Select(browser.find_element("id", "model")).select_by_value(model)
+            browser.execute_script('document.getElementById("output").textContent = ""')
+            box = browser.find_element("id", "input")
+            box.clear()
+            box.send_keys(SENTENCES[i])
+            browser.find_element("id", "go").click()
+            shown = wait.until(lambda b: b.find_element("id", "output").text or b.find_element("id", "error").text)
+            assert shown == wants[(model or "multi", target)][i], browser.find_element("id", "error").text
+    except Exception:
+        print("browser console:", browser.get_log("browser"), "\npage:", browser.page_source[-1500:])
+        raise
+    finally:
+        browser.quit()
+    print(f"headless chromium: {time.time() - t0:.1f} s")
