@@ -1,13 +1,17 @@
 """The training feed of one worker: target tokens per second that a `TrainStream` hands out
 after start-up, on one core, at 32k-token batches, over several epochs (epoch boundaries
-included), on Multi30k and on a generated 2M-pair corpus.
+included), on Multi30k and on a generated 2M-pair corpus, for each order of reading the
+shards (data.shuffle_block_rows: 0, every shard whole and in order, and 1024-row blocks in an
+order of each epoch's), measured in turns and side by side.
 
     python benchmarks/feed.py [--multi30k DIR] [--pairs 2000000] [--corpus DIR] [--epochs 3]
+                              [--block-rows 0,1024] [--repeats 2]
 
 Multi30k is tokenized with a SentencePiece model trained on it and written in the prepared
 format (raymt.data.format) without Ray, as is the generated corpus (random ids, Multi30k-like
 lengths); both are cached under --work-dir. The stream reads the shards as in training.
-The last line is `feed: <N> target tok/s per worker` for the slower corpus.
+The last line is `feed: <N> target tok/s per worker` for the slower corpus, in the order a
+run reads by default (DataConfig's data.shuffle_block_rows).
 """
 
 from __future__ import annotations
@@ -47,6 +51,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3, help="epochs per corpus (capped by --max-batches)")
     p.add_argument("--max-batches", type=int, default=600, help="batches measured per corpus")
     p.add_argument("--cpu", type=int, default=None, help="pin this process to one core (default: its first)")
+    p.add_argument(
+        "--block-rows",
+        default="0,1024",
+        help="data.shuffle_block_rows values to measure, comma-separated (0: shards whole, in order)",
+    )
+    p.add_argument("--repeats", type=int, default=2, help="turns of every order; each order's best turn is shown")
     return p.parse_args(argv)
 
 
@@ -104,14 +114,21 @@ def generated_corpus(args: argparse.Namespace) -> str:
     return write_corpus(out, ragged(src_lens, rng), ragged(tgt_lens, rng), shard_pairs=100_000)
 
 
-def measure(corpus: str, args: argparse.Namespace) -> dict:
-    """Target tokens per second of one worker's stream from its first batch on, over epochs."""
+def feed(corpus: str, args: argparse.Namespace, block_rows: int) -> tuple:
+    """The corpus's shards as a one-pair run reads them in blocks of `block_rows`, and the data config."""
     from raymt.config import DataConfig
-    from raymt.data.epoch import Mix, Position
+    from raymt.data.epoch import Mix
+
+    files = Mix.of_shards(corpus_format.train_files(corpus, corpus_format.read_manifest(corpus)), block_rows)
+    return files, DataConfig(max_tokens=args.max_tokens, shuffle_block_rows=block_rows)
+
+
+def measure(corpus: str, args: argparse.Namespace, block_rows: int) -> dict:
+    """Target tokens per second of one worker's stream from its first batch on, over epochs."""
+    from raymt.data.epoch import Position
     from raymt.data.stream import TrainStream
 
-    files = Mix.of_shards(corpus_format.train_files(corpus, corpus_format.read_manifest(corpus)))
-    cfg = DataConfig(max_tokens=args.max_tokens)
+    files, cfg = feed(corpus, args, block_rows)
     stream = TrainStream(files, cfg, seed=1, rank=0, world_size=1, position=Position(0), num_epochs=args.epochs).start()
     t_start = time.perf_counter()
     tokens = batches = 0
@@ -142,16 +159,27 @@ def measure(corpus: str, args: argparse.Namespace) -> dict:
     }
 
 
-def boundary_waits(corpus: str, args: argparse.Namespace, continuous: bool) -> list[float]:
+def read_cpu(corpus: str, args: argparse.Namespace, block_rows: int) -> float:
+    """CPU seconds to read one worker's whole epoch 1 into its chunks' id columns (`read_plan`,
+    `chunks`, `flat`: the reader alone, without cutting or collating batches)."""
+    from raymt.data.epoch import epoch_slice
+    from raymt.data.stream import chunks, flat, read_plan
+
+    files, cfg = feed(corpus, args, block_rows)
+    t0 = time.process_time()
+    for table in chunks(read_plan(epoch_slice(files, 1, 1, 0, 1), files.corpus_of), cfg.shuffle_buffer_rows):
+        flat(table.column("src_ids")), flat(table.column("tgt_ids"))
+    return time.process_time() - t0
+
+
+def boundary_waits(corpus: str, args: argparse.Namespace, continuous: bool, block_rows: int) -> list[float]:
     """Seconds the consumer waited for each epoch's first batch (after the first epoch), with
     one stream over the epochs or, as the training loop does it, one stream per epoch whose
     next one starts after the current epoch's first batch."""
-    from raymt.config import DataConfig
-    from raymt.data.epoch import Mix, Position
+    from raymt.data.epoch import Position
     from raymt.data.stream import TrainStream
 
-    files = Mix.of_shards(corpus_format.train_files(corpus, corpus_format.read_manifest(corpus)))
-    cfg = DataConfig(max_tokens=args.max_tokens)
+    files, cfg = feed(corpus, args, block_rows)
     open_stream = lambda epoch, n=1: TrainStream(files, cfg, 1, 0, 1, Position(epoch), num_epochs=n)
     waits, t = [], time.perf_counter()
     if continuous:
@@ -177,29 +205,49 @@ def boundary_waits(corpus: str, args: argparse.Namespace, continuous: bool) -> l
 
 
 def main(argv=None) -> None:
-    """Prepare (or reuse) both corpora, then measure each on one core."""
+    """Prepare (or reuse) both corpora, then measure each in every order on one core."""
     args = parse_args(argv)
     import torch
 
+    from raymt.config import DataConfig
+
     torch.set_num_threads(1)
+    orders = [int(b) for b in args.block_rows.split(",")]
+    default = DataConfig().shuffle_block_rows
     cpu = args.cpu if args.cpu is not None else min(os.sched_getaffinity(0))
     corpora = {"multi30k": multi30k_corpus(args), "generated": args.corpus or generated_corpus(args)}
     os.sched_setaffinity(0, {cpu})  # this process (the worker's side of the feed) on one core
-    for continuous in (False, True):
-        waits = boundary_waits(corpora["multi30k"], args, continuous)
+    for block_rows in orders:
+        for continuous in (False, True):
+            waits = boundary_waits(corpora["multi30k"], args, continuous, block_rows)
+            print(
+                f"multi30k epoch-start waits, blocks {block_rows}, "
+                f"{'one stream over epochs' if continuous else 'a stream per epoch'}: "
+                + ", ".join(f"{w:.3f}" for w in waits)
+                + " s"
+            )
+    best: dict = {}  # (corpus, block rows) -> the measure of its fastest turn
+    read_s: dict = {}  # (corpus, block rows) -> its fewest CPU seconds to read an epoch
+    for _ in range(args.repeats):  # the orders in turns: a busy machine slows each alike
+        for name, path in corpora.items():
+            for b in orders:
+                r, key = measure(path, args, b), (name, b)
+                best[key] = max(best.get(key, r), r, key=lambda x: x["tok_per_s"])
+                read_s[key] = min(read_s.get(key, float("inf")), read_cpu(path, args, b))
+    for (name, block_rows), r in best.items():
         print(
-            f"multi30k epoch-start waits, {'one stream over epochs' if continuous else 'a stream per epoch'}: "
-            + ", ".join(f"{w:.3f}" for w in waits)
-            + " s"
-        )
-    results = {name: measure(path, args) for name, path in corpora.items()}
-    for name, r in results.items():
-        print(
-            f"{name:>10}: {r['tok_per_s']:>12,.0f} target tok/s  ({r['tgt_tokens']:,} tokens in "
-            f"{r['seconds']} s, {r['batches']} batches, {r['epochs_seen']} epoch(s), process CPU "
+            f"{name:>10}, blocks {block_rows:>5}: {r['tok_per_s']:>12,.0f} target tok/s  ({r['tgt_tokens']:,} "
+            f"tokens in {r['seconds']} s, {r['batches']} batches, {r['epochs_seen']} epoch(s), process CPU "
             f"{r['cpu_s']} s, first batch after {r['first_batch_s']} s)"
         )
-    slowest = min(r["tok_per_s"] for r in results.values())
+    for name in corpora:
+        print(f"{name:>10}: " + " | ".join(f"blocks {b}: {best[name, b]['tok_per_s']:,.0f}" for b in orders))
+        print(
+            f"{name:>10}: CPU s to read an epoch (reader alone, best turn): "
+            + " | ".join(f"blocks {b}: {read_s[name, b]:.2f}" for b in orders)
+        )
+    shown = default if default in orders else orders[-1]
+    slowest = min(best[name, shown]["tok_per_s"] for name in corpora)
     print(f"feed: {slowest:.0f} target tok/s per worker")
 
 

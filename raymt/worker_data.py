@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from raymt.config import Config, DataConfig
-from raymt.data.epoch import Mix, Position, batching_record, mix_record, training_data
+from raymt.data.epoch import Mix, Position, batching_record, mix_record, saved_batching, training_data
 from raymt.data.stream import TrainStream, resume_point
 from raymt.decoding import DecodeOptions
 from raymt.metrics import pair_metrics
@@ -32,11 +32,12 @@ class EpochFeed:
         """`state`: a checkpoint's train state (empty: a new run); `resumed`: this run's own, whose
         data positions carry over only to the same mix of corpora."""
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.files: Mix = training_data(train_files, cfg.data.temperature)
+        self.files: Mix = training_data(train_files, cfg.data.temperature, cfg.data.shuffle_block_rows)
         self.data_mix = mix_record(train_files, cfg.data.temperature)
         if resumed:
             check_data_mix(state.get("data_mix"), self.data_mix)
         saved = state.get("data_positions")
+        batching = saved_batching(state.get("data_batching"))  # a field it lacks at its old meaning
         self.position, self.segment = resume_point(
             self.files,
             cfg.data,
@@ -46,9 +47,9 @@ class EpochFeed:
             state.get("data_segment"),
             rank,
             world_size,
-            state.get("data_batching"),
+            batching,
         )
-        note = resize_note(saved, world_size, batching_changes(state.get("data_batching"), cfg.data))
+        note = resize_note(saved, world_size, batching_changes(batching, cfg.data))
         if note and rank == 0:
             left = self.segment.num_left() if self.segment else self.files.num_rows
             print(

@@ -149,6 +149,11 @@ class DataConfig(CorpusOptions):
     # tokens); GPU and compiled runs get GPU_SHAPE_BUCKETS (`device_defaults`).
     shape_buckets: int = 0
     shuffle_buffer_rows: int = 16384
+    # Each epoch reads every shard in blocks of this many rows, in an order drawn from (seed,
+    # epoch), so that the chunks of data.shuffle_buffer_rows pairs batches are cut from hold other
+    # pairs every epoch (a corpus of one shard too); 1024 is the token index's block. 0: every
+    # shard whole, in order (runs and checkpoints written before this field read so).
+    shuffle_block_rows: int = 1024
     eval_batch_size: int = 64
 
     def widest(self) -> int:
@@ -196,6 +201,10 @@ class DataConfig(CorpusOptions):
             f"(a ladder from data.pad_multiple to data.max_len + 1; GPU runs get {GPU_SHAPE_BUCKETS})",
         )
         check(self.shuffle_buffer_rows >= 0, f"data.shuffle_buffer_rows={self.shuffle_buffer_rows} must be >= 0")
+        check(
+            self.shuffle_block_rows >= 0,
+            f"data.shuffle_block_rows={self.shuffle_block_rows} must be >= 0 (0: shards read whole, in order)",
+        )
         self._check_corpora()
 
     def _check_corpora(self) -> None:
@@ -423,16 +432,22 @@ RENAMED = {
     ("train", "max_len_a"): ("decode", "max_len_a"),
     ("train", "max_len_b"): ("decode", "max_len_b"),
 }
+# Fields added since: the value a run config or checkpoint written without them meant.
+ADDED = {("data", "shuffle_block_rows"): 0}  # shards read whole, in order
 
 
 def _renamed(d: dict) -> dict:
-    """A copy of the nested config dict `d` with moved fields under their new names, and older
-    configs' one-pair fields (data.src_lang/tgt_lang/train/valid/test) read into data.corpora."""
+    """A copy of the nested config dict `d` with moved fields under their new names, fields added
+    since at what their absence meant (`ADDED`), and older configs' one-pair fields
+    (data.src_lang/tgt_lang/train/valid/test) read into data.corpora."""
     out = {section: dict(value) if isinstance(value, dict) else value for section, value in d.items()}
     for (section, name), (new_section, new_name) in RENAMED.items():
         if isinstance(out.get(section), dict) and name in out[section]:
             value = out[section].pop(name)
             out.setdefault(new_section, {}).setdefault(new_name, value)
+    for (section, name), value in ADDED.items():
+        if isinstance(out.get(section), dict):
+            out[section].setdefault(name, value)
     if isinstance(out.get("data"), dict):
         out["data"] = read_one_pair(out["data"], DataConfig().corpora)
     return out

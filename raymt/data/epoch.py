@@ -7,10 +7,12 @@ mix of one corpus that gives its size every epoch (`Mix.of_shards`); a prepared 
 several gives one corpus per pair and origin (docs/design-inputs.md section 4).
 
 - Corpus i's stream is its corpus epochs one after another, each its shards in a permutation
-  drawn from (seed, corpus epoch); epoch e takes its rows [e r_i, (e + 1) r_i), cut into
-  pieces of 1024 rows (`PIECE_ROWS`) and interleaved by `epoch_pieces`. The concatenated reads
-  are the epoch's plan (`epoch_reads`); one corpus read once an epoch is its shards in the
-  permutation [seed, epoch, 7919], whole.
+  drawn from (seed, corpus epoch), each shard whole or, with data.shuffle_block_rows
+  (`Mix.block_rows`), its blocks of that many rows in a permutation drawn from (seed, corpus
+  epoch) too, so that chunks hold other pairs every epoch; epoch e takes its rows
+  [e r_i, (e + 1) r_i), cut into pieces of 1024 rows (`PIECE_ROWS`) and interleaved by
+  `epoch_pieces`. The concatenated reads are the epoch's plan (`epoch_reads`); one corpus read
+  once an epoch is its shards in the permutation [seed, epoch, 7919], whole (or their blocks).
 - The plan's rows are cut into `world_size` contiguous slices holding equal numbers of tokens
   (from each shard's token index in the manifest; equal numbers of rows for shards without
   one), so that every rank cuts about as many token-budget batches (`slice_bounds`).
@@ -47,6 +49,8 @@ Read = tuple[str, int, int]  # (path, first row, end row) of one shard
 SHARD_ORDER = 7919
 # Mixes the epoch's pieces.
 MIX_STREAM = 7927
+# Orders each shard's blocks in a corpus epoch (`Mix.block_rows`).
+BLOCK_ORDER = 7933
 # Rows of one piece of the epoch's mixed schedule: the token index's block, so that a
 # worker's token share of a mixed epoch is cut at known counts.
 PIECE_ROWS = TOKEN_INDEX_ROWS
@@ -188,6 +192,7 @@ class Mix:
     corpora: Sequence[Sequence[Shard]]  # stored as tuples of `Shard`
     rows: Sequence[int]  # r_i: corpus i's rows per epoch (`raymt.data.inputs.epoch_rows`)
     piece_rows: int = PIECE_ROWS  # rows of one piece of the interleaved schedule
+    block_rows: int = 0  # shards read in blocks of this many rows in a new order each corpus epoch; 0: whole
 
     def __post_init__(self) -> None:
         corpora = tuple(tuple(Shard(*f) for f in shards) for shards in self.corpora)
@@ -197,7 +202,7 @@ class Mix:
         # (A corpus gives rows only if it has pairs; one pair's empty shards give an empty epoch.)
         assert len(self.rows) == len(corpora) > 0 and min(self.rows) >= 0, (len(corpora), self.rows)
         assert all(n > 0 or r == 0 for n, r in zip(self.sizes, self.rows)), (self.sizes, self.rows)
-        assert self.piece_rows > 0, self.piece_rows
+        assert self.piece_rows > 0 and self.block_rows >= 0, (self.piece_rows, self.block_rows)
         index = {f.path: i for i, shards in enumerate(corpora) for f in shards}
         assert len(index) == sum(map(len, corpora)), "a shard is listed twice"
         object.__setattr__(self, "_index", index)
@@ -207,13 +212,17 @@ class Mix:
 
     def __reduce__(self):
         # Sent to each worker (the lock does not pickle; the plans are computed again there).
-        return Mix, (self.corpora, self.rows, self.piece_rows)
+        return Mix, (self.corpora, self.rows, self.piece_rows, self.block_rows)
+
+    def with_blocks(self, block_rows: int) -> Mix:
+        """The same corpora and rows read in blocks of `block_rows` (0: shards whole); self if so already."""
+        return self if block_rows == self.block_rows else Mix(self.corpora, self.rows, self.piece_rows, block_rows)
 
     @classmethod
-    def of_shards(cls, shards: Sequence[Shard]) -> Mix:
+    def of_shards(cls, shards: Sequence[Shard], block_rows: int = 0) -> Mix:
         """One pair's shards (or (path, num_pairs) tuples): one corpus, read once every epoch."""
         shards = [Shard(*f) for f in shards]
-        return cls([shards], [sum(f.num_pairs for f in shards)])
+        return cls([shards], [sum(f.num_pairs for f in shards)], block_rows=block_rows)
 
     @classmethod
     def by_temperature(
@@ -222,10 +231,11 @@ class Mix:
         temperature: float,
         weights: Optional[Sequence[float]] = None,
         piece_rows: int = PIECE_ROWS,
+        block_rows: int = 0,
     ) -> Mix:
         """The mix of `corpora` sampled at `temperature` (p_i ~ (w_i n_i)^(1/T))."""
         sizes = [sum(Shard(*f).num_pairs for f in shards) for shards in corpora]
-        return cls(corpora, epoch_rows(sizes, temperature, weights), piece_rows)
+        return cls(corpora, epoch_rows(sizes, temperature, weights), piece_rows, block_rows)
 
     @property
     def sizes(self) -> list[int]:
@@ -261,10 +271,12 @@ class Mix:
         return self._shards[path]
 
 
-def training_data(train_files: list[Corpus], temperature: float) -> Mix:
+def training_data(train_files: list[Corpus], temperature: float, block_rows: int = 0) -> Mix:
     """What the workers read: a prepared corpus's training corpora (`format.corpora`) mixed at
-    `temperature` by their weights (one pair's a mix of one)."""
-    return Mix.by_temperature([c.files for c in train_files], temperature, [c.weight for c in train_files])
+    `temperature` by their weights (one pair's a mix of one), their shards read in blocks of
+    `block_rows` (data.shuffle_block_rows; 0: whole)."""
+    files, weights = [c.files for c in train_files], [c.weight for c in train_files]
+    return Mix.by_temperature(files, temperature, weights, block_rows=block_rows)
 
 
 def mix_record(train_files: list[Corpus], temperature: float) -> Optional[dict]:
@@ -288,11 +300,19 @@ def corpus_name(path: str) -> Optional[str]:
 
 def corpus_epoch_reads(mix: Mix, seed: int, corpus: int, k: int) -> list[Read]:
     """Corpus `corpus`'s epoch `k`: its shards in the permutation [seed, k, 7919, corpus]
-    ([seed, k, 7919], the one-pair order, in a mix of one)."""
+    ([seed, k, 7919], the one-pair order, in a mix of one), each whole or, with `mix.block_rows`,
+    its blocks of that many rows (the last may be short) in permutations drawn in shard order
+    from [seed, k, 7933, corpus] ([seed, k, 7933] in a mix of one)."""
     shards = mix.corpora[corpus]
-    key = [seed, k, SHARD_ORDER] + ([corpus] if len(mix.corpora) > 1 else [])
-    order = np.random.default_rng(key).permutation(len(shards))
-    return [(shards[i].path, 0, shards[i].num_pairs) for i in order if shards[i].num_pairs]
+    tail = [corpus] if len(mix.corpora) > 1 else []
+    order = np.random.default_rng([seed, k, SHARD_ORDER] + tail).permutation(len(shards))
+    if not mix.block_rows:
+        return [(shards[i].path, 0, shards[i].num_pairs) for i in order if shards[i].num_pairs]
+    blocks, size, reads = np.random.default_rng([seed, k, BLOCK_ORDER] + tail), mix.block_rows, []
+    for i in order:
+        path, n = shards[i].path, shards[i].num_pairs
+        reads += [(path, b * size, min(n, (b + 1) * size)) for b in blocks.permutation(-(-n // size)).tolist()]
+    return reads
 
 
 def epoch_reads(mix: Mix, seed: int, epoch: int) -> list[Read]:
@@ -464,9 +484,26 @@ def restore_position(saved: Optional[list], rank: int, world_size: int, epoch: i
 
 # The data fields that cut a worker's chunks into batches: a saved position counts batches cut
 # with them, so checkpoints record them (`batching_record`) and a resume given others re-cuts.
-BATCHING_FIELDS = ("max_len", "window_rows", "max_tokens", "shuffle_buffer_rows", "pad_multiple", "shape_buckets")
+# data.shuffle_block_rows orders the rows the chunks are cut from: positions count in that order.
+BATCHING_FIELDS = (
+    "max_len",
+    "window_rows",
+    "max_tokens",
+    "shuffle_buffer_rows",
+    "pad_multiple",
+    "shape_buckets",
+    "shuffle_block_rows",
+)
+# What a checkpoint whose record lacks a field (written before it existed) cut its batches with.
+BATCHING_BEFORE = {"shuffle_block_rows": 0}  # shards read whole, in order
 
 
 def batching_record(cfg: DataConfig) -> dict:
     """The fields of `cfg` that cut chunks into batches, as a checkpoint records them."""
     return {name: getattr(cfg, name) for name in BATCHING_FIELDS}
+
+
+def saved_batching(record: Optional[dict]) -> dict:
+    """The batching fields a checkpoint's positions were counted with: its record, a field it
+    lacks at what that meant before the field existed (`BATCHING_BEFORE`)."""
+    return {**BATCHING_BEFORE, **(record or {})}

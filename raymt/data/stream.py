@@ -9,8 +9,10 @@ plan says (`raymt.data.epoch`: the mix's reads, each worker's slice of equal tok
 chunks' batches, positions and segments):
 
 - a worker's slice is read in order (only the row groups holding it; each corpus keeps its
-  shard open and its last row group decoded for the pieces that follow) and cut into chunks
-  of `chunk_rows` rows; each chunk is shuffled and cut into token-budget batches
+  shard open and a row group decoded until the last piece or block of the visit that needs
+  it) and cut into chunks of `chunk_rows` rows (with data.shuffle_block_rows the slice's rows
+  are the shards' blocks in an order of the epoch's, so chunks hold other pairs every
+  epoch); each chunk is shuffled and cut into token-budget batches
   (`raymt.data.epoch.cut_chunk`), collated and handed out by a reader thread;
 - the position (epoch, chunk, batches consumed in the chunk) is all a checkpoint needs:
   a resumed worker skips whole files, re-cuts one chunk and drops the batches it had used.
@@ -51,6 +53,7 @@ from raymt.data.epoch import (
     epoch_reads,
     epoch_slice,
     restore_position,
+    saved_batching,
     skip_rows,
     slice_bounds,
     sub_plan,
@@ -67,19 +70,22 @@ def read_plan(plan: list[Read], corpus_of: Callable[[str], int]) -> Iterator[pa.
     the shards (local or any pyarrow filesystem). A Ray Data read per epoch cost 1.4-3.4 s
     before its first block and a few CPU-seconds of task start-up on cores busy training
     (benchmarks/NOTES.md); Ray Data does the parallel work before this (`raymt.data.prepare`).
-    A mixed plan has one read per 1024-row piece: each corpus keeps its shard open and its last
-    row group decoded for the pieces that follow (one open and one row group read per shard and
-    row group visited, not per piece).
+    A mixed plan has one read per 1024-row piece, a shuffled one (`Mix.block_rows`) one per block
+    in an order of its own: each corpus keeps its shard open while it reads there (a visit) and
+    each row group decoded until the visit's last read that needs it, up to a read of rows read
+    before (`_OpenShard`): one open per visit and one decode per row group it needs, not per
+    piece or block.
     """
     open_shards: dict[int, _OpenShard] = {}
+    corpora = [corpus_of(path) for path, _, _ in plan]
     try:
-        for path, start, end in plan:
-            corpus = corpus_of(path)
+        for i, (path, start, end) in enumerate(plan):
+            corpus = corpora[i]
             shard = open_shards.get(corpus)
             if shard is None or shard.path != path:
                 if shard is not None:
                     shard.close()
-                shard = open_shards[corpus] = _OpenShard(path)
+                shard = open_shards[corpus] = _OpenShard(path, _visit(plan, corpora, i))
             for table in shard.rows(start, end):
                 yield table.append_column("corpus", pa.array(np.full(len(table), corpus, np.int32)))
     finally:
@@ -87,28 +93,71 @@ def read_plan(plan: list[Read], corpus_of: Callable[[str], int]) -> Iterator[pa.
             shard.close()
 
 
-class _OpenShard:
-    """An open shard of a read, and the last row group read from it."""
+def _visit(plan: list[Read], corpora: list[int], i: int) -> list[tuple[int, int]]:
+    """The rows [start, end) of plan[i] and of the reads after it that its corpus makes of the
+    same shard before it reads another (the corpus's reads the shard stays open for)."""
+    path, corpus, out = plan[i][0], corpora[i], []
+    for j in range(i, len(plan)):
+        if corpora[j] == corpus:
+            if plan[j][0] != path:
+                break
+            out.append((plan[j][1], plan[j][2]))
+    return out
 
-    def __init__(self, path: str):
+
+class _OpenShard:
+    """An open shard, the reads its corpus makes of it before it moves to another shard (a visit)
+    and the row groups decoded that reads to come still need.
+
+    A visit is read in passes, each up to the first read of rows it has read before (a corpus
+    epoch of a small corpus read again): a row group is decoded once per pass that needs it,
+    whatever order the pass's pieces or blocks come in, and dropped after its last read there.
+    """
+
+    def __init__(self, path: str, reads: list[tuple[int, int]]):
         fs, local = filesystem(path)
         self.path, self.file = path, fs.open_input_file(local)
         self.parquet = pq.ParquetFile(self.file)
         meta = self.parquet.metadata
         # starts[g]: row group g's first row in the shard; starts[-1]: the shard's rows.
         self.starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]).tolist()
-        self.group, self.table = -1, None
+        self.reads, self.next = reads, 0  # the visit's reads, and the index of the next one
+        self.uses: dict[int, int] = {}  # row group -> reads of this pass still to come that need it
+        self.tables: dict[int, pa.Table] = {}
 
-    def rows(self, start: int, end: int) -> Iterator[pa.Table]:
-        """Rows [start, end) of the shard, one table per row group."""
+    def _groups(self, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+        """(row group, first row, end row) of the row groups holding rows [start, end)."""
         g = bisect.bisect_right(self.starts, start) - 1
         while g < len(self.starts) - 1 and self.starts[g] < end:
             lo, hi = max(start, self.starts[g]), min(end, self.starts[g + 1])
             if lo < hi:
-                if g != self.group:
-                    self.group, self.table = g, self.parquet.read_row_group(g, columns=COLUMNS)
-                yield self.table.slice(lo - self.starts[g], hi - lo)
+                yield g, lo, hi
             g += 1
+
+    def _count_pass(self) -> None:
+        """Count the row groups each read of the next pass needs."""
+        lo, hi = [], []  # the rows read so far in the pass: disjoint [lo, hi), sorted
+        for start, end in self.reads[self.next :]:
+            i = bisect.bisect_right(lo, start)
+            if (i and hi[i - 1] > start) or (i < len(lo) and lo[i] < end):
+                return  # rows read again: the next pass starts here
+            lo.insert(i, start), hi.insert(i, end)
+            for g, _, _ in self._groups(start, end):
+                self.uses[g] = self.uses.get(g, 0) + 1
+
+    def rows(self, start: int, end: int) -> Iterator[pa.Table]:
+        """Rows [start, end) of the shard (the visit's next read), one table per row group."""
+        if not self.uses:
+            self._count_pass()
+        self.next += 1
+        for g, lo, hi in list(self._groups(start, end)):
+            table = self.tables.get(g)
+            if table is None:
+                table = self.tables[g] = self.parquet.read_row_group(g, columns=COLUMNS)
+            self.uses[g] = self.uses.get(g, 1) - 1
+            if self.uses[g] <= 0:  # no read of this pass needs it again
+                del self.tables[g], self.uses[g]
+            yield table.slice(lo - self.starts[g], hi - lo)
 
     def close(self) -> None:
         """Close the file."""
@@ -345,12 +394,19 @@ def resume_point(
 ) -> tuple[Position, Optional[Segment]]:
     """Where a worker's stream starts from a checkpoint's positions (and segment): the saved
     position, or, when the checkpoint was written by a group of another size or cut its batches
-    with other `batching` fields (a resume with another data.max_tokens), the start of a segment
-    holding what the epoch has left (`resize_segment`, which cuts the old batches as they were)."""
+    with other `batching` fields (a resume with another data.max_tokens, or another
+    data.shuffle_block_rows: `files` are read in `cfg`'s), the start of a segment holding what
+    the epoch has left (`resize_segment`, which reads and cuts the old batches as they were)."""
     segment = Segment.from_dict(segment)
-    before = replace(cfg, **batching) if batching else cfg  # checkpoints before 12-05 record none
+    # Checkpoints before 12-05 record none; a record without data.shuffle_block_rows read shards whole.
+    before = replace(cfg, **saved_batching(batching)) if batching else cfg
     if saved and (len(saved) != world_size or before != cfg):
-        return Position(epoch), resize_segment(files, before, seed, epoch, saved, segment)
+        old = (
+            files.with_blocks(before.shuffle_block_rows)
+            if before.shuffle_block_rows != cfg.shuffle_block_rows
+            else files
+        )
+        return Position(epoch), resize_segment(old, before, seed, epoch, saved, segment)
     return restore_position(saved, rank, world_size, epoch), segment
 
 
