@@ -184,7 +184,7 @@ def test_bad_input_is_one_line_before_ray(checkpoint, case, tmp_path, no_ray, er
     err = err_lines()
     assert len(err) == 1 and err[0].startswith("raymt.backtranslate: error: "), err
     expected = {
-        "no_input": "does not exist",
+        "no_input": "missing file --input",
         "no_checkpoint": "does not exist",
         "corrupt_checkpoint": "cannot load",
         "direction": "translates en->de, so its input is en",

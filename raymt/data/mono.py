@@ -13,7 +13,16 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raymt import storage
-from raymt.data.text import check_text_column, file_kind, lines, open_binary, record_batches, table_rows, table_schema
+from raymt.data.text import (
+    check_text_column,
+    file_kind,
+    input_file_info,
+    lines,
+    open_binary,
+    record_batches,
+    table_rows,
+    table_schema,
+)
 from raymt.errors import InputError, first_line
 
 BATCH_ROWS = 10_000  # rows of a Parquet/Arrow input read at a time
@@ -33,15 +42,7 @@ class InputFile:
 
 def _file_info(path: str) -> InputFile:
     """An input file's kind, size and mtime; one line when it is missing or unreadable."""
-    fs, fs_path = storage.filesystem(path)
-    try:
-        info = fs.get_file_info(fs_path)
-    except (OSError, pa.ArrowException) as err:
-        raise ValueError(f"cannot access --input {path}: {first_line(err)}; check the URI and credentials") from None
-    if info.type == pafs.FileType.NotFound:
-        raise ValueError(f"--input {path} does not exist: check the path (a file, glob, directory or s3:// URI)")
-    if info.type != pafs.FileType.File:
-        raise ValueError(f"--input {path} is not a file")
+    info = input_file_info(path, f"--input {path}", "a file, glob, directory or s3:// URI")
     return InputFile(path, file_kind(path), int(info.size or 0), info.mtime_ns)
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raymt import storage
@@ -25,13 +24,14 @@ from raymt.data.text import (
     check_text_column,
     decode,
     file_kind,
+    input_file_info,
     lines,
     record_batches,
     resolve,
     strip_compression,
     table_schema,
 )
-from raymt.errors import InputError, first_line
+from raymt.errors import InputError
 from raymt.storage import filesystem
 
 KINDS = ("text", "tsv", "jsonl", "parquet", "pairs")
@@ -204,18 +204,10 @@ def _resolved_columns(source: Source, cfg: PrepareConfig) -> tuple[Optional[str]
 
 def _file_info(uri: str) -> dict:
     """Size and mtime of an input file; one-line errors when it is missing or empty."""
-    fs, path = filesystem(uri)
-    try:
-        info = fs.get_file_info(path)
-    except (OSError, pa.ArrowException) as err:
-        raise InputError(f"cannot access {uri}: {first_line(err)}") from None
-    if info.type == pafs.FileType.NotFound:
-        raise InputError(f"missing file {uri}: check the path (inputs are local paths or s3://, gs://, hdfs:// URIs)")
-    if info.type != pafs.FileType.File:
-        raise InputError(f"{uri} is not a file: pass a file (or a prefix for text pairs)")
+    info = input_file_info(uri)
     if not info.size:
         raise InputError(f"{uri} is empty: pass a file with sentence pairs")
-    return {"path": uri if "://" in uri else path, "size": info.size, "mtime_ns": info.mtime_ns}
+    return {"path": uri if "://" in uri else filesystem(uri)[1], "size": info.size, "mtime_ns": info.mtime_ns}
 
 
 def check_source(source: Source, cfg: PrepareConfig, split: str) -> dict:

@@ -13,6 +13,7 @@ import zlib
 from typing import Any, Iterator, Optional, Sequence, Union
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raymt.errors import InputError, first_line
@@ -27,6 +28,24 @@ COLUMNAR_SUFFIXES = (".parquet", *ARROW_SUFFIXES)  # read by column name: file k
 # Files of rows with columns (kinds tsv, jsonl, parquet); any other name is text: a file of lines,
 # or for parallel data a PREFIX of PREFIX.<src> and PREFIX.<tgt>.
 TABLE_SUFFIXES = (*TSV_SUFFIXES, *JSONL_SUFFIXES, *COLUMNAR_SUFFIXES)
+
+
+def input_file_info(
+    uri: str, name: Optional[str] = None, hint: str = "a local path or an s3://, gs://, hdfs:// URI"
+) -> pafs.FileInfo:
+    """An input file's metadata (pyarrow FileInfo: size, mtime); a one-line `InputError` naming it
+    (`name`, default its URI) when it cannot be reached, is missing or is not a file."""
+    name = name or uri
+    fs, path = filesystem(uri)
+    try:
+        info = fs.get_file_info(path)
+    except (OSError, pa.ArrowException) as err:
+        raise InputError(f"cannot access {name}: {first_line(err)}; check the URI and credentials") from None
+    if info.type == pafs.FileType.NotFound:
+        raise InputError(f"missing file {name}: check the path ({hint})")
+    if info.type != pafs.FileType.File:
+        raise InputError(f"{name} is not a file: pass a file ({hint})")
+    return info
 
 
 @contextlib.contextmanager
