@@ -242,6 +242,10 @@ class BacktranslateActor:
         self.writes = storage.is_uri(output) or ray.get_runtime_context().get_node_id() == driver_node
         self.engine = load_engine(checkpoint, engine, device, num_threads, self.bt.compute_type, cache)
 
+    def ready(self) -> bool:
+        """True once the actor is up (the driver's sign that a restarted actor takes shards again)."""
+        return True
+
     def translate_shard(self, shard: int, block: pa.Table) -> dict:
         """Translate a whole shard and write its file; a small record back (shard, lines, counts),
         with the file's bytes only when this machine cannot write to --output."""
@@ -387,8 +391,8 @@ def _clock(seconds: float) -> str:
 
 
 def start_actors(job: Job) -> list:
-    """The decoding actors (no more than shards to do), restarted by Ray if one dies and its
-    shards retried; spread over the cluster's machines."""
+    """The decoding actors (no more than shards to do), restarted by Ray if one dies (its shards
+    go to the live ones: `ActorPool`); spread over the cluster's machines."""
     import ray
 
     from raymt.evaluate import actor_plan, default_actors
@@ -401,7 +405,7 @@ def start_actors(job: Job) -> list:
         num_cpus=plan.cpus,
         num_gpus=plan.gpus,
         max_restarts=-1,
-        max_task_retries=-1,  # a shard of a dead actor is decoded again once Ray restarted it
+        max_task_retries=0,  # a dead actor's shards fail at once and go to a live actor (ActorPool)
         scheduling_strategy="SPREAD",
     )
     kwargs = {
@@ -420,35 +424,81 @@ def start_actors(job: Job) -> list:
     return [actor.remote(**kwargs) for _ in range(num_actors)]
 
 
-def run_on_cluster(job: Job, progress: Progress) -> None:
-    """Read the shards to do here and hand each to the least busy actor, which writes its file;
-    at most QUEUE_PER_ACTOR shards per actor at a time, so memory stays flat in the input's size."""
-    import ray
+class ActorPool:
+    """The decoding actors and the shards handed to each, at most QUEUE_PER_ACTOR per actor at a
+    time, so memory stays flat in the input's size. A shard of an actor that died goes to a live
+    actor at once rather than waiting for Ray to restart it (an engine's load: ~40 s); the
+    restarted actor takes shards again once it answers."""
 
-    actors = start_actors(job)
-    queued = [0] * len(actors)
-    pending: dict[Any, int] = {}  # a shard's record (ObjectRef) -> its actor's index
+    def __init__(self, actors: list, progress: Progress):
+        self.actors, self.progress = actors, progress
+        self.queued = [0] * len(actors)
+        self.tasks: dict[Any, tuple[int, int, pa.Table]] = {}  # a shard's record (ObjectRef) -> actor, shard, block
+        self.restarting: dict[Any, int] = {}  # a dead actor's `ready` call (ObjectRef) -> its index
+        self.orphans: list[tuple[int, pa.Table]] = []  # dead actors' shards, for the next live slot
 
-    def collect() -> None:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=job.bt.progress_s)
+    def full(self) -> bool:
+        """True while every live actor has QUEUE_PER_ACTOR shards (or none is live)."""
+        return len(self.tasks) >= QUEUE_PER_ACTOR * (len(self.actors) - len(self.restarting))
+
+    def put(self, shard: int, block: pa.Table) -> None:
+        """Hand a shard to the live actor with the fewest queued, once one has room."""
+        while self.full():
+            self.collect()
+        down = set(self.restarting.values())
+        i = min((j for j in range(len(self.actors)) if j not in down), key=lambda j: self.queued[j])
+        self.tasks[self.actors[i].translate_shard.remote(shard, block)] = (i, shard, block)
+        self.queued[i] += 1
+
+    def drain(self) -> None:
+        """Wait until every shard handed out is done (a dead actor's by a live one)."""
+        while self.tasks or self.orphans:
+            self.collect()
+
+    def collect(self) -> None:
+        """Take the shards finished within --progress-s, and the restarted actors."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        ready, _ = ray.wait([*self.tasks, *self.restarting], num_returns=1, timeout=self.progress.job.bt.progress_s)
         for ref in ready:
-            queued[pending.pop(ref)] -= 1
-            progress.add(ray.get(ref))
-        progress.show()
+            if ref in self.restarting:
+                i = self.restarting.pop(ref)
+                try:
+                    ray.get(ref)
+                except RayActorError:  # died again while restarting: wait for the next restart
+                    self.restarting[self.actors[i].ready.remote()] = i
+                continue
+            i, shard, block = self.tasks.pop(ref)
+            self.queued[i] -= 1
+            try:
+                self.progress.add(ray.get(ref))
+            except RayActorError:  # the actor died (Ray restarts it): its shards go elsewhere
+                if i not in self.restarting.values():
+                    self.restarting[self.actors[i].ready.remote()] = i
+                self.orphans.append((shard, block))
+        while self.orphans and not self.full():
+            self.put(*self.orphans.pop(0))
+        self.progress.show()
 
+    def close(self) -> None:
+        """Kill the actors at once: a failed run's actors must not hold the cluster's CPUs."""
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+
+
+def run_on_cluster(job: Job, progress: Progress) -> None:
+    """Read the shards to do here and hand each to the actor pool, whose actors write their files."""
+    pool = ActorPool(start_actors(job), progress)
     progress.started = progress.printed = time.time()  # the rate counts decoding, not Ray's start
     try:
         for shard, block in shard_inputs(job):
-            while len(pending) >= QUEUE_PER_ACTOR * len(actors):
-                collect()
-            i = queued.index(min(queued))
-            pending[actors[i].translate_shard.remote(shard, block)] = i
-            queued[i] += 1
-        while pending:
-            collect()
+            pool.put(shard, block)
+        pool.drain()
     finally:
-        for actor in actors:  # at once: a failed run's actors must not hold the cluster's CPUs
-            ray.kill(actor)
+        pool.close()
 
 
 def summary(job: Job, seconds: float, progress: Progress) -> str:

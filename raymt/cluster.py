@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import re
+import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -137,6 +139,19 @@ GROW_PRINT_S = 30.0
 # How long `can_grow` waits for a fresh head's autoscaler to send its first report
 # (one update: 5 s by default, more on a loaded head).
 FIRST_REPORT_S = 30.0
+# How long `grow` lets an autoscaler that launches nothing and adds nothing stay so before it
+# names the request infeasible (max_workers reached, the cloud's quota): an autoscaler that can
+# grow shows a pending launch within an update or two of the request (5 s each by default).
+STALL_S = 30.0
+
+
+@dataclass
+class Growth:
+    """What the autoscaler reports doing about the cluster's size (`RayCluster.growth`)."""
+
+    pending: int = 0  # nodes being launched or starting
+    failures: tuple[str, ...] = ()  # its failed launches ("gpu_8x: quota exceeded")
+    most: Optional[dict] = None  # the most its node types' max_workers allow, where it says
 
 
 class RayCluster:
@@ -182,6 +197,37 @@ class RayCluster:
         raw = _internal_kv_get(DEBUG_AUTOSCALING_STATUS)
         report = json.loads(raw).get("autoscaler_report") if raw else None
         return (report or {}).get("node_type_mapping") or {}
+
+    def growth(self) -> Growth:
+        """Nodes the autoscaler is launching or starting, its failed launches, and (autoscaler v2,
+        where the cluster config is in the GCS) the most its node types reach."""
+        from ray.autoscaler.v2.utils import is_autoscaler_v2
+
+        if is_autoscaler_v2():
+            import ray
+            from ray._private.state import state
+            from ray.autoscaler.v2.sdk import get_cluster_status
+
+            status = get_cluster_status(ray.get_runtime_context().gcs_address)
+            return Growth(
+                pending=sum(launch.count for launch in status.pending_launches) + len(status.pending_nodes),
+                failures=tuple(f"{f.ray_node_type_name}: {f.details}" for f in status.failed_launches),
+                most=state.get_max_resources_from_cluster_config(),
+            )
+        from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        raw = _internal_kv_get(DEBUG_AUTOSCALING_STATUS)
+        report = (json.loads(raw).get("autoscaler_report") if raw else None) or {}
+        unavailable = ((report.get("node_availability_summary") or {}).get("node_availabilities") or {}).values()
+        return Growth(
+            pending=sum((report.get("pending_launches") or {}).values()) + len(report.get("pending_nodes") or ()),
+            failures=tuple(
+                f"{a['node_type']}: {(a.get('unavailable_node_information') or {}).get('description', '')}"
+                for a in unavailable
+                if not a.get("is_available", True)
+            ),
+        )
 
     def nodes(self) -> list[dict]:
         """Each alive node's total resources ([{"CPU": 8.0, "GPU": 1.0, ...}, ...])."""
@@ -252,12 +298,20 @@ def grow(
         bundles = [{"CPU": float(cpus_each or 1.0)}] * num + [{"CPU": 1.0}]
         unit, need = "CPU", sum(b["CPU"] for b in bundles)
     cluster.request(bundles)
-    start, printed = cluster.now(), None
+    start, printed, moved, had = cluster.now(), None, cluster.now(), None
     while True:
         total = cluster.resources()
         if not _short(num, use_gpu, cpus_each, total):
             return total
-        elapsed, have = cluster.now() - start, total.get(unit, 0)
+        now, have, elapsed = cluster.now(), total.get(unit, 0), cluster.now() - start
+        try:
+            growth = cluster.growth()
+        except Exception:  # noqa: BLE001 - no status from Ray this time: taken as still growing (the timeout bounds it)
+            growth = Growth(pending=1)
+        if growth.pending or have != had:  # launching, or a node came or went
+            moved, had = now, have
+        if (growth.most is not None and growth.most.get(unit, 0) < need) or now - moved >= STALL_S:
+            raise ValueError(stalled(what, unit, have, need, growth, fix))
         if elapsed >= timeout_s:
             raise ValueError(
                 f"{what}: the autoscaler brought {have:g}/{need:g} {unit}s up in "
@@ -272,6 +326,19 @@ def grow(
             )
             printed = elapsed
         cluster.sleep(min(GROW_POLL_S, max(0.0, timeout_s - elapsed)))
+
+
+def stalled(what: str, unit: str, have: float, need: float, growth: Growth, fix: str) -> str:
+    """The one line of a request the autoscaler cannot meet: what it lacks, why, what to change."""
+    if growth.most is not None and growth.most.get(unit, 0) < need:
+        why = f"its node types' max_workers reach at most {growth.most.get(unit, 0):g}"
+    else:
+        failed = f"; failed launches: {'; '.join(growth.failures)}" if growth.failures else ""
+        why = f"{have:g} are up and it has launched no node for {STALL_S:.0f} s (max_workers or quota{failed})"
+    return (
+        f"{what} needs {need:g} {unit}s and the autoscaler cannot bring them up: {why}: raise the node "
+        f"types' max_workers (cluster.yaml) or the cloud's quota, or {fix}"
+    )
 
 
 def check_shared(location: str, flag: str = "--storage-path", cluster: Optional[RayCluster] = None) -> None:
@@ -298,11 +365,37 @@ def check_shared(location: str, flag: str = "--storage-path", cluster: Optional[
         )
 
 
-def release_request(cluster: Optional[RayCluster] = None) -> None:
-    """Withdraw this job's request to the autoscaler, so that idle nodes may go (no-op without one)."""
+# How long `release_request` waits for Ray to take the withdrawal: it hung once at the end of
+# `raymt evaluate` (cause not found), in calls to the GCS that have no timeout of their own.
+RELEASE_TIMEOUT_S = 30.0
+
+
+def release_request(cluster: Optional[RayCluster] = None, timeout_s: Optional[float] = None) -> None:
+    """Withdraw this job's request to the autoscaler, so that idle nodes may go (no-op without one).
+    Bounded by `timeout_s` (RELEASE_TIMEOUT_S): past it, one line says what stays and goes on."""
     cluster = cluster or RayCluster()
-    if cluster.can_grow(wait_s=0.0):  # a job that asked had its answer: the autoscaler has reported
-        cluster.request([])
+    timeout_s = RELEASE_TIMEOUT_S if timeout_s is None else timeout_s
+    failed: list[BaseException] = []
+
+    def withdraw() -> None:
+        try:
+            if cluster.can_grow(wait_s=0.0):  # a job that asked had its answer: the autoscaler has reported
+                cluster.request([])
+        except BaseException as err:  # noqa: BLE001 - raised in the caller's thread below
+            failed.append(err)
+
+    thread = threading.Thread(target=withdraw, daemon=True, name="raymt-release-request")
+    thread.start()
+    thread.join(timeout_s)
+    if failed:
+        raise failed[0]
+    if thread.is_alive():
+        print(
+            f"raymt: error: the autoscaler request was not withdrawn in {timeout_s:g} s (Ray did not answer): "
+            "its nodes stay up until a new job's request replaces it (`ray status` shows it)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 # Ray's own loggers: on the console only their warnings and errors, minus known chatter.
@@ -349,6 +442,27 @@ class _QuietFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= logging.WARNING and not is_chatter(record.getMessage())
+
+
+# The logger through which Ray Train (2.60) prints, in the worker, the traceback of an exception
+# its training function raised ("Error in training function:", ray.train.v2._internal.util).
+RAY_TRAIN_ERROR_LOGGER = "ray.train.v2._internal.util"
+
+
+class _UserErrorFilter(logging.Filter):
+    """Drops Ray Train's print of a training worker's one-line ValueError (a CUDA out-of-memory's
+    hint): the driver prints that line alone (raymt.train.main). Ray logs it while the exception
+    is being handled, so it is `sys.exc_info()` here; other errors keep their traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(sys.exc_info()[1], ValueError) and record.getMessage().startswith("Error in training"))
+
+
+def quiet_user_errors() -> None:
+    """In a Ray Train worker: its one-line errors reach the console only through the driver."""
+    logger = logging.getLogger(RAY_TRAIN_ERROR_LOGGER)
+    if not any(isinstance(f, _UserErrorFilter) for f in logger.filters):
+        logger.addFilter(_UserErrorFilter())
 
 
 def quiet_console() -> None:

@@ -13,6 +13,7 @@ import ray.train
 import ray.train.torch
 import torch
 
+from raymt.cluster import quiet_user_errors
 from raymt.config import Config
 from raymt.distributed import group_collective, place_model
 from raymt.precision import recorded
@@ -60,6 +61,7 @@ class WorkerLoop(Hooks):
     def on_ray_train(cls, loop_config: dict) -> "WorkerLoop":
         """This Ray Train worker's loop: its device, worker group, checkpoint, model and loader
         preparation and reports are Ray Train's (the one place raymt calls them)."""
+        quiet_user_errors()  # a one-line error (CUDA out of memory) without Ray's traceback print
 
         def report(metrics: dict, checkpoint_dir: Optional[str]) -> None:
             checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None

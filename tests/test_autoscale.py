@@ -1,11 +1,12 @@
 """Autoscaling clusters: the planner asks Ray's autoscaler to grow and waits, boundedly, instead of refusing."""
 
+import re
 import time
 
 import pytest
 
 from raymt import train
-from raymt.cluster import FIRST_REPORT_S, RayCluster, plan, release_request
+from raymt.cluster import FIRST_REPORT_S, GROW_POLL_S, STALL_S, Growth, RayCluster, plan, release_request
 from raymt.flags import build_config
 
 
@@ -17,14 +18,24 @@ class FakeCluster(RayCluster):
         self.autoscaler, self.max_nodes, self.node_every_s = autoscaler, max_nodes, node_every_s
         self.report_after_s = report_after_s  # a fresh head's autoscaler: no report before then
         self.gpus_per_node, self.clock, self.requests, self.requested_at = gpus_per_node, 0.0, [], None
+        self.failures, self.most = (), None  # what growth() reports beside its pending launches
+
+    def _nodes(self) -> tuple[int, int]:
+        """(nodes up, nodes it will have): up to max_nodes, one every node_every_s after a request."""
+        if self.requested_at is None or not self.requests[-1]:
+            return 0, 0
+        wanted = -(-sum(b.get("GPU", 0) for b in self.requests[-1]) // self.gpus_per_node)
+        grown = int((self.clock - self.requested_at) // self.node_every_s)
+        target = min(wanted, self.max_nodes)
+        return min(grown, target), target
 
     def resources(self):
-        nodes = 0
-        if self.requested_at is not None and self.requests[-1]:
-            wanted = -(-sum(b.get("GPU", 0) for b in self.requests[-1]) // self.gpus_per_node)
-            grown = int((self.clock - self.requested_at) // self.node_every_s)
-            nodes = min(grown, wanted, self.max_nodes)
+        nodes = self._nodes()[0]
         return {"CPU": 16.0 + 96.0 * nodes, "GPU": float(self.gpus_per_node * nodes)}
+
+    def growth(self):  # a node launching until max_nodes are up (Ray's pending_launches)
+        up, target = self._nodes()
+        return Growth(pending=int(up < target), failures=self.failures, most=self.most)
 
     def _node_types(self):  # what Ray's autoscaler reports: a configured head, or a read-only one
         if self.clock < self.report_after_s:
@@ -54,14 +65,75 @@ def test_autoscaling_cluster_grows_to_the_request_and_prints_progress(capsys):
     assert "8/16 GPUs up, 2:00 of" in lines[-1] and len(lines) == 5  # a line every 30 s, not every poll
 
 
-def test_autoscaling_cluster_that_cannot_grow_enough_times_out_with_one_line(capsys):
+def test_autoscaler_that_stops_short_is_named_within_a_minute_not_at_the_timeout(capsys):
+    """max_workers (or a quota) reached at one 8-GPU node of 16 GPUs: the autoscaler launches
+    nothing more; that is said STALL_S after the last node came, not when the 15 minutes end."""
     cluster = FakeCluster(max_nodes=1)
+    with pytest.raises(ValueError) as err:
+        plan(16, use_gpu=True, grow_timeout_s=900, cluster=cluster)
+    message = str(err.value)
+    assert "\n" not in message and 60 + STALL_S <= cluster.clock <= 60 + STALL_S + GROW_POLL_S
+    assert message == (
+        "train.num_workers=16 needs 16 GPUs and the autoscaler cannot bring them up: 8 are up and it has "
+        f"launched no node for {STALL_S:.0f} s (max_workers or quota): raise the node types' max_workers "
+        "(cluster.yaml) or the cloud's quota, or lower --num-workers"
+    )
+
+
+def test_autoscaler_failed_launches_and_max_workers_are_named():
+    quota = FakeCluster(max_nodes=0)  # every launch fails: nothing ever comes up
+    quota.failures = ("gpu_8x: VcpuLimitExceeded: You have requested more vCPU capacity than your quota",)
+    with pytest.raises(ValueError, match=r"0 are up and .* \(max_workers or quota; failed launches: gpu_8x: Vcpu"):
+        plan(16, use_gpu=True, grow_timeout_s=900, cluster=quota)
+    assert quota.clock <= STALL_S + GROW_POLL_S
+    capped = FakeCluster()
+    capped.most = {"CPU": 208.0, "GPU": 8.0}  # autoscaler v2 has the cluster config: said at once
+    with pytest.raises(ValueError, match="needs 16 GPUs and the autoscaler cannot bring them up: its node types' "):
+        plan(16, use_gpu=True, grow_timeout_s=900, cluster=capped)
+    assert capped.clock == 0
+
+
+def test_autoscaler_still_launching_waits_until_the_timeout_with_one_line():
+    cluster = FakeCluster(node_every_s=400)  # slow nodes, launching all along
     with pytest.raises(ValueError) as err:
         plan(16, use_gpu=True, grow_timeout_s=600, cluster=cluster)
     message = str(err.value)
     assert "\n" not in message and cluster.clock == 600  # bounded: stops at the timeout
     assert "the autoscaler brought 8/16 GPUs up in 10:00 (train.autoscale_timeout_s)" in message
     assert "lower --num-workers" in message
+
+
+def test_growth_reads_the_autoscalers_v1_report(monkeypatch):
+    """The report of Ray 2.60's autoscaler (v1, `ray up` and Ray's fake provider) as the GCS holds it."""
+    import json
+
+    import ray.autoscaler.v2.utils
+    import ray.experimental.internal_kv
+
+    report = {
+        "active_nodes": {"ray.head.default": 1},
+        "pending_nodes": [["10.0.0.5", "gpu_1x", "setting-up"]],
+        "pending_launches": {"gpu_1x": 2},
+        "failed_nodes": [],
+        "node_availability_summary": {
+            "node_availabilities": {
+                "gpu_8x": {
+                    "node_type": "gpu_8x",
+                    "is_available": False,
+                    "last_checked_timestamp": 1796502973,
+                    "unavailable_node_information": {"category": "quota", "description": "VcpuLimitExceeded"},
+                },
+                "cpu_2x": {"node_type": "cpu_2x", "is_available": True, "unavailable_node_information": None},
+            }
+        },
+        "legacy": True,
+    }
+    raw = json.dumps({"autoscaler_report": report}).encode()
+    monkeypatch.setattr(ray.autoscaler.v2.utils, "is_autoscaler_v2", lambda: False)
+    monkeypatch.setattr(ray.experimental.internal_kv, "_internal_kv_get", lambda key: raw)
+    assert RayCluster().growth() == Growth(pending=3, failures=("gpu_8x: VcpuLimitExceeded",))
+    monkeypatch.setattr(ray.experimental.internal_kv, "_internal_kv_get", lambda key: None)
+    assert RayCluster().growth() == Growth()  # no report (yet): nothing pending
 
 
 def test_fixed_cluster_refuses_at_once_without_asking():
@@ -108,6 +180,33 @@ def test_release_withdraws_the_request_only_where_an_autoscaler_runs():
     release_request(grown)
     release_request(fixed)
     assert grown.requests == [[]] and fixed.requests == []
+
+
+def test_release_that_ray_never_answers_is_bounded_by_one_line(capsys):
+    """`release_request` hung once at the end of `raymt evaluate`: a withdrawal that never returns
+    (a GCS call without a timeout) ends after its bound with one line, and the command goes on."""
+    import threading
+
+    stuck, cluster = threading.Event(), FakeCluster()
+    cluster.request = lambda bundles: stuck.wait()  # never answers (until the test ends)
+    done = threading.Event()
+    caller = threading.Thread(target=lambda: (release_request(cluster, timeout_s=0.5), done.set()), daemon=True)
+    start = time.monotonic()
+    caller.start()
+    try:
+        assert done.wait(10), "release_request did not return"
+    finally:
+        stuck.set()
+    assert time.monotonic() - start < 5
+    err = capsys.readouterr().err
+    assert err.startswith("raymt: error: the autoscaler request was not withdrawn in 0.5 s") and err.count("\n") == 1
+
+
+def test_release_raises_what_ray_raised():
+    cluster = FakeCluster()
+    cluster.request = lambda bundles: (_ for _ in ()).throw(RuntimeError("Ray is not initialized yet"))
+    with pytest.raises(RuntimeError, match="not initialized"):
+        release_request(cluster)
 
 
 def test_read_only_autoscaler_of_a_plain_head_cannot_grow(ray_cluster):
@@ -219,6 +318,24 @@ def test_docs_cluster_flow_against_rays_fake_autoscaler(tmp_path):
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert "waiting for the autoscaler:" in out.stdout and "CPUs up" in out.stdout
         assert json.loads((storage / "grown" / "summary.json").read_text())["best_checkpoint"]
+        # 2 GPUs where gpu_1x's max_workers allow 1: named within a minute, not after the 4 minutes
+        start = time.monotonic()
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import ray; ray.init(); from raymt.cluster import plan; plan(2, use_gpu=True, grow_timeout_s=240)",
+            ],
+            env=driver_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 1 and time.monotonic() - start < 90, out.stdout[-2000:] + out.stderr[-2000:]
+        error = out.stderr.strip().splitlines()[-1]
+        assert re.search(
+            r"needs 2 GPUs and the autoscaler cannot bring them up: [01] are up and it has launched", error
+        ), error
     finally:
         processes = psutil.Process(head.pid).children(recursive=True)  # the fake nodes' raylets too
         stop_group(head)

@@ -497,7 +497,7 @@ def test_killed_driver_then_actor_resume_each_line_once(ray_address, checkpoint,
     while not (actors := [pid for pid in ray_address.processes(bt.ACTOR_TITLE) if pid not in stale]):
         assert second.poll() is None and time.time() < deadline, "no decoding actor of the rerun found"
         time.sleep(0.05)
-    os.kill(actors[0], signal.SIGKILL)  # an actor, mid-run: Ray restarts it and retries its shards
+    os.kill(actors[0], signal.SIGKILL)  # an actor, mid-run: its shards go to the other; Ray restarts it
     rc = second.wait(timeout=600)
     log = (tmp_path / "second.log").read_text()
     if rc != 0:  # the job failed instead of retrying: the same command finishes it
@@ -517,3 +517,47 @@ def test_killed_driver_then_actor_resume_each_line_once(ray_address, checkpoint,
     assert all(o == "" for o in table.column("output").take(sorted(blank | bad)).to_pylist())
     info = json.loads((out / "bt.json").read_text())
     assert info["done"] and info["counts"] == {"translated": 19_750, "empty": 200, "invalid": 50}
+
+
+@pytest.mark.slow  # ~40 s: two actors, one killed (CI runs it: .ci/run)
+@pytest.mark.ci
+def test_a_dead_actors_shards_go_to_a_live_actor_not_to_its_restart(
+    ray_cluster, ray_head, checkpoint, tmp_path, monkeypatch
+):
+    """Issue 46: SIGKILL one of two actors mid-run. Ray restarts it (here in 300 s); its shards are
+    decoded by the other actor meanwhile, so the run ends long before the restart, each line once."""
+    import threading
+
+    starts = tmp_path / "starts"  # a line per actor start: the third is the killed one's restart
+
+    class BacktranslateActor(bt.BacktranslateActor):  # a local class: sent to Ray by value
+        def __init__(self, **kwargs):
+            with starts.open("a") as f:
+                f.write("start\n")
+            if len(starts.read_text().split()) > 2:
+                time.sleep(300)  # an engine's load on a busy machine, much longer
+            super().__init__(**kwargs)
+
+    monkeypatch.setattr(bt, "BacktranslateActor", BacktranslateActor)
+    monkeypatch.setenv(bt.DELAY_ENV, "0.3")
+    monkeypatch.setenv("RAYMT_CACHE", str(tmp_path / "cache"))
+    mono, out = tmp_path / "mono.en", tmp_path / "out"
+    mono.write_text("\n".join(sentences(200, 5)) + "\n")
+    args = ["--checkpoint", str(checkpoint), "--input", str(mono), "--output", str(out), *FLAGS]
+    args += ["--shard-lines", "10", "--num-actors", "2"]
+    before, result = set(ray_head.processes(bt.ACTOR_TITLE)), {}
+    thread = threading.Thread(target=lambda: result.update(rc=run(args)), daemon=True)
+    thread.start()
+    deadline = time.time() + 300
+    while len(list(out.glob("part-*.parquet"))) < 2:  # both actors are up and busy
+        assert thread.is_alive() and time.time() < deadline, "no shard written in time"
+        time.sleep(0.05)
+    actors = [pid for pid in ray_head.processes(bt.ACTOR_TITLE) if pid not in before]
+    assert len(actors) == 2
+    os.kill(actors[0], signal.SIGKILL)
+    killed = time.time()
+    thread.join(timeout=240)
+    assert not thread.is_alive(), "the run waited for the dead actor's restart"
+    assert result["rc"] == 0 and time.time() - killed < 120
+    assert shards(out).column("line_id").to_pylist() == list(range(200))  # once each, in order
+    assert json.loads((out / "bt.json").read_text())["done"]

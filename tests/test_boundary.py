@@ -53,6 +53,7 @@ PLAIN = [
     "flags",
     "rundir",
     "rundata",
+    "compare",
     "sweep_report",
     "config.serve",
     "serve.text",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from raymt.compare import pairs_per_epoch, trained_pairs
 from raymt.data import format as corpus_format
 from raymt.data.stream import flat, pair_hashes
 from raymt.rundir import registered_checkpoints
@@ -25,18 +26,9 @@ STEPS = 400
 def traced_pairs(run_dir: Path) -> Counter:
     """(epoch, digest) counts of the pairs that count: for each step, the lines of the last
     worker group (attempt) that trained it, every rank of that group."""
-    per_step: dict[int, dict[float, list]] = {}
-    for trace in (run_dir / "logs").glob("trace-rank*.tsv"):
-        attempt = None
-        for line in filter(None, trace.read_text().split("\n")):
-            fields = line.split("\t")
-            if fields[0] == "#start":
-                attempt = float(fields[2])
-                continue
-            step, epoch, digest = fields
-            per_step.setdefault(int(step), {}).setdefault(attempt, []).append((int(epoch), digest))
-    assert sorted(per_step) == list(range(1, STEPS + 1))
-    return Counter(pair for groups in per_step.values() for pair in groups[max(groups)])
+    pairs = trained_pairs(run_dir)
+    assert sorted({step for _, step in pairs}) == list(range(1, STEPS + 1))
+    return pairs_per_epoch(pairs)
 
 
 def corpus_pairs(run_dir: Path, max_len: int) -> Counter:

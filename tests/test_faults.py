@@ -15,8 +15,10 @@ import pytest
 import torch
 from conftest import REFERENCE_STEPS, tiny_run
 
+from raymt import compare
 from raymt.batching import collate
 from raymt.checkpoint import RAY_SNAPSHOT_FILE
+from raymt.compare import checkpoint_at, trained_pairs
 from raymt.config import Config, tiny
 from raymt.model import Transformer
 from raymt.optim import make_optimizer
@@ -74,35 +76,12 @@ def checkpoint_steps(run_dir) -> list[int]:
 
 def group_starts(run_dir) -> list[int]:
     """The step at which each attempt of the worker group started (rank 0's trace)."""
-    trace = run_dir / "logs" / "trace-rank0.tsv"
-    lines = trace.read_text().split("\n")[:-1] if trace.exists() else []  # whole lines only
-    return [int(line.split("\t")[1]) for line in lines if line.startswith("#start")]
+    return [step for step, _, _ in compare.group_starts(run_dir)]
 
 
 def final_weights(run_dir) -> dict:
     """The weights of the run's checkpoint at its last step."""
     return torch.load(checkpoint_at(run_dir, STEPS) / "model.pt", weights_only=True)
-
-
-def trained_pairs(run_dir) -> dict:
-    """(rank, step) -> sorted pair digests, the last attempt at each step winning.
-
-    A killed attempt's steps after its checkpoint are undone by the restart (the model goes
-    back to the checkpoint), and are trained again: the later lines are the ones that count.
-    """
-    out = {}
-    for rank in (0, 1):
-        lines = (run_dir / "logs" / f"trace-rank{rank}.tsv").read_text().split("\n")
-        attempt, per_step = 0, {}
-        for line in filter(None, lines):
-            if line.startswith("#start"):  # the worker group (re)started
-                attempt += 1
-                continue
-            step, epoch, digest = line.split("\t")
-            per_step.setdefault(int(step), {}).setdefault(attempt, []).append((int(epoch), digest))
-        for step, attempts in per_step.items():
-            out[rank, step] = sorted(attempts[max(attempts)])
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -183,9 +162,76 @@ def kill_worker_then_driver(command: list[str], run_dir: Path, ray_address, step
     return restart, latest
 
 
-def checkpoint_at(run_dir, step: int) -> Path:
-    """The run's checkpoint directory written at `step`."""
-    for state in run_dir.glob("checkpoint_*/train_state.pt"):
-        if torch.load(state, weights_only=True)["step"] == step:
-            return state.parent
-    raise AssertionError(f"no checkpoint at step {step} in {run_dir}")
+def test_ray_trains_print_of_a_workers_one_line_error_is_dropped_and_others_kept():
+    """Ray Train's own call (in the worker, as its training thread catches the exception) logs a
+    ValueError's traceback no more once quiet_user_errors ran; any other error's it still does."""
+    import logging
+
+    from ray.train.v2._internal.util import construct_user_exception_with_traceback
+
+    from raymt.cluster import RAY_TRAIN_ERROR_LOGGER, quiet_user_errors
+
+    logger, printed = logging.getLogger(RAY_TRAIN_ERROR_LOGGER), []
+    handler = logging.Handler()
+    handler.emit = lambda record: printed.append(record.getMessage())
+    logger.addHandler(handler)
+    saved = list(logger.filters)
+    try:
+        quiet_user_errors()
+        quiet_user_errors()  # once per process: a restarted group's worker calls it again
+        assert len(logger.filters) == len(saved) + 1
+        for err in (ValueError("CUDA out of memory at step 1 ..."), RuntimeError("a bug")):
+            try:
+                raise err
+            except Exception as caught:
+                wrapped = construct_user_exception_with_traceback(caught)
+            assert "Traceback" in str(wrapped)  # what the driver's error still carries
+    finally:
+        logger.removeHandler(handler)
+        logger.filters[:] = saved
+    assert len(printed) == 1 and "RuntimeError: a bug" in printed[0], printed
+
+
+# A `python -m raymt.train` whose Ray workers raise CUDA out of memory in their first step: the fake
+# goes to every worker of the run as Ray's worker_process_setup_hook (no GPU needed).
+OOM_DRIVER = """
+import runpy, sys
+import ray
+
+def fake_oom():
+    import torch
+    import raymt.trainer
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    raymt.trainer.train_step = out_of_memory
+
+def init(*args, runtime_env=None, _init=ray.init, **kwargs):
+    return _init(*args, runtime_env={**(runtime_env or {}), "worker_process_setup_hook": fake_oom}, **kwargs)
+
+ray.init = init
+sys.argv[0] = "raymt.train"
+runpy.run_module("raymt.train", run_name="__main__")
+"""
+
+
+@pytest.mark.slow  # ~25 s: a Ray Train run (CI runs it: .ci/run)
+@pytest.mark.ci
+@pytest.mark.timeout(400)
+def test_cuda_out_of_memory_in_a_worker_is_one_line_without_a_traceback(tmp_path, ray_address):
+    """A worker's CUDA out-of-memory: the console shows raymt's one line naming the token budget,
+    and no traceback (neither Ray Train's print of the worker's error nor the driver's)."""
+    argv = tiny_run(tmp_path, "oom", 5, "--num-workers", "1", "--set", "train.precision=fp32")[3:]
+    out = subprocess.run(
+        [sys.executable, "-c", OOM_DRIVER, *argv], capture_output=True, text=True, timeout=360, env=dict(os.environ)
+    )
+    console = out.stdout + out.stderr
+    assert out.returncode == 2, console[-3000:]
+    assert "raymt.train: error: CUDA out of memory at step 1 with data.max_tokens=256 per worker" in out.stderr
+    assert "OutOfMemoryError" not in console and "Error in training function" not in console, console[-3000:]
+    # On an overloaded machine Ray Train's controller warns, with a traceback, that its resource
+    # request timed out ("safe to ignore"): Ray's own line, not the run's error. No other traceback.
+    overload = "Failed to send resource request" in console
+    tracebacks = [line for line in console.splitlines() if "Traceback" in line]
+    assert all(overload and "(TrainController" in line for line in tracebacks), console[-3000:]

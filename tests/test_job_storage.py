@@ -112,3 +112,20 @@ def test_a_shared_or_remote_run_directory_passes(tmp_path):
 
 def test_a_single_node_cluster_passes(ray_cluster, tmp_path):
     check_shared(str(tmp_path / "runs"), "--storage-path")  # the test session's one-node head
+
+
+def test_a_relative_prepare_out_of_a_job_goes_under_home(job_cwd, tmp_path, monkeypatch, capsys):
+    """`raymt data prepare --out corpus` in a job: the corpus goes to ~/raymt/corpus, said in one
+    line; an absolute --out inside the package is one line, before anything is prepared."""
+    from raymt.data import prepare
+    from raymt.data.__main__ import main
+
+    got = []
+    monkeypatch.setattr(prepare, "prepare_corpora", lambda cfg, out, *a, **kw: got.append(out))
+    assert main(["prepare", "--out", "corpus", "--pairs", "en-de"]) == 0
+    assert got == [str(tmp_path / "home/raymt/corpus")]
+    assert "raymt: --out corpus goes to " in capsys.readouterr().out
+    assert main(["prepare", "--out", str(job_cwd / "corpus"), "--pairs", "en-de"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raymt.data: error: --out ") and err.count("\n") == 1 and len(got) == 1
+    assert not any(job_cwd.iterdir())  # nothing in Ray's copy
