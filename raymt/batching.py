@@ -139,14 +139,30 @@ def pad_batch(
     return _pad_flat(values, offsets, np.arange(len(rows)), prefix, suffix, multiple).to(device)
 
 
-def collate(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]) -> Batch:
-    """Source ids (EOS included) and raw target ids -> a padded `Batch`."""
-    return Batch(
+def collate(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], tag_side: str = "src") -> Batch:
+    """Source ids (EOS included) and raw target ids -> a padded `Batch` (`tag_side` "tgt":
+    each source's tag moved to the decoder, `tag_to_decoder`)."""
+    batch = Batch(
         src=pad_batch(src_ids),
         tgt_in=pad_batch(tgt_ids, prefix=BOS_ID),
         tgt_out=pad_batch(tgt_ids, suffix=EOS_ID),
         tgt_tokens=sum(map(len, tgt_ids)) + len(tgt_ids),
     )
+    return tag_to_decoder(batch) if tag_side == "tgt" else batch
+
+
+def tag_to_decoder(batch: Batch) -> Batch:
+    """A batch of tagged sources as a model with data.tag_side "tgt" trains on it: each source's
+    first id (its target-language tag) leaves the source and follows BOS in the decoder's input
+    (BOS <2de> w1 ..., as CTranslate2's target_prefix decodes); forced at inference, the tag is
+    no prediction target (PAD in tgt_out). Padding rows (src EOS first) stay padding rows."""
+    tag = batch.src[:, :1]  # (B, 1)
+    real = tag != EOS_ID  # (B, 1)
+    src = batch.src[:, 1:].clone()  # (B, S - 1)
+    src[:, :1] = torch.where(real, src[:, :1], EOS_ID)  # a padding row keeps one key to attend to
+    tgt_in = torch.cat([batch.tgt_in[:, :1], torch.where(real, tag, PAD_ID), batch.tgt_in[:, 1:]], dim=1)
+    tgt_out = torch.cat([torch.full_like(tag, PAD_ID), batch.tgt_out], dim=1)  # (B, T + 1)
+    return Batch(src, tgt_in, tgt_out, tgt_tokens=batch.tgt_tokens)
 
 
 def collate_flat(
@@ -155,10 +171,12 @@ def collate_flat(
     idx: np.ndarray,
     pad_multiple: int = 1,
     ladder: Optional[ShapeLadder] = None,
+    tag_side: str = "src",
 ) -> Batch:
     """Like `collate`, from (values, offsets) of raw source and target ids: EOS/BOS are added
     here, and both widths are rounded up to a multiple of `pad_multiple`, or with a `ladder`
-    padded to its (rows, width) shape."""
+    padded to its (rows, width) shape; with `tag_side` "tgt" the tags then move to the decoder
+    (`tag_to_decoder`: the source one column narrower, the target one wider)."""
     src_tokens, src_lens = _gather(*src, idx)
     tgt_tokens, tgt_lens = _gather(*tgt, idx)
     if ladder is None:
@@ -173,7 +191,8 @@ def collate_flat(
         tgt_out=torch.from_numpy(_padded(tgt_tokens, tgt_lens, None, EOS_ID, multiple)),
         tgt_tokens=len(tgt_tokens) + len(idx),
     )  # + EOS per row
-    return batch if shape is None else pad_rows(batch, shape[0])
+    batch = batch if shape is None else pad_rows(batch, shape[0])
+    return tag_to_decoder(batch) if tag_side == "tgt" else batch
 
 
 def padding_rows(rows: int, src_width: int, tgt_width: int) -> Batch:

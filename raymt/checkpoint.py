@@ -86,31 +86,46 @@ def save_config(directory: str | Path, config: Config, vocab_size: int, language
     )
 
 
-def languages_entry(pairs: Sequence[Sequence[str]], reserved: dict[str, int]) -> dict:
+def languages_entry(pairs: Sequence[Sequence[str]], reserved: dict[str, int], tag_side: str = "src") -> dict:
     """The `languages` entry of a multi-corpus run's config.json: the trained (src, tgt) pairs,
-    their target languages, and the reserved tag pieces with their SentencePiece ids."""
-    entry = {
+    their target languages, the reserved tag pieces with their SentencePiece ids and, for a
+    model trained with data.tag_side "tgt", `"tag_side": "tgt"` (absent: "src", as before)."""
+    entry: dict[str, Any] = {
         "pairs": [[src, tgt] for src, tgt in pairs],
         "target_langs": sorted({tgt for _, tgt in pairs}),
         "reserved": {piece: int(i) for piece, i in reserved.items()},
     }
+    if tag_side != "src":
+        entry["tag_side"] = tag_side
     return check_languages(entry, "languages")
+
+
+def tag_side(languages: Optional[dict]) -> str:
+    """Where a model reads its target-language tag: "tgt" (the decoder's first token after BOS)
+    when its `languages` entry says so, else "src" (before the source; untagged models too)."""
+    return (languages or {}).get("tag_side", "src")
 
 
 def check_languages(entry: Any, where: str) -> dict:
     """A `languages` entry, checked: pairs of two language codes, their sorted target languages,
-    and tag pieces mapped to ids (the file is corrupt or hand-edited otherwise)."""
-    ok = isinstance(entry, dict) and set(entry) == {"pairs", "target_langs", "reserved"}
+    tag pieces mapped to ids and an optional tag_side "tgt" (the file is corrupt or hand-edited
+    otherwise)."""
+    keys = {"pairs", "target_langs", "reserved"}
+    ok = isinstance(entry, dict) and keys <= set(entry) <= keys | {"tag_side"}
+    ok = ok and entry.get("tag_side", "tgt") == "tgt"
     pairs = entry.get("pairs") if ok else None
     ok = ok and isinstance(pairs, list) and bool(pairs)
     ok = ok and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs)
     ok = ok and entry["target_langs"] == sorted({tgt for _, tgt in pairs})
     reserved = entry.get("reserved") if ok else None
     ok = ok and isinstance(reserved, dict) and all(isinstance(i, int) for i in reserved.values())
+    # A decoder-side tag needs one for every target language (what decoding forces first).
+    ok = ok and ("tag_side" not in entry or all(f"<2{t}>" in reserved for t in entry["target_langs"]))
     if not ok:
         raise ValueError(
             f"{where}: malformed languages entry {json.dumps(entry)[:200]}; expected "
-            '{"pairs": [["en", "de"], ...], "target_langs": [...], "reserved": {"<2de>": 4, ...}}'
+            '{"pairs": [["en", "de"], ...], "target_langs": [...], "reserved": {"<2de>": 4, ...}} '
+            '(and "tag_side": "tgt" for a decoder-side tag)'
         )
     return entry
 

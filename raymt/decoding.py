@@ -5,6 +5,11 @@ search drops a sentence's K rows once it holds K finished hypotheses. Tokens, sc
 memory, src_mask, length limits and the K/V cache are pruned together, so later steps
 only pay for what is still being decoded. A hypothesis is (score, ids): its summed
 log-probability divided by the GNMT length penalty, and its ids without BOS/EOS.
+
+A model trained with its target-language tag on the decoder side (data.tag_side = "tgt",
+fairseq's --decoder-langtok, M2M-100/NLLB) decodes from a forced `prefix`: every row's first
+tokens after BOS are its prefix ids, taken at no cost (CTranslate2's `target_prefix`); the
+length limit, the length penalty and the returned ids count the tokens after it only.
 """
 
 from __future__ import annotations
@@ -23,11 +28,26 @@ Hypothesis = tuple[float, list[int]]
 NEG_INF = -float("inf")
 
 
-def _max_lengths(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> torch.Tensor:
-    """(B,) output length limits, EOS included."""
+def _max_lengths(model: Transformer, src: torch.Tensor, opts: DecodeOptions, forced: int = 0) -> torch.Tensor:
+    """(B,) output length limits, EOS included, after `forced` prefix tokens (counted in them)."""
     src_len = (src != PAD_ID).sum(1).float()
     limit = (opts.max_len_a * src_len + opts.max_len_b).long()
-    return limit.clamp(min=1, max=model.cfg.max_positions - 1)
+    return (limit.clamp(min=1) + forced).clamp(max=model.cfg.max_positions - 1)
+
+
+def split_tags(src: torch.Tensor, tag_side: str = "src") -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(B, S) sources whose first id is their target-language tag -> (sources, decoder prefix):
+    for a model with data.tag_side "tgt" the tag leaves the source for the decoder's (B, 1)
+    prefix; "src" keeps the sources as they are (no prefix)."""
+    if tag_side == "src":
+        return src, None
+    return src[:, 1:], src[:, :1]
+
+
+def _force_prefix(log_probs: torch.Tensor, prefix: torch.Tensor, step: int) -> torch.Tensor:
+    """Every row emits its prefix's token at `step`, at no cost (in place); prefix: (N, P)."""
+    log_probs.fill_(NEG_INF)
+    return log_probs.scatter_(1, prefix[:, step : step + 1], 0.0)
 
 
 def _next_log_probs(
@@ -78,12 +98,15 @@ def _choose(log_probs: torch.Tensor, opts: DecodeOptions, generator: Optional[to
 
 
 @torch.no_grad()
-def greedy_scored(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[Hypothesis]:
-    """Greedy (or sampled) decoding of (B, S) source ids: one (score, ids) per sentence."""
+def greedy_scored(
+    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+) -> list[Hypothesis]:
+    """Greedy (or sampled) decoding of (B, S) source ids (after a forced (B, P) `prefix`, if
+    given): one (score, ids) per sentence."""
     opts.check()
-    b = src.size(0)
+    b, forced = src.size(0), 0 if prefix is None else prefix.size(1)
     memory, src_mask = model.encode(src)  # (A, S, D), (A, 1, 1, S); A = rows still active
-    limits = _max_lengths(model, src, opts)  # (A,)
+    limits = _max_lengths(model, src, opts, forced)  # (A,)
     tokens = torch.full((b, 1), BOS_ID, dtype=torch.long, device=src.device)  # (A, T)
     sums = torch.zeros(b, device=src.device)  # (A,) summed log-probabilities
     active = list(range(b))  # sentence of each row
@@ -92,15 +115,17 @@ def greedy_scored(model: Transformer, src: torch.Tensor, opts: DecodeOptions) ->
     out: list[Optional[Hypothesis]] = [None] * b
     for step in range(int(limits.max())):
         log_probs = _force_eos(_next_log_probs(model, tokens, memory, src_mask, cache), step + 1 >= limits)
+        if step < forced:  # no row ends inside the prefix: prefix rows are still the batch's
+            log_probs = _force_prefix(log_probs, prefix, step)  # type: ignore[arg-type]
         next_token = _choose(log_probs, opts, generator)  # (A,)
         sums = sums + log_probs.gather(1, next_token[:, None]).squeeze(1)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         ended = next_token == EOS_ID
         if not bool(ended.any()):
             continue
-        penalty = gnmt_penalty(step + 1, opts.length_penalty)
+        penalty = gnmt_penalty(step + 1 - forced, opts.length_penalty)
         for row in ended.nonzero().squeeze(1).tolist():
-            out[active[row]] = (sums[row].item() / penalty, tokens[row, 1:-1].tolist())
+            out[active[row]] = (sums[row].item() / penalty, tokens[row, 1 + forced : -1].tolist())
         keep = (~ended).nonzero().squeeze(1)
         if keep.numel() == 0:
             break
@@ -114,9 +139,11 @@ def greedy_scored(model: Transformer, src: torch.Tensor, opts: DecodeOptions) ->
     return out  # type: ignore[return-value]
 
 
-def greedy(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[list[int]]:
-    """Greedy decoding of (B, S) source ids; returns token ids without BOS/EOS."""
-    return [ids for _, ids in greedy_scored(model, src, opts)]
+def greedy(
+    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+) -> list[list[int]]:
+    """Greedy decoding of (B, S) source ids; returns token ids without BOS/EOS (and prefix)."""
+    return [ids for _, ids in greedy_scored(model, src, opts, prefix)]
 
 
 @dataclass
@@ -130,10 +157,18 @@ class _Beams:
     limits: torch.Tensor  # (A*K,) output length limits, EOS included
     active: list[int]  # sentence id of each active sentence
     cache: Optional[Cache]
+    prefix: Optional[torch.Tensor] = None  # (A*K, P) forced decoder prefix of each row
+
+    @property
+    def forced(self) -> int:
+        """P: the forced prefix tokens each prefix holds after BOS."""
+        return 0 if self.prefix is None else self.prefix.size(1)
 
 
-def _init_beams(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> _Beams:
-    """Encode once, repeat memory K times, start every beam from BOS."""
+def _init_beams(
+    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+) -> _Beams:
+    """Encode once, repeat memory K times, start every beam from BOS (then the forced `prefix`)."""
     b, k = src.size(0), opts.beam
     memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
     scores = torch.zeros(b, k, device=src.device)
@@ -143,9 +178,10 @@ def _init_beams(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> _
         scores=scores,
         memory=memory.repeat_interleave(k, 0),
         src_mask=src_mask.repeat_interleave(k, 0),
-        limits=_max_lengths(model, src, opts).repeat_interleave(k),
+        limits=_max_lengths(model, src, opts, 0 if prefix is None else prefix.size(1)).repeat_interleave(k),
         active=list(range(b)),
         cache=model.new_cache() if opts.use_cache else None,
+        prefix=None if prefix is None else prefix.repeat_interleave(k, 0),
     )
 
 
@@ -161,7 +197,7 @@ def _finish(
     k = state.scores.size(1)
     finishing = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (A, K)
     for i, j in finishing.nonzero().tolist():
-        hyp = state.tokens[i * k + int(origin[i, j]), 1:].tolist()
+        hyp = state.tokens[i * k + int(origin[i, j]), 1 + state.forced :].tolist()
         finished[state.active[i]].append((top_scores[i, j].item() / penalty, hyp))
 
 
@@ -187,21 +223,26 @@ def _advance(
     state.scores = scores
 
 
-def _beam(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[list[Hypothesis]]:
+def _beam(
+    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+) -> list[list[Hypothesis]]:
     """Batched beam search; returns every finished hypothesis of every sentence, unsorted."""
     k = opts.beam
-    state = _init_beams(model, src, opts)
+    state = _init_beams(model, src, opts, prefix)
     finished: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
     for step in range(int(state.limits.max())):
         log_probs = _force_eos(
             _next_log_probs(model, state.tokens, state.memory, state.src_mask, state.cache), step + 1 >= state.limits
         )  # (A*K, V)
+        if step < state.forced:  # no sentence finishes inside the prefix: its rows are all rows
+            log_probs = _force_prefix(log_probs, state.prefix, step)  # type: ignore[arg-type]
         a, vocab = state.scores.size(0), log_probs.size(-1)
         cand = (state.scores.view(-1, 1) + log_probs).view(a, k * vocab)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # (A, 2K): at most K of them are EOS
         origin, token = top_idx // vocab, top_idx % vocab
         is_eos = token == EOS_ID
-        _finish(state, finished, top_scores, origin, is_eos, gnmt_penalty(step + 1, opts.length_penalty))
+        penalty = gnmt_penalty(step + 1 - state.forced, opts.length_penalty)
+        _finish(state, finished, top_scores, origin, is_eos, penalty)
         # Continue with the best K candidates that did not end.
         scores, pick = top_scores.masked_fill(is_eos, NEG_INF).topk(k, dim=1)  # (A, K)
         parents = torch.arange(a, device=src.device)[:, None] * k + origin.gather(1, pick)
@@ -216,32 +257,40 @@ def _beam(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[li
 
 @torch.no_grad()
 def beam_search_nbest(
-    model: Transformer, src: torch.Tensor, opts: DecodeOptions, n_best: int = 1
+    model: Transformer, src: torch.Tensor, opts: DecodeOptions, n_best: int = 1, prefix: Optional[torch.Tensor] = None
 ) -> list[list[Hypothesis]]:
-    """Batched beam search of (B, S) source ids: the n_best (score, ids) per sentence, best first."""
+    """Batched beam search of (B, S) source ids (after a forced (B, P) `prefix`, if given): the
+    n_best (score, ids) per sentence, best first."""
     opts.check()
     if not 1 <= n_best <= opts.beam:
         raise ValueError(f"n_best={n_best} must be between 1 and the beam size {opts.beam}")
-    return [sorted(f, reverse=True)[:n_best] or [(NEG_INF, [])] for f in _beam(model, src, opts)]
+    return [sorted(f, reverse=True)[:n_best] or [(NEG_INF, [])] for f in _beam(model, src, opts, prefix)]
 
 
-def beam_search(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[list[int]]:
+def beam_search(
+    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+) -> list[list[int]]:
     """Batched beam search of (B, S) source ids; returns the best hypothesis per sentence."""
-    return [hyps[0][1] for hyps in beam_search_nbest(model, src, opts)]
+    return [hyps[0][1] for hyps in beam_search_nbest(model, src, opts, 1, prefix)]
 
 
-def decode_nbest(model: Transformer, src: torch.Tensor, opts: DecodeOptions, n_best: int = 1) -> list[list[Hypothesis]]:
-    """The n_best (score, ids) per sentence, best first; greedy or sampling when opts.beam == 1."""
+def decode_nbest(
+    model: Transformer, src: torch.Tensor, opts: DecodeOptions, n_best: int = 1, prefix: Optional[torch.Tensor] = None
+) -> list[list[Hypothesis]]:
+    """The n_best (score, ids) per sentence, best first; greedy or sampling when opts.beam == 1;
+    a (B, P) `prefix` is forced first (a decoder-side target tag, `split_tags`)."""
     if opts.beam == 1:
         if n_best != 1:
             raise ValueError(f"n_best={n_best} needs a beam of at least {n_best}; greedy gives 1")
-        return [[hyp] for hyp in greedy_scored(model, src, opts)]
-    return beam_search_nbest(model, src, opts, n_best)
+        return [[hyp] for hyp in greedy_scored(model, src, opts, prefix)]
+    return beam_search_nbest(model, src, opts, n_best, prefix)
 
 
-def decode(model: Transformer, src: torch.Tensor, opts: DecodeOptions) -> list[list[int]]:
-    """Greedy when opts.beam == 1, beam search otherwise."""
-    return greedy(model, src, opts) if opts.beam == 1 else beam_search(model, src, opts)
+def decode(
+    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+) -> list[list[int]]:
+    """Greedy when opts.beam == 1, beam search otherwise (after a forced (B, P) `prefix`, if given)."""
+    return greedy(model, src, opts, prefix) if opts.beam == 1 else beam_search(model, src, opts, prefix)
 
 
 def encode_sources(
@@ -266,9 +315,12 @@ def decode_ids(
     opts: DecodeOptions,
     n_best: int = 1,
     device: str = "cpu",
+    tag_side: str = "src",
 ) -> list[list[tuple[float, str]]]:
-    """Decode one batch of encoded sources: the n_best (score, text) per sentence."""
-    nbest = decode_nbest(model, pad_batch(sources, device), opts, n_best)
+    """Decode one batch of encoded sources: the n_best (score, text) per sentence; a model with
+    data.tag_side "tgt" takes each source's first id (its tag) as its decoder prefix."""
+    src, prefix = split_tags(pad_batch(sources, device), tag_side)
+    nbest = decode_nbest(model, src, opts, n_best, prefix)
     return [[(score, tokenizer.decode(ids)) for score, ids in hyps] for hyps in nbest]
 
 
@@ -281,14 +333,16 @@ def translate_nbest(
     batch_size: int = 64,
     device: str = "cpu",
     prefix: Sequence[int] = (),
+    tag_side: str = "src",
 ) -> list[list[tuple[float, str]]]:
     """Translate raw sentences in length-sorted batches: n_best (score, text) each, input order;
-    `prefix` ids (a tagged model's target tag) go before each source."""
+    `prefix` ids (a tagged model's target tag) go before each source (`tag_side` "tgt": the
+    decoder's, `decode_ids`)."""
     model.eval()
     encoded = encode_sources(tokenizer, sentences, model.cfg.max_positions, prefix)
     out: list[list[tuple[float, str]]] = [[] for _ in encoded]
     for idx in length_batches([len(e) for e in encoded], batch_size):
-        hyps = decode_ids(model, tokenizer, [encoded[i] for i in idx], opts, n_best, device)
+        hyps = decode_ids(model, tokenizer, [encoded[i] for i in idx], opts, n_best, device, tag_side)
         for i, h in zip(idx, hyps):
             out[i] = h
     return out
@@ -302,6 +356,8 @@ def translate(
     batch_size: int = 64,
     device: str = "cpu",
     prefix: Sequence[int] = (),
+    tag_side: str = "src",
 ) -> list[str]:
     """Translate raw sentences in length-sorted batches (`prefix` ids before each); input order."""
-    return [hyps[0][1] for hyps in translate_nbest(model, tokenizer, sentences, opts, 1, batch_size, device, prefix)]
+    nbest = translate_nbest(model, tokenizer, sentences, opts, 1, batch_size, device, prefix, tag_side)
+    return [hyps[0][1] for hyps in nbest]

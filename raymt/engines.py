@@ -5,7 +5,9 @@ checkpoint or export (or a `raymt export --format ctranslate2` directory) once. 
 knows its model (`engine.info`: config, tokenizer, languages and trained pairs), encodes texts
 into source ids (a tagged model's target tag, the pieces, EOS: `engine.encode`) and translates
 a batch of encoded sources into the n best (score, text) per sentence (`translate_ids`). Each
-source carries its own tag, so one batch may hold several target languages; a caller that
+source carries its own tag, so one batch may hold several target languages; a model trained
+with its tag on the decoder side (data.tag_side "tgt") gets it from there as its decoder's
+forced prefix, taken by the engine (CTranslate2's `target_prefix`), never in an output; a caller that
 batches many requests' sentences cuts the batches itself (`token_batches`, by padded source
 tokens, each source costing `engine.length(source)`). `translate` does the whole job for a
 list of texts, in the length-sorted batches of `raymt translate`.
@@ -32,7 +34,15 @@ from typing import Any, ClassVar, Optional, Sequence, Union
 import torch
 
 from raymt import storage
-from raymt.checkpoint import CONFIG_FILE, SPM_FILE, check_checkpoint, load_model, local_checkpoint, weights_file
+from raymt.checkpoint import (
+    CONFIG_FILE,
+    SPM_FILE,
+    check_checkpoint,
+    load_model,
+    local_checkpoint,
+    tag_side,
+    weights_file,
+)
 from raymt.config import Config, DecodeOptions
 from raymt.data.inputs import decode_tags
 from raymt.decoding import decode_ids, encode_sources, length_batches
@@ -79,6 +89,12 @@ class ModelInfo:
         if self.languages:
             return [(src, tgt) for src, tgt in self.languages["pairs"]]
         return [self.config.data.pair()]  # untagged: one pair
+
+    @property
+    def tag_side(self) -> str:
+        """Where the model reads its target tag: "src" (before the source), or "tgt" (its
+        decoder's first token after BOS: the engine moves it from each encoded source there)."""
+        return tag_side(self.languages)
 
     @property
     def target_langs(self) -> list[str]:
@@ -255,7 +271,7 @@ class RaymtEngine(Engine):
     ) -> list[list[Translation]]:
         """One batch of encoded sources: the n_best (score, text) each (raymt.decoding.decode_ids)."""
         with self.autocast():
-            return decode_ids(self.model, self.tokenizer, sources, opts, n_best, self.device)
+            return decode_ids(self.model, self.tokenizer, sources, opts, n_best, self.device, self.info.tag_side)
 
 
 class CT2Engine(Engine):
@@ -301,13 +317,17 @@ class CT2Engine(Engine):
         check(1 <= n_best <= opts.beam, f"n_best={n_best} must be between 1 and the beam size {opts.beam}")
         if not sources:
             return []
-        sp = self.tokenizer.sp
+        sp, forced = self.tokenizer.sp, int(self.info.tag_side == "tgt")
+        # A decoder-side tag (each source's first id) is the target prefix CTranslate2 forces.
+        prefixes = [[sp.id_to_piece(s[0])] for s in sources] if forced else None
+        sources = [s[forced:] for s in sources]
         pieces = [[sp.id_to_piece(i) for i in s[:-1]] for s in sources]  # without EOS: CTranslate2 adds it
-        limits = [min(int(opts.max_len_a * len(s) + opts.max_len_b), self.max_src) for s in sources]
+        limits = [min(int(opts.max_len_a * len(s) + opts.max_len_b) + forced, self.max_src) for s in sources]
         if opts.sample and opts.seed is not None:
             self.ct2.set_random_seed(opts.seed % (2**31))
         results = self.translator.translate_batch(
             pieces,
+            prefixes,
             beam_size=opts.beam,
             num_hypotheses=n_best,
             length_penalty=opts.length_penalty,
@@ -317,13 +337,15 @@ class CT2Engine(Engine):
             sampling_topk=(opts.top_k if opts.sample else 1),
             sampling_temperature=opts.temperature,
         )
-        return [self._hypotheses(result, limit) for result, limit in zip(results, limits)]
+        return [self._hypotheses(result, limit, forced) for result, limit in zip(results, limits)]
 
-    def _hypotheses(self, result: Any, limit: int) -> list[Translation]:
-        """(score, text) of one sentence's hypotheses, each cut to raymt's limit (EOS included)."""
+    def _hypotheses(self, result: Any, limit: int, forced: int = 0) -> list[Translation]:
+        """(score, text) of one sentence's hypotheses, each cut to raymt's limit (EOS included)
+        after the `forced` prefix tokens CTranslate2 returns first."""
         sp, out = self.tokenizer.sp, []
         for k, hyp in enumerate(result.hypotheses):
-            ids = [sp.piece_to_id(p) for p in hyp[: max(0, limit - 1)] if not p.startswith("<raymt_filler_")]
+            kept = hyp[forced : max(forced, limit - 1)]
+            ids = [sp.piece_to_id(p) for p in kept if not p.startswith("<raymt_filler_")]
             out.append((float(result.scores[k]) if result.scores else 0.0, self.tokenizer.decode(ids)))
         return out
 

@@ -387,7 +387,7 @@ def decode_on_driver(
     """Beam-search sentences on the driver with a checkpoint, as the run's config.decode says."""
     model, tokenizer, _ = load_model(checkpoint)
     with for_inference(next(model.parameters()).device, cfg, tokenizer.vocab_size).apply().autocast():
-        return decode_sentences(model, tokenizer, sources, cfg.decode, prefix=prefix)
+        return decode_sentences(model, tokenizer, sources, cfg.decode, prefix=prefix, tag_side=cfg.data.tag_side)
 
 
 def decode_on_cluster(

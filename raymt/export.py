@@ -49,6 +49,7 @@ from raymt.checkpoint import (
     load_weights,
     model_languages,
     save_config,
+    tag_side,
 )
 from raymt.config import Config, ModelConfig
 from raymt.model import Attention, Transformer, build_model
@@ -205,7 +206,8 @@ def save_ctranslate2(
     spec, output: Path, config: Config, vocab_size: int, dtype: str, languages: Optional[dict] = None
 ) -> None:
     """Validate, store weights as `dtype` and write the CTranslate2 directory plus raymt_config.json
-    (with the model's `languages`: its tags are pieces of the vocabulary, put before a source)."""
+    (with the model's `languages`: its tags are pieces of the vocabulary, put before a source, or
+    with `"tag_side": "tgt"` given as the decoder's `target_prefix`)."""
     spec.validate()
     spec.optimize(quantization=dtype)  # also stores the tied embedding once
     spec.save(str(output))
@@ -432,7 +434,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
         languages = model_languages(output)
         tags = [piece for piece in (languages or {}).get("reserved", {}) if piece.startswith("<2")]
-        if tags:  # docs/translate.md, "Multilingual models"
+        if tags and tag_side(languages) == "tgt":  # docs/translate.md, "Multilingual models"
+            print(
+                f"multilingual: the target's tag is the decoder's prefix, target_prefix=[[\"{tags[0]}\"]] "
+                f"(tags: {', '.join(tags)}); drop it from each hypothesis"
+            )
+        elif tags:
             print(f'multilingual: the target\'s tag goes first, ["{tags[0]}"] + pieces (tags: {", ".join(tags)})')
     elif args.format == "marian":
         print(

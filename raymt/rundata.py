@@ -33,17 +33,23 @@ class PairTags:
     prefixes: dict[str, list[int]]  # "en-de" -> [id of <2de>]; [] where the corpus reserves no tag
 
 
-def pair_tags(corpus: str) -> PairTags:
-    """The PairTags of a prepared corpus: its pairs in the order of its training corpora."""
+def pair_tags(corpus: str, tag_side: str = "src") -> PairTags:
+    """The PairTags of a prepared corpus: its pairs in the order of its training corpora, and
+    where the model reads its target tag (data.tag_side: "tgt" needs a tag per target language)."""
     from raymt.checkpoint import languages_entry
 
     manifest = corpus_format.read_manifest(corpus)
     pairs = list(dict.fromkeys((c.src_lang, c.tgt_lang) for c in corpus_format.corpora(corpus, manifest)))
     prefixes = {f"{s}-{t}": corpus_format.prefix_ids(manifest, f"{s}-{t}") for s, t in pairs}
+    check(
+        tag_side == "src" or all(prefixes.values()),
+        f"data.tag_side=tgt puts a target-language tag first in the decoder, but {corpus} has none "
+        "(one target language): leave data.tag_side at src, or train into several target languages",
+    )
     reserved = manifest.get("tags", {}).get("reserved", {})
     if len(pairs) == 1 and not reserved:  # one untagged pair: its checkpoints name no languages
         return PairTags(None, prefixes)
-    return PairTags(languages_entry(pairs, reserved), prefixes)
+    return PairTags(languages_entry(pairs, reserved, tag_side), prefixes)
 
 
 @dataclass
@@ -66,8 +72,13 @@ def plan_data(
     known = _known_tokenizer(resume_dir, init_checkpoint)
     given = str(init_checkpoint or resume_dir)
     if cfg.data.corpus is not None:
-        return plan_prepared(cfg, known, given)
-    return plan_inputs(cfg, storage.join(str(run_dir), CORPUS_DIR), resume_dir, known, given)
+        cfg, run_data = plan_prepared(cfg, known, given)
+    else:
+        cfg, run_data = plan_inputs(cfg, storage.join(str(run_dir), CORPUS_DIR), resume_dir, known, given)
+    from raymt.data.inputs import check_tag_side
+
+    check_tag_side(cfg.data.tag_side, cfg.data.corpora)  # a prepared corpus's pairs are in corpora now
+    return cfg, run_data
 
 
 def builtin_sources(cfg: Config):

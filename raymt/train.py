@@ -182,7 +182,7 @@ def run(
     try:
         check_shared(run_dir)  # a node-local run directory on a multi-node cluster: one line
         train_files, tokenizer = materialize(cfg, run_data)
-        tags = pair_tags(run_data.corpus)
+        tags = pair_tags(run_data.corpus, cfg.data.tag_side)
         write_run_files(cfg, run_dir, tokenizer)
         valid, logs = run_data.eval_sets["valid"], storage.join(run_dir, "logs")
         result = fit(

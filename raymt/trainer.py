@@ -227,7 +227,8 @@ def _dummy_batch(device: torch.device, data: DataConfig) -> Batch:
     if ladder is None:
         return collate([[EOS_ID]], [[BOS_ID]]).to(device)
     rows, width = ladder.shape(1)
-    return padding_rows(rows, width, width).to(device)
+    moved = int(data.tag_side == "tgt")  # real batches' shapes: the tag moved from src to tgt (tag_to_decoder)
+    return padding_rows(rows, width - moved, width + moved).to(device)
 
 
 def train_step(
@@ -291,15 +292,14 @@ def train_step(
 # ---------------------------------------------------------------- validation
 
 
-def collate_eval(rows: list[dict]) -> dict[str, torch.Tensor]:
-    """Validation rows -> padded tensors plus each row's corpus index."""
-    batch = collate([r["src_ids"] for r in rows], [r["tgt_ids"] for r in rows])
-    return {
-        "index": torch.tensor([r["index"] for r in rows]),
-        "src": batch.src,
-        "tgt_in": batch.tgt_in,
-        "tgt_out": batch.tgt_out,
-    }
+def collate_eval(rows: list[dict], tag_side: str = "src") -> dict[str, torch.Tensor]:
+    """Validation rows -> padded tensors plus each row's corpus index (`tag_side` "tgt": the
+    tags moved to the decoder, `raymt.batching.tag_to_decoder`, and kept as the (B, 1) "prefix"
+    decoding forces)."""
+    batch = collate([r["src_ids"] for r in rows], [r["tgt_ids"] for r in rows], tag_side)
+    out = {"index": torch.tensor([r["index"] for r in rows]), "src": batch.src}
+    out.update(tgt_in=batch.tgt_in, tgt_out=batch.tgt_out)
+    return {**out, "prefix": batch.tgt_in[:, 1:2]} if tag_side == "tgt" else out
 
 
 @torch.no_grad()
@@ -323,7 +323,7 @@ def evaluate(
     for batch in loader:
         with autocast():
             nll = row_nll(net(batch["src"], batch["tgt_in"]), batch["tgt_out"])  # fp32 (B,)
-            ids = decode(net, batch["src"], opts)
+            ids = decode(net, batch["src"], opts, batch.get("prefix"))
         num_tokens = (batch["tgt_out"] != PAD_ID).sum(1)
         hyps = [tokenizer.decode(h) for h in ids]
         rows += zip(batch["index"].tolist(), nll.tolist(), num_tokens.tolist(), hyps)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -180,9 +181,10 @@ class ValidSets:
         cls, loop_config: dict, cfg: Config, tokenizer: Tokenizer, prepare: Callable[[DataLoader], Iterable]
     ) -> "ValidSets":
         """The driver's validation rows (`raymt.train.valid_config`) in loaders that `prepare` shares out."""
+        collate = functools.partial(collate_eval, tag_side=cfg.data.tag_side)  # the tag where training has it
         loaders = {
             pair: (
-                prepare(DataLoader(v["rows"], batch_size=cfg.data.eval_batch_size, collate_fn=collate_eval)),
+                prepare(DataLoader(v["rows"], batch_size=cfg.data.eval_batch_size, collate_fn=collate)),
                 v["refs"],
             )
             for pair, v in loop_config["valid"].items()

@@ -23,6 +23,8 @@ from raymt.errors import check
 
 ACTIVATIONS = ("relu", "gelu")
 SP_MODEL_TYPES = ("unigram", "bpe")
+# data.tag_side: a tagged model's target-language tag before the source, or first in the decoder.
+TAG_SIDES = ("src", "tgt")
 # Widths in the batch shape ladder of GPU and compiled runs (data.shape_buckets): on WMT-like
 # lengths (max_len 200, 32k-token batches, widths 8..208) 11 rungs, each one (B, S, T).
 GPU_SHAPE_BUCKETS = 12
@@ -155,6 +157,11 @@ class DataConfig(CorpusOptions):
     # shard whole, in order (runs and checkpoints written before this field read so).
     shuffle_block_rows: int = 1024
     eval_batch_size: int = 64
+    # Where a tagged (multilingual) model reads its target-language tag: "src", before the
+    # source (Johnson et al. 2017), or "tgt", the decoder's first token after BOS (fairseq's
+    # --decoder-langtok, M2M-100/NLLB; CTranslate2's target_prefix): the same prepared corpus,
+    # the tag moved at collation (raymt.batching.tag_to_decoder), recorded in checkpoints.
+    tag_side: str = "src"
 
     def widest(self) -> int:
         """The widest batch: a pair of data.max_len with its EOS (or BOS), padded to data.pad_multiple."""
@@ -201,6 +208,10 @@ class DataConfig(CorpusOptions):
             f"(a ladder from data.pad_multiple to data.max_len + 1; GPU runs get {GPU_SHAPE_BUCKETS})",
         )
         check(self.shuffle_buffer_rows >= 0, f"data.shuffle_buffer_rows={self.shuffle_buffer_rows} must be >= 0")
+        check(
+            self.tag_side in TAG_SIDES,
+            f"data.tag_side={self.tag_side!r} must be src (the tag before the source) or tgt (first in the decoder)",
+        )
         check(
             self.shuffle_block_rows >= 0,
             f"data.shuffle_block_rows={self.shuffle_block_rows} must be >= 0 (0: shards read whole, in order)",
@@ -472,7 +483,7 @@ def read_one_pair(data: dict, current: list[CorpusSpec]) -> dict:
 def check_training(cfg: Config) -> None:
     """Checks across sections of a training run's config, once every override is in (a config
     file may leave a field to a flag: grad_compression to --gpu)."""
-    width = cfg.data.widest()
+    width = cfg.data.widest() + int(cfg.data.tag_side == "tgt")  # BOS and the tag start the target
     check(
         width <= cfg.model.max_positions,
         f"data.max_len={cfg.data.max_len} makes batches {width} positions wide but model.max_positions="

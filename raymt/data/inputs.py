@@ -8,7 +8,9 @@ docs/design-inputs.md. Plain Python and numpy: the functions here are pure, so t
   languages, files, origin, weight and validation/test sets) of `--train en-de:PREFIX` /
   `--bt SPEC` flags; `[[data.corpora]]` tables are read by raymt.config.corpus too.
 - Reserved tag pieces: `<2de>` target-language tags (Johnson et al. 2017) and `<BT>` on
-  back-translated sources (Caswell et al. 2019).
+  back-translated sources (Caswell et al. 2019). Shards and encoded sources hold the target tag
+  first; a model with data.tag_side "tgt" reads it as its decoder's first token instead (moved
+  at collation and decoding: raymt.batching.tag_to_decoder, raymt.decoding.split_tags).
 - Temperature mixing: p_i ~ (w_i n_i)^(1/T) and each epoch's rows per corpus (the epoch's
   schedule of pieces, drawn from (seed, epoch) only, is `raymt.data.epoch.epoch_pieces`).
 """
@@ -211,9 +213,19 @@ def source_tags(corpus: CorpusSpec, reserved: Sequence[str]) -> list[str]:
     return tags + ([BT_TAG] if corpus.origin == "bt" and BT_TAG in reserved else [])
 
 
+def check_tag_side(tag_side: str, corpora: Sequence[CorpusSpec]) -> None:
+    """data.tag_side "tgt" (the tag first in the decoder) needs tags: several target languages."""
+    check(
+        tag_side == "src" or len(target_langs(corpora)) > 1,
+        f"data.tag_side=tgt puts the target-language tag first in the decoder, but these corpora translate "
+        f"into {', '.join(target_langs(corpora))} only (no tags): leave data.tag_side at src",
+    )
+
+
 def decode_tags(tgt_lang: Optional[str], trained: Sequence[str], reserved: Sequence[str]) -> list[str]:
     """The pieces before a source at inference (translate, evaluate, backtranslate): the model's
-    tag for `tgt_lang` (--tgt-lang); one-line errors when it is missing or not trained."""
+    tag for `tgt_lang` (--tgt-lang); one-line errors when it is missing or not trained. A model
+    with data.tag_side "tgt" takes it from there as its decoder's prefix (raymt.decoding.split_tags)."""
     tagged = any(p.startswith("<2") for p in reserved)
     if tgt_lang is None:
         check(not tagged, f"this model translates into {', '.join(trained)}: pass --tgt-lang")

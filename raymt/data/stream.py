@@ -318,7 +318,7 @@ class TrainStream:
                         hashes = pair_hashes(src, tgt, idx) if self.trace else []
                         if hashes and corpus is not None:  # a mixed stream's trace names each pair's corpus
                             hashes = [f"{self.names[corpus[i]]}:{h}" for i, h in zip(idx, hashes)]
-                        batch = collate_flat(src, tgt, idx, self.cfg.pad_multiple, ladder)
+                        batch = collate_flat(src, tgt, idx, self.cfg.pad_multiple, ladder, self.cfg.tag_side)
                         yield (
                             (batch.pin_memory() if self.pin_memory else batch),
                             Position(epoch, chunk_index, b + 1),
