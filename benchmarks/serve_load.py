@@ -166,11 +166,14 @@ def naive_server(checkpoint: str, port: int, engine: str, opts: DecodeOptions) -
     return server
 
 
-def offline(checkpoint: str, texts: list[str], engine: str, opts: DecodeOptions, target, threads: int) -> dict:
-    """The ceiling: the engine's own `translate` on the sentences, no HTTP."""
+def offline(
+    checkpoint: str, texts: list[str], engine: str, opts: DecodeOptions, target, threads: int, engines: dict
+) -> dict:
+    """The ceiling: the engine's own `translate` on the sentences, no HTTP (each thread count's
+    engine loaded once, kept in `engines`)."""
     from raymt.engines import load_engine
 
-    model = load_engine(checkpoint, engine, threads=threads)
+    model = engines.get(threads) or engines.setdefault(threads, load_engine(checkpoint, engine, threads=threads))
     t0 = time.perf_counter()
     hyps = model.translate(texts, opts, target)
     seconds = time.perf_counter() - t0
@@ -191,7 +194,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--sentences", type=int, default=4, help="sentences a request")
     p.add_argument("--closed", default="16", help="comma-separated client counts (closed loop); '' for none")
     p.add_argument("--requests", type=int, default=8, help="requests per client (closed loop)")
-    p.add_argument("--rates", default="", help="comma-separated requests/s (open loop)")
+    p.add_argument("--rates", default="", help="comma-separated requests/s (open loop); auto: from the offline rate")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of every load, interleaved (medians reported)")
     p.add_argument("--seconds", type=float, default=20.0, help="length of each open-loop load")
     p.add_argument(
         "--naive-port", type=int, help="start a naive one-request-at-a-time server there (needs --checkpoint)"
@@ -207,35 +211,116 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def read_texts(args: argparse.Namespace) -> list[str]:
     """The sentences the requests carry."""
     if args.data:
-        from raymt.data.text import read_lines
+        from raymt.data.text import read_lines, resolve
 
-        return read_lines(f"{args.data}.{args.src_lang}")[: args.limit]
+        return read_lines(resolve(args.data, args.src_lang))[: args.limit]  # PREFIX.en, .en.gz, ...
     from raymt.data.builtin import generate
 
     return generate(args.limit, args.src_lang, args.tgt_lang or "de", seed=7)[0]
 
 
-def main(argv: Optional[list[str]] = None) -> list[dict]:
-    """Run the loads; print one JSON row each; return the rows."""
-    args = parse_args(argv)
-    texts, opts, rows = read_texts(args), DecodeOptions(beam=args.beam), []
+def rates_for(args: argparse.Namespace, offline_rows: list[dict]) -> list[float]:
+    """The open-loop rates (requests/s): --rates, or with `auto` a low rate (0.5/s) and 0.5, 0.7
+    and 0.9 of the offline one-thread engine's rate (its sentences/s over --sentences)."""
+    if args.rates != "auto":
+        return [float(r) for r in args.rates.split(",") if r]
+    one = next(r for r in offline_rows if r["load"].endswith(" 1 thread(s)"))
+    ceiling = one["sentences_per_s"] / args.sentences
+    return [0.5] + [round(f * ceiling, 2) for f in (0.5, 0.7, 0.9)]
+
+
+def one_round(
+    args: argparse.Namespace, texts: list[str], opts: DecodeOptions, round_: int, engines: dict
+) -> list[dict]:
+    """One round of every load: the offline engine (1 and 2 threads), then the server's closed
+    and open loops, then the naive server's closed loop and lowest rate."""
+    rows = []
     if args.offline:
-        rows += [offline(args.checkpoint, texts, args.engine, opts, args.tgt_lang, n) for n in (1, 2)]
-    urls = [args.url]
+        rows += [offline(args.checkpoint, texts, args.engine, opts, args.tgt_lang, n, engines) for n in (1, 2)]
+    if args.fixed_rates is None:  # the first round's: every round loads at the same rates
+        args.fixed_rates = rates_for(args, rows)
+    rates = args.fixed_rates
+    servers = [("raymt serve", args.url, rates)]
     if args.naive_port:
-        naive_server(args.checkpoint, args.naive_port, args.engine, opts)
-        urls.append(f"http://127.0.0.1:{args.naive_port}")
-    for url in urls:
+        servers.append(("naive", f"http://127.0.0.1:{args.naive_port}", rates[:1]))
+    for name, url, server_rates in servers:
         for clients in [int(c) for c in args.closed.split(",") if c]:
             load = closed_loop(url, texts, clients, args.sentences, args.requests, args.tgt_lang, args.model)
-            rows.append({"url": url} | load)
-        for rate in [float(r) for r in args.rates.split(",") if r]:
+            rows.append({"server": name} | load)
+        for rate in server_rates:
             load = open_loop(url, texts, rate, args.seconds, args.sentences, args.tgt_lang, args.model)
-            rows.append({"url": url} | load)
+            rows.append({"server": name} | load)
+    return [{"round": round_} | row for row in rows]
+
+
+def medians(rows: list[dict]) -> list[dict]:
+    """Each load's median over the rounds (sentences/s, tokens/s, latencies, batch occupancy)."""
+    import statistics
+
+    keys = ("sentences_per_s", "target_tokens_per_s", "p50_ms", "p99_ms", "requests_per_batch", "tokens_per_batch")
+    groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        print(json.dumps(row), flush=True)
+        groups.setdefault((row.get("server", "offline"), row["load"]), []).append(row)
+    out = []
+    for (server, load), runs in groups.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in keys if all(k in r for r in runs)}
+        errors = sum(n for r in runs for code, n in r.get("statuses", {}).items() if code != "200")
+        out.append({"server": server, "load": load, "rounds": len(runs), "non_200": errors} | med)
+    return out
+
+
+def verdict(table: list[dict], args: argparse.Namespace) -> list[str]:
+    """The issue's targets as ratios of the medians measured side by side."""
+    get = {(r["server"], r["load"]): r for r in table}
+    closed = f"closed {args.closed.split(',')[0]}x{args.sentences}"
+    lines = []
+    one = next((r for r in table if r["load"].endswith(" 1 thread(s)")), None)
+    serve, naive = get.get(("raymt serve", closed)), get.get(("naive", closed))
+    if serve and one:
+        lines.append(
+            f"{closed}: raymt serve / offline 1 thread = "
+            f"{serve['sentences_per_s'] / one['sentences_per_s']:.2f} (target >= 0.8)"
+        )
+    if serve and naive:
+        lines.append(
+            f"{closed}: raymt serve / naive = {serve['sentences_per_s'] / naive['sentences_per_s']:.2f} (target >= 2)"
+        )
+    opens = sorted((r for r in table if r["load"].startswith("open")), key=lambda r: float(r["load"].split()[1][:-2]))
+    low = [r for r in opens if r["load"] == opens[0]["load"]] if opens else []
+    by = {r["server"]: r for r in low}
+    if "raymt serve" in by and "naive" in by:
+        delta = by["raymt serve"]["p50_ms"] - by["naive"]["p50_ms"]
+        lines.append(f"{opens[0]['load']}: p50 raymt serve - naive = {delta:+.1f} ms (target <= 15)")
+    ok = [r for r in opens if r["server"] == "raymt serve" and r["p99_ms"] <= 1000]
+    if ok and one:
+        best = max(float(r["load"].split()[1][:-2]) for r in ok)
+        share = best * args.sentences / one["sentences_per_s"]
+        lines.append(
+            f"highest rate with p99 <= 1 s: {best:g} requests/s = {share:.2f} of the offline "
+            "1-thread rate (target >= 0.7)"
+        )
+    return lines
+
+
+def main(argv: Optional[list[str]] = None) -> list[dict]:
+    """Run the loads --repeats times, interleaved; print each row, the medians and the targets' ratios."""
+    args = parse_args(argv)
+    texts, opts, rows, engines = read_texts(args), DecodeOptions(beam=args.beam), [], {}
+    args.fixed_rates = None
+    if args.naive_port:
+        naive_server(args.checkpoint, args.naive_port, args.engine, opts)
+    for r in range(args.repeats):
+        for row in one_round(args, texts, opts, r, engines):
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    table = medians(rows)
+    print(f"\nmedians of {args.repeats} rounds ({len(texts)} sentences, {args.sentences} a request):")
+    for row in table:
+        print(json.dumps(row))
+    lines = verdict(table, args)
+    print("\n".join(lines))
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+        Path(args.out).write_text(json.dumps({"rows": rows, "medians": table, "ratios": lines}, indent=1))
     return rows
 
 
