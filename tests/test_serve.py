@@ -520,13 +520,19 @@ def test_the_load_benchmark_measures_the_server_a_naive_one_and_the_engine(serve
     flags = ["--url", server, "--tgt-lang", "de", "--limit", "12", "--sentences", "2", "--closed", "3"]
     flags += ["--requests", "2", "--rates", "20", "--seconds", "0.5", "--naive-port", str(free_port())]
     flags += ["--checkpoint", str(tagged), "--engine", "raymt", "--beam", "2", "--offline", "--out", str(out)]
+    flags += ["--repeats", "2"]
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_load.py"
     done = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(out.read_text())
+    result = json.loads(out.read_text())
+    rows = [row for row in result["rows"] if row["round"] == 0]
     assert [row["load"] for row in rows] == ["offline raymt 1 thread(s)", "offline raymt 2 thread(s)"] + [
-        "closed 3x2", "open 20/s x2"] * 2  # fmt: skip
+        "closed 3x2",
+        "open 20/s x2",
+    ] * 2  # fmt: skip (the naive server: the first rate only)
     for row in rows[2:]:
         assert set(row["statuses"]) == {"200"} and row["sentences_per_s"] > 0 and row["p99_ms"] >= row["p50_ms"]
     assert all("requests_per_batch" in row for row in rows[2:4])  # the server's /stats
-    assert all(row["url"] == server for row in rows[2:4])
+    assert [row["server"] for row in rows[2:]] == ["raymt serve"] * 2 + ["naive"] * 2
+    assert {r["load"]: r["rounds"] for r in result["medians"]}["closed 3x2"] == 2
+    assert any(line.startswith("closed 3x2: raymt serve / naive = ") for line in result["ratios"])
