@@ -4,7 +4,9 @@ For each model the probe's ratio (raymt.precision.measure_bf16_speedup exactly a
 workers call it at start: N processes in a gloo group, each with the run's torch threads and a
 batch of the run's shape, timed at once) is printed beside the ratio of real `raymt train`
 runs, fp32 then bf16 then fp32 ... (interleaved, `--pairs` of each), N workers, `--updates`
-updates each, tokens/s of their log intervals after the first (the first holds start-up):
+updates each, tokens/s of their log intervals after the first (the first holds start-up), and
+their workers' CPU seconds per update (/proc, between the first and the last progress line
+before validation: the figure the probe's CPU-time ratio predicts where other load varies):
 
     python benchmarks/precision_probe.py --m30k /work/shared/data/multi30k [--models mini,m30k,small]
         [--updates 150] [--pairs 1] [--avx2] [--probe-only]
@@ -23,6 +25,7 @@ import csv
 import gzip
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -64,17 +67,16 @@ def _probe_worker(rank: int, world: int, port: int, threads: int, spec: dict, ou
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     cfg = Config.from_dict(spec["config"])
-    shape = ProbeShape.of_run(cfg, threads, world, [tuple(p) for p in spec["lengths"]])
+    shape = ProbeShape.of_run(cfg, threads, world, [tuple(p) for p in spec["widths"]])
     t0 = time.perf_counter()
     ratio = measure_bf16_speedup(cfg, spec["vocab"], shape, group_collective())
     if rank == 0:
-        out.put(
-            {"ratio": ratio, "seconds": time.perf_counter() - t0, "capability": torch.backends.cpu.get_cpu_capability()}
-        )
+        seconds, capability = time.perf_counter() - t0, torch.backends.cpu.get_cpu_capability()
+        out.put({"ratio": ratio, "seconds": seconds, "capability": capability, "shapes": shape.shapes})
     dist.destroy_process_group()
 
 
-def probe(config: dict, vocab: int, lengths: tuple, workers: int, threads: int) -> dict:
+def probe(config: dict, vocab: int, widths: tuple, workers: int, threads: int) -> dict:
     """The probe's ratio with `workers` processes of `threads` threads at once (spawned: they
     read ATEN_CPU_CAPABILITY as a run's workers do)."""
     import torch.multiprocessing as mp
@@ -84,7 +86,7 @@ def probe(config: dict, vocab: int, lengths: tuple, workers: int, threads: int) 
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    spec = {"config": config, "vocab": vocab, "lengths": list(lengths)}
+    spec = {"config": config, "vocab": vocab, "widths": list(widths)}
     procs = [ctx.Process(target=_probe_worker, args=(r, workers, port, threads, spec, out)) for r in range(workers)]
     for p in procs:
         p.start()
@@ -97,55 +99,99 @@ def probe(config: dict, vocab: int, lengths: tuple, workers: int, threads: int) 
 # ---------------------------------------------------------------- real runs
 
 
+def _stat(pid: str) -> Optional[tuple[int, float]]:
+    """(parent pid, CPU seconds: user + system) of a process, or None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_cpu(root: int) -> dict[int, float]:
+    """CPU seconds so far of each Ray Train worker process (by pid) below process `root` (the
+    `raymt train` driver starts its own raylet, whose workers these are; other runs' are not)."""
+    stats = {int(p): st for p in os.listdir("/proc") if p.isdigit() and (st := _stat(p))}
+    below, todo = set(), [root]
+    while todo:
+        parent = todo.pop()
+        kids = [pid for pid, (ppid, _) in stats.items() if ppid == parent and pid not in below]
+        below.update(kids)
+        todo += kids
+    out = {}
+    for pid in below:
+        try:
+            name = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if name.startswith(b"ray::RayTrainWorker"):
+            out[pid] = stats[pid][1]
+    return out
+
+
 def train(name: str, precision: str, flags: list[str], updates: int, storage: Path, env: dict) -> dict:
-    """One `raymt train` run pinned to `precision`; its tokens/s after the first log interval."""
+    """One `raymt train` run pinned to `precision`: its tokens/s after the first log interval,
+    and its workers' CPU seconds per update between the first and the last log line before the
+    end (validation, at the last update, left out), read from /proc as the lines arrive."""
     run = f"{name}-{precision}-{time.time_ns()}"
-    log_every = max(1, updates // 3)
+    log_every = max(1, updates // 5)
     cmd = [sys.executable, "-m", "raymt.train", *flags, "--max-steps", str(updates), "--storage-path", str(storage)]
     cmd += ["--name", run, "--set", f"train.precision={precision}", "--set", f"train.log_every={log_every}"]
     cmd += ["--set", f"train.eval_every={updates}"]
     t0 = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    lines, cpu = [], {}  # cpu: step -> {worker pid: CPU seconds} when its progress line arrived
+    for line in proc.stdout:
+        lines.append(line)
+        step = re.search(r"\bstep (\d+)/", line)
+        if step and int(step.group(1)) < updates:
+            cpu[int(step.group(1))] = worker_cpu(proc.pid)
+    if proc.wait() != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{''.join(lines[-60:])}")
     with open(storage / run / "logs" / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["tokens_per_s"]]
     rates = [float(r["tokens_per_s"]) for r in rows]
-    line = next((x[x.index("precision:") :] for x in proc.stdout.splitlines() if "precision:" in x), "")
+    line = next((x[x.index("precision:") :].strip() for x in lines if "precision:" in x), "")
     loss = next((r["train_loss"] for r in reversed(rows) if r["train_loss"]), "")
+    first, last = min(cpu), max(cpu)
+    per_worker = [(cpu[last][pid] - cpu[first].get(pid, 0.0)) / (last - first) for pid in cpu[last]]
     return {
         "rates": rates,
         "rate": statistics.mean(rates[1:] or rates),
+        "cpu_s_per_update": sum(per_worker),  # both workers together
+        "cpu_s_per_update_by_worker": [round(c, 4) for c in per_worker],
+        "cpu_steps": [first, last],
         "loss": loss,
         "line": line,
         "wall_s": round(time.time() - t0, 1),
     }
 
 
-def shape_of(name: str, corpus: Optional[Path]) -> tuple[dict, int, tuple]:
-    """(the runs' config as a dict, vocabulary size, typical valid lengths) of a model's runs."""
+def shape_of(name: str, corpus: Optional[Path], runs: Path) -> tuple[dict, int, tuple]:
+    """(the runs' config as a dict, vocabulary size, its validation rows' widths) of a model's
+    runs: the rows the run's own probe sees (its corpus's validation set and tokenizer); for
+    `mini`, the corpus of an earlier mini run under `runs` (its tokenizer is trained per run)."""
     from raymt.config import Config, apply_overrides
     from raymt.config.overrides import flatten, load_file
-    from raymt.precision import typical_lengths
-    from raymt.tokenizer import Tokenizer
+    from raymt.data import format as corpus_format
+    from raymt.precision import row_widths
 
     cfg = Config()
     if name != "mini":
         cfg = apply_overrides(cfg, flatten(load_file(str(RECIPE))))
         if name == "small":
             cfg = apply_overrides(cfg, {**{f"model.{k}": v for k, v in SMALL.items()}, "model.dropout": 0.1})
-        tok = Tokenizer.load(corpus / "spm.model")
-        src = gzip.open(corpus.parent / "valid-src.gz", "rt").read().splitlines()
-        tgt = gzip.open(corpus.parent / "valid-tgt.gz", "rt").read().splitlines()
-        rows = [{"src_ids": tok.encode(s) + [3], "tgt_ids": tok.encode(t)} for s, t in zip(src, tgt)]
-        return cfg.to_dict(), tok.vocab_size, typical_lengths(rows)
-    from raymt.data.builtin import generate
-    from raymt.tokenizer import train_tokenizer
-
-    src, tgt = generate(3000, "en", "de", seed=7)  # the built-in corpus's kind of pairs
-    tok = train_tokenizer(src + tgt, 1000)
-    rows = [{"src_ids": tok.encode(s) + [3], "tgt_ids": tok.encode(t)} for s, t in zip(src[:300], tgt[:300])]
-    return cfg.to_dict(), tok.vocab_size, typical_lengths(rows)
+    else:
+        made = sorted(runs.glob("mini-*/corpus/manifest.json"), key=lambda f: f.stat().st_mtime)
+        if not made:
+            raise SystemExit(f"no mini run under {runs} to take the rows from: run --models mini without --probe-only")
+        corpus = made[-1].parent
+    manifest = corpus_format.read_manifest(str(corpus))
+    tok = corpus_format.load_tokenizer(str(corpus), manifest)
+    rows = corpus_format.eval_rows(
+        corpus_format.eval_pairs(str(corpus), manifest, "valid"), tok, cfg.model.max_positions
+    )
+    return cfg.to_dict(), tok.vocab_size, row_widths(rows)
 
 
 def prepare_m30k(m30k: Path, work: Path, env: dict) -> Path:
@@ -180,19 +226,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, RAYMT_PRECISION_CACHE=str(args.work / f"cache-{time.time_ns()}.json"))
+    env["RAY_ADDRESS"] = "local"  # a Ray instance of its own: not another user's `ray start` cluster
     if args.avx2:
         env["ATEN_CPU_CAPABILITY"] = os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
     models = args.models.split(",")
     corpus = prepare_m30k(args.m30k, args.work, env) if set(models) - {"mini"} else None
     results = {}
     for name in models:
-        config, vocab, lengths = shape_of(name, corpus)
-        found = {"probe": probe(config, vocab, lengths, args.workers, args.threads), "lengths": lengths}
-        print(
-            f"{name}: probe {found['probe']['ratio']:.3f} ({found['probe']['seconds']:.1f} s, "
-            f"{found['probe']['capability']}, lengths {lengths})",
-            flush=True,
-        )
+        found = {}
         if not args.probe_only:
             runs = {"fp32": [], "bf16": []}
             for _ in range(args.pairs):
@@ -205,17 +246,27 @@ def main(argv: Optional[list[str]] = None) -> int:
             found["run_ratio"] = statistics.mean(r["rate"] for r in runs["bf16"]) / statistics.mean(
                 r["rate"] for r in runs["fp32"]
             )
+            found["run_cpu_ratio"] = statistics.mean(r["cpu_s_per_update"] for r in runs["fp32"]) / statistics.mean(
+                r["cpu_s_per_update"] for r in runs["bf16"]
+            )
+        config, vocab, widths = shape_of(name, corpus, args.work / "runs")  # after a mini run: its rows
+        found["probe"] = probe(config, vocab, widths, args.workers, args.threads)
+        print(
+            f"{name}: probe {found['probe']['ratio']:.3f} ({found['probe']['seconds']:.1f} s, "
+            f"{found['probe']['capability']}, batches {found['probe']['shapes']})",
+            flush=True,
+        )
         results[name] = found
-    print("\n| model | probe bf16/fp32 | runs bf16/fp32 | fp32 tok/s | bf16 tok/s |")
-    print("|---|---|---|---|---|")
+    print("\n| model | probe bf16/fp32 | runs bf16/fp32 | runs in CPU time | fp32 tok/s | bf16 tok/s |")
+    print("|---|---|---|---|---|---|")
     for name, found in results.items():
         runs = found.get("runs")
         cells = [f"{found['probe']['ratio']:.3f}"]
         if runs:
-            cells += [f"{found['run_ratio']:.3f}"] + [
+            cells += [f"{found['run_ratio']:.3f}", f"{found['run_cpu_ratio']:.3f}"] + [
                 ", ".join(f"{r['rate']:.0f}" for r in runs[p]) for p in ("fp32", "bf16")
             ]
-        print(f"| {name} | " + " | ".join(cells + ["—"] * (4 - len(cells))) + " |")
+        print(f"| {name} | " + " | ".join(cells + ["—"] * (5 - len(cells))) + " |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -7,7 +7,8 @@ default) keeps the precision a resumed checkpoint recorded, else chooses, with `
 - an older GPU (V100, T4): fp16 autocast with `torch.amp.GradScaler` (dynamic loss scaling);
 - a CPU with bf16 units (AVX512-BF16, AMX): bf16 autocast only where it pays: a short timed
   probe of the run's own training step, fp32 against bf16 in CPU time, run by every worker at
-  once with the run's threads per worker on batches of the run's row lengths (`ProbeShape`),
+  once with the run's threads per worker on batches cut as the run's loader cuts them from rows
+  of its validation set's widths (`ProbeShape`, `batch_shapes`),
   plus the gradient all-reduce both precisions share; cached by CPU, torch and its kernel
   level, model shape, threads, workers and batches in a JSON file (`$RAYMT_PRECISION_CACHE`,
   default ~/.cache/raymt/precision.json);
@@ -26,10 +27,8 @@ runs in the training precision (the trainer's autocast).
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import hashlib
-import itertools
 import json
 import os
 import re
@@ -38,10 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager, Optional, Sequence
 
+import numpy as np
 import torch
 
-from raymt.batching import Batch, collate
-from raymt.config import Config, ModelConfig
+from raymt.batching import Batch, ShapeLadder, collate, round_up, token_budget_batches
+from raymt.config import Config, DataConfig, ModelConfig
 from raymt.model import build_model
 from raymt.optim import make_optimizer
 from raymt.trainer import SINGLE, Collective, train_step
@@ -56,7 +56,9 @@ PROBE_MAX_TOKENS = 2048  # a one-process probe's batch (no ProbeShape): data.max
 # Multi30k recipe's model, rows of 10 and 9 or 13 and 14 tokens: within 5% at 1024, 2048 and
 # 4096 tokens), its cost does.
 RUN_MAX_TOKENS = 2048
-PROBE_BATCHES = 6  # a run's probe: batches of this many typical row lengths (bf16's gain varies with them)
+PROBE_BATCHES = 8  # a run's probe: this many of the run's batch shapes (bf16's gain varies with them)
+PROBE_WINDOW_BATCHES = 64  # ... picked from this many batches' worth of rows cut as the run cuts them
+PROBE_VERSION = 2  # in the cache key: 1 timed batches of single rows' lengths (issue 47: mini 0.95 vs runs' 0.76)
 DTYPES: dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -168,51 +170,76 @@ def _cuda_choice(device: torch.device, tf32_wanted: bool) -> Precision:
 @dataclass(frozen=True)
 class ProbeShape:
     """The run's steps as the probe times them: torch threads per worker, workers busy at once,
-    and batches of data.max_tokens whose rows have the run's (source, target) lengths, one batch
-    per length (`typical_lengths`: spread over the run's distribution, as its batches are)."""
+    and batches of (rows, source width, target width) as the run's loader cuts them from rows of
+    the run's lengths (`batch_shapes`: spread over the widths, as the run's batches are)."""
 
     threads: int = 1
     workers: int = 1
     max_tokens: int = PROBE_MAX_TOKENS
-    lengths: tuple[tuple[int, int], ...] = ((PROBE_ROW_LEN, PROBE_ROW_LEN),)  # tokens per row, EOS not counted
+    shapes: tuple[tuple[int, int, int], ...] = (
+        (PROBE_MAX_TOKENS // (PROBE_ROW_LEN + 1), PROBE_ROW_LEN + 1, PROBE_ROW_LEN + 1),
+    )
 
     @classmethod
     def of_run(
-        cls, cfg: Config, threads: int, workers: int, lengths: Optional[Sequence[tuple[int, int]]] = None
+        cls, cfg: Config, threads: int, workers: int, widths: Optional[Sequence[tuple[int, int]]] = None
     ) -> "ProbeShape":
-        """A run's shape: `lengths` (source, target tokens of typical rows) or one of 20 and 20."""
-        longest = cfg.data.max_len
-        pairs = tuple((min(s, longest), min(t, longest)) for s, t in lengths or ((PROBE_ROW_LEN, PROBE_ROW_LEN),))
-        return cls(threads, workers, min(cfg.data.max_tokens, RUN_MAX_TOKENS), pairs)
+        """A run's shape from `widths` (`row_widths` of its validation rows; without: rows of 20
+        and 20 tokens), cut into batches of data.max_tokens (at most RUN_MAX_TOKENS)."""
+        max_tokens = min(cfg.data.max_tokens, RUN_MAX_TOKENS)
+        longest = cfg.data.max_len + 1
+        pairs = [(min(s, longest), min(t, longest)) for s, t in widths or ((PROBE_ROW_LEN + 1,) * 2,)]
+        return cls(
+            threads, workers, max_tokens, batch_shapes(pairs, max_tokens, cfg.data, PROBE_BATCHES if widths else 1)
+        )
 
     @property
     def key(self) -> str:
         """The part of a probe's cache key that this shape decides."""
-        rows = ",".join(f"{s}x{t}" for s, t in self.lengths)
-        return f"threads{self.threads} workers{self.workers} batch{self.max_tokens}:{rows}"
+        rows = ",".join(f"{b}x{s}x{t}" for b, s, t in self.shapes)
+        return f"probe{PROBE_VERSION} threads{self.threads} workers{self.workers} batch{self.max_tokens}:{rows}"
 
     def batches(self, vocab_size: int) -> list[Batch]:
-        """Random ids (above the special ones): for each length pair, as many rows as the budget holds."""
+        """Random ids (above the special ones), one batch of each shape, no padding."""
         out = []
-        for src_len, tgt_len in self.lengths:
-            rows = max(1, self.max_tokens // (max(src_len, tgt_len) + 1))  # + EOS (BOS), as the budget counts
-            src = torch.randint(4, vocab_size, (rows, src_len)).tolist()
-            tgt = torch.randint(4, vocab_size, (rows, tgt_len)).tolist()
-            out.append(collate([s + [3] for s in src], tgt))  # 3: EOS ends a source
+        for rows, src_width, tgt_width in self.shapes:
+            src = torch.randint(4, vocab_size, (rows, src_width - 1)).tolist()
+            tgt = torch.randint(4, vocab_size, (rows, tgt_width - 1)).tolist()
+            out.append(collate([s + [3] for s in src], tgt))  # 3: EOS ends a source; BOS/EOS the target
         return out
 
 
-def typical_lengths(rows: Sequence[dict], k: int = PROBE_BATCHES) -> Optional[tuple[tuple[int, int], ...]]:
-    """(source, target) lengths (EOS not counted) of `k` eval rows (raymt.data.format's) spread
-    over their distribution as the run's batches are: sorted by the longer side, the rows at
-    quantiles (i + 1/2) / k of the tokens (a token budget makes a length's share of the batches
-    its share of the tokens, not of the rows)."""
-    if not rows:
-        return None
-    pairs = sorted(((len(r["src_ids"]) - 1, len(r["tgt_ids"])) for r in rows), key=lambda p: (max(p), p))
-    tokens = list(itertools.accumulate(max(p) + 1 for p in pairs))
-    picked = [pairs[bisect.bisect_left(tokens, (i + 0.5) * tokens[-1] / k)] for i in range(k)]
-    return tuple((max(1, s), max(1, t)) for s, t in picked)
+def row_widths(rows: Sequence[dict]) -> Optional[tuple[tuple[int, int], ...]]:
+    """(source, target) widths of raymt.data.format's rows as a batch pads them (source with its
+    EOS, target with BOS/EOS); None for no rows."""
+    return tuple((len(r["src_ids"]), len(r["tgt_ids"]) + 1) for r in rows) or None
+
+
+def batch_shapes(
+    widths: Sequence[tuple[int, int]], max_tokens: int, data: DataConfig, k: int = PROBE_BATCHES
+) -> tuple[tuple[int, int, int], ...]:
+    """(rows, source width, target width) of `k` batches as the run's loader cuts them
+    (`token_budget_batches`, the run's padding rules) from a window of rows drawn from `widths`,
+    at quantiles (i + 1/2) / k of the batches sorted by width (they share the tokens out evenly).
+    bf16's gain jumps between neighbouring widths (the default model: 1.48x at 10 and 9 tokens,
+    0.71x at 11 and 11; torch 2.13's bf16 flash-attention backward on a CPU costs ~7x fp32's
+    from 12 tokens on): the probe samples the run's mix of them, source and target widths together."""
+    rng = np.random.default_rng(0)
+    pool = np.asarray(widths, dtype=np.int64).reshape(-1, 2)
+    mean = float(np.maximum(pool[:, 0], pool[:, 1]).mean())
+    picked = pool[rng.integers(0, len(pool), max(1, int(PROBE_WINDOW_BATCHES * max_tokens / mean)))]
+    ladder = ShapeLadder.from_config(data)
+    cut = token_budget_batches(picked[:, 0], picked[:, 1], max_tokens, rng, data.pad_multiple, ladder)
+    shapes = []
+    for rows in cut:
+        src, tgt = int(picked[rows, 0].max()), int(picked[rows, 1].max())
+        if ladder is not None:  # every batch padded to its rung's (rows, width)
+            num, width = ladder.shape(max(src, tgt))
+            shapes.append((num, width, width))
+        else:
+            shapes.append((len(rows), round_up(src, data.pad_multiple), round_up(tgt, data.pad_multiple)))
+    shapes.sort(key=lambda b: (max(b[1:]), b[1], b[2], b[0]))
+    return tuple(shapes[min(len(shapes) - 1, int((i + 0.5) * len(shapes) / k))] for i in range(k))
 
 
 def cache_path() -> Path:
@@ -288,7 +315,7 @@ def measure_bf16_speedup(
     a batch takes its slowest worker (the run steps in lockstep), the gradient all-reduce is
     added to both. Passes alternate fp32/bf16 (ABBA), at least two of each; per batch the
     fastest counts (the first pass sets kernels up). Every worker returns the same ratio."""
-    shape = shape or ProbeShape(torch.get_num_threads(), 1, min(cfg.data.max_tokens, PROBE_MAX_TOKENS))
+    shape = shape or ProbeShape.of_run(cfg, torch.get_num_threads(), 1)  # one batch of 20-token rows
     with torch.random.fork_rng(devices=[]):  # the run's weights and dropout stay as without a probe
         torch.manual_seed(0)
         model = build_model(cfg.model, vocab_size)

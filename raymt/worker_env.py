@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 
 from raymt.config import Config
-from raymt.precision import Precision, ProbeShape, for_training, typical_lengths
+from raymt.precision import Precision, ProbeShape, for_training, row_widths
 from raymt.trainer import SINGLE, Collective
 
 
@@ -62,21 +62,21 @@ class WorkerEnv:
         cfg: Config,
         vocab_size: int,
         kept: Optional[dict] = None,
-        lengths: Optional[Sequence[tuple[int, int]]] = None,
+        widths: Optional[Sequence[tuple[int, int]]] = None,
     ) -> "WorkerEnv":
         """This environment with the training precision every rank takes (rank 0's), its TF32
         flags set: pinned, else `kept` (a resumed checkpoint's record), else chosen; on a CPU with
         bf16 units every rank times the probe at once, with this process's threads and batches
-        of data.max_tokens in rows of `lengths` (typical source, target tokens), as the run will."""
-        shape = ProbeShape.of_run(cfg, torch.get_num_threads(), self.world_size, lengths)
+        of data.max_tokens cut as the run cuts them from rows of `widths` (source, target), as the run will."""
+        shape = ProbeShape.of_run(cfg, torch.get_num_threads(), self.world_size, widths)
         chosen = for_training(self.device, cfg, vocab_size, shape, self.collective, kept)
         return dataclasses.replace(self, precision=self.collective.all_gather_object(chosen)[0].apply())
 
 
 def valid_lengths(loop_config: dict) -> Optional[tuple[tuple[int, int], ...]]:
-    """Typical (source, target) lengths of a loop config's validation rows (every pair's), spread
-    over their distribution: the probe's stand-in for the training batches' rows."""
-    return typical_lengths([row for s in loop_config["valid"].values() for row in s["rows"]])
+    """(source, target) widths of a loop config's validation rows (every pair's): the probe's
+    stand-in for the training rows its batches are cut from."""
+    return row_widths([row for s in loop_config["valid"].values() for row in s["rows"]])
 
 
 def elastic_batch(cfg: Config, world_size: int, verbose: bool = False) -> Config:

@@ -19,7 +19,7 @@ from raymt.checkpoint import load_train_state
 from raymt.config import Config, DecodeOptions, apply_overrides, tiny
 from raymt.model import build_model
 from raymt.optim import inverse_sqrt, make_optimizer
-from raymt.precision import ProbeShape, for_inference, for_training, native_bf16, typical_lengths
+from raymt.precision import ProbeShape, batch_shapes, for_inference, for_training, native_bf16, row_widths
 from raymt.trainer import Collective, Done, Trainer, collate_eval, evaluate, restore_training, train_step
 
 CUDA = torch.device("cuda", 0)
@@ -326,26 +326,46 @@ def test_every_worker_probes_at_once_with_the_runs_shape_and_rank_0s_cache_answe
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
     cfg = Config(model=tiny())
     cfg.data.max_tokens = 256
-    shape = ProbeShape.of_run(cfg, threads=1, workers=2, lengths=[(9, 11), (4, 3)])
+    widths = [(10, 12), (5, 4)]  # source with EOS, target with BOS/EOS
+    shape = ProbeShape.of_run(cfg, threads=1, workers=2, widths=widths)
     batches = shape.batches(VOCAB)
-    assert [b.src.shape for b in batches] == [(21, 10), (51, 5)]  # 256 // 12 and 256 // 5 rows
-    assert [b.tgt_out.shape for b in batches] == [(21, 12), (51, 4)]
+    assert len(batches) == precision.PROBE_BATCHES and shape.shapes[0] == (51, 5, 4)  # 256 // 5 rows
+    assert shape.shapes[-1] == (21, 10, 12)  # sorted by width; 256 // 12 rows
+    assert [(b.src.size(0), b.src.size(1), b.tgt_out.size(1)) for b in batches] == list(shape.shapes)
     passes = []
     real_step = precision.train_step
     monkeypatch.setattr(precision, "train_step", lambda *a, **k: passes.append(1) or real_step(*a, **k))
     chosen = in_threads(2, lambda c: for_training(CPU, cfg, VOCAB, shape, c))
-    assert chosen[0] == chosen[1] and len(passes) % 4 == 0 and len(passes) >= 2 * 2 * 2 * 2  # 2 workers, 2 batches
+    per_pass = 2 * len(batches)  # 2 workers
+    assert chosen[0] == chosen[1] and len(passes) % per_pass == 0 and len(passes) >= per_pass * 2 * 2
     key = precision.probe_key(cfg.model, VOCAB, shape)
-    assert "threads1 workers2 batch256:9x11,4x3" in key and list(precision.read_cache()) == [key]
+    assert "probe2 threads1 workers2 batch256:51x5x4," in key and list(precision.read_cache()) == [key]
     assert "with 2 workers of 1 threads" in chosen[0].line(CPU)
     monkeypatch.setattr(precision, "measure_bf16_speedup", lambda *a: pytest.fail("probed"))
     again = in_threads(2, lambda c: for_training(CPU, cfg, VOCAB, shape, c))
     assert again[0].dtype == chosen[0].dtype and "cached" in again[0].line(CPU)
-    other = ProbeShape.of_run(cfg, threads=2, workers=2, lengths=[(9, 11), (4, 3)])  # other threads: another key
+    other = ProbeShape.of_run(cfg, threads=2, workers=2, widths=widths)  # other threads: another key
     assert precision.probe_key(cfg.model, VOCAB, other) != key
+
+
+def test_the_probe_cuts_its_batches_from_the_runs_rows_as_the_loader_does():
     rows = [{"src_ids": [5] * n + [3], "tgt_ids": [6] * (n + 1)} for n in (30, 4, 7, 9, 12, 2)]
-    # Quantiles 1/6, 3/6, 5/6 of the 76 tokens (longer side + 1: 4 6 9 11 14 32), as batches share them out.
-    assert typical_lengths(rows, k=3) == ((7, 8), (12, 13), (30, 31))
+    assert row_widths(rows) == ((31, 32), (5, 6), (8, 9), (10, 11), (13, 14), (3, 4))
+    assert row_widths([]) is None
+    data = Config().data
+    # Rows of 8 and 32 tokens, 1:1: the long ones hold 4/5 of the tokens, so 4/5 of the batches.
+    shapes = batch_shapes([(8, 7), (32, 30)], 256, data, k=5)
+    assert shapes == ((32, 8, 7),) + ((8, 32, 30),) * 4
+    # A batch's widths are its longest source's and its longest target's, as the loader pads them.
+    mixed = batch_shapes([(8, 3), (3, 8)], 256, data, k=64)
+    assert (
+        {(32, 8, 8), (32, 8, 3), (32, 3, 8)}
+        <= set(mixed)
+        <= {(r, s, t) for r in range(1, 33) for s in (3, 8) for t in (3, 8)}
+    )
+    data.pad_multiple = 8  # the run's padding rules: widths rounded up to 8
+    assert set(batch_shapes([(5, 7), (12, 9)], 256, data, k=4)) <= {(32, 8, 8), (16, 16, 16)}
+    assert ProbeShape.of_run(Config(), 1, 1).shapes == ((97, 21, 21),)  # no rows known: one batch of 20-token rows
 
 
 def test_train_precision_pins_and_train_bf16_false_still_forces_fp32(monkeypatch, cache):
