@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from test_stream import batch_pairs, take
 
 from raymt.config import Config, DataConfig
 from raymt.data import stream as stream_module
@@ -51,29 +52,10 @@ def write_shards(tmp_path, sizes, seed=0, row_group=97) -> tuple[list[Shard], li
     return shards, pairs
 
 
-def batch_pairs(batch) -> list[tuple]:
-    """(src without EOS, tgt) tuples of a collated batch."""
-    out = []
-    for s, t in zip(batch.src.tolist(), batch.tgt_out.tolist()):
-        out.append((tuple(s[: s.index(3)]), tuple(t[: t.index(3)])))
-    return out
-
-
 def stream(files: Mix, rank, world_size, position, num_epochs=1, segment=None, trace=False, **data) -> TrainStream:
     """A worker's stream of `files` at CFG, its blocks as `files` has them."""
     cfg = DataConfig(**{**CFG, "shuffle_block_rows": files.block_rows, **data})
     return TrainStream(files, cfg, SEED, rank, world_size, position, trace, num_epochs=num_epochs, segment=segment)
-
-
-def take(s: TrainStream, n: int) -> list[tuple]:
-    """The pairs of up to n batches of stream s, then close it."""
-    out = []
-    for b in s:
-        out += batch_pairs(b)
-        if (n := n - 1) == 0:
-            break
-    s.close()
-    return out
 
 
 def overlap(before: list[set], after: list[set]) -> float:
