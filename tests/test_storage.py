@@ -221,7 +221,7 @@ def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
     for name in ("raymt_config.json", "spm.model", "corpus", "logs", "summary.json", "plots", RAY_SNAPSHOT_FILE):
         assert name in names, names
     assert rundir.registered_checkpoints(run_dir) == 2
-    assert corpus_format.read_manifest(f"{run_dir}/corpus")["splits"]["train"]["num_pairs"] > 300
+    assert corpus_format.read_manifest(f"{run_dir}/corpus")["corpora"][0]["train"]["num_pairs"] > 300
     assert storage.listdir(f"{run_dir}/logs/tensorboard")[0].startswith("events.out.tfevents")
     steps = [
         int(row.split(",")[0])

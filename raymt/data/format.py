@@ -1,23 +1,21 @@
 """The prepared-corpus format, shared by its writer (raymt.data.prepare) and its readers
 (raymt.data.stream, training, evaluation).
 
-Layout of a prepared corpus (paths in the manifest are relative to it):
+Layout of a prepared corpus, `raymt-corpus/2` (paths in the manifest are relative to it;
+docs/design-inputs.md, section 3); one pair is a corpus of one, with no tags:
 
-    manifest.json            options, inputs, fingerprint, counts per cleaning rule, shards
-    spm.model                the joint SentencePiece model
-    train/part-00000.parquet src_ids, tgt_ids: list<int32>, raw SentencePiece ids (no BOS/EOS)
-    valid.parquet            src, tgt: stripped text; nothing dropped, every row is scored
-    test/<name>.parquet      same as valid, one file per test set
-
-Several corpora (language pairs, back-translated pairs) make a `raymt-corpus/2` corpus, whose
-manifest lists them under "corpora" (docs/design-inputs.md, section 3):
-
+    manifest.json                      options, inputs, fingerprint, "corpora" (each with its
+                                       languages, origin, weight, source tags, counts per
+                                       cleaning rule and shards), "tags", "splits"
     spm.model                          the joint model; tag pieces (<2de>, <BT>) reserved
-    train/<name>/part-00000.parquet    per corpus (name en-de, or en-de.bt): src_ids start
-                                       with the corpus's source tags
-    valid/<pair>.parquet               one per pair, text (tags are put on when encoded)
+    train/<name>/part-00000.parquet    per corpus (name en-de, or en-de.bt): src_ids, tgt_ids,
+                                       list<int32> SentencePiece ids (no BOS/EOS), src_ids
+                                       starting with the corpus's source tags
+    valid/<pair>.parquet               one per pair: src, tgt stripped text, every row scored
     test/<pair>/<name>.parquet         the pair's test sets
 
+raymt wrote one pair as `raymt-corpus/1` until 2026-12 (train/part-*.parquet, valid.parquet,
+test/<name>.parquet, the pair's languages and train entry at the top of the manifest);
 `corpora(corpus, manifest)` reads either format (a /1 corpus is one real corpus).
 """
 
