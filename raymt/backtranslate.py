@@ -70,7 +70,7 @@ from raymt.engines import (
     token_batches,
 )
 from raymt.errors import user_error
-from raymt.translate import decode_options
+from raymt.translate import add_decode_flags, decode_options
 
 # For tests of kills and restarts only: seconds each actor sleeps per shard (slows a run down).
 DELAY_ENV = "RAYMT_BT_TEST_DELAY_S"
@@ -83,7 +83,7 @@ ACTOR_TITLE = "ray::BacktranslateActor"
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
-    d, b = DecodeOptions(), BacktranslateConfig()
+    b = BacktranslateConfig()
     p = argparse.ArgumentParser(prog="python -m raymt.backtranslate", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--checkpoint", required=True, help="raymt checkpoint, or a `raymt export --format ctranslate2` directory"
@@ -99,13 +99,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--column", help="TSV: 0-based column (default 0); JSONL/Parquet: key (default the source language)")
     p.add_argument("--src-lang", help="the input's language: checked against the model's source")
     p.add_argument("--tgt-lang", help="the output's language: checked (tagged models: picks the tag)")
-    p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha (raymt engine)")
-    p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
-    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
-    p.add_argument("--sample", action="store_true", help="sample the outputs (Edunov et al. 2018; beam 1)")
-    p.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature")
-    p.add_argument("--top-k", type=int, default=d.top_k, help="sample among the K most likely tokens (0 = all)")
+    add_decode_flags(p)  # --sample: sampled outputs (Edunov et al. 2018)
     p.add_argument("--noise", action="store_true", help="noised beam output: delete, replace, swap words")
     p.add_argument("--noise-delete", type=float, default=b.noise_delete, help="drop probability of a word")
     p.add_argument("--noise-replace", type=float, default=b.noise_replace, help="probability of the filler")

@@ -18,7 +18,6 @@ from raymt.metrics import score
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
-    d = DecodeOptions()
     p = argparse.ArgumentParser(prog="python -m raymt.translate", description=__doc__)
     p.add_argument(
         "--checkpoint",
@@ -31,33 +30,41 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         help="target language: required for a multilingual (tagged) model, whose tag goes before each "
         "source; a one-pair model's own target language, if given",
     )
-    p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
-    p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
-    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
+    add_decode_flags(p)
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     p.add_argument(
         "--n-best", type=int, default=1, help="print the N best as 'i ||| hypothesis ||| score' lines (N <= beam)"
     )
-    p.add_argument("--sample", action="store_true", help="sample instead of searching (implies --beam 1)")
-    p.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature")
-    p.add_argument("--top-k", type=int, default=d.top_k, help="sample among the K most likely tokens (0 = all)")
     p.add_argument("--seed", type=int, help="seed for --sample (repeatable output)")
     p.add_argument("--ref", help="reference file (one line per input): also print BLEU and chrF")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return p.parse_args(argv)
 
 
-def decode_options(args: argparse.Namespace, seed: Optional[int]) -> DecodeOptions:
-    """DecodeOptions (validated) from the decoding flags translate and backtranslate share."""
+def add_decode_flags(p: argparse.ArgumentParser, sample: bool = True) -> None:
+    """The decoding flags of translate, backtranslate and serve (`sample`: with the sampling ones)."""
+    d = DecodeOptions()
+    p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
+    p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
+    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
+    if sample:
+        p.add_argument("--sample", action="store_true", help="sample instead of searching (implies --beam 1)")
+        p.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature")
+        p.add_argument("--top-k", type=int, default=d.top_k, help="sample among the K most likely tokens (0 = all)")
+
+
+def decode_options(args: argparse.Namespace, seed: Optional[int] = None) -> DecodeOptions:
+    """DecodeOptions (validated) from the decoding flags (`add_decode_flags`)."""
+    sample = getattr(args, "sample", False)
     return DecodeOptions(
-        beam=1 if args.sample else args.beam,
+        beam=1 if sample else args.beam,
         length_penalty=args.length_penalty,
         max_len_a=args.max_len_a,
         max_len_b=args.max_len_b,
-        sample=args.sample,
-        temperature=args.temperature,
-        top_k=args.top_k,
+        sample=sample,
+        temperature=getattr(args, "temperature", DecodeOptions.temperature),
+        top_k=getattr(args, "top_k", DecodeOptions.top_k),
         seed=seed,
     )
 

@@ -11,15 +11,16 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from raymt.config import SERVE_ENGINES, DecodeOptions, ServeConfig
+from raymt.config import SERVE_ENGINES, ServeConfig
 from raymt.config.serve import DEFAULT_MODEL
 from raymt.engines import load_model_info, resolve_engine
 from raymt.errors import first_line
+from raymt.translate import add_decode_flags, decode_options
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
-    d, s = DecodeOptions(), ServeConfig(models={DEFAULT_MODEL: "-"})
+    s = ServeConfig(models={DEFAULT_MODEL: "-"})
     p = argparse.ArgumentParser(prog="raymt serve", description=__doc__)
     p.add_argument(
         "--checkpoint",
@@ -63,10 +64,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--print-config", action="store_true", help="print the Serve config file for `serve deploy` and exit"
     )
-    p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy), as raymt translate")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
-    p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
-    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
+    add_decode_flags(p, sample=False)  # as raymt translate's
     return p.parse_args(argv)
 
 
@@ -74,9 +72,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The validated ServeConfig of the flags (one-line ValueErrors)."""
     if args.status_every <= 0:
         raise ValueError(f"--status-every {args.status_every:g} must be > 0 seconds")
-    decode = DecodeOptions(
-        beam=args.beam, length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b
-    )
+    decode = decode_options(args)
     return ServeConfig(
         models=model_flags(args.checkpoint, args.model),
         models_per_replica=args.models_per_replica,
