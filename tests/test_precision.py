@@ -239,6 +239,32 @@ def test_validation_runs_its_forward_passes_and_decoding_under_autocast():
     assert seen and all(not enabled and dtype == torch.float32 for enabled, dtype in seen)
 
 
+def test_cpu_bf16_training_keeps_attention_in_fp32_and_the_linear_layers_in_bf16(monkeypatch):
+    # torch 2.13's bf16 flash-attention backward on a CPU is ~7x fp32's from 12 tokens on.
+    import raymt.model
+
+    cfg = Config(model=tiny())
+    torch.manual_seed(0)
+    model = build_model(cfg.model, VOCAB)
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        raymt.model.F,
+        "scaled_dot_product_attention",
+        lambda q, k, v, **kw: calls.append((q.dtype, k.dtype, torch.is_autocast_enabled("cpu"))) or real(q, k, v, **kw),
+    )
+    src, tgt = torch.randint(4, VOCAB, (3, 13)), torch.randint(4, VOCAB, (3, 12))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(src, tgt)
+    assert logits.dtype == torch.bfloat16  # the output projection ran in bf16
+    logits.float().sum().backward()
+    layers = cfg.model.num_encoder_layers + 2 * cfg.model.num_decoder_layers
+    assert calls == [(torch.float32, torch.float32, False)] * layers
+    calls.clear()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # decoding: bf16 throughout
+        model(src, tgt)
+    assert calls == [(torch.bfloat16, torch.bfloat16, True)] * layers
+
+
 def test_translate_evaluate_and_the_test_set_decode_in_fp32_on_a_cpu_where_training_took_bf16(
     monkeypatch, cache, tmp_path
 ):
@@ -339,7 +365,9 @@ def test_every_worker_probes_at_once_with_the_runs_shape_and_rank_0s_cache_answe
     per_pass = 2 * len(batches)  # 2 workers
     assert chosen[0] == chosen[1] and len(passes) % per_pass == 0 and len(passes) >= per_pass * 2 * 2
     key = precision.probe_key(cfg.model, VOCAB, shape)
-    assert "probe2 threads1 workers2 batch256:51x5x4," in key and list(precision.read_cache()) == [key]
+    assert f"probe{precision.PROBE_VERSION} threads1 workers2 batch256:51x5x4," in key and list(
+        precision.read_cache()
+    ) == [key]
     assert "with 2 workers of 1 threads" in chosen[0].line(CPU)
     monkeypatch.setattr(precision, "measure_bf16_speedup", lambda *a: pytest.fail("probed"))
     again = in_threads(2, lambda c: for_training(CPU, cfg, VOCAB, shape, c))
