@@ -52,6 +52,7 @@ def resolve_resume(
     before = Config.from_dict(json.loads(saved))
     cfg = build_config(args, before, new_run=False)
     check_same_mix(before, cfg, location)
+    check_tag_side(before, cfg, f"--resume {args.resume}: the run")
     parent, name = storage.split(location)
     return apply_overrides(cfg, {"train.storage_path": parent, "train.name": name}), location, None
 
@@ -146,10 +147,21 @@ def check_shape(cfg: Config, checkpoint: str | Path) -> None:
         for f in SHAPE_FIELDS
         if getattr(saved.model, f) != getattr(cfg.model, f)
     ]
+    check_tag_side(saved, cfg, str(checkpoint))
     if diff:
         raise ValueError(
             f"{checkpoint} holds a model of another shape ({'; '.join(diff)}): drop "
             "--preset / --set model.* to start from it, or train from scratch"
+        )
+
+
+def check_tag_side(saved: Config, cfg: Config, what: str) -> None:
+    """A one-line error when a model trained with its language tag on one side (data.tag_side)
+    would go on training with it on the other: its weights learned where the tag is."""
+    if saved.data.tag_side != cfg.data.tag_side:
+        raise ValueError(
+            f"{what} trained with data.tag_side={saved.data.tag_side!r}, this run sets "
+            f"{cfg.data.tag_side!r}: drop --set data.tag_side to continue it, or train a new model from scratch"
         )
 
 

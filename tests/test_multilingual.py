@@ -245,6 +245,15 @@ def test_resuming_with_another_mix_fails_before_ray(tmp_path, flags, message):
     assert line.endswith(f"start a new run from its checkpoint instead: --resume {run_dir}/checkpoint_x --name NEW")
 
 
+def test_resuming_a_tagged_run_with_its_tag_on_the_other_side_fails_before_ray(tmp_path):
+    run_dir = saved_run(tmp_path, ["--pairs", ",".join(PAIRS), "--set", "data.tag_side=tgt"])
+    assert resolve_resume(parse_args(["--resume", run_dir]))[0].data.tag_side == "tgt"
+    with pytest.raises(ValueError) as err:
+        resolve_resume(parse_args(["--resume", run_dir, "--set", "data.tag_side=src"]))
+    line = str(err.value)
+    assert "\n" not in line and "data.tag_side='tgt', this run sets 'src'" in line, line
+
+
 def test_one_pair_runs_resume_as_before_whatever_the_temperature(tmp_path):
     run_dir = saved_run(tmp_path, [])
     cfg, resumed, _ = resolve_resume(parse_args(["--resume", run_dir, "--set", "data.temperature=5"]))
