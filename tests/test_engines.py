@@ -149,6 +149,9 @@ def test_ctranslate2_engine_behind_the_same_interface(tagged, tmp_path):
     raymt = load_engine(str(tagged), "raymt").translate(texts, opts, langs)
     assert [h[0][1] for h in got] == [h[0][1] for h in raymt] and all(h[0][1] for h in got)
     assert engine.translate(texts, opts, "de") != engine.translate(texts, opts, "fr")  # the tag counts
+    assert engine.sub_batch_tokens > 0
+    engine.sub_batch_tokens = 8  # cut by CTranslate2 into length-sorted sub-batches: the same output
+    assert [h[0][1] for h in engine.translate(texts, opts, langs, batch_size=len(texts))] == [h[0][1] for h in got]
     encoded = engine.encode(texts[:1], "de")
     assert engine.length(encoded[0]) == len(encoded[0]) - 1  # CTranslate2 appends EOS itself
     [two] = engine.translate_ids(encoded, DecodeOptions(beam=2, length_penalty=0.0), n_best=2)
