@@ -25,11 +25,11 @@ for train, per kill also the seconds from the kill until the run logged again th
 reached (restart, the steps redone since the checkpoint, and the driver's start for its kill).
 
 Each run is a fresh command with a local Ray of its own (RAY_ADDRESS=local): the processes
-killed are only its own descendants. The whole soak (a reference run and a 35-45-minute chaos run:
+killed are only its own descendants. The whole soak (a reference run of ~30 minutes and a ~40-minute chaos run:
 issue 46 asks for at least 10 worker kills, `worker_kills` says how many) is the default;
 --smoke is a form of a few minutes, 2 worker kills and the driver's (tests/test_chaos.py):
 
-    python benchmarks/chaos.py --out chaos.json                  # train, 8000 steps, kills every 2-4 min
+    python benchmarks/chaos.py --out chaos.json                  # train, 5000 steps, kills every 2-3 min
     python benchmarks/chaos.py --smoke --out chaos.json
     python benchmarks/chaos.py --mode elastic --out elastic.json
     python benchmarks/chaos.py --mode backtranslate --out bt.json
@@ -74,10 +74,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("train", "elastic", "backtranslate"), default="train")
     p.add_argument("--smoke", action="store_true", help="a few minutes: 150 steps, 2 kills 20-30 s apart, the driver's")
     p.add_argument(
-        "--steps", type=int, help="training steps (default 8000: ~35 min on 2 cores; smoke 150; elastic 600, smoke 120)"
+        "--steps", type=int, help="training steps (default 5000: ~30 min on 2 cores; smoke 150; elastic 600, smoke 120)"
     )
     p.add_argument("--eval-every", type=int, help="steps between checkpoints (default 100, smoke 30, elastic smoke 20)")
-    p.add_argument("--kill-every", help="K1,K2: seconds between kills, drawn uniformly (default 120,240)")
+    p.add_argument("--kill-every", help="K1,K2: seconds between kills, drawn uniformly (default 120,180)")
     p.add_argument("--max-kills", type=int, help="worker or actor kills at most (default unlimited, smoke 2)")
     p.add_argument("--no-driver-kill", action="store_true", help="no driver kill")
     p.add_argument("--lines", type=int, help="backtranslate: input lines (default 200000, smoke 4000)")
@@ -88,9 +88,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     smoke = args.smoke
     defaults = {
-        "steps": (150 if smoke else 8000) if args.mode != "elastic" else (120 if smoke else 600),
+        "steps": (150 if smoke else 5000) if args.mode != "elastic" else (120 if smoke else 600),
         "eval_every": (20 if args.mode == "elastic" else 30) if smoke else 100,
-        "kill_every": "20,30" if smoke else "120,240",
+        "kill_every": "20,30" if smoke else "120,180",
         "max_kills": 2 if smoke else None,
         "lines": 4000 if smoke else 200_000,
     }
