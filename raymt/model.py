@@ -7,6 +7,7 @@ the whole batch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional
 
@@ -97,17 +98,16 @@ class Attention(nn.Module):
             # T new queries after cached keys: query i sees keys up to L + i (is_causal would align
             # the mask top-left, hiding cached keys from the later queries). (T, L + T)
             mask, is_causal = torch.ones(t, k.size(2), dtype=torch.bool, device=q.device).tril(k.size(2) - t), False
-        dropout_p = self.dropout if self.training else 0.0
-        if q.is_cpu and q.requires_grad and torch.is_autocast_enabled("cpu"):
-            # torch 2.13's bf16 flash-attention backward on a CPU costs ~7x fp32's once a side
-            # reaches 12 tokens (benchmarks/NOTES.md, issue 47): attention trains in fp32 there,
-            # the matmuls around it stay in bf16. (B, H, T, D/H) float32 out
-            with torch.autocast("cpu", enabled=False):
-                out = F.scaled_dot_product_attention(
-                    q.float(), k.float(), v.float(), attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p
-                )
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p)
+        # torch 2.13's bf16 flash-attention backward on a CPU costs ~7x fp32's once a side
+        # reaches 12 tokens (benchmarks/NOTES.md, issue 47): attention trains in fp32 there,
+        # the matmuls around it stay in bf16.
+        fp32 = q.is_cpu and q.requires_grad and torch.is_autocast_enabled("cpu")
+        if fp32:
+            q, k, v = q.float(), k.float(), v.float()
+        with torch.autocast("cpu", enabled=False) if fp32 else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0
+            )
         return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
 
 

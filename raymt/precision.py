@@ -58,8 +58,9 @@ PROBE_MAX_TOKENS = 2048  # a one-process probe's batch (no ProbeShape): data.max
 RUN_MAX_TOKENS = 2048
 PROBE_BATCHES = 8  # a run's probe: this many of the run's batch shapes (bf16's gain varies with them)
 PROBE_WINDOW_BATCHES = 64  # ... picked from this many batches' worth of rows cut as the run cuts them
-PROBE_VERSION = 3  # in the cache key: 1 timed batches of single rows' lengths (issue 47: mini 0.95 vs runs' 0.76);
-# 2 trained CPU bf16 attention in bf16 (its backward's cliff at 12 tokens: model.Attention)
+# In the cache key. 1 timed batches of single rows' lengths (issue 47: mini 0.95 vs runs' 0.76);
+# 2 trained CPU bf16 attention in bf16 (its backward's cliff at 12 tokens: model.Attention).
+PROBE_VERSION = 3
 DTYPES: dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -140,7 +140,7 @@ SHAPE_FIELDS = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decod
 
 
 def check_shape(cfg: Config, checkpoint: str | Path) -> None:
-    """A one-line error when the starting checkpoint's model differs in shape from the config's."""
+    """A one-line error when the starting checkpoint's model differs in shape (or tag side) from the config's."""
     saved, _ = load_config(checkpoint)
     diff = [
         f"model.{f} {getattr(saved.model, f)} there, {getattr(cfg.model, f)} here"
