@@ -275,6 +275,28 @@ def test_a_missing_checkpoint_or_busy_port_is_one_line(tmp_path, tagged, capsys)
     assert len(err.splitlines()) == 1 and "cannot listen there" in err
 
 
+def test_a_port_a_stopped_server_left_in_time_wait_is_free():
+    """Restarting right after a stop: the stopped server's connections hold its port in
+    TIME_WAIT, where the new server (SO_REUSEADDR) binds; a listening socket still refuses."""
+    import socket
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Serve's HTTP server (asyncio)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()  # the server side closes first: its end of the connection goes to TIME_WAIT
+        time.sleep(0.05)
+        client.close()
+        with pytest.raises(ValueError, match="cannot listen there"):
+            serve_cli.check_port("127.0.0.1", port)  # still listening
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # what the check did before: refused
+    serve_cli.check_port("127.0.0.1", port)
+
+
 def test_a_one_pair_model_needs_no_target(tmp_path, capsys):
     checkpoint = make_checkpoint(tmp_path / "one-pair", seed=3)
     service = Service(load_engine(str(checkpoint), "raymt"), serve_config(checkpoint))

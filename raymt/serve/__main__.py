@@ -142,12 +142,20 @@ def check_before_ray(cfg: ServeConfig) -> str:
             )
     check_device(cfg.device)
     engine = check_models(cfg)
-    with socket.socket() as probe:
-        try:
-            probe.bind((cfg.host, cfg.port))
-        except OSError as err:
-            raise ValueError(f"--host {cfg.host} --port {cfg.port}: cannot listen there ({first_line(err)})") from None
+    check_port(cfg.host, cfg.port)
     return engine
+
+
+def check_port(host: str, port: int) -> None:
+    """A one-line error when host:port cannot be listened on (another server holds it)."""
+    with socket.socket() as probe:
+        # As the server's own socket (uvicorn, asyncio): a port left in TIME_WAIT by a server
+        # stopped a moment ago is free to listen on; only a listening socket makes it busy.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise ValueError(f"--host {host} --port {port}: cannot listen there ({first_line(err)})") from None
 
 
 def check_models(cfg: ServeConfig) -> str:
