@@ -291,8 +291,9 @@ def write_cache(key: str, speedup: float) -> None:
 
 
 def _allreduce_seconds(model: torch.nn.Module, collective: Collective) -> float:
-    """The fastest of three all-reduces of the model's gradients (fp32 in either precision): the
-    share of a step that bf16 does not change (0 for one worker)."""
+    """The fastest of three all-reduces of the model's gradients (fp32 in either precision), the
+    slowest worker's: the share of a step that bf16 does not change (0 for one worker), the same
+    figure on every worker."""
     if collective.world_size == 1:
         return 0.0
     flat = torch.zeros(sum(p.numel() for p in model.parameters()))
@@ -301,7 +302,7 @@ def _allreduce_seconds(model: torch.nn.Module, collective: Collective) -> float:
         t0 = time.perf_counter()
         collective.all_reduce_sum_async(flat).wait()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return max(collective.all_gather_object(min(times)))  # each worker timed its own wait
 
 
 def measure_bf16_speedup(
