@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -266,7 +267,7 @@ def test_the_router_picks_a_model_by_name_or_by_its_one_pair():
 def test_a_missing_checkpoint_or_busy_port_is_one_line(tmp_path, tagged, capsys):
     assert serve_cli.main(["--checkpoint", str(tmp_path / "none")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
-    with __import__("socket").socket() as busy:
+    with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
@@ -278,8 +279,6 @@ def test_a_missing_checkpoint_or_busy_port_is_one_line(tmp_path, tagged, capsys)
 def test_a_port_a_stopped_server_left_in_time_wait_is_free():
     """Restarting right after a stop: the stopped server's connections hold its port in
     TIME_WAIT, where the new server (SO_REUSEADDR) binds; a listening socket still refuses."""
-    import socket
-
     with socket.socket() as server:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Serve's HTTP server (asyncio)
         server.bind(("127.0.0.1", 0))
