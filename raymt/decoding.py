@@ -1,7 +1,8 @@
 """Greedy, sampled and batched beam-search decoding with an incremental K/V cache (plain PyTorch).
 
 Sentences that are done leave the batch: greedy drops a row as soon as it emits EOS, beam
-search drops a sentence's K rows once it holds K finished hypotheses. Tokens, scores,
+search drops a sentence's K rows once it holds K finished hypotheses, the best of them no worse
+than its best live prefix (`_done`). Tokens, scores,
 memory, src_mask, length limits and the K/V cache are pruned together, so later steps
 only pay for what is still being decoded. A hypothesis is (score, ids): its summed
 log-probability divided by the GNMT length penalty, and its ids without BOS/EOS.
@@ -201,6 +202,11 @@ def _finish(
         finished[state.active[i]].append((top_scores[i, j].item() / penalty, hyp))
 
 
+def _done(finished: list[Hypothesis], k: int, best_live: float) -> bool:
+    """Whether a sentence's search may stop: K finished hypotheses, the best no worse than `best_live`."""
+    return len(finished) >= k and max(score for score, _ in finished) >= best_live
+
+
 def _advance(
     state: _Beams, scores: torch.Tensor, parents: torch.Tensor, new_tokens: torch.Tensor, keep: list[int]
 ) -> None:
@@ -246,9 +252,12 @@ def _beam(
         # Continue with the best K candidates that did not end.
         scores, pick = top_scores.masked_fill(is_eos, NEG_INF).topk(k, dim=1)  # (A, K)
         parents = torch.arange(a, device=src.device)[:, None] * k + origin.gather(1, pick)
-        # A sentence is done with K finished hypotheses or when no live prefix is left.
-        live = torch.isfinite(scores[:, 0]).tolist()
-        keep = [i for i, s in enumerate(state.active) if live[i] and len(finished[s]) < k]
+        # A sentence is done when no live prefix is left, or when it holds K finished hypotheses
+        # and the best of them beats its best live prefix scored as if it ended now: with
+        # length penalty 0 no live prefix can still win (fairseq stops at K finished alone,
+        # and on a confident model returns an early EOS nats below the hypothesis still live).
+        best_live = (scores[:, 0] / penalty).tolist()
+        keep = [i for i, s in enumerate(state.active) if best_live[i] > NEG_INF and not _done(finished[s], k, best_live[i])]
         if not keep:
             break
         _advance(state, scores, parents, token.gather(1, pick), keep)
@@ -291,6 +300,23 @@ def decode(
 ) -> list[list[int]]:
     """Greedy when opts.beam == 1, beam search otherwise (after a forced (B, P) `prefix`, if given)."""
     return greedy(model, src, opts, prefix) if opts.beam == 1 else beam_search(model, src, opts, prefix)
+
+
+@torch.no_grad()
+def token_log_probs(
+    model: Transformer, src: torch.Tensor, hyps: Sequence[Sequence[int]], prefix: Optional[torch.Tensor] = None
+) -> list[list[float]]:
+    """raymt's scorer of given outputs: each hypothesis's (ids without BOS/EOS) log-probabilities,
+    token by token and then EOS, given its row of (B, S) source ids after a forced (B, P) `prefix`
+    (taken at no cost, as decoding takes it); summed, they are decoding's length-penalty-0 score."""
+    forced = [] if prefix is None else prefix.tolist()
+    rows = [[BOS_ID, *(forced[i] if forced else []), *ids, EOS_ID] for i, ids in enumerate(hyps)]
+    tgt = pad_batch(rows, src.device)  # (B, T)
+    memory, src_mask = model.encode(src)
+    log_probs = torch.log_softmax(model.decode(tgt[:, :-1], memory, src_mask).float(), dim=-1)  # (B, T-1, V)
+    picked = log_probs.gather(2, tgt[:, 1:, None]).squeeze(2)  # (B, T-1)
+    start = len(forced[0]) if forced else 0
+    return [picked[i, start : start + len(ids) + 1].tolist() for i, ids in enumerate(hyps)]
 
 
 def encode_sources(

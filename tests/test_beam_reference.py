@@ -5,7 +5,8 @@ prefix at every step (no cache, no padding, no pruning) and keeps hypotheses in 
 Python lists. Its search rule is the one the fast code documents: at each step the
 candidates of all live prefixes are ranked; EOS candidates ranked within the top K
 finish with score / GNMT penalty; the best K other candidates live on; a sentence stops
-with K finished hypotheses.
+with K finished hypotheses of which the best is no worse than the best live prefix, scored
+with this step's penalty (or with no live prefix left).
 """
 
 import dataclasses
@@ -103,7 +104,8 @@ def ref_beam(model, src_row, opts):
             if hyp[-1] == EOS_ID:
                 finished.append((score / penalty(step + 1, opts.length_penalty), hyp[1:-1]))
         live = [c for c in candidates if c[1][-1] != EOS_ID][:k]
-        if len(finished) >= k or not live:
+        step_penalty = penalty(step + 1, opts.length_penalty)
+        if not live or (len(finished) >= k and max(finished)[0] >= live[0][0] / step_penalty):
             break
     return sorted(finished, reverse=True)
 
