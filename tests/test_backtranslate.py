@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from agreement import assert_translations_agree
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 from raymt import backtranslate as bt
@@ -358,7 +359,11 @@ def test_every_input_kind_aligned_each_line_once(ray_cluster, checkpoint, tmp_pa
             }
         )
         expected += bt.translate_block(engine, block, OPTS, cfg).column("output").to_pylist()
-    assert outputs == expected
+    # The actors are other processes (their own threads, their own kernel paths): ties may part.
+    rows = [i for i in range(40) if i not in empty + invalid]
+    assert [outputs[i] for i in empty + invalid] == [expected[i] for i in empty + invalid]
+    pick = lambda values: [values[i] for i in rows]
+    assert_translations_agree(checkpoint, pick(texts), None, pick(outputs), pick(expected))
     # --format text: aligned line by line with the input
     assert (out / "text.en").read_text().split("\n")[:-1] == texts
     assert (out / "text.de").read_text().split("\n")[:-1] == outputs

@@ -3,8 +3,9 @@ training moves each source's tag to the decoder (BOS <2de> w1 ..., the tag no pr
 decoding forces it after BOS, and `raymt translate`, the CTranslate2 export with
 `target_prefix` and docs/translate.md's snippet give the same output, never the tag.
 
-The model is a d=16, 1+1-layer Transformer fitted in about a second, through raymt's own
-collation, to test_tags.py's 24 English sentences into German and French.
+The model is a d=16, 1+1-layer Transformer fitted in a few seconds, through raymt's own
+collation, to test_tags.py's 24 English sentences into German and French. Outputs of two engines
+are compared as tests/agreement.py says: equal, or tied where they part.
 """
 
 import dataclasses
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from agreement import assert_texts_agree
 from test_tags import NUM_PAIRS, PAIRS, SENTENCES, TAG_ID, TAGS, tagged_tokenizer
 from tiny_checkpoint import one_thread  # noqa: F401 (autouse fixture)
 from torch.utils.data import DataLoader
@@ -40,8 +42,9 @@ BEAM2 = DecodeOptions(beam=2, length_penalty=0.0)  # CTranslate2 scores as raymt
 
 
 def fit_decoder_tagged(pre_norm: bool = True) -> Transformer:
-    """A d=16 1+1-layer model after 150 Adam steps on en->de and en->fr pairs collated with the tag
-    on the decoder side, the loss on tgt_out as raymt's trainer takes it (PAD ignored)."""
+    """A d=16 1+1-layer model after 400 Adam steps on en->de and en->fr pairs collated with the tag
+    on the decoder side, the loss on tgt_out as raymt's trainer takes it (PAD ignored): most of
+    its outputs are its training targets (after 150 steps few were, and ties were common)."""
     tok = tagged_tokenizer()
     torch.manual_seed(0)
     cfg = dataclasses.replace(
@@ -55,7 +58,7 @@ def fit_decoder_tagged(pre_norm: bool = True) -> Transformer:
         targets += [tok.encode(t) for t in tgt]
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
     g = torch.Generator().manual_seed(0)
-    for _ in range(150):
+    for _ in range(400):
         idx = torch.randint(0, len(sources), (16,), generator=g).tolist()
         batch = collate([sources[i] for i in idx], [targets[i] for i in idx], tag_side="tgt")
         logits = model(batch.src, batch.tgt_in)  # (B, T, V)
@@ -73,7 +76,7 @@ def save_decoder_tagged(directory: Path, pre_norm: bool = True) -> Path:
     model = fit_decoder_tagged(pre_norm)
     data = DataConfig(vocab_size=256, corpora=[CorpusSpec(s, t) for s, t in PAIRS], tag_side="tgt")
     languages = languages_entry(PAIRS, reserved, "tgt")
-    return save_checkpoint(directory, model, Config(model=model.cfg, data=data), tok, {"step": 150}, languages)
+    return save_checkpoint(directory, model, Config(model=model.cfg, data=data), tok, {"step": 400}, languages)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +89,13 @@ def raymt_nbest(checkpoint: Path, sentences: list[str], tgt_lang: str, opts: Dec
     """raymt.decoding's n-best of sentences into `tgt_lang`: the tag forced first in the decoder."""
     model, tok, _ = load_model(checkpoint)
     return translate_nbest(model, tok, sentences, opts, prefix=[TAG_ID[tgt_lang]], tag_side="tgt")
+
+
+def assert_raymt_agrees(checkpoint: Path, sentences: list[str], tgt_lang: str, got: list[str], want: list[str]):
+    """Another engine's outputs `got` are raymt's `want` but where raymt's scorer finds a tie."""
+    model, tok, _ = load_model(checkpoint)
+    sources = encode_sources(tok, sentences, model.cfg.max_positions)  # the tag is the decoder's
+    assert_texts_agree(model, tok, sources, got, want, prefix=[TAG_ID[tgt_lang]])
 
 
 def ended(checkpoint: Path, opts: DecodeOptions) -> list[str]:
@@ -180,7 +190,7 @@ def test_validation_decodes_with_the_tag_in_the_decoder(decoder_tagged):
 @pytest.mark.parametrize("tgt_lang", ["de", "fr"])
 def test_translate_and_the_ctranslate2_export_agree(decoder_tagged, tgt_lang, tmp_path, capsys):
     """Done-when of issue 45 item 4: `raymt translate` (raymt's engine) and the CTranslate2 export
-    with target_prefix (fp32, beam 2) give the same outputs, without the tag."""
+    with target_prefix (fp32, beam 2) give the same outputs (up to ties), without the tag."""
     ctranslate2 = pytest.importorskip("ctranslate2")
     sentences = ended(decoder_tagged, BEAM2)
     assert len(sentences) >= 6, sentences
@@ -197,10 +207,11 @@ def test_translate_and_the_ctranslate2_export_agree(decoder_tagged, tgt_lang, tm
         pieces, [[f"<2{tgt_lang}>"]] * len(pieces), beam_size=2, length_penalty=0, min_decoding_length=0
     )
     assert all(r.hypotheses[0][0] == f"<2{tgt_lang}>" for r in results)  # CTranslate2 returns the prefix
-    assert [tok.sp.decode(r.hypotheses[0][1:]) for r in results] == got
+    assert_raymt_agrees(decoder_tagged, sentences, tgt_lang, [tok.sp.decode(r.hypotheses[0][1:]) for r in results], got)
     assert not any(p in TAGS for r in results for p in r.hypotheses[0][1:])
     engine = load_engine(str(decoder_tagged), "ctranslate2", compute_type="float32", cache=str(tmp_path / "cache"))
-    assert [h[0][1] for h in engine.translate(sentences, BEAM2, tgt_lang)] == got
+    ct2_outputs = [h[0][1] for h in engine.translate(sentences, BEAM2, tgt_lang)]
+    assert_raymt_agrees(decoder_tagged, sentences, tgt_lang, ct2_outputs, got)
     other = "fr" if tgt_lang == "de" else "de"
     assert sum(a != b[0][1] for a, b in zip(got, raymt_nbest(decoder_tagged, sentences, other, BEAM2))) >= 3
 
@@ -237,7 +248,8 @@ def test_the_documented_ctranslate2_snippet(decoder_tagged, tmp_path, capsys):
     translator = f'ctranslate2.Translator("{out}/", compute_type="float32", intra_threads=1)'
     code = snippet.replace('ctranslate2.Translator("ct2/")', translator).replace('"ct2/', f'"{out}/')
     exec(code.replace('"text"', repr(sentence)).replace("beam_size=5", "beam_size=2"), {})
-    assert capsys.readouterr().out.rstrip("\n") == raymt_nbest(decoder_tagged, [sentence], "de", BEAM2)[0][0][1]
+    want = raymt_nbest(decoder_tagged, [sentence], "de", BEAM2)[0][0][1]
+    assert_raymt_agrees(decoder_tagged, [sentence], "de", [capsys.readouterr().out.rstrip("\n")], [want])
 
 
 # ---------------------------------------------------------------- the option and its record
@@ -274,4 +286,6 @@ def test_hugging_face_generates_from_the_tag(tmp_path):
             input_ids=ids, decoder_input_ids=start, num_beams=2, length_penalty=0.0, max_new_tokens=40
         )
         got.append(tok.decode(out[0, 2:].tolist()))
-    assert len(sentences) >= 3 and got == [h[0][1] for h in raymt_nbest(checkpoint, sentences, "de", BEAM2)]
+    assert len(sentences) >= 3
+    want = [h[0][1] for h in raymt_nbest(checkpoint, sentences, "de", BEAM2)]
+    assert_raymt_agrees(checkpoint, sentences, "de", got, want)

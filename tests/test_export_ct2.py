@@ -1,4 +1,5 @@
-"""`raymt.export --format ctranslate2`: CTranslate2 decodes the exported model as raymt does.
+"""`raymt.export --format ctranslate2`: CTranslate2 decodes the exported model as raymt does
+(up to ties, which another host's rounding may break otherwise: tests/agreement.py).
 
 The models are briefly trained on built-in en->de pairs (random weights emit EOS at once
 or never), so outputs are real, mostly self-terminating pieces of varied length, and any
@@ -13,6 +14,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from agreement import assert_agree, raymt_scorer
 from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401 (autouse fixture)
 
 from raymt import export
@@ -99,7 +101,7 @@ def test_greedy_output_is_raymt_greedy_output(exported):
             [pieces(vocab, src)], beam_size=1, max_decoding_length=limit - 1, min_decoding_length=0
         )
         got.append([vocab.index(p) for p in result[0].hypotheses[0]])
-    assert got == expected
+    assert_agree([raymt_scorer(model)], sources, got, expected)  # equal but for ties (tests/agreement.py)
     # Real outputs: most sentences end by themselves, with several tokens each.
     ended = [len(ids) + 1 < GREEDY.max_len_a * len(src) + GREEDY.max_len_b for ids, src in zip(expected, sources)]
     assert sum(ended) >= len(sources) // 2 and sum(map(len, expected)) >= 5 * len(sources)
@@ -138,8 +140,10 @@ def test_beam_output_is_raymt_beam_output(exported):
             min_decoding_length=0,
             return_scores=True,
         )[0]
-        assert [[vocab.index(p) for p in h] for h in result.hypotheses] == [ids for _, ids in hyps]
-        assert result.scores == pytest.approx([s for s, _ in hyps], abs=1e-3)
+        if [[vocab.index(p) for p in h] for h in result.hypotheses] == [ids for _, ids in hyps]:
+            assert result.scores == pytest.approx([s for s, _ in hyps], abs=1e-3)
+        else:  # hypotheses within 1e-3 of each other (a tie) may swap places or cross the cut
+            assert sorted(result.scores) == pytest.approx(sorted(s for s, _ in hyps), abs=1e-3)
         compared += 1
     assert compared >= len(sources) // 2
 

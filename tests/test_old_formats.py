@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from agreement import assert_translations_agree
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ee135a8"
 SENTENCES = {
@@ -88,4 +89,7 @@ def test_old_checkpoint_translates_as_before(case, tmp_path):
         env=env,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout == (FIXTURES / "expected" / f"translate-{case}.txt").read_text()
+    # Written on another host (a 5-step model's near-ties break by its rounding): equal, or tied
+    # under this host's scorer where the two part (tests/agreement.py).
+    want = (FIXTURES / "expected" / f"translate-{case}.txt").read_text().splitlines()
+    assert_translations_agree(checkpoint, text.splitlines(), tgt_lang or None, out.stdout.splitlines(), want)
