@@ -257,7 +257,9 @@ def _beam(
         # length penalty 0 no live prefix can still win (fairseq stops at K finished alone,
         # and on a confident model returns an early EOS nats below the hypothesis still live).
         best_live = (scores[:, 0] / penalty).tolist()
-        keep = [i for i, s in enumerate(state.active) if best_live[i] > NEG_INF and not _done(finished[s], k, best_live[i])]
+        keep = [
+            i for i, s in enumerate(state.active) if best_live[i] > NEG_INF and not _done(finished[s], k, best_live[i])
+        ]
         if not keep:
             break
         _advance(state, scores, parents, token.gather(1, pick), keep)
