@@ -21,7 +21,7 @@ import torch
 
 from raymt import storage
 from raymt.config import Config
-from raymt.data.inputs import decode_tags
+from raymt.data.mixing import decode_tags
 from raymt.errors import first_line
 from raymt.model import Transformer, build_model
 from raymt.tokenizer import Tokenizer

@@ -44,7 +44,7 @@ from raymt.checkpoint import (
     weights_file,
 )
 from raymt.config import Config, DecodeOptions
-from raymt.data.inputs import decode_tags
+from raymt.data.mixing import decode_tags
 from raymt.decoding import decode_ids, encode_sources, length_batches
 from raymt.errors import check, first_line
 from raymt.export import CT2_RAYMT_CONFIG

@@ -1,27 +1,31 @@
-"""The flags shared by `raymt train` and `raymt tune`, and the config they build: defaults <
-device defaults < preset < config file < flags < --set (`build_config`)."""
+"""The flags shared by `raymt train` and `raymt tune`, the input flags `raymt data prepare` shares
+with them (`add_input_flags`, read by `corpora_from_args`), and the config they build: defaults <
+device defaults < preset < config file < flags < --set (`build_config`, where the one-pair names
+of flags, config files and --set are read into data.corpora)."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from raymt.config import (
-    ONE_PAIR_FIELDS,
     SCHEDULE_FIELDS,
     Config,
     CorpusSpec,
     apply_overrides,
+    check_real_weight,
     check_training,
+    corpora_from_flags,
     device_defaults,
     flatten,
     load_file,
-    one_pair,
+    parse_pairs,
     parse_set_args,
     parse_value,
     preset,
-    with_one_pair,
+    split_spec,
 )
+from raymt.config.corpus import ONE_PAIR_FIELDS, one_pair, read_one_pair
 from raymt.errors import check
 
 
@@ -65,56 +69,91 @@ def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 INPUT_HELP = (
     "SPEC = [SRC-TGT:]LOCATION (a prefix, a .tsv/.jsonl/.parquet file or a URI); without "
-    "SRC-TGT: for --src-lang-TGT (default: the pair of data.corpora, en-de); repeatable"
+    "SRC-TGT: for {bare}; repeatable"
 )
+TRAIN_BARE = "--src-lang-TGT (default: the pair of data.corpora, en-de)"
 
 
-def add_input_flags(p: argparse.ArgumentParser) -> None:
-    """--train/--valid/--test/--bt/--pairs: the corpora of a run (`raymt.data.inputs.input_overrides`)."""
-    p.add_argument("--train", action="append", default=[], metavar="SPEC", help=f"training pairs; {INPUT_HELP}")
-    p.add_argument(
-        "--valid", action="append", default=[], metavar="SPEC", help=f"one validation set per pair; {INPUT_HELP}"
-    )
-    p.add_argument("--test", action="append", default=[], metavar="SPEC", help=f"test set(s) of a pair; {INPUT_HELP}")
+def add_input_flags(p: argparse.ArgumentParser, bare: str = TRAIN_BARE, pairs_of: str = "the built-in corpus") -> None:
+    """--train/--valid/--test/--bt/--pairs/--real-weight: the corpora of a run or a prepare (read by
+    `corpora_from_args`); `bare` says whose pair a SPEC without SRC-TGT: is, `pairs_of` whose
+    pairs --pairs names."""
+    spec = INPUT_HELP.format(bare=bare)
+    p.add_argument("--train", action="append", default=[], metavar="SPEC", help=f"training pairs; {spec}")
+    p.add_argument("--valid", action="append", default=[], metavar="SPEC", help=f"one validation set per pair; {spec}")
+    p.add_argument("--test", action="append", default=[], metavar="SPEC", help=f"test set(s) of a pair; {spec}")
     p.add_argument(
         "--bt",
         action="append",
         default=[],
         metavar="SPEC",
         help="back-translated pairs (a `raymt backtranslate` output directory, or files as --train) "
-        f"for the direction SRC-TGT trained; {INPUT_HELP}",
+        f"for the direction SRC-TGT trained; {spec}",
     )
-    p.add_argument("--pairs", metavar="SRC-TGT,...", help="pairs of the built-in corpus, e.g. en-de,en-fr,de-en")
+    p.add_argument("--pairs", metavar="SRC-TGT,...", help=f"pairs of {pairs_of}, e.g. en-de,en-fr,de-en")
     p.add_argument(
         "--real-weight", type=float, metavar="W", help="with --bt: the real pairs W times per epoch (default 1)"
     )
 
 
-def input_flags(args: argparse.Namespace, langs: dict[str, str], current: Sequence[CorpusSpec]) -> dict:
-    """data.corpora of --train/--valid/--test/--bt/--pairs and --src-lang/--tgt-lang (`langs`), made
-    from the `current` corpora (none when no such flag is given)."""
-    from raymt.data.inputs import input_overrides
-
-    out = input_overrides(args.train, args.bt, args.valid, args.test, args.pairs, langs, current, args.real_weight)
-    check(
-        args.corpus is None or one_pair(out.get("data.corpora", current)),
-        "data.corpora and data.corpus are both set: give every corpus and its valid/test sets in data.corpora "
-        "(--train/--valid/--test SRC-TGT:SPEC), or drop data.corpora",
-    )
-    return out
+def corpora_from_args(
+    args: argparse.Namespace, pair: tuple[str, str], unnamed: Sequence[tuple[str, str]] = (), builtin_langs: bool = True
+) -> list[CorpusSpec]:
+    """The corpora of the input flags (`add_input_flags`) of `raymt train`, `raymt tune` and `raymt data
+    prepare`, in order; a SPEC without SRC-TGT: is `pair`'s. The pairs of --pairs, else `unnamed`
+    (prepare's --dataset or --src-file pair), come first without files: the built-in corpus's
+    (checked against its languages with `builtin_langs`) or the caller's."""
+    pairs = parse_pairs(args.pairs) if args.pairs is not None else list(unnamed)  # --pairs "" is an error there
+    return corpora_from_flags(args.train, args.bt, args.valid, args.test, pair, pairs, args.real_weight, builtin_langs)
 
 
-# Older configs' names of data.corpora's one pair (raymt.config.with_one_pair reads them).
+def data_flags(args: argparse.Namespace, sets: dict[str, str], current: Sequence[CorpusSpec]) -> dict[str, Any]:
+    """The flat map of the input flags: data.corpora of the corpora that --train/--bt/--pairs name,
+    a bare SPEC for the pair that --src-lang/--tgt-lang or --set name, else of the `current`
+    corpora's first; without them, the one-pair keys of the flags (`one_pair_flags`)."""
+    if not (args.train or args.bt) and args.pairs is None:
+        return one_pair_flags(args)
+    langs = {k: v for k in ONE_PAIR_FIELDS[:2] if (v := getattr(args, k) or sets.get(f"data.{k}")) is not None}
+    first = (current[0].src_lang, current[0].tgt_lang) if current else ("en", "de")
+    pair = (langs.get("src_lang", first[0]), langs.get("tgt_lang", first[1]))
+    return {"data.corpora": corpora_from_args(args, pair)}
+
+
+def one_pair_flags(args: argparse.Namespace) -> dict[str, Optional[str]]:
+    """--src-lang/--tgt-lang and a bare --valid/--test without --train/--bt/--pairs, as the one-pair
+    keys (data.src_lang, ...) that change the config's one corpus (the built-in or a prepared
+    (--corpus) corpus: its languages and sets)."""
+    check_real_weight(args.real_weight, args.bt)  # corpora_from_flags checks it on the other path
+    given = {f"data.{k}": getattr(args, k) for k in ONE_PAIR_FIELDS[:2] if getattr(args, k) is not None}
+    for flag in ("valid", "test"):
+        specs = getattr(args, flag)
+        check(len(specs) <= 1, f"--{flag} is given {len(specs)} times: one without --train (or use SRC-TGT:SPEC)")
+        for spec in specs:
+            pair, location = split_spec(spec, f"--{flag}")
+            check(pair is None, f"--{flag} {spec} names a pair with no --train, --bt or --pairs data")
+            given[f"data.{flag}"] = location
+    return given
+
+
+# The one-pair names of a flat map: older configs' fields (a config file's, --set's) and the flags'.
 ONE_PAIR_KEYS = tuple(f"data.{name}" for name in ONE_PAIR_FIELDS)
 
 
-def one_pair_sets(sets: dict[str, str], corpora: Sequence[CorpusSpec]) -> dict:
-    """--set values with older configs' one-pair keys (data.src_lang, data.train, ...) read into
-    data.corpora, set on `corpora` (those of the config file and flags)."""
-    old = {k[5:]: parse_value(v, Optional[str], k) for k, v in sets.items() if k in ONE_PAIR_KEYS}
-    if not old or "data.corpora" in sets:  # beside data.corpora: apply_overrides says what is wrong
-        return sets
-    return {**{k: v for k, v in sets.items() if k not in ONE_PAIR_KEYS}, "data.corpora": with_one_pair(corpora, old)}
+def read_one_pair_keys(layer: dict[str, Any], corpora: Sequence[CorpusSpec]) -> dict[str, Any]:
+    """`layer` (the flat map of a config file, the flags or --set) with its one-pair keys read into
+    data.corpora, set on `corpora` (those of the layers before it) as `Config.from_dict` reads a
+    stored config's (`raymt.config.corpus.read_one_pair`); string values typed as --set's ("none": unset)."""
+    data = {
+        k[5:]: parse_value(v, Optional[str], k) if isinstance(v, str) else v
+        for k, v in layer.items()
+        if k in ONE_PAIR_KEYS
+    }
+    if not data:
+        return layer
+    rest = {k: v for k, v in layer.items() if k not in ONE_PAIR_KEYS}
+    if "data.corpora" in rest:
+        data["corpora"] = rest["data.corpora"]
+    return {**rest, "data.corpora": read_one_pair(data, corpora)["corpora"]}
 
 
 def build_config(
@@ -135,19 +174,21 @@ def build_config(
     cfg = base or Config()
     if args.preset:
         cfg = apply_overrides(cfg, {f"model.{k}": v for k, v in preset(args.preset).__dict__.items()})
-    given = flatten(load_file(args.config)) if args.config else {}
+    # Each layer's one-pair names change the corpora of the layers before it (read once, here).
+    given = read_one_pair_keys(flatten(load_file(args.config)) if args.config else {}, cfg.data.corpora)
     cfg = apply_overrides(cfg, given)
-    if any(k in given for k in ONE_PAIR_KEYS):  # read into data.corpora, which flags then change
-        given = {**{k: v for k, v in given.items() if k not in ONE_PAIR_KEYS}, "data.corpora": cfg.data.corpora}
     flags = {field: getattr(args, flag) for flag, field in args.flag_fields.items() if getattr(args, flag) is not None}
     if args.gpu:
         flags["train.use_gpu"] = True
     sets = parse_set_args(args.set)
-    # A bare SPEC is for the pair that flags and --set name, else the config's.
-    langs = {k: v for k in ONE_PAIR_FIELDS[:2] if (v := getattr(args, k) or sets.get(f"data.{k}")) is not None}
-    inputs = input_flags(args, langs, cfg.data.corpora)
-    sets = one_pair_sets(sets, inputs.get("data.corpora", cfg.data.corpora))
-    given = {**given, **flags, **inputs, **sets}
+    flags = read_one_pair_keys({**flags, **data_flags(args, sets, cfg.data.corpora)}, cfg.data.corpora)
+    corpora = flags.get("data.corpora", cfg.data.corpora)
+    check(
+        args.corpus is None or one_pair(corpora),
+        "data.corpora and data.corpus are both set: give every corpus and its valid/test sets in data.corpora "
+        "(--train/--valid/--test SRC-TGT:SPEC), or drop data.corpora",
+    )
+    given = {**given, **flags, **read_one_pair_keys(sets, corpora)}
     cfg = apply_overrides(cfg, given)
     check_training(cfg)
     if not new_run:

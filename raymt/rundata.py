@@ -75,7 +75,7 @@ def plan_data(
         cfg, run_data = plan_prepared(cfg, known, given)
     else:
         cfg, run_data = plan_inputs(cfg, storage.join(str(run_dir), CORPUS_DIR), resume_dir, known, given)
-    from raymt.data.inputs import check_tag_side
+    from raymt.data.mixing import check_tag_side
 
     check_tag_side(cfg.data.tag_side, cfg.data.corpora)  # a prepared corpus's pairs are in corpora now
     return cfg, run_data
@@ -94,7 +94,7 @@ def plan_inputs(
     """plan_data for a run that prepares its own corpus into `corpus_dir`: each corpus's sources,
     each pair's validation and (first) test set read into memory, checked before Ray starts."""
     from raymt.config import run_prepare_config
-    from raymt.data import inputs, prepare, sources
+    from raymt.data import mixing, prepare, sources
 
     specs = cfg.data.corpora
     options = run_prepare_config(cfg)
@@ -107,7 +107,7 @@ def plan_inputs(
         if c.test:
             test[c.spec.pair] = sources.read_eval(corpus_cfg, next(iter(c.test.values())))
     if known is not None:
-        prepare.check_tags(known, inputs.reserved_pieces(specs, cfg.data.bt_tag), given)
+        prepare.check_tags(known, mixing.reserved_pieces(specs, cfg.data.bt_tag), given)
     for c in corpora:  # validation sets are prepared from memory (read once)
         c.valid = [sources.Source(kind="pairs", pairs=valid[c.spec.pair])] if c.valid else []
     if resume_dir is not None and storage.exists(storage.join(corpus_dir, corpus_format.MANIFEST_FILE)):

@@ -95,7 +95,7 @@ def latest_checkpoint(run_dir: str) -> Optional[str]:
 def mixes_corpora(cfg: Config) -> bool:
     """Whether a run mixes corpora (several, or a back-translated one: data.corpora, or a --corpus
     prepared from them)."""
-    from raymt.data.inputs import mixed
+    from raymt.data.mixing import mixed
 
     if cfg.data.corpus is None:
         return mixed(cfg.data.corpora)

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from raymt import storage
 from raymt.cluster import check_shared, init_ray, plan, quiet_env
-from raymt.config import ONE_PAIR_FIELDS, Config, CorpusOptions, apply_overrides
+from raymt.config import Config, CorpusOptions, apply_overrides
 from raymt.flags import build_config, flag_parser
 from raymt.rundir import finalize, run_location
 from raymt.sweep_report import METRICS, print_table, progress, summarize
@@ -80,7 +80,6 @@ CORPUS_FIELDS = {f.name for f in dataclasses.fields(CorpusOptions) if f.name != 
     "vocab_size",
     "corpora",
     "corpus",
-    *ONE_PAIR_FIELDS,  # older configs' names of data.corpora's fields
     "builtin_train_size",
     "builtin_eval_size",
 }

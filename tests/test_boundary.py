@@ -45,7 +45,7 @@ PLAIN = [
     "worker_data",
     "worker_logs",
     "plot",
-    "data.inputs",
+    "data.mixing",
     "precision",
     "errors",
     "engines",

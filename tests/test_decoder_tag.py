@@ -29,7 +29,7 @@ from raymt.batching import collate, collate_flat, pad_batch, pad_rows, tag_to_de
 from raymt.checkpoint import check_languages, languages_entry, load_model, model_languages, save_checkpoint
 from raymt.config import Config, CorpusSpec, DataConfig, DecodeOptions, tiny
 from raymt.data.builtin import generate
-from raymt.data.inputs import check_tag_side
+from raymt.data.mixing import check_tag_side
 from raymt.decoding import decode_nbest, encode_sources, split_tags, translate_nbest
 from raymt.engines import load_engine
 from raymt.metrics import score

@@ -1,4 +1,4 @@
-"""Inputs that carry their languages (raymt.data.inputs): specs, tags and temperature mixing.
+"""Inputs that carry their languages (raymt.data.mixing): specs, tags and temperature mixing.
 
 Fast unit tests, no Ray: the functions are pure (docs/design-inputs.md).
 """
@@ -9,21 +9,27 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from raymt.config import CorpusSpec, DataConfig, check_corpora, corpora_from_tables, one_pair, with_one_pair
+from raymt.config import (
+    CorpusSpec,
+    DataConfig,
+    check_corpora,
+    corpora_from_flags,
+    corpora_from_tables,
+    parse_pairs,
+    split_spec,
+)
+from raymt.config.corpus import one_pair, with_one_pair
 from raymt.data.epoch import Piece, epoch_pieces, iter_pieces, stream_ranges
-from raymt.data.inputs import (
+from raymt.data.mixing import (
     BT_TAG,
     allocate,
-    corpora_from_flags,
     decode_tags,
     epoch_rows,
     lang_tag,
-    parse_pairs,
     reserved_pieces,
     sample_sizes,
     sampling_probs,
     source_tags,
-    split_spec,
 )
 
 SIZES = [100_003, 9_001, 517]  # awkward sizes: floats of n_i / N are not exact

@@ -29,11 +29,18 @@ STILL_TOO_LARGE: dict[str, int] = {}
 KNOWN_CYCLES: list[frozenset[str]] = []
 
 
+# The modules that may handle the one-pair names (`one_pair_names`), at most 3 (issue 56): where
+# the reader lives (raymt.config.corpus: ONE_PAIR_FIELDS, with_one_pair, read_one_pair), where
+# build_config assembles the flat map of config file, flags and --set (raymt.flags), and
+# Config.from_dict, which reads stored configs (raymt.config.sections).
+ONE_PAIR_HOMES = {"raymt.config.corpus", "raymt.config.sections", "raymt.flags"}
+
+
 # ---------------------------------------------------------------- reading raymt/
 
 
 def module_name(path: Path, root: Path) -> str:
-    """raymt.data.inputs of raymt/data/inputs.py; raymt.config of raymt/config/__init__.py."""
+    """raymt.data.mixing of raymt/data/mixing.py; raymt.config of raymt/config/__init__.py."""
     parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -233,6 +240,48 @@ def size_problems(table: dict[str, int], limit: int, allowed: dict[str, int]) ->
     return problems
 
 
+# Older configs' one-pair keys in a flat map; the flags that set the one corpus's languages.
+OLD_ONE_PAIR_KEYS = {f"data.{name}" for name in ("src_lang", "tgt_lang", "train", "valid", "test")}
+ONE_PAIR_FLAGS = {"--src-lang", "--tgt-lang"}
+
+
+def identifiers(node: ast.AST) -> list[str]:
+    """The names a node binds or reads: a name, an attribute, an import, a definition, an argument."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    if isinstance(node, ast.alias):
+        return [node.name.split(".")[-1]] + ([node.asname] if node.asname else [])
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.arg, ast.keyword)) and node.arg:
+        return [node.arg]
+    return []
+
+
+def one_pair_names(path: Path) -> list[str]:
+    """Where a module handles the one-pair names, as "name (line N)": an identifier holding
+    "one_pair" (the reader's ONE_PAIR_FIELDS, with_one_pair, read_one_pair, ... and whatever wraps
+    them) or check_beside_corpora; a string that is an older config's key (OLD_ONE_PAIR_KEYS); and
+    --src-lang/--tgt-lang in a module that calls add_input_flags (a parser of corpora). Not
+    ONE_PAIR_FORMAT, a prepared corpus's older format (raymt-corpus/1)."""
+    tree = parse(path)
+    calls = {node.func for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    strings = OLD_ONE_PAIR_KEYS | (ONE_PAIR_FLAGS if any("add_input_flags" in identifiers(f) for f in calls) else set())
+    found = []
+    for node in ast.walk(tree):
+        names = [node.value] if isinstance(node, ast.Constant) and node.value in strings else identifiers(node)
+        found += [
+            f"{name} (line {getattr(node, 'lineno', '?')})"
+            for name in names
+            if name in strings
+            or name == "check_beside_corpora"
+            or ("one_pair" in name.lower() and name != "ONE_PAIR_FORMAT")
+        ]
+    return found
+
+
 # ---------------------------------------------------------------- the tests
 
 
@@ -301,6 +350,52 @@ def test_allowlists_may_only_shrink():
         "import cycle c -> d -> c",
         "KNOWN_CYCLES lists ['e', 'f'], no longer a cycle: delete it",
     ]
+
+
+def test_the_one_pair_names_are_read_in_at_most_three_modules():
+    """The one-pair names describe a run's one pair of corpora the way raymt did before
+    data.corpora described every run: older configs' data.src_lang, data.tgt_lang, data.train,
+    data.valid and data.test (ONE_PAIR_FIELDS: a config file's [data] keys, --set keys, a stored
+    run_config.json's or checkpoint's), and `raymt train`/`raymt tune`'s --src-lang/--tgt-lang and
+    a bare --valid/--test (no SRC-TGT:, no --train/--bt/--pairs), which set the languages and sets
+    of the config's one corpus. build_config reads them into data.corpora where it assembles the
+    flat map, Config.from_dict where it reads a stored config: nowhere else (issue 56).
+
+    Not one-pair names: a model's languages (translate, evaluate and backtranslate's
+    --src-lang/--tgt-lang pick a checkpoint's direction or its target tag), CorpusSpec's
+    src_lang/tgt_lang and the keys of [[data.corpora]] tables, `raymt data prepare`'s --src/--tgt
+    (PrepareConfig.src_lang/tgt_lang: the pair of a SPEC without SRC-TGT:, read by the same
+    `raymt.flags.corpora_from_args` as train's), and a prepared corpus's older format
+    raymt-corpus/1 (ONE_PAIR_FORMAT). `one_pair_names` finds them by the names the code gives them.
+    """
+    found = {name: refs for name, path in modules().items() if (refs := one_pair_names(path))}
+    for name, refs in sorted(found.items()):
+        print(f"{name}: {len(refs)} ({', '.join(refs)})")
+    outside = [f"{name}: {', '.join(refs)}" for name, refs in sorted(found.items()) if name not in ONE_PAIR_HOMES]
+    assert len(ONE_PAIR_HOMES) <= 3 and not outside, (
+        "the one-pair names are read outside raymt.flags.build_config and Config.from_dict:\n" + "\n".join(outside)
+    )
+
+
+def test_the_one_pair_check_finds_what_it_looks_for(tmp_path):
+    """On made-up modules: the reader's names, older keys and a corpus parser's --src-lang are
+    found; a translate-like --tgt-lang, a docstring and ONE_PAIR_FORMAT are not."""
+    files = {
+        "reader.py": "from raymt.config.corpus import with_one_pair as w\n",
+        "keys.py": "KEYS = ['data.valid']\n",
+        "parser.py": "def f(p):\n    add_input_flags(p)\n    p.add_argument('--src-lang')\n",
+        "translate.py": '"""Reads data.src_lang."""\n\ndef f(p, ONE_PAIR_FORMAT):\n    p.add_argument("--tgt-lang")\n',
+        "beside.py": "def f(check_beside_corpora):\n    pass\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert {name: one_pair_names(tmp_path / name) for name in files} == {
+        "reader.py": ["with_one_pair (line 1)"],
+        "keys.py": ["data.valid (line 1)"],
+        "parser.py": ["--src-lang (line 3)"],
+        "translate.py": [],
+        "beside.py": ["check_beside_corpora (line 1)"],
+    }
 
 
 def test_no_test_imports_benchmark_code():

@@ -29,7 +29,7 @@ from raymt.data.epoch import (
     sub_plan,
 )
 from raymt.data.format import Shard, token_index
-from raymt.data.inputs import epoch_rows, sampling_probs
+from raymt.data.mixing import epoch_rows, sampling_probs
 from raymt.data.stream import TrainStream, resume_point
 
 NAMES = ["en-de", "en-fr", "de-en"]

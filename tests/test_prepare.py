@@ -554,7 +554,7 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
     import sys
     import types
 
-    from raymt.data.__main__ import pair_sources, prepare_config, prepare_parser
+    from raymt.data.__main__ import flag_corpora, prepare_config, prepare_parser
 
     calls = []
 
@@ -571,7 +571,8 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
 
     def sources(*argv):
         args = prepare_parser().parse_args(["prepare", "--out", str(tmp_path / "o"), *argv])
-        return pair_sources(args, prepare_config(args))
+        (corpus,) = flag_corpora(args, prepare_config(args))  # one pair: a list of one
+        return corpus.train, corpus.valid, corpus.test
 
     train, valid, tests = sources(
         "--dataset", "multi30k", "--src", "de", "--tgt", "en", "--test", extra, "--mirror", "http://mirror.example"
@@ -579,6 +580,13 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
     assert calls == [("multi30k", "de", "en", tmp_path / "cache", "http://mirror.example")]
     assert train[0].paths == (f"{tmp_path}/cache/train.de", f"{tmp_path}/cache/train.en")
     assert valid[0].paths[0].endswith("valid.de") and sorted(tests) == ["extra", "test_2016_flickr"]
+    assert list(tests)[0] == "extra"  # the pair's own test set first (the one a run scores), as with --pairs
+    # A dataset's pair is read as --pairs reads the built-in corpus's, in any of its languages.
+    train, _, _ = sources("--dataset", "multi30k", "--pairs", "cs-en")
+    assert calls[-1][1:3] == ("cs", "en") and train[0].paths == (
+        f"{tmp_path}/cache/train.cs",
+        f"{tmp_path}/cache/train.en",
+    )
     train, valid, tests = sources("--dataset", "builtin", "--test-name", "x", "--test", extra)
     assert train[0].kind == "pairs" and len(train[0].pairs[0]) == 24000 and sorted(tests) == ["test", "x"]
     for argv, message in [

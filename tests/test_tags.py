@@ -37,7 +37,7 @@ from raymt.checkpoint import (
 )
 from raymt.config import Config, CorpusSpec, DataConfig, tiny
 from raymt.data.builtin import generate
-from raymt.data.inputs import reserved_pieces
+from raymt.data.mixing import reserved_pieces
 from raymt.decoding import DecodeOptions, decode_nbest, encode_sources, pad_batch, translate_nbest
 from raymt.model import Transformer
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer

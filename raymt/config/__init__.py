@@ -1,7 +1,9 @@
 """Typed configuration: the one home of every default, presets and `--set` overrides.
 
-- `corpus`: the built-in languages, `check_lang`, `CorpusSpec`, the checks of a corpus list and
-  the one reader of older configs' one-pair fields (`with_one_pair`)
+- `corpus`: the built-in languages, `check_lang`, `CorpusSpec`, the checks of a corpus list,
+  corpora from tables and from the input flags' SPECs (`corpora_from_flags`, `split_spec`,
+  `parse_pairs`), and the one reader of older configs' one-pair fields (`with_one_pair`: only
+  `raymt.flags.build_config` and `Config.from_dict` read them, so it is not re-exported)
 - `sections`: the run's `Config` and its sections, `DecodeOptions`, `check_training`
 - `commands`: `PrepareConfig` (`raymt data prepare`) and `BacktranslateConfig`
 - `presets`: model presets as functions (tiny .. big)
@@ -15,15 +17,17 @@ The names below are the package's: `from raymt.config import Config` wherever it
 from raymt.config.commands import BT_ENGINES, BT_FORMATS, BacktranslateConfig, PrepareConfig, run_prepare_config
 from raymt.config.corpus import (
     BUILTIN_LANGS,
-    ONE_PAIR_FIELDS,
     ORIGINS,
     TABLE_KEYS,
     CorpusSpec,
     check_corpora,
     check_lang,
+    check_real_weight,
+    corpora_from_flags,
     corpora_from_tables,
-    one_pair,
-    with_one_pair,
+    parse_pair,
+    parse_pairs,
+    split_spec,
 )
 from raymt.config.overrides import apply_overrides, flatten, load_file, parse_set_args, parse_value
 from raymt.config.presets import PRESETS, base, big, mini, preset, small, tiny
@@ -66,7 +70,6 @@ __all__ = [
     "GPU_MAX_TOKENS",
     "GPU_SHAPE_BUCKETS",
     "MAX_LR_SCALE",
-    "ONE_PAIR_FIELDS",
     "ORIGINS",
     "PAPER_BATCH_TOKENS",
     "PAPER_WARMUP_STEPS",
@@ -93,20 +96,23 @@ __all__ = [
     "big",
     "check_corpora",
     "check_lang",
+    "check_real_weight",
     "check_training",
+    "corpora_from_flags",
     "corpora_from_tables",
     "device_defaults",
     "flatten",
     "global_batch_tokens",
     "load_file",
     "mini",
-    "one_pair",
+    "parse_pair",
+    "parse_pairs",
     "parse_set_args",
     "parse_value",
     "preset",
     "run_prepare_config",
     "schedule_line",
     "small",
+    "split_spec",
     "tiny",
-    "with_one_pair",
 ]

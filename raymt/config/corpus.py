@@ -1,10 +1,13 @@
-"""Corpus specs: the built-in languages, the language-code check, `CorpusSpec` and the checks of a
-list of corpora (`[[data.corpora]]` tables, `--train SRC-TGT:SPEC` flags). Imports nothing of
-raymt.data, which builds on it (raymt.data.inputs)."""
+"""Corpus specs: the built-in languages, the language-code check, `CorpusSpec`, the checks of a
+list of corpora, corpora from `[[data.corpora]]` tables and from the input flags' SPECs
+(`--train SRC-TGT:SPEC`: `corpora_from_flags`, which `raymt.flags.corpora_from_args` reads the
+flags into), and the one reader of older configs' one-pair fields (`with_one_pair`,
+`read_one_pair`). Imports nothing of raymt.data, which builds on it."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Sequence
 
@@ -125,7 +128,7 @@ def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True, builti
     """One-line errors for duplicate corpora, a file in two corpora of a pair, built-in languages and
     validation sets: with `need_valid`, each pair trained from files has exactly one (the
     built-in corpus brings its own). Without `builtin`, corpora without files name the pairs of a
-    prepared corpus, in any language."""
+    prepared corpus or a --dataset, in any language."""
     check(bool(corpora), "no training corpus: pass --train SRC-TGT:PATH or a [[data.corpora]] table")
     names = [c.name for c in corpora]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -157,6 +160,129 @@ def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True, builti
             f"pair {pair} has no validation set: pass --valid {pair}:PREFIX (or valid = ... in its table)",
         )
 
+
+# ---------------------------------------------------------------- the input flags' SPECs
+
+# A language code of the short SRC-TGT form: no '-', which separates the two (pt_BR, eng_Latn).
+SHORT_LANG = r"[A-Za-z][A-Za-z0-9_]*"
+PAIR = re.compile(rf"^({SHORT_LANG})-({SHORT_LANG})$")
+
+
+def parse_pair(text: str, where: str) -> tuple[str, str]:
+    """("en", "de") from "en-de"; a one-line ValueError naming `where` otherwise."""
+    match = PAIR.match(text)
+    check(
+        match is not None and match.group(1) != match.group(2),
+        f"{where}: {text!r} is not a language pair: write SRC-TGT with two different codes, "
+        "e.g. en-de (use pt_BR, not pt-BR)",
+    )
+    return match.group(1), match.group(2)
+
+
+def parse_pairs(text: str, where: str = "--pairs") -> list[tuple[str, str]]:
+    """The pairs of "en-de,en-fr,de-en" (`--pairs` of the built-in corpus), each once."""
+    pairs = [parse_pair(p.strip(), where) for p in text.split(",")]
+    duplicates = sorted({f"{s}-{t}" for s, t in pairs if pairs.count((s, t)) > 1})
+    check(not duplicates, f"{where}: {', '.join(duplicates)} given twice: list each pair once")
+    return pairs
+
+
+def split_spec(spec: str, flag: str) -> tuple[Optional[tuple[str, str]], str]:
+    """(pair or None, location) of a flag's SPEC: "en-de:PREFIX", or a bare PREFIX/file/URI.
+
+    Text before the first ':' is a pair unless it holds a '/' or starts a URI ("s3://");
+    so a local path with a ':' in its first component is written ./name:rest.
+    """
+    head, sep, rest = spec.partition(":")
+    if not sep or "/" in head or rest.startswith("//"):
+        check(bool(spec), f"{flag}: empty SPEC: pass a prefix, a file or SRC-TGT:PATH")
+        return None, spec
+    pair = parse_pair(head, f"{flag} {spec}")
+    check(bool(rest), f"{flag} {spec}: nothing after '{head}:': write {head}:PATH")
+    return pair, rest
+
+
+def corpora_from_flags(
+    train: Sequence[str],
+    bt: Sequence[str],
+    valid: Sequence[str],
+    test: Sequence[str],
+    default_pair: tuple[str, str],
+    builtin: Sequence[tuple[str, str]] = (),
+    real_weight: Optional[float] = None,
+    builtin_langs: bool = True,
+) -> list[CorpusSpec]:
+    """Corpora of repeated --train/--bt/--valid/--test SPECs, in order; a bare SPEC is `default_pair`'s.
+
+    Specs of one pair and origin are one corpus (as repeated --train is today); a pair's
+    --valid and --test go to its first corpus. `builtin` pairs (--pairs) come first, without
+    files: from the built-in corpus (checked against its languages with `builtin_langs`), or
+    `raymt data prepare`'s --dataset or --src-file/--tgt-file. `real_weight` (--real-weight)
+    is the weight of every real corpus: the real pairs upsampled beside back-translated ones
+    (fairseq's --upsample-primary).
+    """
+    check_real_weight(real_weight, bt)
+    grouped: dict[tuple[str, str, str], list[str]] = {(*pair, "real"): [] for pair in builtin}
+    for origin, flag, specs in (("real", "--train", train), ("bt", "--bt", bt)):
+        for spec in specs:
+            pair, location = split_spec(spec, flag)
+            key = (*(pair or default_pair), origin)
+            check(
+                key[:2] not in builtin or origin != "real",
+                f"--train {spec}: {'-'.join(key[:2])} also comes from --pairs: drop it from one of them",
+            )
+            grouped.setdefault(key, []).append(location)
+    evals = {"valid": _eval_specs(valid, "--valid", default_pair), "test": _eval_specs(test, "--test", default_pair)}
+    for kind, by_pair in evals.items():
+        for pair in by_pair:
+            check(
+                any(key[:2] == pair for key in grouped),
+                f"--{kind} {'-'.join(pair)}:... names a pair with no --train or --bt data: drop it or add its data",
+            )
+    corpora, seen = [], set()
+    for (src, tgt, origin), locations in grouped.items():
+        first = (src, tgt) not in seen
+        seen.add((src, tgt))
+        valid_specs = evals["valid"].get((src, tgt), []) if first else []
+        check(len(valid_specs) <= 1, f"--valid is given {len(valid_specs)} times for {src}-{tgt}: one per pair")
+        corpora.append(
+            CorpusSpec(
+                src,
+                tgt,
+                tuple(locations),
+                origin,
+                weight=real_weight if origin == "real" and real_weight is not None else 1.0,
+                valid=(valid_specs or [None])[0],
+                test=tuple(evals["test"].get((src, tgt), [])) if first else (),
+            )
+        )
+    check_corpora(corpora, builtin=builtin_langs)
+    return corpora
+
+
+def check_real_weight(real_weight: Optional[float], bt: Sequence[str]) -> None:
+    """--real-weight: a number > 0, given with --bt (one-line errors)."""
+    if real_weight is None:
+        return
+    check(
+        math.isfinite(real_weight) and real_weight > 0,
+        f"--real-weight {real_weight:g} must be a number > 0 (2: the real pairs twice per epoch)",
+    )
+    check(
+        bool(bt), "--real-weight upsamples the real pairs beside back-translated ones: add --bt SRC-TGT:DIR or drop it"
+    )
+
+
+def _eval_specs(specs: Sequence[str], flag: str, default_pair: tuple[str, str]) -> dict[tuple[str, str], list[str]]:
+    """Locations of --valid/--test SPECs by pair, in order."""
+    by_pair: dict[tuple[str, str], list[str]] = {}
+    for spec in specs:
+        pair, location = split_spec(spec, flag)
+        by_pair.setdefault(pair or default_pair, []).append(location)
+    return by_pair
+
+
+# ---------------------------------------------------------------- older configs' one pair
 
 # The one-pair fields of data.* in configs before data.corpora described every run (ee135a8 and
 # older): data.src_lang/tgt_lang/train/valid/test, read into data.corpora by `with_one_pair`.
@@ -208,3 +334,19 @@ def with_one_pair(corpora: Sequence[CorpusSpec], given: dict[str, Optional[str]]
     )
     train, test = fields_.pop("train"), fields_.pop("test")
     return [CorpusSpec(**fields_, train=(train,) if train else (), test=(test,) if test else ())]
+
+
+def read_one_pair(data: dict, current: Sequence[CorpusSpec]) -> dict:
+    """The reader of configs before data.corpora described every run (ee135a8 and older): a data
+    section (dict) whose one-pair fields are read into data.corpora, set on `current` (the
+    corpora they change: the defaults', or those of the layers before). An empty data.corpora
+    meant "the one pair"; beside tables, the fields' languages were unused."""
+    old = {k: data[k] for k in ONE_PAIR_FIELDS if k in data}
+    if not old:
+        return data
+    data = {k: v for k, v in data.items() if k not in ONE_PAIR_FIELDS}
+    if data.get("corpora"):
+        check_beside_corpora(old)
+    else:
+        data["corpora"] = with_one_pair(current, old)
+    return data

@@ -8,10 +8,9 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from raymt.config.corpus import ONE_PAIR_FIELDS
-from raymt.config.sections import RENAMED, Config, read_one_pair
+from raymt.config.sections import RENAMED, Config
 from raymt.errors import check
 
 try:
@@ -45,7 +44,8 @@ def parse_value(raw: str, tp: Any, key: str) -> Any:
 
 
 def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
-    """Return a copy of `cfg` with dotted keys (e.g. `optim.lr`) replaced; values may be strings."""
+    """Return a copy of `cfg` with dotted keys (e.g. `optim.lr`) replaced; values may be strings.
+    Older configs' one-pair keys (data.src_lang, ...) are read before: `raymt.flags.build_config`."""
     hints = typing.get_type_hints(Config)
     grouped: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
@@ -56,14 +56,10 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
             f"unknown config field {key!r}; fields look like {', '.join(s + '.<name>' for s in hints)}",
         )
         section_hints = typing.get_type_hints(hints[section])
-        if section == "data" and name in ONE_PAIR_FIELDS:  # an older config's, read into data.corpora
-            section_hints = {name: Optional[str]}
         check(name in section_hints, f"unknown config field {key!r}; {section} has: {', '.join(sorted(section_hints))}")
         if isinstance(value, str):
             value = parse_value(value, section_hints[name], key)
         grouped.setdefault(section, {})[name] = value
-    if "data" in grouped:
-        grouped["data"] = read_one_pair(grouped["data"], cfg.data.corpora)
     kwargs = {s: dataclasses.replace(getattr(cfg, s), **v) for s, v in grouped.items()}
     return dataclasses.replace(cfg, **kwargs)
 

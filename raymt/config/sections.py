@@ -11,14 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from raymt.config.corpus import (
-    ONE_PAIR_FIELDS,
-    CorpusSpec,
-    check_beside_corpora,
-    check_corpora,
-    corpora_from_tables,
-    with_one_pair,
-)
+from raymt.config.corpus import CorpusSpec, check_corpora, corpora_from_tables, read_one_pair
 from raymt.errors import check
 
 ACTIVATIONS = ("relu", "gelu")
@@ -92,7 +85,7 @@ class CorpusOptions:
     dedup: bool = False
     # Drop and count lines that are not valid UTF-8 instead of failing.
     skip_invalid: bool = False
-    # Several corpora are mixed with p_i ~ (weight_i * n_i)^(1/temperature) (raymt.data.inputs),
+    # Several corpora are mixed with p_i ~ (weight_i * n_i)^(1/temperature) (raymt.data.mixing),
     # and the SentencePiece sample is balanced the same way: 1 = proportional to size (as
     # repeated --train files are concatenated), 5 as in M2M-100/XLM-R (small corpora up).
     temperature: float = 1.0
@@ -462,22 +455,6 @@ def _renamed(d: dict) -> dict:
     if isinstance(out.get("data"), dict):
         out["data"] = read_one_pair(out["data"], DataConfig().corpora)
     return out
-
-
-def read_one_pair(data: dict, current: list[CorpusSpec]) -> dict:
-    """The reader of configs before data.corpora described every run (ee135a8 and older): a data
-    section (dict) whose one-pair fields are read into data.corpora, set on `current` (the
-    corpora they change: the defaults', or a config's that overrides apply to). An empty
-    data.corpora meant "the one pair"; beside tables, the fields' languages were unused."""
-    old = {k: data[k] for k in ONE_PAIR_FIELDS if k in data}
-    if not old:
-        return data
-    data = {k: v for k, v in data.items() if k not in ONE_PAIR_FIELDS}
-    if data.get("corpora"):
-        check_beside_corpora(old)
-    else:
-        data["corpora"] = with_one_pair(current, old)
-    return data
 
 
 def check_training(cfg: Config) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 from raymt import storage
-from raymt.config import DataConfig, PrepareConfig, parse_value
+from raymt.config import DataConfig, PrepareConfig, parse_value, split_spec
+from raymt.flags import add_input_flags, corpora_from_args
 
 # Flags whose names differ from their PrepareConfig field.
 FLAG_NAMES = {"src_lang": "src", "tgt_lang": "tgt"}
@@ -33,34 +34,8 @@ def prepare_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--src-file", action="append", default=[], help="training source file (repeatable)")
     q.add_argument("--tgt-file", action="append", default=[], help="training target file, paired in order")
-    q.add_argument(
-        "--train",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="[SRC-TGT:]PREFIX (PREFIX.<src>, PREFIX.<tgt>, optionally .gz/.xz/.zst), a .tsv or "
-        ".jsonl file (optionally compressed), or .parquet/.arrow file(s) (repeatable; SRC-TGT: "
-        "names the pair, default --src-(--tgt))",
-    )
-    q.add_argument(
-        "--valid", action="append", default=[], metavar="SPEC", help="validation set, like --train (one per pair)"
-    )
-    q.add_argument("--test", action="append", default=[], metavar="SPEC", help="test set (repeatable)")
-    q.add_argument(
-        "--bt",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="back-translated pairs for the pair SRC-TGT trained: a `raymt backtranslate` output "
-        "directory (its bt.json names the model) or files as --train (repeatable)",
-    )
-    q.add_argument(
-        "--pairs",
-        metavar="SRC-TGT,...",
-        help="several pairs of the built-in corpus (or of --dataset), e.g. en-de,en-fr,de-en",
-    )
-    q.add_argument(
-        "--real-weight", type=float, metavar="W", help="with --bt: the real pairs W times per epoch (default 1)"
+    add_input_flags(
+        q, "--src-(--tgt) (PREFIX.<src>, PREFIX.<tgt>, optionally .gz/.xz/.zst)", "the built-in corpus or --dataset"
     )
     q.add_argument(
         "--test-name",
@@ -101,87 +76,56 @@ def prepare_config(args: argparse.Namespace) -> PrepareConfig:
 
 
 def flag_corpora(args: argparse.Namespace, cfg: PrepareConfig) -> list:
-    """The corpora (`sources.CorpusInput`) the flags name: several, with their languages
-    (`labeled_corpora`), or one pair's in the one-pair flags (`pair_sources`)."""
-    from raymt.data.sources import pair_input
+    """The corpora the flags name, read as `raymt train` reads them (`raymt.flags.corpora_from_args`),
+    with their sources (`sources.CorpusInput`): the --src/--tgt pair without a --train SPEC takes
+    its pairs from --src-file/--tgt-file or --dataset, as --pairs takes the built-in corpus's."""
+    from raymt.data.sources import Source, corpus_inputs
 
-    if several_corpora(args):
-        return labeled_corpora(args, cfg)
-    return [pair_input(cfg, *pair_sources(args, cfg))]
-
-
-def pair_sources(args: argparse.Namespace, cfg: PrepareConfig) -> tuple[list, list, dict]:
-    """(train, valid, test) sources named by the one-pair flags; files are checked later, before Ray."""
-    from raymt.data.sources import Source, source_from_spec, spec_name
-
-    def spec(s: str) -> Source:
-        return source_from_spec(s, cfg, args.src_col, args.tgt_col)
-
-    if len(args.src_file) != len(args.tgt_file):
-        raise ValueError(
-            f"--src-file given {len(args.src_file)} time(s) but --tgt-file {len(args.tgt_file)}: pass them in pairs"
-        )
-    if len(args.test_name) > len(args.test):
-        raise ValueError(f"{len(args.test_name)} --test-name for {len(args.test)} --test: one name per test set")
-    if len(args.valid) > 1:
-        raise ValueError(f"--valid is given {len(args.valid)} times: one per pair (--valid SRC-TGT:SPEC)")
-    train = [Source("text", pair) for pair in zip(args.src_file, args.tgt_file)]
-    train += [spec(s) for s in args.train]
-    valid = [spec(v) for v in args.valid]
-    tests: dict[str, list] = {}
-    for i, s in enumerate(args.test):
-        name = args.test_name[i] if i < len(args.test_name) else spec_name(s)
-        if name in tests:
-            raise ValueError(f"two test sets are named {name!r}: pass --test-name for each")
-        tests[name] = [spec(s)]
-    if args.dataset is None:
-        if args.mirror or args.cache_dir:
-            raise ValueError("--mirror and --cache-dir only apply with --dataset")
-        if not train:
-            raise ValueError("no training data: pass --train PREFIX|FILE, --src-file/--tgt-file, or --dataset NAME")
-        if not valid:
-            raise ValueError("--valid is missing: pass a validation prefix or file (all of it is scored)")
-        return train, valid, tests
-    if train:
-        raise ValueError("--dataset and --train/--src-file both name training data: pass one of them")
-    splits = dataset_sources(args.dataset, cfg, args.cache_dir, args.mirror)
-    train, dataset_valid = [splits.pop("train")], [splits.pop("valid")]
-    return train, valid or dataset_valid, {**{k: [v] for k, v in splits.items()}, **tests}
-
-
-def several_corpora(args: argparse.Namespace) -> bool:
-    """Whether the flags name corpora with their languages (--bt, --pairs or a SRC-TGT: SPEC)."""
-    from raymt.data.inputs import split_spec
-
-    specs = [("--train", s) for s in args.train] + [("--valid", s) for s in args.valid]
-    specs += [("--test", s) for s in args.test]
-    many = bool(args.bt or args.pairs) or args.real_weight is not None  # --real-weight alone: its error
-    return many or any(split_spec(s, flag)[0] is not None for flag, s in specs)
-
-
-def labeled_corpora(args: argparse.Namespace, cfg: PrepareConfig) -> list:
-    """The corpora and their sources named by --train/--bt/--valid/--test SRC-TGT:SPEC and --pairs
-    (of the built-in corpus, or of --dataset); checked before Ray starts."""
-    from raymt.data.inputs import corpora_from_flags, parse_pairs, split_spec
-    from raymt.data.sources import corpus_inputs
-
-    if args.src_file or args.tgt_file:
-        raise ValueError("--src-file/--tgt-file name one pair: with several, pass --train SRC-TGT:PREFIX")
-    if args.dataset is not None and not args.pairs:
-        raise ValueError("--dataset with several corpora: name its pairs with --pairs SRC-TGT,...")
-    if (args.mirror or args.cache_dir) and args.dataset is None:
-        raise ValueError("--mirror and --cache-dir only apply with --dataset")
-    if len(args.test_name) > len(args.test):
-        raise ValueError(f"{len(args.test_name)} --test-name for {len(args.test)} --test: one name per test set")
-    builtin = parse_pairs(args.pairs) if args.pairs else []
+    check_prepare_flags(args)
     pair = (cfg.src_lang, cfg.tgt_lang)
-    corpora = corpora_from_flags(args.train, args.bt, args.valid, args.test, pair, builtin, args.real_weight)
+    files = [Source("text", p) for p in zip(args.src_file, args.tgt_file)]
+    unnamed = [pair] if (files or args.dataset is not None) and not args.train else []
+    corpora = corpora_from_args(args, pair, unnamed, builtin_langs=args.dataset in (None, "builtin") and not files)
     names = {split_spec(s, "--test")[1]: name for s, name in zip(args.test, args.test_name)}
 
     def splits(spec, corpus_cfg: PrepareConfig) -> dict:
         return dataset_sources(args.dataset or "builtin", corpus_cfg, args.cache_dir, args.mirror)
 
-    return corpus_inputs(corpora, cfg, splits, args.src_col, args.tgt_col, names)
+    return corpus_inputs(corpora, cfg, splits, args.src_col, args.tgt_col, names, files)
+
+
+def check_prepare_flags(args: argparse.Namespace) -> None:
+    """One-line errors for the flags only `raymt data prepare` has (--src-file/--tgt-file,
+    --test-name, --dataset), before any input is read."""
+    if (args.mirror or args.cache_dir) and args.dataset is None:
+        raise ValueError("--mirror and --cache-dir only apply with --dataset")
+    if len(args.test_name) > len(args.test):
+        raise ValueError(f"{len(args.test_name)} --test-name for {len(args.test)} --test: one name per test set")
+    if len(args.src_file) != len(args.tgt_file):
+        raise ValueError(
+            f"--src-file given {len(args.src_file)} time(s) but --tgt-file {len(args.tgt_file)}: pass them in pairs"
+        )
+    if labeled(args):
+        if args.src_file:
+            raise ValueError("--src-file/--tgt-file name one pair: with several, pass --train SRC-TGT:PREFIX")
+        if args.dataset is not None and not args.pairs:
+            raise ValueError("--dataset with several corpora: name its pairs with --pairs SRC-TGT,...")
+    elif args.dataset is not None:
+        if args.train or args.src_file:
+            raise ValueError("--dataset and --train/--src-file both name training data: pass one of them")
+    elif not (args.train or args.src_file):
+        raise ValueError("no training data: pass --train PREFIX|FILE, --src-file/--tgt-file, or --dataset NAME")
+    elif not args.valid:
+        raise ValueError("--valid is missing: pass a validation prefix or file (all of it is scored)")
+
+
+def labeled(args: argparse.Namespace) -> bool:
+    """Whether the flags name corpora with their languages (--bt, --pairs, --real-weight or a
+    SRC-TGT: SPEC), not only the --src/--tgt pair."""
+    specs = [("--train", s) for s in args.train] + [("--valid", s) for s in args.valid]
+    specs += [("--test", s) for s in args.test]
+    many = bool(args.bt or args.pairs) or args.real_weight is not None  # --real-weight alone: its error
+    return many or any(split_spec(s, flag)[0] is not None for flag, s in specs)
 
 
 def dataset_sources(name: str, cfg: PrepareConfig, cache_dir: Optional[str], mirror: Optional[str]) -> dict:

@@ -2,7 +2,7 @@
 them is cut into batches; computed from (seed, epoch) alike on the driver and every worker.
 
 What the workers read is a `Mix`: training corpora, each its shards and the rows it gives
-every epoch (temperature sampling, `raymt.data.inputs.epoch_rows`). One pair's shards are a
+every epoch (temperature sampling, `raymt.data.mixing.epoch_rows`). One pair's shards are a
 mix of one corpus that gives its size every epoch (`Mix.of_shards`); a prepared corpus of
 several gives one corpus per pair and origin (docs/design-inputs.md section 4).
 
@@ -41,7 +41,7 @@ import numpy as np
 from raymt.batching import ShapeLadder, chunk_batches
 from raymt.config import DataConfig
 from raymt.data.format import TOKEN_INDEX_ROWS, TRAIN_DIR, Corpus, Shard
-from raymt.data.inputs import epoch_rows
+from raymt.data.mixing import epoch_rows
 
 Read = tuple[str, int, int]  # (path, first row, end row) of one shard
 
@@ -190,7 +190,7 @@ class Mix:
     epoch (docs/design-inputs.md section 4); one pair's shards are a mix of one corpus."""
 
     corpora: Sequence[Sequence[Shard]]  # stored as tuples of `Shard`
-    rows: Sequence[int]  # r_i: corpus i's rows per epoch (`raymt.data.inputs.epoch_rows`)
+    rows: Sequence[int]  # r_i: corpus i's rows per epoch (`raymt.data.mixing.epoch_rows`)
     piece_rows: int = PIECE_ROWS  # rows of one piece of the interleaved schedule
     block_rows: int = 0  # shards read in blocks of this many rows in a new order each corpus epoch; 0: whole
 

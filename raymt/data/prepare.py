@@ -28,8 +28,8 @@ from raymt.cluster import init_ray, machine_cpus
 from raymt.config import PrepareConfig
 from raymt.data.clean import READ_COUNTS, all_dropped
 from raymt.data.format import SPM_FILE
-from raymt.data.inputs import reserved_pieces, sample_sizes, source_tags
 from raymt.data.layout import Layout
+from raymt.data.mixing import reserved_pieces, sample_sizes, source_tags
 from raymt.data.shards import eval_split, first_pass, in_driver, ray_data_settings, write_split
 from raymt.data.sources import CorpusInput, corpus_config, task_spec
 from raymt.data.staging import build_staged, existing_corpus

@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 import pyarrow.fs as pafs
 
@@ -357,24 +357,29 @@ def corpus_inputs(
     src_col: Optional[str] = None,
     tgt_col: Optional[str] = None,
     test_names: Optional[dict[str, str]] = None,
+    text_files: Sequence[Source] = (),
 ) -> list[CorpusInput]:
     """The sources of each corpus: its files (a `--bt` directory of `raymt backtranslate` read as
     output -> input), or `builtin_splits` (the built-in corpus or a --dataset) for one without
-    files, whose valid and test splits go to the pair unless it names its own."""
+    files, whose valid and test splits go to the pair unless it names its own. `text_files`
+    (prepare's --src-file/--tgt-file pairs) come before the first corpus's files, in place of
+    its built-in splits."""
     out, seen = [], set()
     for c in corpora:
         ccfg = corpus_config(cfg, c)
         first = c.pair not in seen
+        extra = list(text_files) if not out else []
         seen.add(c.pair)
-        given = builtin_splits(c, ccfg) if c.builtin else {}
+        builtin = c.builtin and not extra
+        given = builtin_splits(c, ccfg) if builtin else {}
 
         def spec(location: str) -> Source:
             return source_from_spec(location, ccfg, src_col, tgt_col)  # noqa: B023 (used at once)
 
-        if c.builtin:
+        if builtin:
             train = [given.pop("train")]
         else:
-            train = [bt_source(loc, c, ccfg) if c.origin == "bt" else spec(loc) for loc in c.train]
+            train = extra + [bt_source(loc, c, ccfg) if c.origin == "bt" else spec(loc) for loc in c.train]
         valid = [spec(c.valid)] if c.valid else []
         if first and not valid and "valid" in given:
             valid = [given["valid"]]
