@@ -364,6 +364,20 @@ class CT2Engine(Engine):
 ENGINES: dict[str, type[Engine]] = {"raymt": RaymtEngine, "ctranslate2": CT2Engine}
 
 
+def check_device(device: str) -> None:
+    """A one-line error for a --device torch cannot parse or this machine does not have."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a torch device; use cpu, cuda or cuda:N") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA GPU is available on this machine; use --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: MPS is not available on this machine; use --device cpu")
+
+
 def load_engine(
     checkpoint: str,
     engine: str = "auto",

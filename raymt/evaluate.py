@@ -33,23 +33,21 @@ from raymt.checkpoint import (
     model_languages,
     source_prefix,
 )
-from raymt.cluster import Plan, RayCluster, init_ray, plan, release_request
+from raymt.cluster import CPU_ACTORS, RayCluster, actor_plan, default_actors, init_ray, release_request
 from raymt.config import Config, TrainConfig
 from raymt.data.text import Pairs, read_parallel
 from raymt.decoding import DecodeOptions, encode_sources, length_batches
 from raymt.decoding import translate as decode_sentences
 from raymt.engines import load_engine
+from raymt.flags import add_decode_flags, decode_options
 from raymt.precision import for_inference
 from raymt.tokenizer import Tokenizer
 
 REPORT_FILE = "report.json"
-# Decoding actors on CPU when --num-actors is not given (with --gpu: one per GPU of the cluster).
-CPU_ACTORS = 2
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
-    d = DecodeOptions()
     p = argparse.ArgumentParser(prog="python -m raymt.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="checkpoint or exported model directory, or its URI (s3://...)")
     p.add_argument(
@@ -88,10 +86,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         help="seconds to wait for an autoscaling cluster to bring up the actors' GPUs or CPUs (0: never wait)",
     )
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (ignored with RAY_ADDRESS)")
-    p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
-    p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
-    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
+    add_decode_flags(p, sample=False)  # as raymt translate's
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (as raymt.translate)")
     p.add_argument(
         "--verbose",
@@ -160,41 +155,6 @@ class BatchTranslator:
             "hyp": np.array(out["hyp"], dtype=object),
             "score": np.array(out["score"], dtype=np.float64),
         }
-
-
-def actor_plan(
-    num_actors: int,
-    use_gpu: bool,
-    cpus_per_actor: Optional[float],
-    total: Optional[dict] = None,
-    keep_cpus: Optional[float] = None,
-    grow_timeout_s: float = 0.0,
-) -> Plan:
-    """CPUs, GPUs and threads per actor: by default the cluster's CPUs beside Ray Data's
-    (`keep_cpus`: another share, 0 without Ray Data), split evenly; an autoscaling cluster
-    is asked for them first, for up to `grow_timeout_s`."""
-    return plan(
-        num_actors,
-        use_gpu,
-        cpus_per_actor,
-        total,
-        what=f"--num-actors {num_actors}",
-        fix="lower --num-actors or --cpus-per-actor",
-        keep_cpus=keep_cpus,
-        grow_timeout_s=grow_timeout_s,
-        timeout_name="--autoscale-timeout",
-        cpus_name="--cpus-per-actor",
-    )
-
-
-def default_actors(use_gpu: bool, cluster: Optional[RayCluster] = None) -> int:
-    """Actors when --num-actors is not given: one per GPU of the cluster with --gpu, else CPU_ACTORS."""
-    if not use_gpu:
-        return CPU_ACTORS
-    num_gpus = int((cluster or RayCluster()).resources().get("GPU", 0))
-    if num_gpus < 1:
-        raise ValueError("--gpu: the cluster has no GPU now; pass --num-actors N or drop --gpu")
-    return num_gpus
 
 
 def translate_on_cluster(
@@ -267,9 +227,7 @@ def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOption
         raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
     if args.cpus_per_actor is not None and args.cpus_per_actor <= 0:
         raise ValueError(f"--cpus-per-actor {args.cpus_per_actor} must be > 0")
-    opts = DecodeOptions(
-        beam=args.beam, length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b
-    )  # validates
+    opts = decode_options(args)  # validates
     config, _ = check_checkpoint(args.checkpoint)
     languages = model_languages(args.checkpoint)
     args.prefix = []  # one-pair model: --src-lang/--tgt-lang name the files only
