@@ -193,9 +193,7 @@ def run(
     summary = run_summary(run_dir, result, init_checkpoint, tags)
     if score_test and run_data.eval_sets["test"]:
         with best_checkpoint(result).as_directory() as directory:  # downloads from remote storage if needed
-            scored = score_test_sets(
-                directory, run_data.eval_sets["test"], cfg, summary["best_checkpoint"], tags.prefixes
-            )
+            scored = score_test_sets(directory, run_data.eval_sets["test"], cfg, summary["best_checkpoint"])
         summary["test"] = scored if "pairs" in summary else next(iter(scored.values()))
     summary["wall_time_s"] = round(time.time() - t0, 1)
     # Plots and summary.json are made in a local mirror of the run directory (itself when local).

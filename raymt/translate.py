@@ -9,9 +9,8 @@ from typing import Optional
 
 import torch
 
-from raymt.checkpoint import source_prefix
 from raymt.data.text import read_lines
-from raymt.engines import check_device, load_engine
+from raymt.engines import check_device, load_engine, load_model_info
 from raymt.flags import add_decode_flags, decode_options
 from raymt.metrics import score
 
@@ -66,7 +65,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         opts = decode_options(args, seed=args.seed)
         if not 1 <= args.n_best <= opts.beam:
             raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
-        source_prefix(args.checkpoint, args.tgt_lang)  # --tgt-lang checked before the weights load
+        load_model_info(args.checkpoint).prefix(args.tgt_lang)  # --tgt-lang checked before the weights load
         engine = load_engine(args.checkpoint, "raymt", args.device)  # decodes at the run's precision
         sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
         refs = read_refs(args.ref, len(sentences)) if args.ref else None
