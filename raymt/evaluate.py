@@ -24,7 +24,6 @@ from typing import Optional, Sequence
 import numpy as np
 
 from raymt import metrics, storage
-from raymt.average import describe_checkpoint
 from raymt.checkpoint import default_src_lang, local_checkpoint
 from raymt.cluster import CPU_ACTORS, RayCluster, actor_plan, default_actors, init_ray, release_request
 from raymt.config import Config, DecodeOptions, TrainConfig
@@ -33,6 +32,7 @@ from raymt.decoding import length_batches
 from raymt.engines import load_engine, load_model_info
 from raymt.errors import check
 from raymt.flags import add_decode_flags, decode_options
+from raymt.provenance import describe_checkpoint
 
 REPORT_FILE = "report.json"
 

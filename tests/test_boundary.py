@@ -25,6 +25,7 @@ PLAIN = [
     "metrics",
     "export",
     "average",
+    "provenance",
     "profiling",
     "storage",
     "data",
