@@ -46,6 +46,7 @@ PLAIN = [
     "worker_data",
     "worker_logs",
     "plot",
+    "curves",
     "data.inputs",
     "precision",
     "errors",
