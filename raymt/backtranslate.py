@@ -140,15 +140,13 @@ def directions(model: ModelInfo, src_lang: Optional[str], tgt_lang: Optional[str
             )
         return src_lang or sources[0], tgt_lang, tags
     src, tgt = data.pair()  # untagged: one pair
-    for flag, given, own, side in (("--src-lang", src_lang, src, "input"), ("--tgt-lang", tgt_lang, tgt, "output")):
-        if given is not None and given != own:
-            raise ValueError(
-                f"{flag} {given}: {model.location} translates {src}->{tgt}, so its "
-                f"{side} is {own}; to back-translate {tgt_lang or tgt} text into "
-                f"{src_lang or src}, use a {src_lang or src}->"
-                f"{tgt_lang or tgt} model (a reverse model of the pair you train)"
-            )
-    return src, tgt, []
+    if src_lang is not None and src_lang != src:
+        raise ValueError(
+            f"--src-lang {src_lang}: {model.location} translates {src}->{tgt}, so its input is {src}; to "
+            f"back-translate {tgt_lang or tgt} text into {src_lang}, use a {src_lang}->{tgt_lang or tgt} model "
+            "(a reverse model of the pair you train)"
+        )
+    return src, tgt, model.tags(tgt_lang)  # --tgt-lang: its own target or none (the one check, ModelInfo.tags)
 
 
 # ---------------------------------------------------------------- the input
