@@ -24,7 +24,6 @@ from raymt.checkpoint import (
     MODEL_FILE,
     RAY_SNAPSHOT_FILE,
     SPM_FILE,
-    STATE_FILE,
     check_checkpoint,
     load_train_state,
     load_weights,
@@ -35,9 +34,9 @@ from raymt.checkpoint import (
 )
 from raymt.config import Config
 from raymt.model import build_model
+from raymt.provenance import AVERAGE_FILE, checkpoint_metrics
 from raymt.tokenizer import Tokenizer
 
-AVERAGE_FILE = "average.json"
 # Training-only fields that may differ between checkpoints of one model.
 DROPOUTS = ("dropout", "attention_dropout")
 
@@ -102,20 +101,6 @@ def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     """The n checkpoints of a run with the highest training steps, newest first."""
     steps = {d: int(load_train_state(d).get("step", -1)) for d in run_checkpoints(run_dir)}
     return _take(sorted(steps, key=lambda d: (steps[d], d.name), reverse=True), n, "--last")
-
-
-def checkpoint_metrics(run_dir: str | Path) -> dict[str, dict]:
-    """Metrics Ray Train recorded with each kept checkpoint, by checkpoint directory name."""
-    path = Path(run_dir) / RAY_SNAPSHOT_FILE
-    if not path.is_file():
-        raise ValueError(f"{path} does not exist: no per-checkpoint metrics; use --last or --checkpoints")
-    try:
-        snapshot = json.loads(path.read_text())
-        return {r["checkpoint_dir_name"]: dict(r["metrics"]) for r in snapshot["checkpoint_results"]}
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(
-            f"cannot read per-checkpoint metrics from {path} ({type(err).__name__}: {err}); use --last or --checkpoints"
-        ) from None
 
 
 def best_checkpoints(run_dir: str | Path, n: int, metric: str = "valid_bleu", mode: Optional[str] = None) -> list[Path]:
@@ -205,33 +190,6 @@ def average_checkpoints(directories: Sequence[str | Path], output: str | Path) -
     sources = [str(d.resolve()) for d in directories]
     (output / AVERAGE_FILE).write_text(json.dumps({"checkpoints": sources}, indent=2))
     return output
-
-
-def recorded_step(directory: str | Path) -> Optional[int]:
-    """The training step of a run's checkpoint: from Ray's snapshot beside it, else its
-    train_state.pt; None for weights without either (an exported model)."""
-    directory = Path(directory)
-    try:
-        step = checkpoint_metrics(directory.parent).get(directory.name, {}).get("step")
-    except ValueError:  # no snapshot: not (or no longer) in a run directory
-        step = None
-    if step is None and (directory / STATE_FILE).is_file():
-        step = load_train_state(directory).get("step")
-    return None if step is None else int(step)
-
-
-def describe_checkpoint(directory: str | Path, shown: Optional[str] = None) -> str:
-    """Which weights a score comes from: `shown` (default the path) with its step, or the
-    checkpoints (and steps) it averages."""
-    directory = Path(directory)
-    shown = shown or str(directory)
-    if (directory / AVERAGE_FILE).is_file():
-        sources = [Path(s) for s in json.loads((directory / AVERAGE_FILE).read_text())["checkpoints"]]
-        steps = [recorded_step(s) if s.is_dir() else None for s in sources]
-        parts = ", ".join(f"{s.name} step {'?' if n is None else n}" for s, n in zip(sources, steps))
-        return f"{shown} (average of {len(sources)}: {parts})"
-    step = recorded_step(directory)
-    return f"{shown} ({'no step recorded' if step is None else f'step {step}'}, not averaged)"
 
 
 def select(args: argparse.Namespace) -> list[Path]:

@@ -56,7 +56,7 @@ from raymt.bt_job import (
     write_text,
 )
 from raymt.checkpoint import load_weights, trained_sources
-from raymt.cluster import check_ray_address, init_ray
+from raymt.cluster import CPU_ACTORS, actor_plan, check_ray_address, default_actors, init_ray
 from raymt.config import BT_FORMATS, BacktranslateConfig, DecodeOptions
 from raymt.data.mono import changed_error, check_columns, default_column, input_files, raw_items, text_of
 from raymt.engines import (
@@ -70,11 +70,10 @@ from raymt.engines import (
     token_batches,
 )
 from raymt.errors import user_error
-from raymt.translate import add_decode_flags, decode_options
+from raymt.flags import add_decode_flags, decode_options
 
 # For tests of kills and restarts only: seconds each actor sleeps per shard (slows a run down).
 DELAY_ENV = "RAYMT_BT_TEST_DELAY_S"
-CPU_ACTORS = 2
 # Shards given to an actor at a time: the next one is there when it finishes one.
 QUEUE_PER_ACTOR = 2
 # The process title of a decoding actor (tests and the benchmark find actors by it).
@@ -141,15 +140,13 @@ def directions(model: ModelInfo, src_lang: Optional[str], tgt_lang: Optional[str
             )
         return src_lang or sources[0], tgt_lang, tags
     src, tgt = data.pair()  # untagged: one pair
-    for flag, given, own, side in (("--src-lang", src_lang, src, "input"), ("--tgt-lang", tgt_lang, tgt, "output")):
-        if given is not None and given != own:
-            raise ValueError(
-                f"{flag} {given}: {model.location} translates {src}->{tgt}, so its "
-                f"{side} is {own}; to back-translate {tgt_lang or tgt} text into "
-                f"{src_lang or src}, use a {src_lang or src}->"
-                f"{tgt_lang or tgt} model (a reverse model of the pair you train)"
-            )
-    return src, tgt, []
+    if src_lang is not None and src_lang != src:
+        raise ValueError(
+            f"--src-lang {src_lang}: {model.location} translates {src}->{tgt}, so its input is {src}; to "
+            f"back-translate {tgt_lang or tgt} text into {src_lang}, use a {src_lang}->{tgt_lang or tgt} model "
+            "(a reverse model of the pair you train)"
+        )
+    return src, tgt, model.tags(tgt_lang)  # --tgt-lang: its own target or none (the one check, ModelInfo.tags)
 
 
 # ---------------------------------------------------------------- the input
@@ -388,8 +385,6 @@ def start_actors(job: Job) -> list:
     """The decoding actors (no more than shards to do), restarted by Ray if one dies (its shards
     go to the live ones: `ActorPool`); spread over the cluster's machines."""
     import ray
-
-    from raymt.evaluate import actor_plan, default_actors
 
     args = job.args
     num_actors = min(args.num_actors or default_actors(args.gpu), len(job.todo))

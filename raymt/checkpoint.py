@@ -21,7 +21,6 @@ import torch
 
 from raymt import storage
 from raymt.config import Config
-from raymt.data.mixing import decode_tags
 from raymt.errors import first_line
 from raymt.model import Transformer, build_model
 from raymt.tokenizer import Tokenizer
@@ -149,31 +148,6 @@ def model_languages(checkpoint: str | Path) -> Optional[dict]:
         raise ValueError(f"{path} is not a raymt checkpoint config ({err})") from None
     entry = meta.get("languages") if isinstance(meta, dict) else None
     return None if entry is None else check_languages(entry, str(path))
-
-
-def source_prefix(checkpoint: str | Path, tgt_lang: Optional[str]) -> list[int]:
-    """The ids put before every source to translate into `tgt_lang` (--tgt-lang), checked before
-    any weights load: a tagged model's target tag; none for an untagged model, whose --tgt-lang,
-    if given, must be its own. One-line errors for a missing, untrained or mismatched language."""
-    config, tokenizer = check_checkpoint(checkpoint)
-    languages = model_languages(checkpoint)
-    if languages is None:
-        src, tgt = config.data.pair()
-        if tgt_lang is not None and tgt_lang != tgt:
-            raise ValueError(
-                f"--tgt-lang {tgt_lang}: this model translates {src} -> {tgt} only (one pair, no language "
-                f"tags); pass --tgt-lang {tgt} or none, or use a model trained into {tgt_lang}"
-            )
-        return []
-    reserved = languages["reserved"]
-    pieces = decode_tags(tgt_lang, languages["target_langs"], list(reserved))
-    for piece in pieces:  # a tag must be spm.model's control symbol of that id, or it would be text
-        if tokenizer.sp.piece_to_id(piece) != reserved[piece] or not tokenizer.sp.is_control(reserved[piece]):
-            raise ValueError(
-                f"{checkpoint}: config.json reserves id {reserved[piece]} for {piece} but spm.model "
-                "does not; the files come from different runs"
-            )
-    return [reserved[piece] for piece in pieces]
 
 
 def trained_sources(languages: dict, tgt_lang: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""The one Ray start-up (`init_ray`) and the one resource planner (`plan`) of every command."""
+"""The one Ray start-up (`init_ray`) and the one resource planner (`plan`) of every command;
+decoding actors' share of it (`actor_plan`, `default_actors`)."""
 
 from __future__ import annotations
 
@@ -129,6 +130,47 @@ def _short(num: int, use_gpu: bool, cpus_each: Optional[float], total: dict) -> 
         return num > total.get("GPU", 0)
     num_cpus = total.get("CPU", 0)
     return (cpus_each or MIN_CPUS_PER_WORKER) * num > num_cpus - data_cpus(num_cpus)
+
+
+# ---------------------------------------------------------------- decoding actors
+
+# Decoding actors on CPU when --num-actors is not given (with --gpu: one per GPU of the cluster).
+CPU_ACTORS = 2
+
+
+def actor_plan(
+    num_actors: int,
+    use_gpu: bool,
+    cpus_per_actor: Optional[float],
+    total: Optional[dict] = None,
+    keep_cpus: Optional[float] = None,
+    grow_timeout_s: float = 0.0,
+) -> Plan:
+    """CPUs, GPUs and threads per decoding actor (evaluate, backtranslate): by default the
+    cluster's CPUs beside Ray Data's (`keep_cpus`: another share, 0 without Ray Data), split
+    evenly; an autoscaling cluster is asked for them first, for up to `grow_timeout_s`."""
+    return plan(
+        num_actors,
+        use_gpu,
+        cpus_per_actor,
+        total,
+        what=f"--num-actors {num_actors}",
+        fix="lower --num-actors or --cpus-per-actor",
+        keep_cpus=keep_cpus,
+        grow_timeout_s=grow_timeout_s,
+        timeout_name="--autoscale-timeout",
+        cpus_name="--cpus-per-actor",
+    )
+
+
+def default_actors(use_gpu: bool, cluster: Optional["RayCluster"] = None) -> int:
+    """Actors when --num-actors is not given: one per GPU of the cluster with --gpu, else CPU_ACTORS."""
+    if not use_gpu:
+        return CPU_ACTORS
+    num_gpus = int((cluster or RayCluster()).resources().get("GPU", 0))
+    if num_gpus < 1:
+        raise ValueError("--gpu: the cluster has no GPU now; pass --num-actors N or drop --gpu")
+    return num_gpus
 
 
 # ---------------------------------------------------------------- autoscaling clusters

@@ -325,7 +325,7 @@ def encode_sources(
     tokenizer: Tokenizer, sentences: Sequence[str], max_positions: int, prefix: Sequence[int] = ()
 ) -> list[list[int]]:
     """Source ids ending in EOS, truncated to fit the model's positions; `prefix` (a tagged
-    model's target tag, raymt.checkpoint.source_prefix) starts each and counts in the length."""
+    model's target tag, raymt.engines.ModelInfo.prefix) starts each and counts in the length."""
     max_src = max_positions - 1
     return [[*prefix, *tokenizer.encode(s)][: max_src - 1] + [EOS_ID] for s in sentences]
 

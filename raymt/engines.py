@@ -38,6 +38,7 @@ from raymt.checkpoint import (
     CONFIG_FILE,
     SPM_FILE,
     check_checkpoint,
+    check_languages,
     load_model,
     local_checkpoint,
     tag_side,
@@ -103,19 +104,30 @@ class ModelInfo:
 
     def tags(self, tgt_lang: Optional[str]) -> list[str]:
         """The tag pieces before a source to translate into `tgt_lang` (None: the model's only
-        target); one-line errors for a missing or untrained language."""
+        target); one-line errors for a missing or untrained language: the one check of --tgt-lang."""
         if self.languages:  # a multilingual model (design-inputs.md section 6)
             return decode_tags(tgt_lang, self.languages["target_langs"], list(self.languages["reserved"]))
         src, tgt = self.config.data.pair()
         check(
             tgt_lang in (None, tgt),
-            f"--tgt-lang {tgt_lang}: this model translates {src} -> {tgt} only; pass --tgt-lang {tgt} or none",
+            f"--tgt-lang {tgt_lang}: this model translates {src} -> {tgt} only (one pair, no language tags); "
+            f"pass --tgt-lang {tgt} or none, or use a model trained into {tgt_lang}",
         )
         return []
 
     def prefix(self, tgt_lang: Optional[str]) -> list[int]:
-        """The ids of `tags(tgt_lang)`: what starts each source into `tgt_lang`."""
-        return [self.tokenizer.sp.piece_to_id(piece) for piece in self.tags(tgt_lang)]
+        """The ids of `tags(tgt_lang)`: what starts each source into `tgt_lang`; a one-line error
+        when spm.model lacks a tag as the control symbol of the id config.json reserves for it."""
+        sp, reserved = self.tokenizer.sp, (self.languages or {}).get("reserved", {})
+        pieces = self.tags(tgt_lang)
+        for piece in pieces:  # a tag must be a control symbol, or it would be text
+            i = reserved.get(piece)
+            check(
+                i is not None and sp.piece_to_id(piece) == i and sp.is_control(i),
+                f"{self.location}: config.json reserves id {i} for {piece} but spm.model does not; "
+                "the files come from different runs",
+            )
+        return [reserved[piece] for piece in pieces]
 
     def encode(self, texts: Sequence[str], tgt_lang: TargetLangs = None) -> list[list[int]]:
         """Source ids of each text: its target's tag, its pieces (cut to fit the model's
@@ -133,18 +145,22 @@ def load_model_info(checkpoint: str) -> ModelInfo:
     """The model's kind, config, tokenizer and languages; one-line errors for a missing or broken one."""
     directory = local_checkpoint(checkpoint)
     if is_ct2_export(directory):
-        meta = _json(directory / CT2_RAYMT_CONFIG)
+        path = directory / CT2_RAYMT_CONFIG
+        meta = _json(path)
         try:
             config = Config.from_dict(meta["config"])
         except (KeyError, TypeError) as err:
-            raise ValueError(f"{directory / CT2_RAYMT_CONFIG} is not a raymt export config ({err})") from None
+            raise ValueError(f"{path} is not a raymt export config ({err})") from None
         tokenizer = Tokenizer.load(directory / SPM_FILE)
         kind = "ctranslate2"
     else:
         config, tokenizer = check_checkpoint(directory)
-        meta = _json(directory / CONFIG_FILE)
+        path = directory / CONFIG_FILE
+        meta = _json(path)
         kind = "raymt"
-    return ModelInfo(storage.normalize(checkpoint), kind, config, tokenizer, meta.get("languages"))
+    languages = meta.get("languages")
+    languages = None if languages is None else check_languages(languages, str(path))
+    return ModelInfo(storage.normalize(checkpoint), kind, config, tokenizer, languages)
 
 
 def resolve_engine(requested: str, model: ModelInfo) -> str:
@@ -362,6 +378,20 @@ class CT2Engine(Engine):
 
 
 ENGINES: dict[str, type[Engine]] = {"raymt": RaymtEngine, "ctranslate2": CT2Engine}
+
+
+def check_device(device: str) -> None:
+    """A one-line error for a --device torch cannot parse or this machine does not have."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a torch device; use cpu, cuda or cuda:N") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA GPU is available on this machine; use --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: MPS is not available on this machine; use --device cpu")
 
 
 def load_engine(

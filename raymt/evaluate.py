@@ -1,11 +1,11 @@
 """`python -m raymt.evaluate`: decode test sets across a Ray cluster and score them with sacreBLEU.
 
-The driver encodes every test set and cuts it into the length-sorted batches that
-`raymt.translate` decodes. Each batch is one row of a Ray Data dataset; `map_batches`
-hands the rows to a pool of actors (a callable class that loads the checkpoint once per
-actor). A batch decodes the same way whichever actor gets it, so hypotheses do not depend
-on the number of actors and equal `raymt.translate`'s. Rows carry their sentence index
-and are sorted back into input order on the driver.
+The driver encodes every test set as the model does (`raymt.engines.ModelInfo.encode`) and
+cuts it into the length-sorted batches that `raymt.translate` decodes. Each batch is one row
+of a Ray Data dataset; `map_batches` hands the rows to a pool of actors (a callable class
+that loads raymt's engine once per actor). A batch decodes the same way whichever actor gets
+it, so hypotheses do not depend on the number of actors and equal `raymt.translate`'s. Rows
+carry their sentence index and are sorted back into input order on the driver.
 
 Scores: sacreBLEU BLEU, chrF and TER on detokenized text (with signatures), plus
 case-insensitive BLEU with sacreBLEU's 13a tokenizer (`lowercase=True`), the closest
@@ -24,32 +24,21 @@ from typing import Optional, Sequence
 import numpy as np
 
 from raymt import metrics, storage
-from raymt.average import describe_checkpoint
-from raymt.checkpoint import (
-    check_checkpoint,
-    default_src_lang,
-    load_model,
-    local_checkpoint,
-    model_languages,
-    source_prefix,
-)
-from raymt.cluster import Plan, RayCluster, init_ray, plan, release_request
-from raymt.config import Config, TrainConfig
+from raymt.checkpoint import default_src_lang, local_checkpoint
+from raymt.cluster import CPU_ACTORS, RayCluster, actor_plan, default_actors, init_ray, release_request
+from raymt.config import Config, DecodeOptions, TrainConfig
 from raymt.data.text import Pairs, read_parallel
-from raymt.decoding import DecodeOptions, encode_sources, length_batches
-from raymt.decoding import translate as decode_sentences
-from raymt.engines import load_engine
-from raymt.precision import for_inference
-from raymt.tokenizer import Tokenizer
+from raymt.decoding import length_batches
+from raymt.engines import load_engine, load_model_info
+from raymt.errors import check
+from raymt.flags import add_decode_flags, decode_options
+from raymt.provenance import describe_checkpoint
 
 REPORT_FILE = "report.json"
-# Decoding actors on CPU when --num-actors is not given (with --gpu: one per GPU of the cluster).
-CPU_ACTORS = 2
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
-    d = DecodeOptions()
     p = argparse.ArgumentParser(prog="python -m raymt.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="checkpoint or exported model directory, or its URI (s3://...)")
     p.add_argument(
@@ -88,10 +77,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         help="seconds to wait for an autoscaling cluster to bring up the actors' GPUs or CPUs (0: never wait)",
     )
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (ignored with RAY_ADDRESS)")
-    p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
-    p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
-    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
+    add_decode_flags(p, sample=False)  # as raymt translate's
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (as raymt.translate)")
     p.add_argument(
         "--verbose",
@@ -112,18 +98,11 @@ def read_test_sets(prefixes: Sequence[str], src_lang: str, tgt_lang: str) -> dic
     return sets
 
 
-def plan_batches(
-    sources: Sequence[Sequence[str]],
-    tokenizer: Tokenizer,
-    max_positions: int,
-    batch_size: int,
-    prefix: Sequence[int] = (),
-) -> list[dict]:
-    """Dataset rows, one per decoding batch: set id, sentence indices and flattened source ids
-    (each source starting with the `prefix` ids: a tagged model's target tag)."""
+def plan_batches(encoded_sets: Sequence[Sequence[Sequence[int]]], batch_size: int) -> list[dict]:
+    """Dataset rows, one per decoding batch of each set's encoded sources (`ModelInfo.encode`) in
+    `Engine.translate`'s length-sorted batches: set id, sentence indices and flattened source ids."""
     rows = []
-    for set_id, sentences in enumerate(sources):
-        encoded = encode_sources(tokenizer, sentences, max_positions, prefix)
+    for set_id, encoded in enumerate(encoded_sets):
         for idx in length_batches([len(e) for e in encoded], batch_size):
             rows.append(
                 {
@@ -162,41 +141,6 @@ class BatchTranslator:
         }
 
 
-def actor_plan(
-    num_actors: int,
-    use_gpu: bool,
-    cpus_per_actor: Optional[float],
-    total: Optional[dict] = None,
-    keep_cpus: Optional[float] = None,
-    grow_timeout_s: float = 0.0,
-) -> Plan:
-    """CPUs, GPUs and threads per actor: by default the cluster's CPUs beside Ray Data's
-    (`keep_cpus`: another share, 0 without Ray Data), split evenly; an autoscaling cluster
-    is asked for them first, for up to `grow_timeout_s`."""
-    return plan(
-        num_actors,
-        use_gpu,
-        cpus_per_actor,
-        total,
-        what=f"--num-actors {num_actors}",
-        fix="lower --num-actors or --cpus-per-actor",
-        keep_cpus=keep_cpus,
-        grow_timeout_s=grow_timeout_s,
-        timeout_name="--autoscale-timeout",
-        cpus_name="--cpus-per-actor",
-    )
-
-
-def default_actors(use_gpu: bool, cluster: Optional[RayCluster] = None) -> int:
-    """Actors when --num-actors is not given: one per GPU of the cluster with --gpu, else CPU_ACTORS."""
-    if not use_gpu:
-        return CPU_ACTORS
-    num_gpus = int((cluster or RayCluster()).resources().get("GPU", 0))
-    if num_gpus < 1:
-        raise ValueError("--gpu: the cluster has no GPU now; pass --num-actors N or drop --gpu")
-    return num_gpus
-
-
 def translate_on_cluster(
     checkpoint: str,
     sources: Sequence[Sequence[str]],
@@ -205,14 +149,15 @@ def translate_on_cluster(
     batch_size: int = 64,
     use_gpu: bool = False,
     cpus_per_actor: Optional[float] = None,
-    prefix: Sequence[int] = (),
+    tgt_lang: Optional[str] = None,
 ) -> list[list[tuple[float, str]]]:
-    """Decode several lists of sentences on the running Ray cluster: (score, hyp) per sentence, input
-    order; `prefix` ids (raymt.checkpoint.source_prefix) go before each source."""
+    """Decode several lists of sentences into `tgt_lang` on the running Ray cluster: (score, hyp) per
+    sentence, input order; encoded by the model (`ModelInfo.encode`: a tagged model's tag before
+    each source; None: the model's one target)."""
     import ray.data
 
-    config, tokenizer = check_checkpoint(checkpoint)
-    rows = plan_batches(sources, tokenizer, config.model.max_positions, batch_size, prefix)
+    info = load_model_info(checkpoint)
+    rows = plan_batches([info.encode(s, tgt_lang) for s in sources], batch_size)
     if not rows:
         return [[] for _ in sources]
     actors = actor_plan(num_actors, use_gpu, cpus_per_actor)
@@ -267,18 +212,21 @@ def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOption
         raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
     if args.cpus_per_actor is not None and args.cpus_per_actor <= 0:
         raise ValueError(f"--cpus-per-actor {args.cpus_per_actor} must be > 0")
-    opts = DecodeOptions(
-        beam=args.beam, length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b
-    )  # validates
-    config, _ = check_checkpoint(args.checkpoint)
-    languages = model_languages(args.checkpoint)
-    args.prefix = []  # one-pair model: --src-lang/--tgt-lang name the files only
-    if languages is not None:
-        args.prefix = source_prefix(args.checkpoint, args.tgt_lang)  # the tag of --tgt-lang
-        args.tgt_lang = args.tgt_lang or languages["target_langs"][0]  # many-to-one: its one target
-        args.src_lang = args.src_lang or default_src_lang(languages, args.tgt_lang)
-    args.src_lang = args.src_lang or config.data.pair()[0]
-    args.tgt_lang = args.tgt_lang or config.data.pair()[1]
+    opts = decode_options(args)  # validates
+    info = load_model_info(args.checkpoint)
+    check(
+        info.kind == "raymt",
+        f"--checkpoint {args.checkpoint} is a CTranslate2 export; evaluate decodes with raymt's engine: "
+        "pass the raymt checkpoint it came from",
+    )
+    args.tag_lang = None  # one-pair model: --src-lang/--tgt-lang name the files only (no tag, no check)
+    if info.languages is not None:
+        info.prefix(args.tgt_lang)  # --tgt-lang checked (`ModelInfo.tags`) before Ray starts
+        args.tgt_lang = args.tgt_lang or info.languages["target_langs"][0]  # many-to-one: its one target
+        args.src_lang = args.src_lang or default_src_lang(info.languages, args.tgt_lang)
+        args.tag_lang = args.tgt_lang  # the tag before each source (`ModelInfo.encode`)
+    args.src_lang = args.src_lang or info.config.data.pair()[0]
+    args.tgt_lang = args.tgt_lang or info.config.data.pair()[1]
     sets = read_test_sets(args.test, args.src_lang, args.tgt_lang)
     args.output_dir = storage.output_location(args.output_dir, "--output-dir")  # never into a job's package
     try:
@@ -346,7 +294,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             args.batch_size,
             args.gpu,
             args.cpus_per_actor,
-            args.prefix,
+            args.tag_lang,
         )
         print_table(write_report(args, sets, results, opts, time.time() - t0))
     except ValueError as err:
@@ -365,33 +313,32 @@ def main(argv: Optional[list[str]] = None) -> int:
 # ---------------------------------------------------------------- a training run's test sets
 
 
-def score_test_sets(
-    checkpoint: str | Path, tests: dict[str, Pairs], cfg: Config, shown: str, prefixes: dict[str, Sequence[int]]
-) -> dict[str, dict]:
+def score_test_sets(checkpoint: str | Path, tests: dict[str, Pairs], cfg: Config, shown: str) -> dict[str, dict]:
     """Each pair's test set ("en-de" -> (sources, references)) beam-searched with a run's best
-    checkpoint and scored in the pair's target language; a run on one pair has one. Each
-    source starts with its pair's `prefixes` (a tagged model's target tag; none for one
-    untagged pair). Decoded on the run's GPUs (`decode_on_cluster`) when its workers had them,
-    else on the driver's CPUs (`decode_on_driver`: no actor start-up, faster for small CPU runs)."""
+    checkpoint into the pair's target language (the engine puts a tagged model's tag before each
+    source) and scored in it; a run on one pair has one. Decoded on the run's GPUs
+    (`decode_on_cluster`) when its workers had them, else on the driver's CPUs
+    (`decode_on_driver`: no actor start-up, faster for small CPU runs)."""
     decode = decode_on_cluster if cfg.train.use_gpu else decode_on_driver
     scored = {}
     for pair, (sources, refs) in tests.items():
-        hyps = decode(checkpoint, sources, cfg, shown, prefixes[pair])
-        scored[pair] = scored_test_set(hyps, refs, cfg, checkpoint, shown, pair.split("-", 1)[1])
+        tgt_lang = pair.split("-", 1)[1]
+        hyps = decode(checkpoint, sources, cfg, shown, tgt_lang)
+        scored[pair] = scored_test_set(hyps, refs, cfg, checkpoint, shown, tgt_lang)
     return scored
 
 
 def decode_on_driver(
-    checkpoint: str | Path, sources: list[str], cfg: Config, shown: Optional[str] = None, prefix: Sequence[int] = ()
+    checkpoint: str | Path, sources: list[str], cfg: Config, shown: Optional[str] = None, tgt_lang: Optional[str] = None
 ) -> list[str]:
-    """Beam-search sentences on the driver with a checkpoint, as the run's config.decode says."""
-    model, tokenizer, _ = load_model(checkpoint)
-    with for_inference(next(model.parameters()).device, cfg, tokenizer.vocab_size).apply().autocast():
-        return decode_sentences(model, tokenizer, sources, cfg.decode, prefix=prefix, tag_side=cfg.data.tag_side)
+    """Beam-search sentences into `tgt_lang` on the driver's CPU with raymt's engine, as the run's
+    config.decode says."""
+    engine = load_engine(str(checkpoint), "raymt")
+    return [hyps[0][1] for hyps in engine.translate(sources, cfg.decode, tgt_lang)]
 
 
 def decode_on_cluster(
-    checkpoint: str | Path, sources: list[str], cfg: Config, shown: str, prefix: Sequence[int] = ()
+    checkpoint: str | Path, sources: list[str], cfg: Config, shown: str, tgt_lang: Optional[str] = None
 ) -> list[str]:
     """Beam-search sentences on the actor pool with the run's resources (one GPU per actor, as many
     actors as training workers), not on the driver. `shown` (the checkpoint's storage path or URI)
@@ -405,7 +352,7 @@ def decode_on_cluster(
         num_actors=num_actors,
         batch_size=cfg.data.eval_batch_size,
         use_gpu=True,
-        prefix=prefix,
+        tgt_lang=tgt_lang,
     )
     return [hyp for _, hyp in scored]
 

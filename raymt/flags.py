@@ -1,7 +1,8 @@
 """The flags shared by `raymt train` and `raymt tune`, the input flags `raymt data prepare` shares
 with them (`add_input_flags`, read by `corpora_from_args`), and the config they build: defaults <
 device defaults < preset < config file < flags < --set (`build_config`, where the one-pair names
-of flags, config files and --set are read into data.corpora)."""
+of flags, config files and --set are read into data.corpora); the decoding flags of translate,
+evaluate, backtranslate and serve (`add_decode_flags`, `decode_options`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from raymt.config import (
     SCHEDULE_FIELDS,
     Config,
     CorpusSpec,
+    DecodeOptions,
     apply_overrides,
     check_real_weight,
     check_training,
@@ -203,3 +205,34 @@ def build_config(
             )
     kept = set(SCHEDULE_FIELDS) if from_checkpoint else set()
     return apply_overrides(cfg, device_defaults(cfg, set(given) | kept, num_gpus))
+
+
+# ---------------------------------------------------------------- decoding flags
+
+
+def add_decode_flags(p: argparse.ArgumentParser, sample: bool = True) -> None:
+    """The decoding flags of translate, evaluate, backtranslate and serve (`sample`: with the sampling ones)."""
+    d = DecodeOptions()
+    p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
+    p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
+    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
+    if sample:
+        p.add_argument("--sample", action="store_true", help="sample instead of searching (implies --beam 1)")
+        p.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature")
+        p.add_argument("--top-k", type=int, default=d.top_k, help="sample among the K most likely tokens (0 = all)")
+
+
+def decode_options(args: argparse.Namespace, seed: Optional[int] = None) -> DecodeOptions:
+    """DecodeOptions (validated) from the decoding flags (`add_decode_flags`)."""
+    sample = getattr(args, "sample", False)
+    return DecodeOptions(
+        beam=1 if sample else args.beam,
+        length_penalty=args.length_penalty,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+        sample=sample,
+        temperature=getattr(args, "temperature", DecodeOptions.temperature),
+        top_k=getattr(args, "top_k", DecodeOptions.top_k),
+        seed=seed,
+    )

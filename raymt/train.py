@@ -13,12 +13,12 @@ from typing import Optional
 from raymt import storage
 from raymt.cluster import Plan, RayCluster, check_shared, init_ray, plan, release_request, train_logging
 from raymt.config import Config, check_training, schedule_line
+from raymt.curves import after_training as plot_learning_curves
 from raymt.data import format as corpus_format
 from raymt.data.text import Pairs
 from raymt.evaluate import score_test_sets
 from raymt.flags import flag_parser
 from raymt.metrics import score_lines
-from raymt.plot import after_training as plot_learning_curves
 from raymt.rundata import PairTags, materialize, pair_tags, plan_data
 from raymt.rundir import (
     METRICS_CSV,
@@ -193,9 +193,7 @@ def run(
     summary = run_summary(run_dir, result, init_checkpoint, tags)
     if score_test and run_data.eval_sets["test"]:
         with best_checkpoint(result).as_directory() as directory:  # downloads from remote storage if needed
-            scored = score_test_sets(
-                directory, run_data.eval_sets["test"], cfg, summary["best_checkpoint"], tags.prefixes
-            )
+            scored = score_test_sets(directory, run_data.eval_sets["test"], cfg, summary["best_checkpoint"])
         summary["test"] = scored if "pairs" in summary else next(iter(scored.values()))
     summary["wall_time_s"] = round(time.time() - t0, 1)
     # Plots and summary.json are made in a local mirror of the run directory (itself when local).

@@ -9,10 +9,9 @@ from typing import Optional
 
 import torch
 
-from raymt.checkpoint import source_prefix
-from raymt.config import DecodeOptions
 from raymt.data.text import read_lines
-from raymt.engines import load_engine
+from raymt.engines import check_device, load_engine, load_model_info
+from raymt.flags import add_decode_flags, decode_options
 from raymt.metrics import score
 
 
@@ -41,48 +40,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def add_decode_flags(p: argparse.ArgumentParser, sample: bool = True) -> None:
-    """The decoding flags of translate, backtranslate and serve (`sample`: with the sampling ones)."""
-    d = DecodeOptions()
-    p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
-    p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
-    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
-    if sample:
-        p.add_argument("--sample", action="store_true", help="sample instead of searching (implies --beam 1)")
-        p.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature")
-        p.add_argument("--top-k", type=int, default=d.top_k, help="sample among the K most likely tokens (0 = all)")
-
-
-def decode_options(args: argparse.Namespace, seed: Optional[int] = None) -> DecodeOptions:
-    """DecodeOptions (validated) from the decoding flags (`add_decode_flags`)."""
-    sample = getattr(args, "sample", False)
-    return DecodeOptions(
-        beam=1 if sample else args.beam,
-        length_penalty=args.length_penalty,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-        sample=sample,
-        temperature=getattr(args, "temperature", DecodeOptions.temperature),
-        top_k=getattr(args, "top_k", DecodeOptions.top_k),
-        seed=seed,
-    )
-
-
-def check_device(device: str) -> None:
-    """A one-line error for a --device torch cannot parse or this machine does not have."""
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"--device {device}: not a torch device; use cpu, cuda or cuda:N") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: no CUDA GPU is available on this machine; use --device cpu")
-    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {device}: MPS is not available on this machine; use --device cpu")
-
-
 def read_refs(ref: str, num_inputs: int) -> list[str]:
     """The --ref lines (split on \\n only, as the inputs are), one per input."""
     ref_path = Path(ref)
@@ -108,7 +65,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         opts = decode_options(args, seed=args.seed)
         if not 1 <= args.n_best <= opts.beam:
             raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
-        source_prefix(args.checkpoint, args.tgt_lang)  # --tgt-lang checked before the weights load
+        load_model_info(args.checkpoint).prefix(args.tgt_lang)  # --tgt-lang checked before the weights load
         engine = load_engine(args.checkpoint, "raymt", args.device)  # decodes at the run's precision
         sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
         refs = read_refs(args.ref, len(sentences)) if args.ref else None

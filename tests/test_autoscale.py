@@ -355,7 +355,7 @@ def test_evaluate_asks_an_autoscaling_cluster_for_its_gpu_actors(monkeypatch, ca
     cluster = FakeCluster()
     monkeypatch.setattr(cluster_module, "RayCluster", lambda: cluster)
     timeout = evaluate.parse_args(["--checkpoint", "c", "--test", "t", "--gpu"]).autoscale_timeout
-    planned = evaluate.actor_plan(8, True, None, grow_timeout_s=timeout)
+    planned = cluster_module.actor_plan(8, True, None, grow_timeout_s=timeout)
     assert timeout == 900 and planned.gpus == 1 and planned.grew
     assert "of at most 15:00 (--autoscale-timeout)" in capsys.readouterr().out  # evaluate's own flag
     assert cluster.requests == [[{"CPU": 1.0, "GPU": 1.0}] * 8]

@@ -228,7 +228,7 @@ def test_one_batch_of_both_languages(decoder_tagged, tmp_path):
 def test_training_test_sets_decode_with_the_tag(decoder_tagged):
     model, _, _ = load_model(decoder_tagged)
     cfg = Config(model=model.cfg, data=DataConfig(tag_side="tgt"), decode=BEAM2)
-    got = evaluate.decode_on_driver(decoder_tagged, SENTENCES[:5], cfg, prefix=[TAG_ID["de"]])
+    got = evaluate.decode_on_driver(decoder_tagged, SENTENCES[:5], cfg, tgt_lang="de")
     assert got == [h[0][1] for h in raymt_nbest(decoder_tagged, SENTENCES[:5], "de", BEAM2)]
 
 

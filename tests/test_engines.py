@@ -15,7 +15,7 @@ from test_tags import PAIRS, SENTENCES, TAG_ID, TAGS, tagged_tokenizer
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 from raymt import engines
-from raymt.checkpoint import languages_entry, load_model, save_checkpoint, source_prefix
+from raymt.checkpoint import languages_entry, load_model, save_checkpoint
 from raymt.config import Config, DataConfig, tiny
 from raymt.decoding import DecodeOptions, translate_nbest
 from raymt.engines import load_engine, token_batches
@@ -96,7 +96,7 @@ def test_a_tagged_model_takes_a_target_per_sentence_in_one_batch(tagged):
     mixed = engine.translate(texts, opts, langs, batch_size=12)  # one batch, both targets
     for lang in ("de", "fr"):
         own = [t for t, t_lang in zip(texts, langs) if t_lang == lang]
-        want = todays_path(tagged, own, opts, 1, 64, source_prefix(tagged, lang))
+        want = todays_path(tagged, own, opts, 1, 64, [TAG_ID[lang]])
         assert [h[0][1] for h, t_lang in zip(mixed, langs) if t_lang == lang] == [h[0][1] for h in want]
     assert engine.translate([texts[1]], opts, "fr")[0][0][1] == mixed[1][0][1]  # one target for every text
 

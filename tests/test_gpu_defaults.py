@@ -41,11 +41,10 @@ def test_gpu_run_decodes_its_test_set_on_an_actor_pool_of_gpus_not_on_the_driver
     def on_the_driver(*args, **kwargs):
         raise AssertionError("the test set was decoded on the driver")
 
-    monkeypatch.setattr(evaluate, "load_model", on_the_driver)
-    monkeypatch.setattr(evaluate, "decode_sentences", on_the_driver)
+    monkeypatch.setattr(evaluate, "load_engine", on_the_driver)
     stored = tmp_path / "storage" / "r" / "checkpoint_000001"  # the run's storage, where every node reads
     make_checkpoint(stored, step=7)
-    [scores] = evaluate.score_test_sets(checkpoint, {"en-de": (src, tgt)}, cfg, str(stored), {"en-de": []}).values()
+    [scores] = evaluate.score_test_sets(checkpoint, {"en-de": (src, tgt)}, cfg, str(stored)).values()
     assert seen["fn"] is evaluate.BatchTranslator
     assert (seen["num_gpus"], seen["num_cpus"], seen["compute"].min_size) == (
         1,
@@ -57,7 +56,7 @@ def test_gpu_run_decodes_its_test_set_on_an_actor_pool_of_gpus_not_on_the_driver
     assert scores["num_sentences"] == 20 and scores["beam"] == cfg.decode.beam
     assert scores["checkpoint"].startswith(f"{stored} (step 7")
     monkeypatch.setattr(cluster.RayCluster, "resources", lambda self: {"CPU": 16.0, "GPU": 2.0})
-    evaluate.score_test_sets(checkpoint, {"en-de": (src, tgt)}, cfg, str(stored), {"en-de": []})  # lost a node
+    evaluate.score_test_sets(checkpoint, {"en-de": (src, tgt)}, cfg, str(stored))  # lost a node
     assert seen["compute"].min_size == 2
 
 
@@ -66,7 +65,7 @@ def test_cpu_run_keeps_decoding_its_test_set_on_the_driver(tmp_path, monkeypatch
     src, tgt = generate(4, "en", "de", seed=3)
     monkeypatch.setattr(evaluate, "translate_on_cluster", lambda *a, **kw: pytest.fail("an actor pool on CPU"))
     cfg = build_config(parse_args(["--set", "decode.beam=1"]))
-    scores = evaluate.score_test_sets(checkpoint, {"en-de": (src, tgt)}, cfg, str(checkpoint), {"en-de": []})
+    scores = evaluate.score_test_sets(checkpoint, {"en-de": (src, tgt)}, cfg, str(checkpoint))
     assert scores["en-de"]["num_sentences"] == 4
 
 

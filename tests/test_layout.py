@@ -1,6 +1,7 @@
 """The layout of raymt/ (issue 43), read with ast (nothing is imported): no import cycle among
-raymt's modules, no private name imported across modules, no module over 700 lines and no
-function over 80. Run with -s to see the largest modules and functions."""
+raymt's modules, no private name imported across modules, no command module importing another
+(issue 56), no module over 700 lines and no function over 80. Run with -s to see the largest
+modules and functions."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ STILL_TOO_LARGE: dict[str, int] = {}
 # no cycle left inside it must be deleted (or narrowed). Empty since issue 43 broke
 # raymt.config -> raymt.data.inputs -> raymt.config.
 KNOWN_CYCLES: list[frozenset[str]] = []
+
+# The only imports of one command module (`raymt COMMAND`'s: raymt/COMMAND.py or
+# raymt/COMMAND/__main__.py) by another (issue 56): a sweep runs training, a run scores its
+# test sets. What two commands share lives in a module that is no command's.
+COMMAND_IMPORTS = {("raymt.tune", "raymt.train"), ("raymt.train", "raymt.evaluate")}
 
 
 # The modules that may handle the one-pair names (`one_pair_names`), at most 3 (issue 56): where
@@ -193,6 +199,29 @@ def chain(graph: dict[str, set[str]], component: set[str]) -> str:
     raise AssertionError(f"no cycle through {start}")
 
 
+def command_modules(root: Path = ROOT) -> list[str]:
+    """The module each command of raymt/__main__.py's COMMANDS runs: raymt.train, raymt.data.__main__."""
+    [commands] = [
+        ast.literal_eval(node.value)
+        for node in parse(root / "__main__.py").body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMMANDS" for t in node.targets)
+    ]
+    package = root.name
+    return [f"{package}.{c}" if (root / f"{c}.py").is_file() else f"{package}.{c}.__main__" for c in commands]
+
+
+def command_import_problems(
+    graph: dict[str, set[str]], commands: list[str], allowed: set[tuple[str, str]]
+) -> list[str]:
+    """Each import of a command module by another that `allowed` does not list."""
+    return [
+        f"{module} imports {other}, another command: move what both need into a module that is no command's"
+        for module in sorted(commands)
+        for other in sorted(graph[module] & set(commands))
+        if (module, other) not in allowed
+    ]
+
+
 def functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, int]]:
     """(qualname, lines) of each function and method; a nested function counts inside its parent."""
     for child in ast.iter_child_nodes(tree):
@@ -296,6 +325,16 @@ def test_no_private_name_imported_across_modules():
     assert not bad, "private names used across modules (make them public):\n" + "\n".join(bad)
 
 
+def test_no_command_imports_another():
+    """tune -> train and train -> evaluate only: decoding flags, the actor plan, a checkpoint's
+    description and the learning curves each live in a module that is no command's."""
+    graph, _ = import_graph()
+    commands = command_modules()
+    assert {"raymt.train", "raymt.data.__main__", "raymt.serve.__main__", "raymt.plot"} <= set(commands)
+    problems = command_import_problems(graph, commands, COMMAND_IMPORTS)
+    assert not problems, "\n".join(problems)
+
+
 def test_no_module_over_700_lines_and_no_function_over_80():
     by_module, by_function = sizes()
     for what, table in (("modules", by_module), ("functions", by_function)):
@@ -332,6 +371,14 @@ def test_the_checks_find_what_they_look_for(tmp_path):
         "pkg.x uses pkg.y._h",
         "pkg.z imports pkg.y._h",
         "pkg.z uses pkg.sub._b",
+    ]
+    (pkg / "__main__.py").write_text('COMMANDS = {"x": "", "sub": "", "y": ""}\n')
+    (pkg / "sub" / "__main__.py").write_text("from pkg import x\n")
+    graph, _ = import_graph(pkg)
+    commands = command_modules(pkg)
+    assert commands == ["pkg.x", "pkg.sub.__main__", "pkg.y"]
+    assert [p.split(",")[0] for p in command_import_problems(graph, commands, {("pkg.x", "pkg.y")})] == [
+        "pkg.sub.__main__ imports pkg.x"
     ]
     by_module, by_function = sizes(pkg)
     assert by_module["pkg/z.py"] == 704 and by_function == {"pkg/w.py:C.m": 82, "pkg/y.py:_h": 2, "pkg/x.py:f": 3}

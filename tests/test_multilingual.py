@@ -170,13 +170,15 @@ def test_validation_scores_each_pair_and_averages_them(prepared):
 
 def test_each_pairs_test_set_is_decoded_with_its_tag_and_scored_in_its_language(prepared, monkeypatch, capsys):
     from raymt import evaluate, train
+    from raymt.engines import ModelInfo
 
-    cfg, run_data, corpora, _ = prepared
+    cfg, run_data, corpora, tokenizer = prepared
     tags = pair_tags(run_data.corpus)
+    model = ModelInfo("ckpt", "raymt", cfg, tokenizer, tags.languages)  # what the run's checkpoints hold
     calls = []
 
-    def decoded(checkpoint, sources, cfg, shown, prefix):
-        calls.append((sources, prefix))
+    def decoded(checkpoint, sources, cfg, shown, tgt_lang):
+        calls.append((sources, tgt_lang))
         return list(sources)
 
     def scored_in(hyps, refs, cfg, checkpoint, shown, lang):
@@ -185,9 +187,10 @@ def test_each_pairs_test_set_is_decoded_with_its_tag_and_scored_in_its_language(
 
     monkeypatch.setattr(evaluate, "decode_on_driver", decoded)
     monkeypatch.setattr(evaluate, "scored_test_set", scored_in)
-    scored = evaluate.score_test_sets("ckpt", run_data.eval_sets["test"], cfg, "runs/r/ckpt", tags.prefixes)
+    scored = evaluate.score_test_sets("ckpt", run_data.eval_sets["test"], cfg, "runs/r/ckpt")
     assert list(scored) == PAIRS
-    assert calls == [x for p in PAIRS for x in ((run_data.eval_sets["test"][p][0], tags.prefixes[p]), p[-2:])]
+    assert calls == [x for p in PAIRS for x in ((run_data.eval_sets["test"][p][0], p[-2:]), p[-2:])]
+    assert [model.prefix(p[-2:]) for p in PAIRS] == [tags.prefixes[p] for p in PAIRS]  # the engine's tag: the pair's
     summary = {"pairs": PAIRS, "test": {p: {**s, "num_sentences": 20} for p, s in scored.items()}}
     train.print_summary({**summary, "metrics_csv": "m", "run_dir": "r", "best_checkpoint": "b", "wall_time_s": 6})
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("test")]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from raymt import plot
+from raymt import curves
 from raymt.metrics import CSV_COLUMNS, MetricsLog, pair_columns, pair_metrics
 
 PAIRS = ["en-de", "en-fr", "de-en"]
@@ -121,20 +121,20 @@ def write_run(root: Path, name: str, pairs: list[str]) -> Path:
 
 
 def drawn(monkeypatch, runs: list[Path], tmp_path: Path) -> Figure:
-    """The figure `plot.draw` saves against steps, as curves_step.png in tmp_path/out."""
+    """The figure `curves.draw` saves against steps, as curves_step.png in tmp_path/out."""
     figures, real = [], Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (figures.append(self), real(self, *a, **k))[1])
     (tmp_path / "out").mkdir(exist_ok=True)
-    curves = {run.name: plot.read_metrics(plot.find_metrics(run)) for run in runs}
-    plot.draw(curves, "step", tmp_path / "out" / "curves_step.png")
+    by_run = {run.name: curves.read_metrics(curves.find_metrics(run)) for run in runs}
+    curves.draw(by_run, "step", tmp_path / "out" / "curves_step.png")
     return figures[0]
 
 
 def test_validation_panels_draw_one_line_per_pair(tmp_path, monkeypatch):
     run = write_run(tmp_path, "multi", PAIRS)
-    rows = plot.read_metrics(run / "logs" / "metrics.csv")
-    assert plot.pairs_of(rows) == PAIRS
-    assert plot.series(rows, "step", "valid_bleu/en-fr")[0] == [50, 100, 150, 200]
+    rows = curves.read_metrics(run / "logs" / "metrics.csv")
+    assert curves.pairs_of(rows) == PAIRS
+    assert curves.series(rows, "step", "valid_bleu/en-fr")[0] == [50, 100, 150, 200]
     train, *valid = drawn(monkeypatch, [run], tmp_path).axes
     assert len(train.lines) == 1
     for ax in valid:

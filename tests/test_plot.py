@@ -1,4 +1,4 @@
-"""raymt.plot: learning-curve PNGs from metrics.csv files (synthetic, no Ray)."""
+"""raymt.plot and raymt.curves: learning-curve PNGs from metrics.csv files (synthetic, no Ray)."""
 
 import csv
 import math
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raymt import plot
+from raymt import curves, plot
 from raymt.metrics import CSV_COLUMNS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -52,7 +52,7 @@ def check_png(path: Path) -> np.ndarray:
 
     assert path.read_bytes()[:8] == PNG_MAGIC
     image = matplotlib.image.imread(path)  # (H, W, 4) floats in [0, 1]
-    width, height = (round(v * plot.DPI) for v in plot.FIGSIZE)
+    width, height = (round(v * curves.DPI) for v in curves.FIGSIZE)
     assert image.shape[:2] == (height, width)
     assert image.std() > 0.05  # not a blank canvas
     colours = np.unique((image[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
@@ -62,7 +62,7 @@ def check_png(path: Path) -> np.ndarray:
 
 def test_one_run_writes_step_and_time_curves(tmp_path):
     run = write_run(tmp_path, "run-a")
-    written = plot.plot_runs([run], tmp_path / "out")
+    written = curves.plot_runs([run], tmp_path / "out")
     assert [p.name for p in written] == ["curves_step.png", "curves_time.png"]
     step_image, time_image = (check_png(p) for p in written)
     assert not np.array_equal(step_image, time_image)  # different x axes
@@ -81,10 +81,10 @@ def test_overlay_of_two_runs_draws_both_colours(tmp_path):
 
 
 def test_rows_are_numbers_and_validation_points_separate(tmp_path):
-    rows = plot.read_metrics(write_run(tmp_path, "run-a") / "logs" / "metrics.csv")
-    steps, bleu = plot.series(rows, "step", "valid_bleu")
+    rows = curves.read_metrics(write_run(tmp_path, "run-a") / "logs" / "metrics.csv")
+    steps, bleu = curves.series(rows, "step", "valid_bleu")
     assert steps == [50, 100, 150, 200] and bleu[0] < bleu[-1]
-    assert len(plot.series(rows, "time_s", "train_loss")[0]) == 20
+    assert len(curves.series(rows, "time_s", "train_loss")[0]) == 20
 
 
 def test_a_resumed_run_keeps_its_clock_counting(tmp_path):
@@ -93,7 +93,7 @@ def test_a_resumed_run_keeps_its_clock_counting(tmp_path):
         rows = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         rows.writerow({"step": 60, "time_s": 5.0, "train_loss": 2.0})
         rows.writerow({"step": 70, "time_s": 12.0, "train_loss": 1.9})
-    steps, times = plot.series(plot.read_metrics(run / "logs" / "metrics.csv"), "step", "time_s")
+    steps, times = curves.series(curves.read_metrics(run / "logs" / "metrics.csv"), "step", "time_s")
     assert steps == [10, 20, 30, 40, 50, 50, 60, 70]  # the first segment's step 60 replaced
     assert times == sorted(times) and times[-1] == pytest.approx(42.0 + 12.0)
 
@@ -101,7 +101,7 @@ def test_a_resumed_run_keeps_its_clock_counting(tmp_path):
 def test_a_run_without_metrics_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "empty-run").mkdir()
     with pytest.raises(ValueError, match="no metrics.csv"):
-        plot.plot_runs([tmp_path / "empty-run"], tmp_path / "out")
+        curves.plot_runs([tmp_path / "empty-run"], tmp_path / "out")
     assert plot.main([str(tmp_path / "empty-run")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("raymt.plot: error:") and "raymt.train" in err
@@ -116,8 +116,8 @@ def test_an_out_that_cannot_be_written_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_after_training_never_raises(tmp_path, capsys):
-    assert plot.after_training(tmp_path / "no-such-run") is None
+    assert curves.after_training(tmp_path / "no-such-run") is None
     assert capsys.readouterr().err.count("\n") == 1
     run = write_run(tmp_path, "run-a")
-    assert [p.name for p in plot.after_training(run)] == ["curves_step.png", "curves_time.png"]
+    assert [p.name for p in curves.after_training(run)] == ["curves_step.png", "curves_time.png"]
     assert (run / "plots" / "curves_time.png").is_file()

@@ -295,13 +295,12 @@ def test_translate_evaluate_and_the_test_set_decode_in_fp32_on_a_cpu_where_train
 
         monkeypatch.setattr(module, name, wrapped)
 
-    spy(engines, "decode_ids")  # raymt.translate's and the actor's engine
-    spy(evaluate_module, "decode_sentences")
+    spy(engines, "decode_ids")  # raymt.translate's, the driver's and the actor's engine
     assert translate.main(["--checkpoint", str(checkpoint), "--beam", "1", "--device", "cpu", "hello"]) == 0
     evaluate_module.decode_on_driver(checkpoint, ["hello"], cfg)
     actor = evaluate_module.BatchTranslator(str(checkpoint), {"beam": 1}, "cpu", 1)
     actor({"set": [0], "index": [np.array([0])], "lengths": [np.array([3])], "src_ids": [np.array([5, 6, 3])]})
-    assert [name for name, _, _ in seen] == ["decode_ids", "decode_sentences", "decode_ids"]
+    assert [name for name, _, _ in seen] == ["decode_ids", "decode_ids", "decode_ids"]
     assert not any(enabled for _, enabled, _ in seen), seen
 
 

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
-from raymt import average, evaluate, train
+from raymt import average, evaluate, provenance, train
 from raymt.metrics import moses_tokenized, papers_bleu, score, score_lines
 
 HYPS = ["Ein Mann fährt Fahrrad .", "Zwei Hunde spielen im Schnee."]
@@ -82,7 +82,7 @@ def test_a_checkpoint_is_described_by_its_step_or_by_what_it_averages(tmp_path):
     run = tmp_path / "run"
     first = make_checkpoint(run / "checkpoint_a", seed=0, step=100)
     second = make_checkpoint(run / "checkpoint_b", seed=1, step=200)
-    assert average.describe_checkpoint(first) == f"{first} (step 100, not averaged)"
+    assert provenance.describe_checkpoint(first) == f"{first} (step 100, not averaged)"
     # Ray's snapshot beside the checkpoints wins over train_state.pt (and is cheaper to read).
     (run / average.RAY_SNAPSHOT_FILE).write_text(
         json.dumps(
@@ -94,25 +94,25 @@ def test_a_checkpoint_is_described_by_its_step_or_by_what_it_averages(tmp_path):
         )
     )
     assert (
-        average.describe_checkpoint(second, "s3://b/run/checkpoint_b")
+        provenance.describe_checkpoint(second, "s3://b/run/checkpoint_b")
         == "s3://b/run/checkpoint_b (step 250, not averaged)"
     )
     averaged = average.average_checkpoints([second, first], tmp_path / "avg")
     assert (
-        average.describe_checkpoint(averaged)
+        provenance.describe_checkpoint(averaged)
         == f"{averaged} (average of 2: checkpoint_b step 250, checkpoint_a step 100)"
     )
     exported = tmp_path / "exported"
     exported.mkdir()
     for name in ("model.pt", "config.json", "spm.model"):
         (exported / name).write_bytes((first / name).read_bytes())
-    assert average.describe_checkpoint(exported) == f"{exported} (no step recorded, not averaged)"
+    assert provenance.describe_checkpoint(exported) == f"{exported} (no step recorded, not averaged)"
 
 
 def test_train_and_evaluate_print_the_same_lines(tmp_path, capsys):
     scores = score(HYPS, REFS, extra=True)
     ckpt = make_checkpoint(tmp_path / "checkpoint_x", step=7)
-    described = average.describe_checkpoint(ckpt)
+    described = provenance.describe_checkpoint(ckpt)
     expected = score_lines("test", scores, described, 4, 1.0, 2)
     train.print_summary(
         {

@@ -33,7 +33,6 @@ from raymt.checkpoint import (
     load_model,
     model_languages,
     save_checkpoint,
-    source_prefix,
 )
 from raymt.config import Config, CorpusSpec, DataConfig, tiny
 from raymt.data.builtin import generate
@@ -165,8 +164,9 @@ def test_languages_are_recorded_only_for_tagged_models(tagged, untagged):
         "target_langs": ["de", "fr"],
         "reserved": {"<2de>": 4, "<2fr>": 5},
     }
-    assert source_prefix(tagged, "fr") == [5] and source_prefix(untagged, None) == []
-    assert source_prefix(untagged, "de") == []
+    prefix = lambda checkpoint, tgt_lang: engines.load_model_info(str(checkpoint)).prefix(tgt_lang)  # noqa: E731
+    assert prefix(tagged, "fr") == [5] and prefix(untagged, None) == []
+    assert prefix(untagged, "de") == []
 
 
 @pytest.mark.parametrize(
@@ -291,9 +291,9 @@ def test_evaluate_decodes_with_the_tag(tagged, tmp_path):
     args = evaluate.parse_args(["--checkpoint", str(tagged), "--test", str(prefix), "--tgt-lang", "fr"])
     args.output_dir, args.beam = str(tmp_path / "out"), 1
     sets, opts = evaluate.check_args(args)
-    assert (args.src_lang, args.tgt_lang, args.prefix) == ("en", "fr", [5])
+    assert (args.src_lang, args.tgt_lang, args.tag_lang) == ("en", "fr", "fr")
     sources = sets["test"][0]
-    rows = evaluate.plan_batches([sources], tagged_tokenizer(), tiny().max_positions, 4, args.prefix)
+    rows = evaluate.plan_batches([engines.load_model_info(str(tagged)).encode(sources, args.tag_lang)], 4)
     actor = evaluate.BatchTranslator(str(tagged), dict(opts.__dict__), "cpu", 1)
     hyps: dict[int, str] = {}
     for row in rows:
@@ -319,7 +319,7 @@ def test_evaluate_main_passes_the_tag_to_the_cluster(tagged, tmp_path, monkeypat
     prefix = write_set(tmp_path / "test", "fr")
     argv = ["--checkpoint", str(tagged), "--test", str(prefix), "--tgt-lang", "fr", "--num-actors", "1"]
     assert evaluate.main([*argv, "--output-dir", str(tmp_path / "out")]) == 0
-    assert calls == [[5]] and (tmp_path / "out" / "test.fr.hyp").read_text() == "x\n" * 9
+    assert calls == ["fr"] and (tmp_path / "out" / "test.fr.hyp").read_text() == "x\n" * 9
 
 
 @pytest.mark.slow
@@ -355,7 +355,7 @@ def test_evaluate_keeps_one_pair_suffixes_as_file_names(untagged, tmp_path):
     args = evaluate.parse_args(["--checkpoint", str(untagged), "--test", str(prefix), "--tgt-lang", "fr"])
     args.output_dir = str(tmp_path / "out")
     sets, _ = evaluate.check_args(args)
-    assert (args.src_lang, args.tgt_lang, args.prefix) == ("en", "fr", []) and len(sets["test"][0]) == 9
+    assert (args.src_lang, args.tgt_lang, args.tag_lang) == ("en", "fr", None) and len(sets["test"][0]) == 9
 
 
 # ---------------------------------------------------------------- average and export

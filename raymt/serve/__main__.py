@@ -13,9 +13,9 @@ from typing import Optional
 
 from raymt.config import SERVE_ENGINES, ServeConfig
 from raymt.config.serve import DEFAULT_MODEL
-from raymt.engines import load_model_info, resolve_engine
+from raymt.engines import check_device, load_model_info, resolve_engine
 from raymt.errors import first_line
-from raymt.translate import add_decode_flags, decode_options
+from raymt.flags import add_decode_flags, decode_options
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -133,8 +133,6 @@ def read_key_hashes(path: str) -> list[str]:
 def check_before_ray(cfg: ServeConfig) -> str:
     """Everything checked before Ray starts: the serve extra, the device, the model and its
     engine, the port; returns the engine's name."""
-    from raymt.translate import check_device
-
     for package in ("starlette", "uvicorn", "fastapi"):
         if importlib.util.find_spec(package) is None:
             raise ValueError(
