@@ -100,7 +100,7 @@ def _take(candidates: list[Path], n: int, what: str) -> list[Path]:
 
 def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     """The n checkpoints of a run with the highest training steps, newest first."""
-    steps = {d: int(load_train_state(d).get("step", -1)) for d in run_checkpoints(run_dir)}
+    steps = {d: load_train_state(d).step for d in run_checkpoints(run_dir)}
     return _take(sorted(steps, key=lambda d: (steps[d], d.name), reverse=True), n, "--last")
 
 
@@ -216,7 +216,7 @@ def recorded_step(directory: str | Path) -> Optional[int]:
     except ValueError:  # no snapshot: not (or no longer) in a run directory
         step = None
     if step is None and (directory / STATE_FILE).is_file():
-        step = load_train_state(directory).get("step")
+        step = load_train_state(directory).step
     return None if step is None else int(step)
 
 

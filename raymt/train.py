@@ -31,6 +31,7 @@ from raymt.rundir import (
     write_run_files,
 )
 from raymt.tokenizer import Tokenizer
+from raymt.worker_env import LoopConfig, ValidRows
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -100,18 +101,20 @@ def fit(
     )
     # The resolved filesystem travels to every worker with its endpoint (raymt.storage).
     storage_fs, storage_fs_path = storage.filesystem(cfg.train.storage_path)
+    loop = LoopConfig(
+        config=cfg,
+        spm_model=tokenizer.model_proto,
+        num_threads=workers.num_threads,
+        train_files=train_files,
+        valid=valid_rows(valid, tokenizer, cfg.model.max_positions, tags),
+        languages=tags.languages,
+        init_checkpoint=str(init_checkpoint) if init_checkpoint else None,
+        init_full_state=init_full_state,
+        log_dir=log_dir,
+    )
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={
-            "config": cfg.to_dict(),
-            "spm_model": tokenizer.model_proto,
-            "num_threads": workers.num_threads,
-            "train_files": train_files,
-            **valid_config(valid, tokenizer, cfg.model.max_positions, tags),
-            "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
-            "init_full_state": init_full_state,
-            "log_dir": log_dir,
-        },
+        train_loop_config=loop.to_dict(),
         scaling_config=ScalingConfig(
             num_workers=num_workers,
             use_gpu=cfg.train.use_gpu,
@@ -134,15 +137,15 @@ def fit(
     return trainer.fit()
 
 
-def valid_config(valid: dict[str, Pairs], tokenizer: Tokenizer, max_positions: int, tags: PairTags) -> dict:
-    """The workers' validation rows and references by pair ("valid"), each set's sources starting
-    with its pair's target tag, and the "languages" of a tagged model (None untagged; for its
-    checkpoints' config.json)."""
-    sets = {
-        pair: {"rows": corpus_format.eval_rows(p, tokenizer, max_positions, tags.prefixes[pair]), "refs": p[1]}
+def valid_rows(
+    valid: dict[str, Pairs], tokenizer: Tokenizer, max_positions: int, tags: PairTags
+) -> dict[str, ValidRows]:
+    """The workers' validation rows and references by pair, each set's sources starting with its
+    pair's target tag."""
+    return {
+        pair: ValidRows(corpus_format.eval_rows(p, tokenizer, max_positions, tags.prefixes[pair]), p[1])
         for pair, p in valid.items()
     }
-    return {"valid": sets, "languages": tags.languages}
 
 
 def best_checkpoint(result):

@@ -36,8 +36,9 @@ from raymt.metrics import pair_columns
 from raymt.model import build_model
 from raymt.rundata import PairTags, materialize, pair_tags, plan_data
 from raymt.rundir import RUN_CONFIG, finalize, resolve_resume
-from raymt.train import parse_args, valid_config
+from raymt.train import parse_args, valid_rows
 from raymt.trainer import Collective, collate_eval, evaluate
+from raymt.worker_env import ValidRows
 
 PAIRS = ["en-de", "en-fr", "de-en"]
 WEIGHTS = [4.0, 1.0, 1.0]  # the built-in pairs are equally large: weights make the mix uneven
@@ -128,15 +129,15 @@ def test_each_pairs_validation_rows_start_with_its_tag(prepared):
         "reserved": {f"<2{lang}>": i for lang, i in ids.items()},
     }
     valid = run_data.eval_sets["valid"]
-    loop = valid_config(valid, tokenizer, cfg.model.max_positions, tags)
-    assert list(loop["valid"]) == PAIRS and loop["languages"] == tags.languages
-    for pair, entry in loop["valid"].items():
-        assert entry["refs"] == valid[pair][1] and len(entry["rows"]) == len(valid[pair][0])
-        assert all(row["src_ids"][0] == tags.prefixes[pair][0] for row in entry["rows"])
+    sets = valid_rows(valid, tokenizer, cfg.model.max_positions, tags)
+    assert list(sets) == PAIRS
+    for pair, entry in sets.items():
+        assert entry.refs == valid[pair][1] and len(entry.rows) == len(valid[pair][0])
+        assert all(row["src_ids"][0] == tags.prefixes[pair][0] for row in entry.rows)
     # One pair: today's rows, untagged.
-    one = valid_config({"en-de": valid["en-de"]}, tokenizer, 64, PairTags(None, {"en-de": []}))
+    one = valid_rows({"en-de": valid["en-de"]}, tokenizer, 64, PairTags(None, {"en-de": []}))
     rows = corpus_format.eval_rows(valid["en-de"], tokenizer, 64)
-    assert one == {"valid": {"en-de": {"rows": rows, "refs": valid["en-de"][1]}}, "languages": None}
+    assert one == {"en-de": ValidRows(rows, valid["en-de"][1])}
 
 
 def test_validation_scores_each_pair_and_averages_them(prepared):
@@ -150,12 +151,12 @@ def test_validation_scores_each_pair_and_averages_them(prepared):
     autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
     opts = apply_overrides(cfg, {"decode.beam": 1, "decode.max_len_a": 0.0, "decode.max_len_b": 3}).decode
     tags = pair_tags(run_data.corpus)
-    sets = valid_config(run_data.eval_sets["valid"], tokenizer, tiny().max_positions, tags)["valid"]
-    loaders = {p: ([collate_eval(s["rows"][:8]), collate_eval(s["rows"][8:])], s["refs"]) for p, s in sets.items()}
+    sets = valid_rows(run_data.eval_sets["valid"], tokenizer, tiny().max_positions, tags)
+    loaders = {p: ([collate_eval(s.rows[:8]), collate_eval(s.rows[8:])], s.refs) for p, s in sets.items()}
     two = ValidSets({p: loaders[p] for p in ("en-fr", "de-en")}, tokenizer, opts)
     got = two.score(model, Collective(), autocast)
     alone = {p: evaluate(model, loaders[p][0], tokenizer, loaders[p][1], opts) for p in ("en-fr", "de-en")}
-    tokens = {p: sum(len(r["tgt_ids"]) + 1 for r in sets[p]["rows"]) for p in alone}  # + EOS
+    tokens = {p: sum(len(r["tgt_ids"]) + 1 for r in sets[p].rows) for p in alone}  # + EOS
     assert {p: m["valid_tokens"] for p, m in alone.items()} == tokens
     assert set(pair_columns(["en-fr", "de-en"])) < set(got) and "valid_tokens" not in got
     for p, m in alone.items():
