@@ -8,26 +8,29 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from raymt import storage
+from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, load_config
 from raymt.cluster import Plan, RayCluster, check_shared, init_ray, plan, release_request, train_logging
 from raymt.config import Config, check_training, schedule_line
 from raymt.data import format as corpus_format
 from raymt.data.text import Pairs
 from raymt.evaluate import score_test_sets
-from raymt.flags import flag_parser
+from raymt.flags import build_config, flag_parser
 from raymt.metrics import score_lines
 from raymt.plot import after_training as plot_learning_curves
 from raymt.rundata import PairTags, materialize, pair_tags, plan_data
 from raymt.rundir import (
     METRICS_CSV,
+    RUN_CONFIG,
     check_shape,
     check_writable,
     finalize,
     first_step,
-    resolve_resume,
+    resume_config,
     run_location,
+    saved_config,
     write_run_files,
 )
 from raymt.tokenizer import Tokenizer
@@ -43,6 +46,27 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         "(local paths or URIs such as s3://bucket/runs/NAME)",
     )
     return p.parse_args(argv)
+
+
+def resolve_resume(
+    args: argparse.Namespace,
+    cluster_gpus: Optional[Callable[[], int]] = None,
+) -> tuple[Config, Optional[str], Optional[str]]:
+    """(config, run directory to continue, checkpoint to initialize from) of the command line;
+    locations are absolute local paths or URIs. `cluster_gpus` as in `build_config`. A run
+    directory's config is its saved one with the flags given; `run` checks the resume."""
+    if not args.resume:
+        return build_config(args, cluster_gpus=cluster_gpus), None, None
+    location = storage.normalize(args.resume)
+    if any(storage.exists(storage.join(location, f)) for f in (MODEL_FILE, SAFETENSORS_FILE)):
+        start = load_config(location)[0]  # a new run from its weights, with its batch schedule
+        return build_config(args, start, cluster_gpus=cluster_gpus, from_checkpoint=True), None, location
+    saved = saved_config(location)
+    if saved is None:
+        raise ValueError(
+            f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) nor a checkpoint (no {MODEL_FILE})"
+        )
+    return build_config(args, saved, new_run=False), location, None
 
 
 def count_cluster_gpus(verbose: bool = False) -> int:
@@ -167,11 +191,15 @@ def run(
 ) -> dict:
     """Train with Ray Train, score the best checkpoint on the test set, return the summary.
 
-    `init_checkpoint` starts a new run from a checkpoint's weights, or with `init_full_state`
-    also from its optimizer, scheduler and step (a Tune trial continuing another's work).
+    `resume_dir` continues the run there (checked first: `rundir.resume_config`); `init_checkpoint`
+    starts a new run from a checkpoint's weights, or with `init_full_state` also from its
+    optimizer, scheduler and step (a Tune trial continuing another's work).
     """
     t0 = time.time()
     check_training(cfg)  # a Config built in code (the notebook, a sweep's trial) skips build_config
+    if resume_dir is not None:  # the one door of a resume, the command line's and the notebook's
+        resume_dir = storage.normalize(resume_dir)
+        cfg = resume_config(cfg, resume_dir)
     cfg = finalize(cfg)
     if cfg.train.use_gpu:
         print(schedule_line(cfg), flush=True)

@@ -320,6 +320,15 @@ def test_the_loop_config_is_typed():
     assert not bad, "the loop config read by string key (use raymt.worker_env.LoopConfig):\n" + "\n".join(bad)
 
 
+def test_the_run_directory_takes_no_flags():
+    """Continuing a run has one door (issue 56): `train.run` checks its resume_dir with
+    raymt.rundir, which takes plain values; the command line's flags are read in raymt.train."""
+    graph, _ = import_graph()
+    tree = parse(ROOT / "rundir.py")
+    stdlib = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "argparse" not in stdlib and "raymt.flags" not in graph["raymt.rundir"], graph["raymt.rundir"]
+
+
 def test_the_train_state_keys_are_named_only_in_checkpoint_py():
     """train_state.pt's keys are read and written by `TrainState` alone (its `from_dict` reads
     every older checkpoint); elsewhere its fields are attributes."""

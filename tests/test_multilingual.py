@@ -35,8 +35,8 @@ from raymt.flags import build_config
 from raymt.metrics import pair_columns
 from raymt.model import build_model
 from raymt.rundata import PairTags, materialize, pair_tags, plan_data
-from raymt.rundir import RUN_CONFIG, finalize, resolve_resume
-from raymt.train import parse_args, valid_rows
+from raymt.rundir import RUN_CONFIG, finalize, resume_config
+from raymt.train import parse_args, resolve_resume, valid_rows
 from raymt.trainer import Collective, collate_eval, evaluate
 from raymt.worker_env import ValidRows
 
@@ -235,12 +235,14 @@ def saved_run(tmp_path, argv: list[str]) -> str:
 )
 def test_resuming_with_another_mix_fails_before_ray(tmp_path, flags, message):
     run_dir = saved_run(tmp_path, ["--pairs", ",".join(PAIRS)])
-    args = parse_args(["--resume", run_dir, *flags])
+    cfg, resume_dir, _ = resolve_resume(parse_args(["--resume", run_dir, *flags]))
+    assert resume_dir == run_dir
     if message is None:  # the same corpora again (as a repeated command line gives them)
-        assert resolve_resume(args)[1] == run_dir
+        placed = resume_config(cfg, run_dir).train
+        assert (placed.storage_path, placed.name) == (str(tmp_path), "run")
         return
     with pytest.raises(ValueError) as err:
-        resolve_resume(args)
+        resume_config(cfg, run_dir)
     line = str(err.value)
     assert "\n" not in line and message in line, line
     assert line.endswith(f"start a new run from its checkpoint instead: --resume {run_dir}/checkpoint_x --name NEW")
@@ -248,9 +250,10 @@ def test_resuming_with_another_mix_fails_before_ray(tmp_path, flags, message):
 
 def test_resuming_a_tagged_run_with_its_tag_on_the_other_side_fails_before_ray(tmp_path):
     run_dir = saved_run(tmp_path, ["--pairs", ",".join(PAIRS), "--set", "data.tag_side=tgt"])
-    assert resolve_resume(parse_args(["--resume", run_dir]))[0].data.tag_side == "tgt"
+    assert resume_config(resolve_resume(parse_args(["--resume", run_dir]))[0], run_dir).data.tag_side == "tgt"
+    cfg, _, _ = resolve_resume(parse_args(["--resume", run_dir, "--set", "data.tag_side=src"]))
     with pytest.raises(ValueError) as err:
-        resolve_resume(parse_args(["--resume", run_dir, "--set", "data.tag_side=src"]))
+        resume_config(cfg, run_dir)
     line = str(err.value)
     assert "\n" not in line and "data.tag_side='tgt', this run sets 'src'" in line, line
 
@@ -258,12 +261,32 @@ def test_resuming_a_tagged_run_with_its_tag_on_the_other_side_fails_before_ray(t
 def test_one_pair_runs_resume_as_before_whatever_the_temperature(tmp_path):
     run_dir = saved_run(tmp_path, [])
     cfg, resumed, _ = resolve_resume(parse_args(["--resume", run_dir, "--set", "data.temperature=5"]))
-    assert resumed == run_dir and cfg.data.temperature == 5
+    assert resumed == run_dir and resume_config(cfg, run_dir).data.temperature == 5
     # A one-pair run whose --corpus is gone, given another: no manifest is needed to let it go on.
     (tmp_path / "run").rename(tmp_path / "old")
     run_dir = saved_run(tmp_path, ["--corpus", str(tmp_path / "gone")])
     cfg, resumed, _ = resolve_resume(parse_args(["--resume", run_dir, "--corpus", str(tmp_path / "new")]))
-    assert resumed == run_dir and cfg.data.corpus == str(tmp_path / "new")
+    assert resumed == run_dir and resume_config(cfg, run_dir).data.corpus == str(tmp_path / "new")
+
+
+def test_train_run_given_a_run_directory_checks_the_resume_before_ray(tmp_path, monkeypatch):
+    """The notebook's door (issue 56, item 5): `train.run(cfg, resume_dir=...)` with another mix
+    of corpora than the run's fails in one line before Ray starts, as `--resume` does."""
+    from raymt import train
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr(train, "init_ray", no_ray)
+    run_dir = saved_run(tmp_path, ["--pairs", ",".join(PAIRS)])
+    cfg = build_config(parse_args(["--pairs", "en-de,en-fr"]))  # the notebook's Config: one pair less
+    with pytest.raises(ValueError) as err:
+        train.run(cfg, resume_dir=run_dir)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"--resume {run_dir}: the run's mix of corpora cannot change"), line
+    assert "data.corpora [en-de, en-fr, de-en] there, [en-de, en-fr] here" in line, line
+    with pytest.raises(ValueError, match="not a run directory"):  # a directory that is none
+        train.run(cfg, resume_dir=str(tmp_path / "elsewhere"))
 
 
 def test_a_run_without_a_name_is_named_after_its_pairs(prepared):
