@@ -99,7 +99,7 @@ def _take(candidates: list[Path], n: int, what: str) -> list[Path]:
 
 def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     """The n checkpoints of a run with the highest training steps, newest first."""
-    steps = {d: int(load_train_state(d).get("step", -1)) for d in run_checkpoints(run_dir)}
+    steps = {d: load_train_state(d).step for d in run_checkpoints(run_dir)}
     return _take(sorted(steps, key=lambda d: (steps[d], d.name), reverse=True), n, "--last")
 
 

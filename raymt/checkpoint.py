@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -21,6 +22,7 @@ import torch
 
 from raymt import storage
 from raymt.config import Config
+from raymt.data.epoch import saved_batching
 from raymt.errors import first_line
 from raymt.model import Transformer, build_model
 from raymt.tokenizer import Tokenizer
@@ -35,6 +37,53 @@ RAYMT_CONFIG_FILE = "raymt_config.json"
 # Written by Ray Train (2.60: train/v2 CheckpointManager) in a run directory: the checkpoints it
 # registered, with their metrics; a run of that name started again restores from the latest.
 RAY_SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """What a training checkpoint's train_state.pt holds besides the weights: the optimizer,
+    scheduler and fp16 loss scaler to continue with, the step and epoch, every rank's data
+    position and RNG streams, and what the positions mean (batching fields, mix of corpora).
+
+    The one reader of the file's keys (`from_dict`): older checkpoints lack the keys added since
+    (`rng_states`, `grad_scaler`, `data_segment`, `data_batching`, `data_mix`, `precision`) and
+    read as their defaults; a state that is not trained yet is `TrainState()` (step 0 of epoch 0).
+    """
+
+    optimizer: Optional[dict] = None  # the optimizer's state_dict (absent: weights-only starts)
+    scheduler: Optional[dict] = None
+    step: int = 0
+    epoch: int = 0
+    data_positions: Optional[list[dict]] = None  # every rank's `Position`, by rank
+    data_segment: Optional[dict] = None  # the rest of the epoch a resized group shares (`Segment`)
+    rng_states: Optional[list[dict]] = None  # every rank's (raymt.trainer.rng_state)
+    grad_scaler: Optional[dict] = None  # fp16's loss scaler; None: saved by a bf16/fp32 run
+    data_batching: Optional[dict] = None  # the batching fields data_positions count batches with
+    data_mix: Optional[dict] = None  # several corpora: what the positions are positions in
+    precision: Optional[dict] = None  # the run's precision (`Precision.record`)
+
+    # Written only when set, so that one-pair checkpoints hold the keys they always did.
+    WRITTEN_IF_SET = ("data_mix", "precision")
+
+    def to_dict(self) -> dict:
+        """The plain dict torch.save writes (tensors, lists, numbers and strings only)."""
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: v for k, v in state.items() if v is not None or k not in self.WRITTEN_IF_SET}
+
+    @classmethod
+    def from_dict(cls, saved: Any, where: str = "train state") -> "TrainState":
+        """The train state of a train_state.pt written by any raymt so far: keys it lacks take
+        their defaults, batching fields it does not record what they meant before they were
+        recorded (`saved_batching`: none before 12-05, shards read whole without
+        `shuffle_block_rows`); a one-line error for a file that is not one."""
+        known = {f.name for f in fields(cls)}
+        if not isinstance(saved, dict) or not set(saved) <= known:
+            what = sorted(set(saved) - known) if isinstance(saved, dict) else type(saved).__name__
+            raise ValueError(
+                f"{where}: not a raymt train state (unknown {what}); from a newer raymt? Upgrade "
+                "raymt, or start a new run from the checkpoint's weights: --resume CHECKPOINT_DIR --name NEW"
+            )
+        return cls(**{**saved, "data_batching": saved_batching(saved.get("data_batching"))})
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -53,7 +102,7 @@ def save_checkpoint(
     model: torch.nn.Module,
     config: Config,
     tokenizer: Tokenizer,
-    train_state: Optional[dict] = None,
+    train_state: Optional[TrainState] = None,
     languages: Optional[dict] = None,
 ) -> Path:
     """Write model weights, optional optimizer/scheduler/step state, config (with the model's
@@ -63,7 +112,7 @@ def save_checkpoint(
     _atomic_save(tokenizer.model_proto, directory / SPM_FILE)
     save_config(directory, config, model.vocab_size, languages)
     if train_state is not None:
-        _atomic_save(train_state, directory / STATE_FILE)
+        _atomic_save(train_state.to_dict(), directory / STATE_FILE)
     # The weights go last: their presence marks a complete checkpoint.
     _atomic_save(model.state_dict(), directory / MODEL_FILE)
     return directory
@@ -231,9 +280,10 @@ def load_model(directory: str | Path, device: str = "cpu") -> tuple[Transformer,
     return model.to(device).eval(), tokenizer, config
 
 
-def load_train_state(directory: str | Path) -> dict:
-    """Optimizer, scheduler, step and data position of a training checkpoint."""
-    return _torch_load(local_checkpoint(directory) / STATE_FILE)
+def load_train_state(directory: str | Path) -> TrainState:
+    """Optimizer, scheduler, step and data position of a training checkpoint (path or URI)."""
+    path = local_checkpoint(directory) / STATE_FILE
+    return TrainState.from_dict(_torch_load(path), str(path))
 
 
 def weights_file(directory: str | Path) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from raymt.checkpoint import MODEL_FILE, STATE_FILE
+from raymt.checkpoint import MODEL_FILE, STATE_FILE, load_train_state
 from raymt.rundir import METRICS_CSV
 
 
@@ -46,7 +46,7 @@ def pairs_per_epoch(pairs: dict[tuple[int, int], list[tuple[int, str]]]) -> Coun
 def checkpoint_at(run_dir: str | Path, step: int) -> Path:
     """The run's checkpoint directory written at `step`."""
     for state in Path(run_dir).glob(f"checkpoint_*/{STATE_FILE}"):
-        if torch.load(state, weights_only=True)["step"] == step:
+        if load_train_state(state.parent).step == step:
             return state.parent
     raise FileNotFoundError(f"no checkpoint at step {step} in {run_dir}")
 

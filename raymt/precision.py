@@ -391,11 +391,6 @@ def _cpu_choice(cfg: Config, vocab_size: int, shape: Optional[ProbeShape], colle
 # ---------------------------------------------------------------- the choices
 
 
-def recorded(state: Optional[dict]) -> Optional[dict]:
-    """The precision a checkpoint's train state recorded (`Precision.record`), if any."""
-    return (state or {}).get("precision")
-
-
 def _pinned(device: torch.device, cfg: Config, kept: Optional[dict]) -> Optional[Precision]:
     """The precision train.bf16=false or train.precision pins, else None (auto)."""
     wanted = cfg.train.precision

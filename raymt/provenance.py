@@ -36,7 +36,7 @@ def recorded_step(directory: str | Path) -> Optional[int]:
     except ValueError:  # no snapshot: not (or no longer) in a run directory
         step = None
     if step is None and (directory / STATE_FILE).is_file():
-        step = load_train_state(directory).get("step")
+        step = load_train_state(directory).step
     return None if step is None else int(step)
 
 

@@ -1,21 +1,21 @@
-"""The run directory: its layout, resuming it (`--resume`, Ray Train's snapshot of its
-checkpoints), the checks before a run starts or continues there (same mix, same model shape,
-writable) and the files a run writes for `--resume` and for people."""
+"""The run directory: its layout, continuing it (`resume_config`, the one door of `train.run`'s
+resume_dir and `--resume`; Ray Train's snapshot of its checkpoints), the checks before a run
+starts or continues there (a checkpoint to continue, same mix, same tag side, same model shape,
+writable) and the files a run writes for a resume and for people. Plain values only: the
+command line's flags are read in raymt.train."""
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from raymt import storage
-from raymt.checkpoint import MODEL_FILE, RAY_SNAPSHOT_FILE, SAFETENSORS_FILE, SPM_FILE, load_config
+from raymt.checkpoint import RAY_SNAPSHOT_FILE, SPM_FILE, load_config
 from raymt.config import Config, apply_overrides
 from raymt.data import format as corpus_format
-from raymt.flags import build_config
 from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
@@ -23,38 +23,27 @@ METRICS_CSV = "logs/metrics.csv"
 CORPUS_DIR = "corpus"  # a run's own prepared corpus, on the run's storage: every node reads it
 
 
-def resolve_resume(
-    args: argparse.Namespace,
-    cluster_gpus: Optional[Callable[[], int]] = None,
-) -> tuple[Config, Optional[str], Optional[str]]:
-    """(config, run directory to continue, checkpoint to initialize from); locations are
-    absolute local paths or URIs. `cluster_gpus` as in `build_config`."""
-    if not args.resume:
-        return build_config(args, cluster_gpus=cluster_gpus), None, None
-    location = storage.normalize(args.resume)
-    if any(storage.exists(storage.join(location, f)) for f in (MODEL_FILE, SAFETENSORS_FILE)):
-        return (
-            build_config(
-                args,
-                load_config(location)[0],
-                cluster_gpus=cluster_gpus,  # new run from weights
-                from_checkpoint=True,
-            ),
-            None,
-            location,
-        )
-    saved = storage.optional_bytes(storage.join(location, RUN_CONFIG))
+def saved_config(run_dir: str) -> Optional[Config]:
+    """The config a run directory (path or URI) saved when it started; None where there is none."""
+    saved = storage.optional_bytes(storage.join(run_dir, RUN_CONFIG))
+    return None if saved is None else Config.from_dict(json.loads(saved))
+
+
+def resume_config(cfg: Config, run_dir: str) -> Config:
+    """`cfg` placed in the run directory it continues (train.storage_path and train.name), after
+    the checks before Ray starts: a run directory, with a registered checkpoint if it trained, the
+    same mix of corpora and the same tag side as its saved config. `run_dir`: an absolute path or URI."""
+    saved = saved_config(run_dir)
     if saved is None:
         raise ValueError(
-            f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) nor a checkpoint (no {MODEL_FILE})"
+            f"--resume {run_dir}: not a run directory (no {RUN_CONFIG}); a checkpoint starts a new run "
+            "instead (--resume CHECKPOINT_DIR, or train.run(cfg, init_checkpoint=CHECKPOINT_DIR))"
         )
-    check_resumable(location)
-    before = Config.from_dict(json.loads(saved))
-    cfg = build_config(args, before, new_run=False)
-    check_same_mix(before, cfg, location)
-    check_tag_side(before, cfg, f"--resume {args.resume}: the run")
-    parent, name = storage.split(location)
-    return apply_overrides(cfg, {"train.storage_path": parent, "train.name": name}), location, None
+    check_resumable(run_dir)
+    check_same_mix(saved, cfg, run_dir)
+    check_tag_side(saved, cfg, f"--resume {run_dir}: the run")
+    parent, name = storage.split(run_dir)
+    return apply_overrides(cfg, {"train.storage_path": parent, "train.name": name})
 
 
 def registered_checkpoints(run_dir: str) -> int:

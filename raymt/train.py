@@ -8,29 +8,33 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from raymt import storage
+from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, load_config
 from raymt.cluster import Plan, RayCluster, check_shared, init_ray, plan, release_request, train_logging
 from raymt.config import Config, check_training, schedule_line
 from raymt.curves import after_training as plot_learning_curves
 from raymt.data import format as corpus_format
 from raymt.data.text import Pairs
 from raymt.evaluate import score_test_sets
-from raymt.flags import flag_parser
+from raymt.flags import build_config, flag_parser
 from raymt.metrics import score_lines
 from raymt.rundata import PairTags, materialize, pair_tags, plan_data
 from raymt.rundir import (
     METRICS_CSV,
+    RUN_CONFIG,
     check_shape,
     check_writable,
     finalize,
     first_step,
-    resolve_resume,
+    resume_config,
     run_location,
+    saved_config,
     write_run_files,
 )
 from raymt.tokenizer import Tokenizer
+from raymt.worker_env import LoopConfig, ValidRows
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -42,6 +46,27 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         "(local paths or URIs such as s3://bucket/runs/NAME)",
     )
     return p.parse_args(argv)
+
+
+def resolve_resume(
+    args: argparse.Namespace,
+    cluster_gpus: Optional[Callable[[], int]] = None,
+) -> tuple[Config, Optional[str], Optional[str]]:
+    """(config, run directory to continue, checkpoint to initialize from) of the command line;
+    locations are absolute local paths or URIs. `cluster_gpus` as in `build_config`. A run
+    directory's config is its saved one with the flags given; `run` checks the resume."""
+    if not args.resume:
+        return build_config(args, cluster_gpus=cluster_gpus), None, None
+    location = storage.normalize(args.resume)
+    if any(storage.exists(storage.join(location, f)) for f in (MODEL_FILE, SAFETENSORS_FILE)):
+        start = load_config(location)[0]  # a new run from its weights, with its batch schedule
+        return build_config(args, start, cluster_gpus=cluster_gpus, from_checkpoint=True), None, location
+    saved = saved_config(location)
+    if saved is None:
+        raise ValueError(
+            f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) nor a checkpoint (no {MODEL_FILE})"
+        )
+    return build_config(args, saved, new_run=False), location, None
 
 
 def count_cluster_gpus(verbose: bool = False) -> int:
@@ -100,18 +125,20 @@ def fit(
     )
     # The resolved filesystem travels to every worker with its endpoint (raymt.storage).
     storage_fs, storage_fs_path = storage.filesystem(cfg.train.storage_path)
+    loop = LoopConfig(
+        config=cfg,
+        spm_model=tokenizer.model_proto,
+        num_threads=workers.num_threads,
+        train_files=train_files,
+        valid=valid_rows(valid, tokenizer, cfg.model.max_positions, tags),
+        languages=tags.languages,
+        init_checkpoint=str(init_checkpoint) if init_checkpoint else None,
+        init_full_state=init_full_state,
+        log_dir=log_dir,
+    )
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={
-            "config": cfg.to_dict(),
-            "spm_model": tokenizer.model_proto,
-            "num_threads": workers.num_threads,
-            "train_files": train_files,
-            **valid_config(valid, tokenizer, cfg.model.max_positions, tags),
-            "init_checkpoint": str(init_checkpoint) if init_checkpoint else None,
-            "init_full_state": init_full_state,
-            "log_dir": log_dir,
-        },
+        train_loop_config=loop.to_dict(),
         scaling_config=ScalingConfig(
             num_workers=num_workers,
             use_gpu=cfg.train.use_gpu,
@@ -134,15 +161,15 @@ def fit(
     return trainer.fit()
 
 
-def valid_config(valid: dict[str, Pairs], tokenizer: Tokenizer, max_positions: int, tags: PairTags) -> dict:
-    """The workers' validation rows and references by pair ("valid"), each set's sources starting
-    with its pair's target tag, and the "languages" of a tagged model (None untagged; for its
-    checkpoints' config.json)."""
-    sets = {
-        pair: {"rows": corpus_format.eval_rows(p, tokenizer, max_positions, tags.prefixes[pair]), "refs": p[1]}
+def valid_rows(
+    valid: dict[str, Pairs], tokenizer: Tokenizer, max_positions: int, tags: PairTags
+) -> dict[str, ValidRows]:
+    """The workers' validation rows and references by pair, each set's sources starting with its
+    pair's target tag."""
+    return {
+        pair: ValidRows(corpus_format.eval_rows(p, tokenizer, max_positions, tags.prefixes[pair]), p[1])
         for pair, p in valid.items()
     }
-    return {"valid": sets, "languages": tags.languages}
 
 
 def best_checkpoint(result):
@@ -164,11 +191,15 @@ def run(
 ) -> dict:
     """Train with Ray Train, score the best checkpoint on the test set, return the summary.
 
-    `init_checkpoint` starts a new run from a checkpoint's weights, or with `init_full_state`
-    also from its optimizer, scheduler and step (a Tune trial continuing another's work).
+    `resume_dir` continues the run there (checked first: `rundir.resume_config`); `init_checkpoint`
+    starts a new run from a checkpoint's weights, or with `init_full_state` also from its
+    optimizer, scheduler and step (a Tune trial continuing another's work).
     """
     t0 = time.time()
     check_training(cfg)  # a Config built in code (the notebook, a sweep's trial) skips build_config
+    if resume_dir is not None:  # the one door of a resume, the command line's and the notebook's
+        resume_dir = storage.normalize(resume_dir)
+        cfg = resume_config(cfg, resume_dir)
     cfg = finalize(cfg)
     if cfg.train.use_gpu:
         print(schedule_line(cfg), flush=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 import torch
 from torch.profiler import record_function
@@ -37,6 +37,9 @@ from raymt.metrics import score
 from raymt.model import Transformer
 from raymt.optim import inverse_sqrt, loss_sum, make_optimizer, row_nll
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+if TYPE_CHECKING:  # the annotation only: the training loop needs no checkpoint files
+    from raymt.checkpoint import TrainState
 
 
 class Done:
@@ -95,7 +98,7 @@ def restore_training(
     model: torch.nn.Module,
     cfg: Config,
     weights: Optional[dict],
-    train_state: Optional[dict],
+    train_state: Optional[TrainState],
     place: Callable[[torch.nn.Module], torch.nn.Module],
     scaler: Optional[torch.amp.GradScaler] = None,
 ):
@@ -115,15 +118,15 @@ def restore_training(
     optimizer = make_optimizer(unwrap(model), cfg.optim)
     scheduler = inverse_sqrt(optimizer, cfg.optim.warmup_steps)
     if train_state is not None:
-        saved = dict(train_state["optimizer"])  # kernels of this optimizer, not the saving one's
+        saved = dict(train_state.optimizer)  # kernels of this optimizer, not the saving one's
         saved["param_groups"] = [
             {**g, "fused": optimizer.defaults["fused"], "foreach": optimizer.defaults["foreach"]}
             for g in saved["param_groups"]
         ]
         optimizer.load_state_dict(saved)  # moves the state to each parameter's device
-        scheduler.load_state_dict(train_state["scheduler"])
-        if scaler is not None and train_state.get("grad_scaler"):  # none: saved by a bf16/fp32 run
-            scaler.load_state_dict(train_state["grad_scaler"])
+        scheduler.load_state_dict(train_state.scheduler)
+        if scaler is not None and train_state.grad_scaler:  # none: saved by a bf16/fp32 run
+            scaler.load_state_dict(train_state.grad_scaler)
         # The state dicts carry the saving run's lr (base_lrs) and settings; this run's config wins.
         scheduler.base_lrs = [cfg.optim.lr] * len(scheduler.base_lrs)
         factor = scheduler.lr_lambdas[0](scheduler.last_epoch)

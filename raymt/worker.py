@@ -16,11 +16,10 @@ import torch
 from raymt.cluster import quiet_user_errors
 from raymt.config import Config
 from raymt.distributed import group_collective, place_model
-from raymt.precision import recorded
 from raymt.tokenizer import Tokenizer
 from raymt.trainer import Hooks, Trainer, Update, rng_state
 from raymt.worker_data import EpochFeed, ValidSets
-from raymt.worker_env import WorkerEnv, elastic_batch, valid_lengths
+from raymt.worker_env import LoopConfig, WorkerEnv, elastic_batch
 from raymt.worker_logs import RunLogs
 from raymt.worker_state import CheckpointWriter, Restored, Saved, restore, restore_rng
 
@@ -58,7 +57,7 @@ class WorkerLoop(Hooks):
         self.evaluated: Optional[int] = None  # the step of this attempt's last evaluation
 
     @classmethod
-    def on_ray_train(cls, loop_config: dict) -> "WorkerLoop":
+    def on_ray_train(cls, loop: LoopConfig) -> "WorkerLoop":
         """This Ray Train worker's loop: its device, worker group, checkpoint, model and loader
         preparation and reports are Ray Train's (the one place raymt calls them)."""
         quiet_user_errors()  # a one-line error (CUDA out of memory) without Ray's traceback print
@@ -76,32 +75,32 @@ class WorkerLoop(Hooks):
         )
         checkpoint = ray.train.get_checkpoint()  # after a failure, or on resume
         if checkpoint is None:
-            saved = Saved.initial(loop_config.get("init_checkpoint"), loop_config.get("init_full_state", False))
+            saved = Saved.initial(loop.init_checkpoint, loop.init_full_state)
         else:
             with checkpoint.as_directory() as d:
                 saved = Saved.resume(d, shown=str(checkpoint.path))
-        return cls.create(loop_config, env, saved)
+        return cls.create(loop, env, saved)
 
     @classmethod
-    def create(cls, loop_config: dict, env: WorkerEnv, saved: Saved) -> "WorkerLoop":
-        """The loop of the driver's `loop_config` (raymt.train.fit) in `env`, from `saved`."""
-        run_cfg = Config.from_dict(loop_config["config"])  # as checkpoints store it
+    def create(cls, loop: LoopConfig, env: WorkerEnv, saved: Saved) -> "WorkerLoop":
+        """The loop of the driver's `loop` config (raymt.train.fit) in `env`, from `saved`."""
+        run_cfg = loop.config  # as given: checkpoints store it
         cfg = elastic_batch(run_cfg, env.world_size, env.is_rank0)
-        tokenizer = Tokenizer(loop_config["spm_model"])
-        torch.set_num_threads(loop_config["num_threads"])
+        tokenizer = Tokenizer(loop.spm_model)
+        torch.set_num_threads(loop.num_threads)
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
-        env = env.agree_precision(cfg, tokenizer.vocab_size, recorded(saved.state), valid_lengths(loop_config))
+        env = env.agree_precision(cfg, tokenizer.vocab_size, saved.start.precision, loop.valid_widths())
         place = lambda m: place_model(m, cfg, env.world_size, env.prepare_model)  # noqa: E731
         start = restore(cfg, tokenizer.vocab_size, env, saved, place)
         resumed = saved.resumed_from is not None  # this run's own checkpoint, not a donor's
-        feed = EpochFeed(loop_config["train_files"], cfg, env.rank, env.world_size, start.epoch, saved.start, resumed)
-        restore_rng(saved.start.get("rng_states"), env.rank, env.world_size, env.device, cfg.train.seed, start.step)
-        valid = ValidSets.create(loop_config, cfg, tokenizer, env.prepare_loader)
-        logs = RunLogs.open(loop_config.get("log_dir"), cfg, env, start.step, valid.pairs)
+        feed = EpochFeed(loop.train_files, cfg, env.rank, env.world_size, start.epoch, saved.start, resumed)
+        restore_rng(saved.start.rng_states, env.rank, env.world_size, env.device, cfg.train.seed, start.step)
+        valid = ValidSets.create(loop.valid, cfg, tokenizer, env.prepare_loader)
+        logs = RunLogs.open(loop.log_dir, cfg, env, start.step, valid.pairs)
         feed.start(trace=logs.trace is not None, pin_memory=env.device.type == "cuda")  # reads while the rest sets up
         if env.is_rank0:
             print(env.precision.line(env.device) + (" (torch.compile)" if cfg.train.compile else ""), flush=True)
-        checkpoints = CheckpointWriter(run_cfg, tokenizer, loop_config.get("languages"), env.precision)
+        checkpoints = CheckpointWriter(run_cfg, tokenizer, loop.languages, env.precision)
         return cls(cfg, env, start, feed, logs, valid, checkpoints)
 
     def run(self) -> None:
@@ -206,6 +205,7 @@ def out_of_memory_hint(step: int, cfg: Config, gpu_bytes: Optional[int]) -> str:
     )
 
 
-def train_loop_per_worker(loop_config: dict) -> None:
-    """Ray Train entry point: build everything inside the worker from config, then train."""
-    WorkerLoop.on_ray_train(loop_config).run()
+def train_loop_per_worker(train_loop_config: dict) -> None:
+    """Ray Train entry point: build everything inside the worker from the driver's
+    `LoopConfig` (Ray Train hands it on as a dict), then train."""
+    WorkerLoop.on_ray_train(LoopConfig.from_dict(train_loop_config)).run()

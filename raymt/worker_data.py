@@ -11,13 +11,15 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 from torch.utils.data import DataLoader
 
+from raymt.checkpoint import TrainState
 from raymt.config import Config, DataConfig
-from raymt.data.epoch import Mix, Position, batching_record, mix_record, saved_batching, training_data
+from raymt.data.epoch import Mix, Position, batching_record, mix_record, training_data
 from raymt.data.stream import TrainStream, resume_point
 from raymt.decoding import DecodeOptions
 from raymt.metrics import pair_metrics
 from raymt.tokenizer import Tokenizer
 from raymt.trainer import SINGLE, Collective, collate_eval, evaluate
+from raymt.worker_env import ValidRows
 
 
 class EpochFeed:
@@ -28,27 +30,25 @@ class EpochFeed:
     """
 
     def __init__(
-        self, train_files: list, cfg: Config, rank: int, world_size: int, epoch: int, state: dict, resumed: bool = False
+        self,
+        train_files: list,
+        cfg: Config,
+        rank: int,
+        world_size: int,
+        epoch: int,
+        state: TrainState,
+        resumed: bool = False,
     ):
-        """`state`: a checkpoint's train state (empty: a new run); `resumed`: this run's own, whose
-        data positions carry over only to the same mix of corpora."""
+        """`state`: a checkpoint's train state (`TrainState()`: a new run); `resumed`: this run's
+        own, whose data positions carry over only to the same mix of corpora."""
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.files: Mix = training_data(train_files, cfg.data.temperature, cfg.data.shuffle_block_rows)
         self.data_mix = mix_record(train_files, cfg.data.temperature)
         if resumed:
-            check_data_mix(state.get("data_mix"), self.data_mix)
-        saved = state.get("data_positions")
-        batching = saved_batching(state.get("data_batching"))  # a field it lacks at its old meaning
+            check_data_mix(state.data_mix, self.data_mix)
+        saved, batching = state.data_positions, state.data_batching
         self.position, self.segment = resume_point(
-            self.files,
-            cfg.data,
-            cfg.train.seed,
-            epoch,
-            saved,
-            state.get("data_segment"),
-            rank,
-            world_size,
-            batching,
+            self.files, cfg.data, cfg.train.seed, epoch, saved, state.data_segment, rank, world_size, batching
         )
         note = resize_note(saved, world_size, batching_changes(batching, cfg.data))
         if note and rank == 0:
@@ -178,16 +178,17 @@ class ValidSets:
 
     @classmethod
     def create(
-        cls, loop_config: dict, cfg: Config, tokenizer: Tokenizer, prepare: Callable[[DataLoader], Iterable]
+        cls,
+        valid: dict[str, ValidRows],
+        cfg: Config,
+        tokenizer: Tokenizer,
+        prepare: Callable[[DataLoader], Iterable],
     ) -> "ValidSets":
-        """The driver's validation rows (`raymt.train.valid_config`) in loaders that `prepare` shares out."""
+        """The driver's validation rows (`raymt.train.valid_rows`) in loaders that `prepare` shares out."""
         collate = functools.partial(collate_eval, tag_side=cfg.data.tag_side)  # the tag where training has it
         loaders = {
-            pair: (
-                prepare(DataLoader(v["rows"], batch_size=cfg.data.eval_batch_size, collate_fn=collate)),
-                v["refs"],
-            )
-            for pair, v in loop_config["valid"].items()
+            pair: (prepare(DataLoader(v.rows, batch_size=cfg.data.eval_batch_size, collate_fn=collate)), v.refs)
+            for pair, v in valid.items()
         }
         # Validation BLEU is greedy or beam search: decode.sample is for translating, not scoring.
         opts = dataclasses.replace(cfg.decode, beam=cfg.train.valid_beam, sample=False)

@@ -1,5 +1,6 @@
-"""Where a training worker runs: rank, world size, collective, device, precision, and its ways out
-to Ray Train (prepare a model or loader, report) as plain functions; the elastic global batch."""
+"""What a training worker is handed and where it runs: the driver's `LoopConfig`; rank, world
+size, collective, device, precision, and its ways out to Ray Train (prepare a model or loader,
+report) as plain functions; the elastic global batch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,46 @@ import torch
 from raymt.config import Config
 from raymt.precision import Precision, ProbeShape, for_training, row_widths
 from raymt.trainer import SINGLE, Collective
+
+
+@dataclass(frozen=True)
+class ValidRows:
+    """One pair's validation set as the workers get it: its rows (`format.eval_rows`, each
+    source starting with the pair's tag, if any) and every reference."""
+
+    rows: list[dict]
+    refs: list[str]
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What the driver hands every training worker (`raymt.train.fit`). Built on the driver, so
+    that a field missing or misnamed fails there, before Ray starts, not inside a worker."""
+
+    config: Config  # the run's, as given: a worker scales the batch of a resized group itself
+    spm_model: bytes
+    num_threads: int  # torch threads per worker (`cluster.Plan.num_threads`)
+    train_files: list  # a `format.Corpus` per training corpus (one pair's: a list of one)
+    valid: dict[str, ValidRows]  # pair ("en-de") -> its validation set, every one scored
+    languages: Optional[dict] = None  # a tagged model's, for its checkpoints' config.json
+    init_checkpoint: Optional[str] = None  # a new run's starting weights
+    init_full_state: bool = False  # with its optimizer, scheduler and step (a PBT exploit)
+    log_dir: Optional[str] = None  # metrics.csv, the data trace and profiles go there
+
+    def to_dict(self) -> dict:
+        """The dict Ray Train hands `train_loop_per_worker` (its train_loop_config): the fields
+        as they are, nothing copied."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "LoopConfig":
+        """The loop config `to_dict` gave Ray Train, as the worker receives it."""
+        return cls(**fields)
+
+    def valid_widths(self) -> Optional[tuple[tuple[int, int], ...]]:
+        """(source, target) widths of the validation rows (every pair's): the precision probe's
+        stand-in for the training rows its batches are cut from."""
+        return row_widths([row for s in self.valid.values() for row in s.rows])
 
 
 def _as_is(thing):
@@ -71,12 +112,6 @@ class WorkerEnv:
         shape = ProbeShape.of_run(cfg, torch.get_num_threads(), self.world_size, widths)
         chosen = for_training(self.device, cfg, vocab_size, shape, self.collective, kept)
         return dataclasses.replace(self, precision=self.collective.all_gather_object(chosen)[0].apply())
-
-
-def valid_lengths(loop_config: dict) -> Optional[tuple[tuple[int, int], ...]]:
-    """(source, target) widths of a loop config's validation rows (every pair's): the probe's
-    stand-in for the training rows its batches are cut from."""
-    return row_widths([row for s in loop_config["valid"].values() for row in s["rows"]])
 
 
 def elastic_batch(cfg: Config, world_size: int, verbose: bool = False) -> Config:

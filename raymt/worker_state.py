@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from raymt.checkpoint import load_train_state, load_weights, save_checkpoint
+from raymt.checkpoint import TrainState, load_train_state, load_weights, save_checkpoint
 from raymt.config import Config
 from raymt.data.epoch import batching_record
 from raymt.model import build_model
@@ -26,7 +26,7 @@ class Saved:
     """What a worker starts from: a checkpoint's weights and train state, each maybe absent."""
 
     weights: Optional[dict] = None
-    state: Optional[dict] = None
+    state: Optional[TrainState] = None
     resumed_from: Optional[str] = None  # this run's own checkpoint (its data state carries over), as shown
 
     @classmethod
@@ -43,9 +43,9 @@ class Saved:
         return cls(load_weights(init_checkpoint), load_train_state(init_checkpoint) if full_state else None)
 
     @property
-    def start(self) -> dict:
+    def start(self) -> TrainState:
         """The train state to continue from: the saved one, else step 0 of epoch 0."""
-        return self.state or {"step": 0, "epoch": 0}
+        return self.state or TrainState()
 
 
 @dataclass
@@ -68,14 +68,14 @@ def restore(
     loss scaler restored from `saved`'s state (trainer.restore_training); compiled with
     train.compile."""
     if saved.resumed_from is not None and env.is_rank0:
-        print(f"resuming at step {saved.state['step']} from {saved.resumed_from}", flush=True)
+        print(f"resuming at step {saved.state.step} from {saved.resumed_from}", flush=True)
     scaler = env.precision.grad_scaler()  # fp16 only
     model, optimizer, scheduler = restore_training(
         build_model(cfg.model, vocab_size), cfg, saved.weights, saved.state, place, scaler
     )
     if cfg.train.compile:
         model = compile_model(model)
-    return Restored(model, optimizer, scheduler, scaler, saved.start["step"], saved.start["epoch"])
+    return Restored(model, optimizer, scheduler, scaler, saved.start.step, saved.start.epoch)
 
 
 def restore_rng(
@@ -109,21 +109,20 @@ class CheckpointWriter:
 
     def write(self, directory: str | Path, trainer: Trainer, feed: EpochFeed, ranks: list[tuple[dict, dict]]) -> None:
         """Save a checkpoint into `directory`; `ranks`: every rank's (data position, RNG states)."""
-        state = {
-            "optimizer": trainer.optimizer.state_dict(),
-            "scheduler": trainer.scheduler.state_dict(),
-            "step": trainer.step,
-            "epoch": trainer.epoch,
-            "data_positions": [p for p, _ in ranks],
-            "data_segment": feed.segment_record(trainer.epoch),
-            "rng_states": [r for _, r in ranks],
-            "grad_scaler": trainer.scaler.state_dict() if trainer.scaler else None,
-            "data_batching": batching_record(self.run_cfg.data),  # what data_positions count batches of
-        }
-        if feed.data_mix is not None:  # several corpora: what the positions are positions in
-            state["data_mix"] = feed.data_mix
+        state = TrainState(
+            optimizer=trainer.optimizer.state_dict(),
+            scheduler=trainer.scheduler.state_dict(),
+            step=trainer.step,
+            epoch=trainer.epoch,
+            data_positions=[p for p, _ in ranks],
+            data_segment=feed.segment_record(trainer.epoch),
+            rng_states=[r for _, r in ranks],
+            grad_scaler=trainer.scaler.state_dict() if trainer.scaler else None,
+            data_batching=batching_record(self.run_cfg.data),  # what data_positions count batches of
+            data_mix=feed.data_mix,  # several corpora: what the positions are positions in (else None)
+            precision=self.precision.record() if self.precision is not None else None,
+        )
         cfg = self.run_cfg
         if self.precision is not None:
-            state["precision"] = self.precision.record()
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=self.precision.name))
         save_checkpoint(directory, unwrap(trainer.model), cfg, self.tokenizer, state, self.languages)

@@ -103,7 +103,7 @@ def test_a_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, mon
     import torch
 
     from raymt.average import run_checkpoints
-    from raymt.checkpoint import load_config, load_model, load_weights, save_checkpoint
+    from raymt.checkpoint import TrainState, load_config, load_model, load_weights, save_checkpoint
 
     good = make_checkpoint(tmp_path / "checkpoint_1")
     before = load_weights(good)
@@ -121,7 +121,7 @@ def test_a_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, mon
     config = load_config(good)[0]
     for target in (tmp_path / "checkpoint_2", good):  # a new checkpoint, and over the old one
         with pytest.raises(OSError):
-            save_checkpoint(target, model, config, tok, {"step": 9, "epoch": 0})
+            save_checkpoint(target, model, config, tok, TrainState(step=9))
     monkeypatch.setattr(torch, "save", real_save)
 
     assert all(torch.equal(v, before[k]) for k, v in load_weights(good).items())

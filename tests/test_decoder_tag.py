@@ -26,7 +26,14 @@ from torch.utils.data import DataLoader
 
 from raymt import evaluate, export, translate
 from raymt.batching import collate, collate_flat, pad_batch, pad_rows, tag_to_decoder
-from raymt.checkpoint import check_languages, languages_entry, load_model, model_languages, save_checkpoint
+from raymt.checkpoint import (
+    TrainState,
+    check_languages,
+    languages_entry,
+    load_model,
+    model_languages,
+    save_checkpoint,
+)
 from raymt.config import Config, CorpusSpec, DataConfig, DecodeOptions, tiny
 from raymt.data.builtin import generate
 from raymt.data.mixing import check_tag_side
@@ -76,7 +83,7 @@ def save_decoder_tagged(directory: Path, pre_norm: bool = True) -> Path:
     model = fit_decoder_tagged(pre_norm)
     data = DataConfig(vocab_size=256, corpora=[CorpusSpec(s, t) for s, t in PAIRS], tag_side="tgt")
     languages = languages_entry(PAIRS, reserved, "tgt")
-    return save_checkpoint(directory, model, Config(model=model.cfg, data=data), tok, {"step": 400}, languages)
+    return save_checkpoint(directory, model, Config(model=model.cfg, data=data), tok, TrainState(step=400), languages)
 
 
 @pytest.fixture(scope="module")

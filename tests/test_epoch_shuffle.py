@@ -13,6 +13,7 @@ import pytest
 import torch
 from test_stream import batch_pairs, take
 
+from raymt.checkpoint import TrainState
 from raymt.config import Config, DataConfig
 from raymt.data import stream as stream_module
 from raymt.data.epoch import (
@@ -287,13 +288,13 @@ def test_the_field_defaults_on_and_old_configs_and_checkpoints_mean_the_old_orde
     shards, _ = write_shards(tmp_path, [700, 300])
     train_files = [Corpus("en-de", "en", "de", "real", 1.0, (), shards, 1000)]
     cfg = Config(data=DataConfig(**CFG, shuffle_block_rows=BLOCK))
-    feed = EpochFeed(train_files, cfg, 0, 2, 0, {"step": 0, "epoch": 0})
+    feed = EpochFeed(train_files, cfg, 0, 2, 0, TrainState())
     assert feed.files.block_rows == BLOCK and feed.position == Position(0) and feed.segment is None
     positions = [Position(0, 1, 2).to_dict(), Position(0, 0, 3).to_dict()]
     old_record = {k: v for k, v in batching_record(cfg.data).items() if k != "shuffle_block_rows"}
     for record, resized in ((batching_record(cfg.data), False), (old_record, True), (None, True)):
         state = {"step": 5, "epoch": 0, "data_positions": positions, "data_batching": record}
-        feed = EpochFeed(train_files, cfg, 1, 2, 0, state)
+        feed = EpochFeed(train_files, cfg, 1, 2, 0, TrainState.from_dict(state))  # as a checkpoint loads
         assert (feed.segment is not None) == resized, record
         assert feed.position == (Position(0) if resized else Position(**positions[1]))
     assert batching_changes(saved_batching(old_record), cfg.data) == f"data.shuffle_block_rows 0 -> {BLOCK}"

@@ -11,8 +11,7 @@ from tiny_checkpoint import make_checkpoint, write_pairs
 from raymt import cluster, evaluate, train
 from raymt.data.builtin import generate
 from raymt.flags import build_config
-from raymt.rundir import resolve_resume
-from raymt.train import parse_args
+from raymt.train import parse_args, resolve_resume
 
 
 class FakeDataset:

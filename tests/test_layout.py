@@ -1,7 +1,8 @@
 """The layout of raymt/ (issue 43), read with ast (nothing is imported): no import cycle among
 raymt's modules, no private name imported across modules, no command module importing another
-(issue 56), no module over 700 lines and no function over 80. Run with -s to see the largest
-modules and functions."""
+(issue 56), no module over 700 lines and no function over 80; the worker's contracts typed (issue
+56): no `loop_config["` and the train state's keys named only in raymt/checkpoint.py. Run with -s
+to see the largest modules and functions."""
 
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ COMMAND_IMPORTS = {("raymt.tune", "raymt.train"), ("raymt.train", "raymt.evaluat
 # build_config assembles the flat map of config file, flags and --set (raymt.flags), and
 # Config.from_dict, which reads stored configs (raymt.config.sections).
 ONE_PAIR_HOMES = {"raymt.config.corpus", "raymt.config.sections", "raymt.flags"}
+
+
+# The train state's one home (issue 56): `TrainState` and its `from_dict`, which reads every
+# older checkpoint. "step" and "epoch" are its fields too, but also metrics.csv's columns, Ray's
+# reported metrics and a data Position's fields, so a key of that name says nothing.
+TRAIN_STATE_HOME = "raymt/checkpoint.py"
+TRAIN_STATE_CLASS = "TrainState"
+KEYS_NAMED_ELSEWHERE_TOO = {"step", "epoch"}
 
 
 # ---------------------------------------------------------------- reading raymt/
@@ -311,6 +320,51 @@ def one_pair_names(path: Path) -> list[str]:
     return found
 
 
+def class_fields(tree: ast.AST, name: str) -> list[str]:
+    """The annotated fields of the class `name` defined in `tree`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+    raise AssertionError(f"no class {name}")
+
+
+def string_keys(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    """(string, line) of every string used as a key: `x["k"]`, `x.get("k")` (pop, setdefault),
+    `{"k": ...}`, `dict(k=...)` and `"k" in x`."""
+    for node in ast.walk(tree):
+        keys: list[ast.AST] = []
+        if isinstance(node, ast.Subscript):
+            keys = [node.slice]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            keys = [node.args[0]] if node.func.attr in ("get", "pop", "setdefault") else []
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+            yield from ((k.arg, node.lineno) for k in node.keywords if k.arg)
+        elif isinstance(node, ast.Dict):
+            keys = [k for k in node.keys if k is not None]
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            keys = [node.left]
+        yield from ((k.value, k.lineno) for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+
+
+def keys_named_outside(root: Path, home: str, names: set[str]) -> list[str]:
+    """ "raymt/x.py:12 names 'data_mix'" for each of `names` used as a string key outside `home`."""
+    found = []
+    for path in modules(root).values():
+        key = path.relative_to(root.parent).as_posix()
+        if key != home:
+            found += [f"{key}:{line} names {k!r}" for k, line in string_keys(parse(path)) if k in names]
+    return sorted(found)
+
+
+def text_uses(root: Path, needles: tuple[str, ...]) -> list[str]:
+    """ "raymt/x.py:12" for each line of raymt/ holding one of `needles`."""
+    found = []
+    for path in modules(root).values():
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            found += [f"{path.relative_to(root.parent).as_posix()}:{n}: {line.strip()}" for x in needles if x in line]
+    return found
+
+
 # ---------------------------------------------------------------- the tests
 
 
@@ -348,6 +402,32 @@ def test_no_module_over_700_lines_and_no_function_over_80():
     assert not problems, "\n".join(problems)
 
 
+def test_the_loop_config_is_typed():
+    """The driver hands the workers a `LoopConfig` (raymt.worker_env), read by attribute: a field
+    renamed fails on the driver, where it is built, not inside a worker after Ray started."""
+    bad = text_uses(ROOT, ('loop_config["', "loop_config['", "loop_config.get("))
+    assert not bad, "the loop config read by string key (use raymt.worker_env.LoopConfig):\n" + "\n".join(bad)
+
+
+def test_the_run_directory_takes_no_flags():
+    """Continuing a run has one door (issue 56): `train.run` checks its resume_dir with
+    raymt.rundir, which takes plain values; the command line's flags are read in raymt.train."""
+    graph, _ = import_graph()
+    tree = parse(ROOT / "rundir.py")
+    stdlib = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "argparse" not in stdlib and "raymt.flags" not in graph["raymt.rundir"], graph["raymt.rundir"]
+
+
+def test_the_train_state_keys_are_named_only_in_checkpoint_py():
+    """train_state.pt's keys are read and written by `TrainState` alone (its `from_dict` reads
+    every older checkpoint); elsewhere its fields are attributes."""
+    home = ROOT.parent / TRAIN_STATE_HOME
+    names = set(class_fields(parse(home), TRAIN_STATE_CLASS)) - KEYS_NAMED_ELSEWHERE_TOO
+    assert {"optimizer", "data_positions", "data_mix", "precision"} <= names, names
+    bad = keys_named_outside(ROOT, TRAIN_STATE_HOME, names)
+    assert not bad, f"train state keys named outside {TRAIN_STATE_HOME} (use TrainState):\n" + "\n".join(bad)
+
+
 def test_the_checks_find_what_they_look_for(tmp_path):
     """On a made-up package: a cycle hidden in a function, private names imported or reached
     as attributes, long modules and functions; a package's __init__ re-exporting is no cycle."""
@@ -382,6 +462,33 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     ]
     by_module, by_function = sizes(pkg)
     assert by_module["pkg/z.py"] == 704 and by_function == {"pkg/w.py:C.m": 82, "pkg/y.py:_h": 2, "pkg/x.py:f": 3}
+
+
+def test_the_key_checks_find_what_they_look_for(tmp_path):
+    """On a made-up package: each way of naming a key, outside the home module only; the
+    fields of a dataclass; a loop config read by key."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    files = {
+        "__init__.py": "",
+        "home.py": "class S:\n    a: int = 0\n    b: dict\n    C = 1\n\ndef f(d):\n    return d['a']\n",
+        "x.py": "def f(d, loop_config):\n    return d['a'], d.get('b'), {'a': 1}, dict(b=2), 'a' in d, d['c']\n",
+        "y.py": "def g(loop_config):\n    return loop_config['x'], loop_config.get('y'), loop_config.x\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    assert class_fields(parse(pkg / "home.py"), "S") == ["a", "b"]
+    assert keys_named_outside(pkg, "pkg/home.py", {"a", "b"}) == [
+        "pkg/x.py:2 names 'a'",
+        "pkg/x.py:2 names 'a'",
+        "pkg/x.py:2 names 'a'",
+        "pkg/x.py:2 names 'b'",
+        "pkg/x.py:2 names 'b'",
+    ]
+    assert [u.split(":")[1] for u in text_uses(pkg, ('loop_config["', "loop_config['", "loop_config.get("))] == [
+        "2",
+        "2",
+    ]
 
 
 def test_allowlists_may_only_shrink():

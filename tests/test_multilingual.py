@@ -35,9 +35,10 @@ from raymt.flags import build_config
 from raymt.metrics import pair_columns
 from raymt.model import build_model
 from raymt.rundata import PairTags, materialize, pair_tags, plan_data
-from raymt.rundir import RUN_CONFIG, finalize, resolve_resume
-from raymt.train import parse_args, valid_config
+from raymt.rundir import RUN_CONFIG, finalize, resume_config
+from raymt.train import parse_args, resolve_resume, valid_rows
 from raymt.trainer import Collective, collate_eval, evaluate
+from raymt.worker_env import ValidRows
 
 PAIRS = ["en-de", "en-fr", "de-en"]
 WEIGHTS = [4.0, 1.0, 1.0]  # the built-in pairs are equally large: weights make the mix uneven
@@ -128,15 +129,15 @@ def test_each_pairs_validation_rows_start_with_its_tag(prepared):
         "reserved": {f"<2{lang}>": i for lang, i in ids.items()},
     }
     valid = run_data.eval_sets["valid"]
-    loop = valid_config(valid, tokenizer, cfg.model.max_positions, tags)
-    assert list(loop["valid"]) == PAIRS and loop["languages"] == tags.languages
-    for pair, entry in loop["valid"].items():
-        assert entry["refs"] == valid[pair][1] and len(entry["rows"]) == len(valid[pair][0])
-        assert all(row["src_ids"][0] == tags.prefixes[pair][0] for row in entry["rows"])
+    sets = valid_rows(valid, tokenizer, cfg.model.max_positions, tags)
+    assert list(sets) == PAIRS
+    for pair, entry in sets.items():
+        assert entry.refs == valid[pair][1] and len(entry.rows) == len(valid[pair][0])
+        assert all(row["src_ids"][0] == tags.prefixes[pair][0] for row in entry.rows)
     # One pair: today's rows, untagged.
-    one = valid_config({"en-de": valid["en-de"]}, tokenizer, 64, PairTags(None, {"en-de": []}))
+    one = valid_rows({"en-de": valid["en-de"]}, tokenizer, 64, PairTags(None, {"en-de": []}))
     rows = corpus_format.eval_rows(valid["en-de"], tokenizer, 64)
-    assert one == {"valid": {"en-de": {"rows": rows, "refs": valid["en-de"][1]}}, "languages": None}
+    assert one == {"en-de": ValidRows(rows, valid["en-de"][1])}
 
 
 def test_validation_scores_each_pair_and_averages_them(prepared):
@@ -150,12 +151,12 @@ def test_validation_scores_each_pair_and_averages_them(prepared):
     autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
     opts = apply_overrides(cfg, {"decode.beam": 1, "decode.max_len_a": 0.0, "decode.max_len_b": 3}).decode
     tags = pair_tags(run_data.corpus)
-    sets = valid_config(run_data.eval_sets["valid"], tokenizer, tiny().max_positions, tags)["valid"]
-    loaders = {p: ([collate_eval(s["rows"][:8]), collate_eval(s["rows"][8:])], s["refs"]) for p, s in sets.items()}
+    sets = valid_rows(run_data.eval_sets["valid"], tokenizer, tiny().max_positions, tags)
+    loaders = {p: ([collate_eval(s.rows[:8]), collate_eval(s.rows[8:])], s.refs) for p, s in sets.items()}
     two = ValidSets({p: loaders[p] for p in ("en-fr", "de-en")}, tokenizer, opts)
     got = two.score(model, Collective(), autocast)
     alone = {p: evaluate(model, loaders[p][0], tokenizer, loaders[p][1], opts) for p in ("en-fr", "de-en")}
-    tokens = {p: sum(len(r["tgt_ids"]) + 1 for r in sets[p]["rows"]) for p in alone}  # + EOS
+    tokens = {p: sum(len(r["tgt_ids"]) + 1 for r in sets[p].rows) for p in alone}  # + EOS
     assert {p: m["valid_tokens"] for p, m in alone.items()} == tokens
     assert set(pair_columns(["en-fr", "de-en"])) < set(got) and "valid_tokens" not in got
     for p, m in alone.items():
@@ -237,12 +238,14 @@ def saved_run(tmp_path, argv: list[str]) -> str:
 )
 def test_resuming_with_another_mix_fails_before_ray(tmp_path, flags, message):
     run_dir = saved_run(tmp_path, ["--pairs", ",".join(PAIRS)])
-    args = parse_args(["--resume", run_dir, *flags])
+    cfg, resume_dir, _ = resolve_resume(parse_args(["--resume", run_dir, *flags]))
+    assert resume_dir == run_dir
     if message is None:  # the same corpora again (as a repeated command line gives them)
-        assert resolve_resume(args)[1] == run_dir
+        placed = resume_config(cfg, run_dir).train
+        assert (placed.storage_path, placed.name) == (str(tmp_path), "run")
         return
     with pytest.raises(ValueError) as err:
-        resolve_resume(args)
+        resume_config(cfg, run_dir)
     line = str(err.value)
     assert "\n" not in line and message in line, line
     assert line.endswith(f"start a new run from its checkpoint instead: --resume {run_dir}/checkpoint_x --name NEW")
@@ -250,9 +253,10 @@ def test_resuming_with_another_mix_fails_before_ray(tmp_path, flags, message):
 
 def test_resuming_a_tagged_run_with_its_tag_on_the_other_side_fails_before_ray(tmp_path):
     run_dir = saved_run(tmp_path, ["--pairs", ",".join(PAIRS), "--set", "data.tag_side=tgt"])
-    assert resolve_resume(parse_args(["--resume", run_dir]))[0].data.tag_side == "tgt"
+    assert resume_config(resolve_resume(parse_args(["--resume", run_dir]))[0], run_dir).data.tag_side == "tgt"
+    cfg, _, _ = resolve_resume(parse_args(["--resume", run_dir, "--set", "data.tag_side=src"]))
     with pytest.raises(ValueError) as err:
-        resolve_resume(parse_args(["--resume", run_dir, "--set", "data.tag_side=src"]))
+        resume_config(cfg, run_dir)
     line = str(err.value)
     assert "\n" not in line and "data.tag_side='tgt', this run sets 'src'" in line, line
 
@@ -260,12 +264,32 @@ def test_resuming_a_tagged_run_with_its_tag_on_the_other_side_fails_before_ray(t
 def test_one_pair_runs_resume_as_before_whatever_the_temperature(tmp_path):
     run_dir = saved_run(tmp_path, [])
     cfg, resumed, _ = resolve_resume(parse_args(["--resume", run_dir, "--set", "data.temperature=5"]))
-    assert resumed == run_dir and cfg.data.temperature == 5
+    assert resumed == run_dir and resume_config(cfg, run_dir).data.temperature == 5
     # A one-pair run whose --corpus is gone, given another: no manifest is needed to let it go on.
     (tmp_path / "run").rename(tmp_path / "old")
     run_dir = saved_run(tmp_path, ["--corpus", str(tmp_path / "gone")])
     cfg, resumed, _ = resolve_resume(parse_args(["--resume", run_dir, "--corpus", str(tmp_path / "new")]))
-    assert resumed == run_dir and cfg.data.corpus == str(tmp_path / "new")
+    assert resumed == run_dir and resume_config(cfg, run_dir).data.corpus == str(tmp_path / "new")
+
+
+def test_train_run_given_a_run_directory_checks_the_resume_before_ray(tmp_path, monkeypatch):
+    """The notebook's door (issue 56, item 5): `train.run(cfg, resume_dir=...)` with another mix
+    of corpora than the run's fails in one line before Ray starts, as `--resume` does."""
+    from raymt import train
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr(train, "init_ray", no_ray)
+    run_dir = saved_run(tmp_path, ["--pairs", ",".join(PAIRS)])
+    cfg = build_config(parse_args(["--pairs", "en-de,en-fr"]))  # the notebook's Config: one pair less
+    with pytest.raises(ValueError) as err:
+        train.run(cfg, resume_dir=run_dir)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"--resume {run_dir}: the run's mix of corpora cannot change"), line
+    assert "data.corpora [en-de, en-fr, de-en] there, [en-de, en-fr] here" in line, line
+    with pytest.raises(ValueError, match="not a run directory"):  # a directory that is none
+        train.run(cfg, resume_dir=str(tmp_path / "elsewhere"))
 
 
 def test_a_run_without_a_name_is_named_after_its_pairs(prepared):

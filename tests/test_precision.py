@@ -7,6 +7,7 @@ import json
 import re
 import threading
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -201,7 +202,7 @@ def test_the_loss_scale_is_checkpointed_and_restored(tmp_path):
     feed = types.SimpleNamespace(segment_record=lambda epoch: None, data_mix=None)  # one pair: no mix record
     CheckpointWriter(cfg, tok).write(tmp_path, trainer, feed, [({}, {"cpu": torch.get_rng_state()})])
     saved = load_train_state(tmp_path)
-    assert saved["grad_scaler"]["scale"] == 16.0
+    assert saved.grad_scaler["scale"] == 16.0
 
     resumed = torch.amp.GradScaler("cpu")
     restore_training(
@@ -210,7 +211,7 @@ def test_the_loss_scale_is_checkpointed_and_restored(tmp_path):
     assert resumed.get_scale() == 16.0
     fresh = torch.amp.GradScaler("cpu")  # a checkpoint of a bf16 run has no scaler state
     restore_training(
-        build_model(cfg.model, tok.vocab_size), cfg, None, {**saved, "grad_scaler": None}, lambda m: m, scaler=fresh
+        build_model(cfg.model, tok.vocab_size), cfg, None, replace(saved, grad_scaler=None), lambda m: m, scaler=fresh
     )
     assert fresh.get_scale() == 2.0**16
 
@@ -433,7 +434,7 @@ def test_a_resumed_run_keeps_the_recorded_precision_where_the_cache_now_says_oth
     WorkerLoop.create(config, WorkerEnv(report=reports), Saved()).run()
     assert "bf16 autocast (fp32 weights) on cpu (bf16 measured 1.50x fp32 for this model)" in capsys.readouterr().out
     checkpoint = reports.checkpoints[2]
-    assert load_train_state(checkpoint)["precision"]["name"] == "bf16"
+    assert load_train_state(checkpoint).precision["name"] == "bf16"
     assert load_config(checkpoint)[0].train.precision == "bf16"  # the run's config as the checkpoint keeps it
 
     precision.cache_path().write_text(json.dumps({k: 0.8 for k in precision.read_cache()}))  # now: bf16 slower
@@ -443,6 +444,7 @@ def test_a_resumed_run_keeps_the_recorded_precision_where_the_cache_now_says_oth
     assert "(as the checkpoint recorded: bf16 measured 1.50x fp32 for this model)" in capsys.readouterr().out
     fresh = WorkerLoop.create(config, WorkerEnv(report=reports), Saved())  # a new run: the cache decides
     assert fresh.env.precision.dtype is None and "0.80x" in fresh.env.precision.why
-    config["config"]["train"]["precision"] = "fp32"  # the user pins it: that wins over the record
+    pinned_cfg = apply_overrides(config.config, {"train.precision": "fp32"})  # the user pins it: that wins
+    config = replace(config, config=pinned_cfg)  # over the record
     pinned = WorkerLoop.create(config, WorkerEnv(report=reports), Saved.resume(checkpoint, shown="checkpoint-2"))
     assert pinned.env.precision.dtype is None and "the checkpoint trained in bf16" in pinned.env.precision.why

@@ -230,7 +230,8 @@ def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
     assert set(steps) == {2, 4}
     assert list(cwd.iterdir()) == []
 
-    cfg, resume_dir, _ = rundir.resolve_resume(train.parse_args(["--resume", run_dir]))
+    cfg, resume_dir, _ = train.resolve_resume(train.parse_args(["--resume", run_dir]))
+    cfg = rundir.resume_config(cfg, resume_dir)  # what train.run does first
     assert resume_dir == run_dir and cfg.train.storage_path == f"{prefix}/runs" and cfg.train.name == "quick"
     assert plan_data(cfg, run_dir, resume_dir, None)[1].corpora is None  # corpus reused
     summary = json.loads(storage.read_bytes(f"{run_dir}/summary.json"))

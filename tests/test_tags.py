@@ -28,6 +28,7 @@ from tiny_checkpoint import make_checkpoint, one_thread, write_pairs  # noqa: F4
 
 from raymt import average, engines, evaluate, export, translate
 from raymt.checkpoint import (
+    TrainState,
     check_languages,
     languages_entry,
     load_model,
@@ -104,7 +105,7 @@ def tagged(tmp_path_factory) -> Path:
     model = fit_tagged(tok)
     config = Config(model=model.cfg, data=DataConfig(vocab_size=256))
     directory = tmp_path_factory.mktemp("tagged") / "checkpoint"
-    return save_checkpoint(directory, model, config, tok, {"step": 600, "epoch": 0}, languages_entry(PAIRS, reserved))
+    return save_checkpoint(directory, model, config, tok, TrainState(step=600), languages_entry(PAIRS, reserved))
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import torch
 from tiny_checkpoint import one_thread  # noqa: F401
 
 from raymt.batching import collate
+from raymt.checkpoint import TrainState
 from raymt.config import Config, apply_overrides, tiny
 from raymt.model import build_model
 from raymt.trainer import Trainer, compile_model, restore_training, train_step
@@ -46,7 +47,7 @@ def trained(cfg: Config, num_steps: int) -> tuple:
     for batch in batches(num_steps):
         train_step(model, optimizer, [batch], batch.num_tokens, cfg)
         scheduler.step()
-    return model, optimizer, scheduler, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    return model, optimizer, scheduler, TrainState(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict())
 
 
 def test_restored_optimizer_state_lives_on_the_parameters_device():

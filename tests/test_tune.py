@@ -380,7 +380,7 @@ def test_a_trial_continuing_at_its_last_step_ends_with_a_checkpoint(ray_cluster,
     import torch
     from tiny_checkpoint import tokenizer
 
-    from raymt.checkpoint import load_train_state, save_checkpoint
+    from raymt.checkpoint import TrainState, load_train_state, save_checkpoint
     from raymt.config import Config, DataConfig, TrainConfig, tiny
     from raymt.model import Transformer
     from raymt.optim import inverse_sqrt, make_optimizer
@@ -409,10 +409,10 @@ def test_a_trial_continuing_at_its_last_step_ends_with_a_checkpoint(ray_cluster,
         model,
         cfg,
         tokenizer(256),
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": 20, "epoch": 0},
+        TrainState(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), step=20),
     )
     summary = run(cfg, init_checkpoint=donor, score_test=False, init_full_state=True)
-    assert load_train_state(summary["best_checkpoint"])["step"] == 20
+    assert load_train_state(summary["best_checkpoint"]).step == 20
     assert set(summary["valid"]) >= {"valid_loss", "valid_bleu"}
     torch.testing.assert_close(
         torch.load(Path(summary["best_checkpoint"]) / "model.pt", weights_only=True), model.state_dict()

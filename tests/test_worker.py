@@ -3,6 +3,7 @@ keeps the checkpoints) trains, writes metrics.csv, the data trace and checkpoint
 does, and a loop built from one of those checkpoints continues exactly."""
 
 import csv
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -13,13 +14,13 @@ import pytest
 import torch
 from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
 
-from raymt.checkpoint import load_train_state, load_weights
+from raymt.checkpoint import STATE_FILE, load_train_state, load_weights
 from raymt.config import Config, apply_overrides, tiny
 from raymt.data.builtin import generate
 from raymt.data.format import Corpus, Shard, eval_rows
 from raymt.metrics import CSV_COLUMNS
 from raymt.worker import WorkerLoop
-from raymt.worker_env import WorkerEnv
+from raymt.worker_env import LoopConfig, ValidRows, WorkerEnv
 from raymt.worker_state import Saved
 
 STATE_KEYS = {
@@ -36,7 +37,7 @@ STATE_KEYS = {
 }
 
 
-def loop_config(tmp_path: Path, **overrides) -> dict:
+def loop_config(tmp_path: Path, **overrides) -> LoopConfig:
     """A driver's loop config (raymt.train.fit's) for a tiny model on 300 built-in pairs (one
     corpus of two shards), 20 validation pairs, logs under tmp_path/logs; `overrides`: config fields."""
     tok = tokenizer()
@@ -52,14 +53,14 @@ def loop_config(tmp_path: Path, **overrides) -> dict:
     defaults = {"model.dropout": 0.1, "data.max_tokens": 1500, "data.window_rows": 64, "train.trace_data": True}
     cfg = apply_overrides(Config(model=tiny()), {**defaults, **overrides})
     valid = (src[300:], tgt[300:])
-    return {
-        "config": cfg.to_dict(),
-        "spm_model": tok.model_proto,
-        "num_threads": 1,
-        "train_files": [Corpus("en-de", "en", "de", "real", 1.0, (), train_files, 300)],
-        "valid": {"en-de": {"rows": eval_rows(valid, tok, cfg.model.max_positions), "refs": valid[1]}},
-        "log_dir": str(tmp_path / "logs"),
-    }
+    return LoopConfig(
+        config=cfg,
+        spm_model=tok.model_proto,
+        num_threads=1,
+        train_files=[Corpus("en-de", "en", "de", "real", 1.0, (), train_files, 300)],
+        valid={"en-de": ValidRows(eval_rows(valid, tok, cfg.model.max_positions), valid[1])},
+        log_dir=str(tmp_path / "logs"),
+    )
 
 
 class Reports:
@@ -83,8 +84,9 @@ def test_a_loop_built_without_ray_trains_logs_and_resumes_exactly(tmp_path, caps
     out = capsys.readouterr().out
     assert out.startswith("precision: forward pass in") and "step 12 | valid loss" in out
     assert [m["step"] for m in reports.metrics] == [6, 12] and sorted(reports.checkpoints) == [6, 12]
+    assert set(torch.load(reports.checkpoints[6] / STATE_FILE, weights_only=True)) == STATE_KEYS
     state = load_train_state(reports.checkpoints[6])
-    assert set(state) == STATE_KEYS and state["step"] == 6 and len(state["data_positions"]) == 1
+    assert state.step == 6 and len(state.data_positions) == 1
     with open(tmp_path / "first" / "logs" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == CSV_COLUMNS and [r["step"] for r in rows] == ["3", "6", "9", "12"]
@@ -96,7 +98,7 @@ def test_a_loop_built_without_ray_trains_logs_and_resumes_exactly(tmp_path, caps
     # Another loop, from the step-6 checkpoint: the same pairs, dropout and weights at step 12.
     resumed = Reports(tmp_path / "second")
     saved = Saved.resume(reports.checkpoints[6], shown="checkpoint-6")
-    config["log_dir"] = str(tmp_path / "first" / "logs")
+    config = dataclasses.replace(config, log_dir=str(tmp_path / "first" / "logs"))
     WorkerLoop.create(config, WorkerEnv(report=resumed), saved).run()
     assert "resuming at step 6 from checkpoint-6" in capsys.readouterr().out
     assert [m["step"] for m in resumed.metrics] == [12]
@@ -113,6 +115,7 @@ def test_a_fresh_run_names_its_mix_and_refuses_another_mix_on_resume(tmp_path):
     reports = Reports(tmp_path)
     WorkerLoop.create(config, WorkerEnv(report=reports), Saved()).run()
     saved = Saved.resume(reports.checkpoints[2], shown="checkpoint-2")
-    tampered = Saved(saved.weights, {**saved.state, "data_mix": {"names": ["x"], "rows": [9], "temperature": 1.0}}, "c")
+    other_mix = {"names": ["x"], "rows": [9], "temperature": 1.0}
+    tampered = Saved(saved.weights, dataclasses.replace(saved.state, data_mix=other_mix), "c")
     with pytest.raises(ValueError, match="this run reads one pair's corpus: its data positions do not carry over"):
         WorkerLoop.create(config, WorkerEnv(report=reports), tampered)

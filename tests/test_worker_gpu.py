@@ -3,6 +3,7 @@ without buffer broadcasts, bf16 gradient compression, CUDA out-of-memory as one 
 memory in metrics.csv (fake CUDA functions stand in for a GPU)."""
 
 import csv
+import dataclasses
 import pickle
 import re
 import warnings
@@ -171,9 +172,7 @@ def test_bf16_gradient_compression_is_opt_in_and_only_with_several_workers(monke
 
 def worker_loop(tmp_path: Path, cfg: Config) -> WorkerLoop:
     """A WorkerLoop of `cfg` built without Ray Train: one CPU process, nothing reported."""
-    config = loop_config(tmp_path)
-    config["config"] = cfg.to_dict()
-    return WorkerLoop.create(config, WorkerEnv(), Saved())
+    return WorkerLoop.create(dataclasses.replace(loop_config(tmp_path), config=cfg), WorkerEnv(), Saved())
 
 
 def test_cuda_out_of_memory_in_a_step_becomes_one_line_naming_max_tokens(monkeypatch, tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from raymt.checkpoint import save_checkpoint
+from raymt.checkpoint import TrainState, save_checkpoint
 from raymt.config import Config, DataConfig, tiny
 from raymt.data.builtin import generate
 from raymt.model import Transformer
@@ -37,7 +37,7 @@ def make_checkpoint(directory: Path, seed: int = 0, vocab_size: int = 256, d_mod
     config = Config(model=tiny(), data=DataConfig(vocab_size=vocab_size))
     config.model.d_model = d_model
     model = Transformer(config.model, tok.vocab_size)
-    return save_checkpoint(directory, model, config, tok, {"step": step, "epoch": 0})
+    return save_checkpoint(directory, model, config, tok, TrainState(step=step))
 
 
 def write_pairs(prefix: Path, num_pairs: int, seed: int, gz: bool = False) -> Path:
