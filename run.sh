@@ -2,6 +2,8 @@
 # Set up everything from nothing (a .venv beside this file), then run one command:
 #   ./run.sh train [raymt.train flags]   train on the built-in corpus with 2 Ray workers
 #   ./run.sh test  [pytest flags]        run the test suite (also installs the [test] extra)
+#   ./run.sh test --hosts [pytest flags] the tests marked `hosts` under each other host's kernels
+#                                        (HOST_LIMITS; docs/architecture.md#tests)
 #   ./run.sh lint                        ruff: lint and format check (CI runs it first)
 #   ./run.sh shell                       just set up; then: source .venv/bin/activate
 # train and shell install only what training needs; test adds pytest and the peers it compares
@@ -57,6 +59,22 @@ install_project() {  # install_project [EXTRA]
 }
 install_project
 if [[ "$cmd" == test || "$cmd" == lint ]]; then install_project "$cmd"; fi
+
+# The kernels of the other hosts CI and sessions land on (an AVX2-only AMD EPYC; no SIMD at all
+# for ATen), forced on this one: MKL, ATen and oneDNN round as they would there.
+HOST_LIMITS=(
+  "MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"
+  "ATEN_CPU_CAPABILITY=default"
+)
+if [[ "$cmd" == test && "${1:-}" == --hosts ]]; then
+  shift
+  for limits in "${HOST_LIMITS[@]}"; do
+    echo "run.sh: tests marked hosts, under $limits" >&2
+    # shellcheck disable=SC2086  # the limits are words: NAME=VALUE pairs for env
+    env $limits python -m pytest -m hosts "$@"
+  done
+  exit 0
+fi
 
 case "$cmd" in
   train) exec python -m raymt.train "$@" ;;

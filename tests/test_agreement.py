@@ -11,6 +11,8 @@ from raymt.decoding import decode_nbest, pad_batch, token_log_probs
 from raymt.model import Transformer
 from raymt.tokenizer import EOS_ID
 
+pytestmark = pytest.mark.hosts  # decoded outputs across engines or hosts: ./run.sh test --hosts
+
 TWIN, OTHER = 10, 11  # tokens with one embedding row: their logits are equal, a tie by construction
 
 

@@ -330,6 +330,7 @@ def test_shard_inputs_are_whole_shards_across_files_and_skip_done_ones(checkpoin
         list(bt.shard_inputs(job))
 
 
+@pytest.mark.hosts  # actors vs this process
 def test_every_input_kind_aligned_each_line_once(ray_cluster, checkpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("RAYMT_CACHE", str(tmp_path / "cache"))
     inputs, texts, empty, invalid = write_inputs(tmp_path / "in")

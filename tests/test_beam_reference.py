@@ -24,6 +24,8 @@ from raymt.decoding import DecodeOptions, beam_search_nbest, decode_nbest, greed
 from raymt.model import Transformer
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
+pytestmark = pytest.mark.hosts  # decoded outputs across engines or hosts: ./run.sh test --hosts
+
 LENGTHS = [7, 2, 5, 9, 3]  # a batch of mixed lengths
 VOCAB = 64
 

@@ -45,6 +45,8 @@ from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from raymt.trainer import collate_eval
 from raymt.trainer import evaluate as validate
 
+pytestmark = pytest.mark.hosts  # decoded outputs across engines or hosts: ./run.sh test --hosts
+
 BEAM2 = DecodeOptions(beam=2, length_penalty=0.0)  # CTranslate2 scores as raymt at length penalty 0
 
 

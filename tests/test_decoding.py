@@ -8,6 +8,8 @@ from raymt.config import tiny
 from raymt.decoding import DecodeOptions, beam_search, decode, greedy
 from raymt.model import Transformer
 
+pytestmark = pytest.mark.hosts  # decoded outputs across engines or hosts: ./run.sh test --hosts
+
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("beam", [1, 2, 5])

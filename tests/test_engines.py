@@ -23,6 +23,8 @@ from raymt.model import Transformer
 from raymt.precision import for_inference
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
+pytestmark = pytest.mark.hosts  # decoded outputs across engines or hosts: ./run.sh test --hosts
+
 # Mixed lengths, an empty line, and one longer than the model's positions (cut to fit).
 TEXTS = SENTENCES[:9] + ["", " ".join(SENTENCES * 10)]
 CASES = [

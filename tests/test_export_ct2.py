@@ -25,6 +25,8 @@ from raymt.decoding import DecodeOptions, beam_search_nbest, encode_sources, gre
 from raymt.model import Transformer
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
+pytestmark = pytest.mark.hosts  # decoded outputs across engines or hosts: ./run.sh test --hosts
+
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 # 250 pieces: the model's vocabulary is padded to 256, so the export needs filler tokens.

@@ -113,6 +113,7 @@ def assert_same_as_reference(run_dir, reference) -> None:
     assert per_epoch(seen) == per_epoch(pairs)
 
 
+@pytest.mark.hosts  # exact resume
 @pytest.mark.slow  # ~75 s: a run killed twice and resumed (CI runs it: .ci/run)
 @pytest.mark.ci
 @pytest.mark.timeout(900)

@@ -22,6 +22,8 @@ import pytest
 import torch
 from agreement import assert_translations_agree
 
+pytestmark = pytest.mark.hosts  # decoded outputs across engines or hosts: ./run.sh test --hosts
+
 FIXTURES = Path(__file__).parent / "fixtures" / "ee135a8"
 SENTENCES = {
     "v1": ("", "Monday, July 4, 1999 and twelve kilometers\nthe house\n"),
@@ -33,6 +35,21 @@ SENTENCES = {
 def trace_lines(path: Path) -> list[str]:
     """The traced pairs of a trace-rank<r>.tsv (step, epoch, digest), without the #start lines."""
     return [line for line in path.read_text().splitlines() if not line.startswith("#")]
+
+
+# ||weights - expected|| / ||expected - step 5's weights|| over every parameter, measured on
+# 2026-12-06 (benchmarks/NOTES.md, "Every host"): 0 on an AMD EPYC with AVX512-BF16 (the
+# fixture's kind of host), 0.0077-0.0089 under the AVX2 limits and 0.0091-0.0094 under ATen's
+# default (one tensor, a kv_proj.bias, 0.12-0.13 of its own update), 0.36-0.43 for a resume whose
+# Adam moments were lost. 0.05: 5x the hosts' noise, 7x under the broken resume.
+RESUME_TOLERANCE = 0.05
+
+
+def update_error(weights: dict, expected: dict, start: dict) -> float:
+    """How far `weights` are from `expected`, relative to the update from `start` to `expected`."""
+    diff = torch.cat([(weights[k] - expected[k]).flatten().double() for k in expected])
+    update = torch.cat([(expected[k] - start[k]).flatten().double() for k in expected])
+    return float(diff.norm() / update.norm())
 
 
 def checkpoint_of(run: Path) -> Path:
@@ -64,10 +81,14 @@ def test_old_run_resumes_exactly(corpus, tmp_path, ray_address):
     latest = max((p for p in run.glob("checkpoint_*") if p.is_dir()), key=lambda p: p.name)
     weights = torch.load(latest / "model.pt", weights_only=True)
     expected = torch.load(FIXTURES / "expected" / f"{corpus}-10.pt", weights_only=True)
-    assert weights.keys() == expected.keys()
-    for name, value in expected.items():
-        # Another CPU's kernels may round differently; the data and the steps are the same.
-        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    start = torch.load(checkpoint_of(FIXTURES / "runs" / f"{corpus}-5") / "model.pt", weights_only=True)
+    # Exactly what no host's rounding changes: the tensors, their shapes, the data (below).
+    assert weights.keys() == expected.keys() and all(weights[k].shape == expected[k].shape for k in expected)
+    # The numbers were computed on another host: after a few Adam steps a parameter with a
+    # near-zero gradient moves by ~lr in a direction rounding decides (an Intel Xeon with AMX put
+    # kv_proj.bias outside rtol 1e-4), so they compare by the distance to the expected weights
+    # relative to the update from step 5 to 10, which a broken resume moves by far more.
+    assert update_error(weights, expected, start) < RESUME_TOLERANCE
     for rank in (0, 1):
         resumed = trace_lines(run / "logs" / f"trace-rank{rank}.tsv")
         assert resumed == trace_lines(FIXTURES / "expected" / f"{corpus}-10-trace-rank{rank}.tsv")

@@ -17,6 +17,8 @@ from raymt.model import Transformer  # noqa: E402
 from raymt.optim import loss_sum, make_optimizer  # noqa: E402
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
+pytestmark = pytest.mark.hosts  # decoded outputs across engines or hosts: ./run.sh test --hosts
+
 VOCAB = tokenizer().vocab_size
 SENTENCES = ["Monday, July 4, 1999", "twelve kilometers and March 3, 2021"]
 

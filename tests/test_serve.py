@@ -479,6 +479,7 @@ def http(url: str, body=None, form: bool = False, raw: bytes = None):
     return status, json.loads(text) if is_json else text, got
 
 
+@pytest.mark.hosts  # serve vs translate
 def test_http_answers_equal_raymt_translate_and_concurrent_requests_share_batches(server, tagged, capsys):
     want_de = cli_translation(tagged, SENTENCES[:4], "de", capsys)
     want_fr = cli_translation(tagged, SENTENCES[4:6], "fr", capsys)
@@ -506,6 +507,7 @@ def test_http_answers_equal_raymt_translate_and_concurrent_requests_share_batche
     assert after["batches"] - before["batches"] < 7 and after["shared_batches"] > before["shared_batches"]
 
 
+@pytest.mark.hosts  # serve vs translate
 def test_libretranslate_json_and_form_bodies_and_languages(server, tagged, capsys):
     want = cli_translation(tagged, SENTENCES[:2], "de", capsys)
     agree = lambda texts, got, want: assert_translations_agree(tagged, texts, "de", got, want)

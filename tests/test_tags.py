@@ -42,6 +42,8 @@ from raymt.decoding import DecodeOptions, decode_nbest, encode_sources, pad_batc
 from raymt.model import Transformer
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
+pytestmark = pytest.mark.hosts  # decoded outputs across engines or hosts: ./run.sh test --hosts
+
 PAIRS = [("en", "de"), ("en", "fr")]
 # What `raymt data prepare` reserves for these corpora: ids 4 and 5, after PAD/UNK/BOS/EOS.
 TAGS = reserved_pieces([CorpusSpec(src, tgt) for src, tgt in PAIRS])

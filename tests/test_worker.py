@@ -77,6 +77,7 @@ class Reports:
             self.checkpoints[metrics["step"]] = kept
 
 
+@pytest.mark.hosts  # exact resume
 def test_a_loop_built_without_ray_trains_logs_and_resumes_exactly(tmp_path, capsys):
     config = loop_config(tmp_path / "first", **{"train.max_steps": 12, "train.eval_every": 6, "train.log_every": 3})
     reports = Reports(tmp_path / "first")
