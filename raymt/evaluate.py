@@ -24,8 +24,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 from raymt import metrics, storage
+from raymt.autoscale import RayCluster, release_request
 from raymt.checkpoint import default_src_lang, local_checkpoint
-from raymt.cluster import CPU_ACTORS, RayCluster, actor_plan, default_actors, init_ray, release_request
+from raymt.cluster import CPU_ACTORS, actor_plan, default_actors, init_ray
 from raymt.config import Config, DecodeOptions, TrainConfig
 from raymt.data.text import Pairs, read_parallel
 from raymt.decoding import length_batches

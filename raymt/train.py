@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from raymt import storage
+from raymt.autoscale import RayCluster, release_request
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, load_config
-from raymt.cluster import Plan, RayCluster, check_shared, init_ray, plan, release_request, train_logging
+from raymt.cluster import Plan, init_ray, plan
 from raymt.config import Config, check_training, schedule_line
 from raymt.curves import after_training as plot_learning_curves
 from raymt.data import format as corpus_format
@@ -20,6 +21,7 @@ from raymt.data.text import Pairs
 from raymt.evaluate import score_test_sets
 from raymt.flags import build_config, flag_parser
 from raymt.metrics import score_lines
+from raymt.ray_console import train_logging
 from raymt.rundata import PairTags, materialize, pair_tags, plan_data
 from raymt.rundir import (
     METRICS_CSV,
@@ -33,6 +35,7 @@ from raymt.rundir import (
     saved_config,
     write_run_files,
 )
+from raymt.shared_dir import check_shared
 from raymt.tokenizer import Tokenizer
 from raymt.worker_env import LoopConfig, ValidRows
 

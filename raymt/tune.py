@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from raymt import storage
-from raymt.cluster import check_shared, init_ray, plan, quiet_env
+from raymt.cluster import init_ray, plan
 from raymt.config import Config, CorpusOptions, apply_overrides
 from raymt.flags import build_config, flag_parser
+from raymt.ray_console import quiet_env
 from raymt.rundir import finalize, run_location
+from raymt.shared_dir import check_shared
 from raymt.sweep_report import METRICS, print_table, progress, summarize
 
 SCHEDULERS = ("asha", "pbt", "fifo")

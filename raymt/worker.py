@@ -13,9 +13,9 @@ import ray.train
 import ray.train.torch
 import torch
 
-from raymt.cluster import quiet_user_errors
 from raymt.config import Config
 from raymt.distributed import group_collective, place_model
+from raymt.ray_console import quiet_user_errors
 from raymt.tokenizer import Tokenizer
 from raymt.trainer import Hooks, Trainer, Update, rng_state
 from raymt.worker_data import EpochFeed, ValidSets

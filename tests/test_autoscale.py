@@ -6,7 +6,8 @@ import time
 import pytest
 
 from raymt import train
-from raymt.cluster import FIRST_REPORT_S, GROW_POLL_S, STALL_S, Growth, RayCluster, plan, release_request
+from raymt.autoscale import FIRST_REPORT_S, GROW_POLL_S, STALL_S, Growth, RayCluster, release_request
+from raymt.cluster import plan
 from raymt.flags import build_config
 
 
@@ -349,11 +350,12 @@ def test_docs_cluster_flow_against_rays_fake_autoscaler(tmp_path):
 
 def test_evaluate_asks_an_autoscaling_cluster_for_its_gpu_actors(monkeypatch, capsys):
     """docs/cluster.md's step 6: `raymt evaluate --gpu --num-actors 8` once training's nodes are gone."""
+    from raymt import autoscale, evaluate
     from raymt import cluster as cluster_module
-    from raymt import evaluate
 
     cluster = FakeCluster()
-    monkeypatch.setattr(cluster_module, "RayCluster", lambda: cluster)
+    monkeypatch.setattr(cluster_module, "RayCluster", lambda: cluster)  # the plan's cluster
+    monkeypatch.setattr(autoscale, "RayCluster", lambda: cluster)  # release_request's
     timeout = evaluate.parse_args(["--checkpoint", "c", "--test", "t", "--gpu"]).autoscale_timeout
     planned = cluster_module.actor_plan(8, True, None, grow_timeout_s=timeout)
     assert timeout == 900 and planned.gpus == 1 and planned.grew

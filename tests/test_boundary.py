@@ -63,6 +63,9 @@ PLAIN = [
     "serve.api",
     "serve.page",
     "serve.routing",
+    "autoscale",
+    "shared_dir",
+    "ray_console",
 ]
 
 

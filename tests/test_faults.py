@@ -170,7 +170,7 @@ def test_ray_trains_print_of_a_workers_one_line_error_is_dropped_and_others_kept
 
     from ray.train.v2._internal.util import construct_user_exception_with_traceback
 
-    from raymt.cluster import RAY_TRAIN_ERROR_LOGGER, quiet_user_errors
+    from raymt.ray_console import RAY_TRAIN_ERROR_LOGGER, quiet_user_errors
 
     logger, printed = logging.getLogger(RAY_TRAIN_ERROR_LOGGER), []
     handler = logging.Handler()

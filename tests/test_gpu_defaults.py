@@ -8,7 +8,7 @@ import pytest
 import ray.data
 from tiny_checkpoint import make_checkpoint, write_pairs
 
-from raymt import cluster, evaluate, train
+from raymt import autoscale, evaluate, train
 from raymt.data.builtin import generate
 from raymt.flags import build_config
 from raymt.train import parse_args, resolve_resume
@@ -35,7 +35,7 @@ def test_gpu_run_decodes_its_test_set_on_an_actor_pool_of_gpus_not_on_the_driver
     cfg = build_config(parse_args(["--gpu", "--num-workers", "3"]))
     seen = {}
     monkeypatch.setattr(ray.data, "from_items", lambda rows, **_: FakeDataset(seen, rows))
-    monkeypatch.setattr(cluster.RayCluster, "resources", lambda self: {"CPU": 16.0, "GPU": 3.0})
+    monkeypatch.setattr(autoscale.RayCluster, "resources", lambda self: {"CPU": 16.0, "GPU": 3.0})
 
     def on_the_driver(*args, **kwargs):
         raise AssertionError("the test set was decoded on the driver")
@@ -54,7 +54,7 @@ def test_gpu_run_decodes_its_test_set_on_an_actor_pool_of_gpus_not_on_the_driver
     assert seen["fn_constructor_kwargs"]["checkpoint"] == str(stored)  # not the driver's copy
     assert scores["num_sentences"] == 20 and scores["beam"] == cfg.decode.beam
     assert scores["checkpoint"].startswith(f"{stored} (step 7")
-    monkeypatch.setattr(cluster.RayCluster, "resources", lambda self: {"CPU": 16.0, "GPU": 2.0})
+    monkeypatch.setattr(autoscale.RayCluster, "resources", lambda self: {"CPU": 16.0, "GPU": 2.0})
     evaluate.score_test_sets(checkpoint, {"en-de": (src, tgt)}, cfg, str(stored))  # lost a node
     assert seen["compute"].min_size == 2
 
@@ -156,7 +156,7 @@ def test_evaluate_gpu_uses_one_actor_per_gpu(tmp_path, monkeypatch):
     prefix = write_pairs(tmp_path / "test", 4, seed=2)
     seen = {}
     monkeypatch.setattr(evaluate, "init_ray", lambda *a, **kw: False)
-    monkeypatch.setattr(cluster.RayCluster, "resources", lambda self: {"CPU": 8.0, "GPU": 1.0})
+    monkeypatch.setattr(autoscale.RayCluster, "resources", lambda self: {"CPU": 8.0, "GPU": 1.0})
 
     def pool(checkpoint, sources, opts, num_actors, *args):
         seen["num_actors"] = num_actors

@@ -7,9 +7,10 @@ import pytest
 from tiny_checkpoint import make_checkpoint, write_pairs
 
 from raymt import backtranslate, evaluate, storage
-from raymt.cluster import RayCluster, check_shared
+from raymt.autoscale import RayCluster
 from raymt.config import Config
 from raymt.rundir import finalize
+from raymt.shared_dir import check_shared
 
 
 @pytest.fixture

@@ -234,7 +234,7 @@ def test_pbt_on_two_nodes_hands_checkpoints_over_through_storage(tmp_path, monke
     finally:
         cluster.shutdown()
         # Cluster.shutdown resets this process's internal-KV client, which the session's driver
-        # (ray_cluster, still connected) needs: raymt.cluster asks the autoscaler status through it.
+        # (ray_cluster, still connected) needs: raymt.autoscale asks the autoscaler status through it.
         import ray
 
         if ray.is_initialized():

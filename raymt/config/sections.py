@@ -328,7 +328,7 @@ class TrainConfig:
     valid_beam: int = 1
     # On a cluster that autoscales (cluster.yaml's GPU nodes start at min_workers: 0), how long
     # the driver waits for the autoscaler to bring up the workers' GPUs or CPUs before it gives
-    # up with one line (raymt.cluster.grow); a fixed cluster fails at once. 0: never wait.
+    # up with one line (raymt.autoscale.grow); a fixed cluster fails at once. 0: never wait.
     autoscale_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
