@@ -10,6 +10,8 @@ import runpy
 import sys
 from typing import Optional
 
+from raymt.errors import cli_error
+
 # command -> one line of help; each runs its module exactly as `python -m raymt.<command>`
 COMMANDS = {
     "train": "train a model on Ray Train workers",
@@ -41,8 +43,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     command, args = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"raymt: error: unknown command '{command}'; use one of {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
+        return cli_error("raymt", f"unknown command '{command}'; use one of {', '.join(COMMANDS)}")
     sys.argv = [f"raymt {command}", *args]
     # the module ends with its own `sys.exit(main())`, whose SystemExit passes through
     runpy.run_module(f"raymt.{command}", run_name="__main__", alter_sys=True)

@@ -33,6 +33,7 @@ from raymt.checkpoint import (
     weights_file,
 )
 from raymt.config import Config
+from raymt.errors import cli_error
 from raymt.model import build_model
 from raymt.provenance import AVERAGE_FILE, checkpoint_metrics
 from raymt.tokenizer import Tokenizer
@@ -216,8 +217,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         chosen = select(args)
         output = average_checkpoints(chosen, args.output)
     except ValueError as err:
-        print(f"raymt.average: error: {err}", file=sys.stderr)
-        return 2
+        return cli_error("raymt.average", err)
     for d in chosen:
         print(f"averaged {d}")
     print(f"wrote {output}")

@@ -69,7 +69,7 @@ from raymt.engines import (
     resolve_engine,
     token_batches,
 )
-from raymt.errors import user_error
+from raymt.errors import cli_error, user_error
 from raymt.flags import add_decode_flags, decode_options
 
 # For tests of kills and restarts only: seconds each actor sleeps per shard (slows a run down).
@@ -511,8 +511,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         text_done = text_complete(job)  # from the previous run's bt.json, before this run's replaces it
         write_info(job)
     except ValueError as err:
-        print(f"raymt.backtranslate: error: {err}", file=sys.stderr)
-        return 2
+        return cli_error("raymt.backtranslate", err)
     progress = Progress(job)
     if job.todo:
         print(
@@ -527,8 +526,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             user = user_error(err) if not isinstance(err, ValueError) else err
             if user is None:
                 raise
-            print(f"raymt.backtranslate: error: {user}", file=sys.stderr)
-            return 2
+            return cli_error("raymt.backtranslate", user)
         finally:
             if started:
                 import ray
@@ -537,11 +535,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         progress.show(final=True)
     missing = [s for s in range(job.num_shards) if s not in job.done]
     if missing:
-        print(
-            f"raymt.backtranslate: error: shards {missing[:5]} are incomplete: run the same command again",
-            file=sys.stderr,
-        )
-        return 1
+        return cli_error("raymt.backtranslate", f"shards {missing[:5]} are incomplete: run the same command again", 1)
     if args.format == "text" and (progress.lines or not text_done):  # shards redone: the text too
         write_text(job)
     write_info(job, done=True)

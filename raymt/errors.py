@@ -1,13 +1,14 @@
-"""User errors: the one home of `check`, `InputError`, `first_line` and `user_error`.
+"""User errors: the one home of `check`, `InputError`, `first_line`, `user_error` and `cli_error`.
 
 A user mistake (bad config, malformed corpus, missing file) is a one-line `ValueError` that
-names the problem and the fix; the CLIs print it without a traceback. Nothing here imports
+names the problem and the fix; the CLIs print it without a traceback (`cli_error`). Nothing here imports
 anything of raymt, so every module may use it.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from typing import Optional
 
 
@@ -46,3 +47,9 @@ def user_error(err: BaseException) -> Optional[ValueError]:
             return ValueError(match.group(1).strip())
         stack += [getattr(e, "cause", None), e.__cause__, e.__context__]
     return None
+
+
+def cli_error(prog: str, message: object, status: int = 2) -> int:
+    """Print a command's one-line error, `PROG: error: MESSAGE`, on stderr; returns the exit status."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return status

@@ -31,7 +31,7 @@ from raymt.config import Config, DecodeOptions, TrainConfig
 from raymt.data.text import Pairs, read_parallel
 from raymt.decoding import length_batches
 from raymt.engines import load_engine, load_model_info
-from raymt.errors import check
+from raymt.errors import check, cli_error
 from raymt.flags import add_decode_flags, decode_options
 from raymt.provenance import describe_checkpoint
 
@@ -279,8 +279,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         sets, opts = check_args(args)
         started = init_ray(args.num_cpus, verbose=args.verbose)
     except ValueError as err:
-        print(f"raymt.evaluate: error: {err}", file=sys.stderr)
-        return 2
+        return cli_error("raymt.evaluate", err)
     planned = None
     try:
         args.num_actors = args.num_actors or default_actors(args.gpu)
@@ -299,8 +298,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
         print_table(write_report(args, sets, results, opts, time.time() - t0))
     except ValueError as err:
-        print(f"raymt.evaluate: error: {err}", file=sys.stderr)
-        return 2
+        return cli_error("raymt.evaluate", err)
     finally:
         if planned is not None and planned.grew:
             release_request()  # nodes the plan asked for may go when idle

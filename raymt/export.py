@@ -52,6 +52,7 @@ from raymt.checkpoint import (
     tag_side,
 )
 from raymt.config import Config, ModelConfig
+from raymt.errors import cli_error
 from raymt.model import Attention, Transformer, build_model
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
@@ -422,8 +423,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         output = export_model(args.checkpoint, args.output, args.format, args.dtype)
     except ValueError as err:
-        print(f"raymt.export: error: {err}", file=sys.stderr)
-        return 2
+        return cli_error("raymt.export", err)
     files = sorted(p.name for p in output.iterdir())
     size = sum(os.path.getsize(output / f) for f in files) / 2**20
     print(f"exported {args.checkpoint} -> {output} ({', '.join(files)}; {size:.1f} MiB)")

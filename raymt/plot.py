@@ -14,6 +14,7 @@ import sys
 from typing import Optional
 
 from raymt.curves import plot_runs
+from raymt.errors import cli_error
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -34,11 +35,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         written = plot_runs(args.runs, args.out)
     except OSError as err:  # an --out that cannot be written
-        print(f"raymt.plot: error: cannot write the plots to {args.out}: {err.strerror or err}", file=sys.stderr)
-        return 2
+        return cli_error("raymt.plot", f"cannot write the plots to {args.out}: {err.strerror or err}")
     except ValueError as err:
-        print(f"raymt.plot: error: {err}", file=sys.stderr)
-        return 2
+        return cli_error("raymt.plot", err)
     for path in written:
         print(path)
     return 0

@@ -18,6 +18,7 @@ from raymt.config import Config, check_training, schedule_line
 from raymt.curves import after_training as plot_learning_curves
 from raymt.data import format as corpus_format
 from raymt.data.text import Pairs
+from raymt.errors import cli_error
 from raymt.evaluate import score_test_sets
 from raymt.flags import build_config, flag_parser
 from raymt.metrics import score_lines
@@ -275,8 +276,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         user_error = err if isinstance(err, ValueError) else worker_value_error(err)
         if user_error is None:
             raise
-        print(f"raymt.train: error: {user_error}", file=sys.stderr)
-        return 2
+        return cli_error("raymt.train", user_error)
     print_summary(summary)
     return 0
 

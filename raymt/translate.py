@@ -11,6 +11,7 @@ import torch
 
 from raymt.data.text import read_lines
 from raymt.engines import check_device, load_engine, load_model_info
+from raymt.errors import cli_error
 from raymt.flags import add_decode_flags, decode_options
 from raymt.metrics import score
 
@@ -70,8 +71,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
         refs = read_refs(args.ref, len(sentences)) if args.ref else None
     except ValueError as err:
-        print(f"raymt.translate: error: {err}", file=sys.stderr)
-        return 2
+        return cli_error("raymt.translate", err)
     nbest = engine.translate(sentences, opts, args.tgt_lang, args.n_best, args.batch_size)
     hyps = [h[0][1] for h in nbest]
     for i, hyp_list in enumerate(nbest):

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from raymt import storage
 from raymt.cluster import init_ray, plan
 from raymt.config import Config, CorpusOptions, apply_overrides
+from raymt.errors import cli_error
 from raymt.flags import build_config, flag_parser
 from raymt.ray_console import quiet_env
 from raymt.rundir import finalize, run_location
@@ -521,8 +522,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             args.verbose,
         )
     except ValueError as err:
-        print(f"raymt.tune: error: {err}", file=sys.stderr)
-        return 2
+        return cli_error("raymt.tune", err)
     print_table(summary)
     return exit_status(summary["table"])
 
@@ -531,12 +531,8 @@ def exit_status(table: list[dict]) -> int:
     """0 when no trial failed; else 1, with one line saying how many did."""
     failed = sum(row["status"] == "error" for row in table)
     if failed:
-        print(
-            f"raymt.tune: error: {failed} of {len(table)} trials failed; the lines above say "
-            "where their tracebacks are",
-            file=sys.stderr,
-        )
-        return 1
+        message = f"{failed} of {len(table)} trials failed; the lines above say where their tracebacks are"
+        return cli_error("raymt.tune", message, 1)
     return 0
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 
 from raymt import storage
 from raymt.config import DataConfig, PrepareConfig, parse_value, split_spec
+from raymt.errors import cli_error
 from raymt.flags import add_input_flags, corpora_from_args
 
 # Flags whose names differ from their PrepareConfig field.
@@ -160,9 +161,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         command = shlex.join(["python", "-m", "raymt.data", *argv])
         prepare_corpora(cfg, out, flag_corpora(args, cfg), overwrite=args.overwrite, command=command)
     except ValueError as err:
-        message = " ".join(str(err).split("\n"))  # one line, whatever the source
-        print(f"raymt.data: error: {message}", file=sys.stderr)
-        return 2
+        return cli_error("raymt.data", " ".join(str(err).split("\n")))  # one line, whatever the source
     return 0
 
 

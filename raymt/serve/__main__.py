@@ -14,7 +14,7 @@ from typing import Optional
 from raymt.config import SERVE_ENGINES, ServeConfig
 from raymt.config.serve import DEFAULT_MODEL
 from raymt.engines import check_device, load_model_info, resolve_engine
-from raymt.errors import first_line
+from raymt.errors import cli_error, first_line
 from raymt.flags import add_decode_flags, decode_options
 
 
@@ -215,8 +215,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             return print_config(cfg)
         engine = check_before_ray(cfg)
     except ValueError as err:
-        print(f"raymt serve: error: {err}", file=sys.stderr)
-        return 2
+        return cli_error("raymt serve", err)
     from ray import serve
 
     from raymt.cluster import init_ray
