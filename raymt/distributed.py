@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from raymt.config import Config
+from raymt.config import TrainConfig
 from raymt.trainer import Collective
 
 
@@ -68,26 +68,26 @@ _BUFFER_SYNC = next(
 )
 
 
-def ddp_kwargs(cfg: Config) -> dict:
+def ddp_kwargs(train: TrainConfig) -> dict:
     """The DistributedDataParallel arguments prepare_model gets."""
     # Smaller buckets start all-reducing earlier in backward. No buffer needs syncing: the only
     # one, the sinusoid table `positions`, is computed alike on every rank, and syncing would
     # broadcast it from rank 0 before every forward.
-    return {"bucket_cap_mb": cfg.train.ddp_bucket_mb, "gradient_as_bucket_view": True, _BUFFER_SYNC: False}
+    return {"bucket_cap_mb": train.ddp_bucket_mb, "gradient_as_bucket_view": True, _BUFFER_SYNC: False}
 
 
 def place_model(
-    model: torch.nn.Module, cfg: Config, world_size: int, prepare: Callable[..., torch.nn.Module]
+    model: torch.nn.Module, train: TrainConfig, world_size: int, prepare: Callable[..., torch.nn.Module]
 ) -> torch.nn.Module:
     """The model on this worker's device, in DDP (gloo on CPUs, NCCL on GPUs) when there are several:
     `prepare` is Ray Train's `prepare_model`."""
-    model = prepare(model, parallel_strategy_kwargs=ddp_kwargs(cfg))
-    compress_gradients(model, cfg, world_size)
+    model = prepare(model, parallel_strategy_kwargs=ddp_kwargs(train))
+    compress_gradients(model, train, world_size)
     return model
 
 
-def compress_gradients(model: torch.nn.Module, cfg: Config, world_size: int) -> None:
+def compress_gradients(model: torch.nn.Module, train: TrainConfig, world_size: int) -> None:
     """With train.grad_compression and several workers, all-reduce gradients in bf16 (half the bytes)."""
-    if cfg.train.grad_compression and world_size > 1:  # one worker: no DDP, nothing to reduce
+    if train.grad_compression and world_size > 1:  # one worker: no DDP, nothing to reduce
         # NCCL only (torch refuses it on gloo); each bucket is cast to bf16, summed, cast back.
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)

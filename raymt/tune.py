@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from raymt import storage
 from raymt.cluster import init_ray, plan
-from raymt.config import Config, CorpusOptions, apply_overrides
+from raymt.config import Config, CorpusOptions, TrainConfig, apply_overrides
 from raymt.errors import cli_error
 from raymt.flags import build_config, flag_parser
 from raymt.ray_console import quiet_env
@@ -321,13 +321,13 @@ def janitor():
     return type("PlacementGroupJanitor", (_Janitor, tune.Callback), {})()
 
 
-def trial_resources(cfg: Config) -> tuple[float, int]:
+def trial_resources(train: TrainConfig) -> tuple[float, int]:
     """(CPUs per worker, trials that fit at once), or a one-line error if none fits."""
-    n = cfg.train.num_workers
+    n = train.num_workers
     trial = plan(
         n,
-        cfg.train.use_gpu,
-        cfg.train.cpus_per_worker,
+        train.use_gpu,
+        train.cpus_per_worker,
         whole_cpus=True,
         what=f"--num-workers {n}",
         fix="lower --num-workers",
@@ -335,15 +335,15 @@ def trial_resources(cfg: Config) -> tuple[float, int]:
     return trial.cpus, trial.fits
 
 
-def make_scheduler(name: str, cfg: Config, space: dict, num_trials: int):
+def make_scheduler(name: str, train: TrainConfig, space: dict, num_trials: int):
     """ASHA, Population Based Training or plain FIFO, all measured in training steps."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
 
     if name == "asha":
-        grace_period, reduction_factor = asha_rungs(cfg.train.max_steps, cfg.train.eval_every, num_trials)
+        grace_period, reduction_factor = asha_rungs(train.max_steps, train.eval_every, num_trials)
         return ASHAScheduler(
-            time_attr="step", max_t=cfg.train.max_steps, grace_period=grace_period, reduction_factor=reduction_factor
+            time_attr="step", max_t=train.max_steps, grace_period=grace_period, reduction_factor=reduction_factor
         )
     if name == "pbt":
         mutations = {
@@ -352,7 +352,7 @@ def make_scheduler(name: str, cfg: Config, space: dict, num_trials: int):
         # The usual bottom/top quarter leaves nobody to exploit in a small population.
         return PopulationBasedTraining(
             time_attr="step",
-            perturbation_interval=cfg.train.eval_every,
+            perturbation_interval=train.eval_every,
             hyperparam_mutations=mutations,
             synch=True,
             quantile_fraction=0.25 if num_trials >= 8 else 0.5,
@@ -417,7 +417,7 @@ def run_sweep(
     # Before Ray starts and the corpus is prepared: a searcher that cannot take the space is one line.
     search_alg = make_searcher(searcher, space, metric) if resume_dir is None else None
     connect(verbose)
-    cpus, fits = trial_resources(cfg)  # raises before any trial starts if none fits
+    cpus, fits = trial_resources(cfg.train)  # raises before any trial starts if none fits
     cfg = finalize(apply_overrides(cfg, {"train.cpus_per_worker": cpus}))
     where = cfg.train.storage_path if resume_dir is None else storage.output_location(resume_dir, "--resume-sweep")
     check_shared(where)  # a node-local sweep directory on a multi-node cluster: one line, before any trial
@@ -439,7 +439,7 @@ def run_sweep(
                 metric=metric,
                 mode=METRICS[metric],
                 num_samples=num_samples,
-                scheduler=make_scheduler(scheduler, cfg, space, num_samples * _grid_size(space)),
+                scheduler=make_scheduler(scheduler, cfg.train, space, num_samples * _grid_size(space)),
                 search_alg=search_alg,
                 max_concurrent_trials=max_concurrent or fits,
             ),

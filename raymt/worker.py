@@ -90,7 +90,7 @@ class WorkerLoop(Hooks):
         torch.set_num_threads(loop.num_threads)
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
         env = env.agree_precision(cfg, tokenizer.vocab_size, saved.start.precision, loop.valid_widths())
-        place = lambda m: place_model(m, cfg, env.world_size, env.prepare_model)  # noqa: E731
+        place = lambda m: place_model(m, cfg.train, env.world_size, env.prepare_model)  # noqa: E731
         start = restore(cfg, tokenizer.vocab_size, env, saved, place)
         resumed = saved.resumed_from is not None  # this run's own checkpoint, not a donor's
         feed = EpochFeed(loop.train_files, cfg, env.rank, env.world_size, start.epoch, saved.start, resumed)

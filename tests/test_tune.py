@@ -459,7 +459,7 @@ def asha_one_at_a_time(lrs: list[float], num_trials: int) -> dict[float, int]:
     from raymt.tune import make_scheduler
 
     cfg = Config(train=TrainConfig(max_steps=300, eval_every=100))
-    scheduler = make_scheduler("asha", cfg, {}, num_trials)
+    scheduler = make_scheduler("asha", cfg.train, {}, num_trials)
     scheduler.set_search_properties("valid_bleu", "max")
     last = {}
     for lr in lrs:

@@ -104,7 +104,7 @@ def test_older_checkpoints_with_every_visible_gpus_state_stay_loadable(capsys):
 
 def test_ddp_kwargs_leave_buffers_alone_and_keep_the_bucket_size():
     cfg = apply_overrides(Config(model=tiny()), {"train.ddp_bucket_mb": 4.0})
-    kwargs = ddp_kwargs(cfg)
+    kwargs = ddp_kwargs(cfg.train)
     assert kwargs["bucket_cap_mb"] == 4.0 and kwargs["gradient_as_bucket_view"] is True
     sync = {k: v for k, v in kwargs.items() if k in ("broadcast_buffers", "forward_sync_buffers")}
     assert list(sync.values()) == [False], kwargs
@@ -133,7 +133,7 @@ def _ddp_worker(rank: int, init_file: str, kwargs: dict, out_dir: str) -> None:
 
 def test_ddp_does_not_broadcast_buffers_before_forward(tmp_path):
     """A real 2-process gloo DDP with the worker's kwargs: rank 1's buffer survives a forward."""
-    kwargs = ddp_kwargs(Config(model=tiny()))
+    kwargs = ddp_kwargs(Config(model=tiny()).train)
     # Children import this module to find _ddp_worker (spawn gives them this sys.path); raises if one fails.
     torch.multiprocessing.spawn(_ddp_worker, args=(str(tmp_path / "init"), kwargs, str(tmp_path)), nprocs=2)
     r0, r1 = (torch.load(tmp_path / f"r{r}.pt", weights_only=True) for r in range(2))
@@ -158,16 +158,16 @@ def test_bf16_gradient_compression_is_opt_in_and_only_with_several_workers(monke
     assert Config().train.grad_compression is False
     for cfg, world_size in ((Config(model=tiny()), 2), (on, 1)):
         model = FakeDDP()
-        compress_gradients(model, cfg, world_size)
+        compress_gradients(model, cfg.train, world_size)
         assert model.hooks == []
     prepared = []
 
     def prepare_model(m, parallel_strategy_kwargs):  # Ray Train's, as WorkerEnv passes it
         return prepared.append(parallel_strategy_kwargs) or m
 
-    model = place_model(FakeDDP(), on, 16, prepare_model)  # the worker's own placement
+    model = place_model(FakeDDP(), on.train, 16, prepare_model)  # the worker's own placement
     assert model.hooks == [(None, default_hooks.bf16_compress_hook)]
-    assert prepared == [ddp_kwargs(on)]
+    assert prepared == [ddp_kwargs(on.train)]
 
 
 def worker_loop(tmp_path: Path, cfg: Config) -> WorkerLoop:
