@@ -209,7 +209,7 @@ def stream_epoch(corpus_dir: str, world_size: int = 2) -> dict:
     from raymt.data.epoch import Mix, Position
     from raymt.data.stream import TrainStream
 
-    files = Mix.of_shards(corpus_format.train_files(corpus_dir, corpus_format.read_manifest(corpus_dir)))
+    files = Mix.of_shards(corpus_format.open_corpus(corpus_dir).shards())
 
     @ray.remote(num_cpus=0.5)
     class StreamBench:

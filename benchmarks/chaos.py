@@ -433,7 +433,7 @@ def elastic_equality(ref_dir: Path, run_dir: Path, steps: int) -> dict:
     # The built-in corpus repeats some pairs (numbers, dates): each row once is the epoch's count
     # of pairs trained equal to the corpus's rows (none is over data.max_len here).
     corpus = str(run_dir / "corpus")
-    rows = sum(shard.num_pairs for shard in corpus_format.train_files(corpus, corpus_format.read_manifest(corpus)))
+    rows = sum(shard.num_pairs for shard in corpus_format.open_corpus(corpus).shards())
     once = all(
         sum(n for (e, _), n in c.items() if e == epoch) == rows for c in (ref, got) for epoch in range(finished_epochs)
     )

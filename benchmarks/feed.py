@@ -119,7 +119,7 @@ def feed(corpus: str, args: argparse.Namespace, block_rows: int) -> tuple:
     from raymt.config import DataConfig
     from raymt.data.epoch import Mix
 
-    files = Mix.of_shards(corpus_format.train_files(corpus, corpus_format.read_manifest(corpus)), block_rows)
+    files = Mix.of_shards(corpus_format.open_corpus(corpus).shards(), block_rows)
     return files, DataConfig(max_tokens=args.max_tokens, shuffle_block_rows=block_rows)
 
 

@@ -350,7 +350,7 @@ def run_batches(cfg, corpus: str, count: int, pin_memory: bool = False) -> list:
     from raymt.data.epoch import Mix, Position
     from raymt.data.stream import TrainStream
 
-    files = Mix.of_shards(corpus_format.train_files(corpus, corpus_format.read_manifest(corpus)))
+    files = Mix.of_shards(corpus_format.open_corpus(corpus).shards())
     out: list = []
     for epoch in range(count):  # an epoch holds at least one batch
         stream = TrainStream(
@@ -411,7 +411,7 @@ def part_train(args: argparse.Namespace, sizes: Sizes) -> int:
     from raymt.train import run
 
     cfg = train_config(args)
-    vocab = corpus_format.load_tokenizer(args.corpus, corpus_format.read_manifest(args.corpus)).vocab_size
+    vocab = corpus_format.open_corpus(args.corpus).tokenizer().vocab_size
     t0 = time.perf_counter()
     # Over its first batches (seconds on the CPU); the plain part gives those of the timed steps exactly.
     batches = run_batches(cfg, args.corpus, min(cfg.train.max_steps, FLOPS_BATCHES))
@@ -493,7 +493,7 @@ def plain_loop(args: argparse.Namespace) -> int:
     torch.set_num_threads(
         plan(1, gpu, cfg.train.cpus_per_worker, total={"CPU": machine_cpus(), "GPU": int(gpu)}).num_threads
     )
-    vocab = corpus_format.load_tokenizer(args.corpus, corpus_format.read_manifest(args.corpus)).vocab_size
+    vocab = corpus_format.open_corpus(args.corpus).tokenizer().vocab_size
     batches = run_batches(cfg, args.corpus, cfg.train.max_steps, pin_memory=gpu)
     torch.manual_seed(cfg.train.seed)  # the worker's initial weights
     model, optimizer, scheduler = restore_training(

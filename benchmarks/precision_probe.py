@@ -186,11 +186,9 @@ def shape_of(name: str, corpus: Optional[Path], runs: Path) -> tuple[dict, int, 
         if not made:
             raise SystemExit(f"no mini run under {runs} to take the rows from: run --models mini without --probe-only")
         corpus = made[-1].parent
-    manifest = corpus_format.read_manifest(str(corpus))
-    tok = corpus_format.load_tokenizer(str(corpus), manifest)
-    rows = corpus_format.eval_rows(
-        corpus_format.eval_pairs(str(corpus), manifest, "valid"), tok, cfg.model.max_positions
-    )
+    prepared = corpus_format.open_corpus(str(corpus))
+    tok = prepared.tokenizer()
+    rows = corpus_format.eval_rows(prepared.eval_set("valid"), tok, cfg.model.max_positions)
     return cfg.to_dict(), tok.vocab_size, row_widths(rows)
 
 

@@ -157,7 +157,7 @@ def train_stream(corpus: Path, rank: int, world_size: int) -> "TrainStream":
     from raymt.data.epoch import Mix, Position
     from raymt.data.stream import TrainStream
 
-    files = Mix.of_shards(corpus_format.train_files(str(corpus), corpus_format.read_manifest(str(corpus))))
+    files = Mix.of_shards(corpus_format.open_corpus(str(corpus)).shards())
     return TrainStream(files, DataConfig(), seed=1, rank=rank, world_size=world_size, position=Position(0))
 
 
@@ -706,7 +706,7 @@ def stream_rate(corpus: Path, rank: int, world_size: int, epochs: int) -> dict:
     from raymt.data.epoch import Mix, Position
     from raymt.data.stream import TrainStream
 
-    files = Mix.of_shards(corpus_format.train_files(str(corpus), corpus_format.read_manifest(str(corpus))))
+    files = Mix.of_shards(corpus_format.open_corpus(str(corpus)).shards())
     streams = [TrainStream(files, DataConfig(), 1, rank, world_size, Position(e)) for e in range(epochs)]
     t0 = time.perf_counter()
     first = None

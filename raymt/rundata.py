@@ -17,7 +17,7 @@ from raymt import storage
 from raymt.checkpoint import SPM_FILE
 from raymt.config import Config, CorpusSpec, apply_overrides
 from raymt.data import builtin
-from raymt.data import format as corpus_format
+from raymt.data.format import MANIFEST_FILE, PreparedCorpus, open_corpus
 from raymt.data.text import Pairs
 from raymt.errors import check
 from raymt.rundir import CORPUS_DIR
@@ -33,30 +33,28 @@ class PairTags:
     prefixes: dict[str, list[int]]  # "en-de" -> [id of <2de>]; [] where the corpus reserves no tag
 
 
-def pair_tags(corpus: str, tag_side: str = "src") -> PairTags:
+def pair_tags(corpus: PreparedCorpus, tag_side: str = "src") -> PairTags:
     """The PairTags of a prepared corpus: its pairs in the order of its training corpora, and
     where the model reads its target tag (data.tag_side: "tgt" needs a tag per target language)."""
     from raymt.checkpoint import languages_entry
 
-    manifest = corpus_format.read_manifest(corpus)
-    pairs = list(dict.fromkeys((c.src_lang, c.tgt_lang) for c in corpus_format.corpora(corpus, manifest)))
-    prefixes = {f"{s}-{t}": corpus_format.prefix_ids(manifest, f"{s}-{t}") for s, t in pairs}
+    pairs = list(dict.fromkeys((c.src_lang, c.tgt_lang) for c in corpus.training_corpora))
+    prefixes = {f"{s}-{t}": corpus.prefix_ids(f"{s}-{t}") for s, t in pairs}
     check(
         tag_side == "src" or all(prefixes.values()),
-        f"data.tag_side=tgt puts a target-language tag first in the decoder, but {corpus} has none "
+        f"data.tag_side=tgt puts a target-language tag first in the decoder, but {corpus.location} has none "
         "(one target language): leave data.tag_side at src, or train into several target languages",
     )
-    reserved = manifest.get("tags", {}).get("reserved", {})
-    if len(pairs) == 1 and not reserved:  # one untagged pair: its checkpoints name no languages
+    if len(pairs) == 1 and not corpus.reserved:  # one untagged pair: its checkpoints name no languages
         return PairTags(None, prefixes)
-    return PairTags(languages_entry(pairs, reserved, tag_side), prefixes)
+    return PairTags(languages_entry(pairs, corpus.reserved, tag_side), prefixes)
 
 
 @dataclass
 class RunData:
     """What a run trains and validates on, settled on the driver before Ray starts."""
 
-    corpus: str  # a prepared corpus: given (data.corpus) or made in the run directory
+    corpus_dir: str  # where its prepared corpus is: given (data.corpus) or made in the run directory
     # "valid" and "test": pair ("en-de") -> (sources, references) in memory; a test set for
     # each pair that has one (its first).
     eval_sets: dict[str, dict[str, Pairs]]
@@ -110,7 +108,7 @@ def plan_inputs(
         prepare.check_tags(known, mixing.reserved_pieces(specs, cfg.data.bt_tag), given)
     for c in corpora:  # validation sets are prepared from memory (read once)
         c.valid = [sources.Source(kind="pairs", pairs=valid[c.spec.pair])] if c.valid else []
-    if resume_dir is not None and storage.exists(storage.join(corpus_dir, corpus_format.MANIFEST_FILE)):
+    if resume_dir is not None and storage.exists(storage.join(corpus_dir, MANIFEST_FILE)):
         corpora = None  # prepared when the run started
     return cfg, RunData(corpus_dir, {"valid": valid, "test": test}, known, corpora)
 
@@ -119,55 +117,40 @@ def plan_prepared(cfg: Config, known: Optional[Tokenizer], given: str) -> tuple[
     """plan_data for a prepared corpus (data.corpus): each pair's validation set and first test
     set; a one-pair corpus's may be replaced by data.corpora's valid/test. Its pairs become
     data.corpora (without files)."""
-    corpus = cfg.data.corpus
-    manifest = corpus_format.read_manifest(corpus)
-    pairs = [tuple(pair.split("-", 1)) for pair in corpus_format.pairs(manifest)]  # codes hold no '-'
+    corpus = open_corpus(cfg.data.corpus)
+    pairs = [tuple(pair.split("-", 1)) for pair in corpus.pairs]  # codes hold no '-'
     valid_given = next((c.valid for c in cfg.data.corpora if c.valid), None)
     test_given = next((c.test for c in cfg.data.corpora if c.test), ())
     check(
         len(pairs) == 1 or not (valid_given or test_given),
-        f"--valid/--test PREFIX replace a one-pair corpus's sets, but {corpus} holds several "
+        f"--valid/--test PREFIX replace a one-pair corpus's sets, but {corpus.location} holds several "
         "pairs: prepare it again with --valid/--test SRC-TGT:SPEC",
     )
     specs = [CorpusSpec(src, tgt, valid=valid_given, test=test_given) for src, tgt in pairs]
     cfg = apply_overrides(cfg, {"data.corpora": specs})
-    tokenizer = corpus_format.load_tokenizer(corpus, manifest)
+    tokenizer = corpus.tokenizer()
     check(
         known is None or known.model_proto == tokenizer.model_proto,
-        f"{given} has a different SentencePiece model than the corpus {corpus}: "
+        f"{given} has a different SentencePiece model than the corpus {corpus.location}: "
         "prepare the corpus with that model, or train from scratch on it",
     )
-    _temperature_note(cfg, manifest)
+    _temperature_note(cfg, corpus)
     valid, test = {}, {}
-    for pair in corpus_format.pairs(manifest):
-        valid[pair] = _read_set(cfg, valid_given) if valid_given else _stored_set(corpus, manifest, "valid", pair)
-        names = _test_names(manifest, pair)
+    for pair in corpus.pairs:
+        valid[pair] = _read_set(cfg, valid_given) if valid_given else corpus.eval_set("valid", pair)
+        names = corpus.test_names(pair)
         if test_given:
             test[pair] = _read_set(cfg, test_given[0])
         elif names:
-            test[pair] = _stored_set(corpus, manifest, names[0], pair)
-    return cfg, RunData(corpus, {"valid": valid, "test": test}, tokenizer)
+            test[pair] = corpus.eval_set(names[0], pair)
+    return cfg, RunData(corpus.location, {"valid": valid, "test": test}, tokenizer)
 
 
 def on_prepared(cfg: Config, run_data: RunData) -> Config:
     """The config of runs on the corpus `run_data` just prepared (a sweep's trials): data.corpus,
     data.corpora its pairs (its validation and test sets are in it)."""
     specs = [CorpusSpec(src, tgt) for src, tgt in cfg.data.pairs()]
-    return apply_overrides(cfg, {"data.corpus": run_data.corpus, "data.corpora": specs})
-
-
-def _stored_set(corpus: str, manifest: dict, split: str, pair: str) -> Pairs:
-    """A prepared corpus's validation or test set of `pair`."""
-    return corpus_format.eval_pairs(corpus, manifest, split, pair)
-
-
-def _test_names(manifest: dict, pair: str) -> list[str]:
-    """The test sets of `pair` in a prepared corpus, the one a run scores first: in the order they
-    were given (a `raymt-corpus/1` corpus's in name order)."""
-    tests = manifest["splits"].get("test", {})
-    if manifest["format"] == corpus_format.ONE_PAIR_FORMAT:
-        return sorted(tests)
-    return list(tests.get(pair, {}))
+    return apply_overrides(cfg, {"data.corpus": run_data.corpus_dir, "data.corpora": specs})
 
 
 def _read_set(cfg: Config, location: str) -> Pairs:
@@ -179,9 +162,9 @@ def _read_set(cfg: Config, location: str) -> Pairs:
     return sources.read_eval(options, [sources.source_from_spec(location, options)])
 
 
-def _temperature_note(cfg: Config, manifest: dict) -> None:
+def _temperature_note(cfg: Config, corpus: PreparedCorpus) -> None:
     """A note when a corpus's SentencePiece sample was mixed at another temperature than this run's."""
-    prepared_at = manifest.get("options", {}).get("temperature", cfg.data.temperature)
+    prepared_at = corpus.options.get("temperature", cfg.data.temperature)
     if prepared_at != cfg.data.temperature:  # data.temperature mixes; a sweep may vary it on purpose
         print(
             f"note: {cfg.data.corpus} was prepared with --temperature {prepared_at:g} (its SentencePiece sample); "
@@ -200,16 +183,14 @@ def _known_tokenizer(resume_dir: Optional[str], init_checkpoint: Optional[str | 
     return None
 
 
-def materialize(cfg: Config, run_data: RunData) -> tuple[list, Tokenizer]:
+def materialize(cfg: Config, run_data: RunData) -> PreparedCorpus:
     """Prepare the corpus if the run makes its own (Ray Data, or the driver for small inputs),
-    then list its training data: a `format.Corpus` (its shards, tags, weight) per corpus."""
+    then open it: its training corpora (shards, tags, weight) and tokenizer."""
     from raymt.config import run_prepare_config
     from raymt.data import prepare
 
     if run_data.corpora is not None:
         prepare.prepare_corpora(
-            run_prepare_config(cfg), run_data.corpus, run_data.corpora, tokenizer=run_data.tokenizer
+            run_prepare_config(cfg), run_data.corpus_dir, run_data.corpora, tokenizer=run_data.tokenizer
         )
-    manifest = corpus_format.read_manifest(run_data.corpus)
-    tokenizer = corpus_format.load_tokenizer(run_data.corpus, manifest)
-    return corpus_format.corpora(run_data.corpus, manifest), tokenizer
+    return open_corpus(run_data.corpus_dir)

@@ -15,7 +15,7 @@ from typing import Optional
 from raymt import storage
 from raymt.checkpoint import RAY_SNAPSHOT_FILE, SPM_FILE, load_config
 from raymt.config import Config, apply_overrides
-from raymt.data import format as corpus_format
+from raymt.data.format import open_corpus
 from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
@@ -89,8 +89,7 @@ def mixes_corpora(cfg: Config) -> bool:
     if cfg.data.corpus is None:
         return mixed(cfg.data.corpora)
     try:
-        corpus = cfg.data.corpus
-        return mixed(corpus_format.corpora(corpus, corpus_format.read_manifest(corpus)))
+        return mixed(open_corpus(cfg.data.corpus).training_corpora)
     except ValueError:  # not (or no longer) a prepared corpus: plan_data says so where it reads it
         return False
 
@@ -182,7 +181,7 @@ def run_pairs(cfg: Config) -> list[str]:
     """The pairs a run trains ("en-de"), for its name: a prepared corpus's, or its corpora's."""
     if cfg.data.corpus is not None:  # data.corpora gets them from its manifest only later
         try:
-            return corpus_format.pairs(corpus_format.read_manifest(cfg.data.corpus))
+            return open_corpus(cfg.data.corpus).pairs
         except ValueError:  # not a prepared corpus: plan_data says so
             pass
     return [f"{src}-{tgt}" for src, tgt in cfg.data.pairs()]

@@ -16,7 +16,7 @@ from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, load_config
 from raymt.cluster import Plan, init_ray, plan
 from raymt.config import Config, check_training, schedule_line
 from raymt.curves import after_training as plot_learning_curves
-from raymt.data import format as corpus_format
+from raymt.data.format import TrainingCorpus, eval_rows
 from raymt.data.text import Pairs
 from raymt.errors import cli_error
 from raymt.evaluate import score_test_sets
@@ -101,7 +101,7 @@ def scaling(cfg: Config) -> Plan:
 
 def fit(
     cfg: Config,
-    train_files: list,
+    training_corpora: list[TrainingCorpus],
     valid: dict[str, Pairs],
     tokenizer: Tokenizer,
     init_checkpoint: Optional[str | Path],
@@ -113,10 +113,10 @@ def fit(
 ):
     """Run the TorchTrainer; returns Ray's Result.
 
-    Workers read their own slices of `train_files` (raymt.data.stream), so no
+    Workers read their own slices of `training_corpora` (raymt.data.stream), so no
     dataset is split by Ray Train; validation rows travel in the config, every one scored.
-    `valid` maps each pair to its set and `tags` gives the pairs' tags. `train_files` is a
-    `format.Corpus` per corpus (mixed by data.temperature in the workers; one pair's a list of one).
+    `valid` maps each pair to its set and `tags` gives the pairs' tags. `training_corpora` are a
+    prepared corpus's (mixed by data.temperature in the workers; one pair's a list of one).
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -133,7 +133,7 @@ def fit(
         config=cfg,
         spm_model=tokenizer.model_proto,
         num_threads=workers.num_threads,
-        train_files=train_files,
+        training_corpora=training_corpora,
         valid=valid_rows(valid, tokenizer, cfg.model.max_positions, tags),
         languages=tags.languages,
         init_checkpoint=str(init_checkpoint) if init_checkpoint else None,
@@ -171,8 +171,7 @@ def valid_rows(
     """The workers' validation rows and references by pair, each set's sources starting with its
     pair's target tag."""
     return {
-        pair: ValidRows(corpus_format.eval_rows(p, tokenizer, max_positions, tags.prefixes[pair]), p[1])
-        for pair, p in valid.items()
+        pair: ValidRows(eval_rows(p, tokenizer, max_positions, tags.prefixes[pair]), p[1]) for pair, p in valid.items()
     }
 
 
@@ -216,12 +215,21 @@ def run(
     scaling(cfg)  # more workers or GPUs than the cluster has (or grows to): one line, before any data work
     try:
         check_shared(run_dir)  # a node-local run directory on a multi-node cluster: one line
-        train_files, tokenizer = materialize(cfg, run_data)
-        tags = pair_tags(run_data.corpus, cfg.data.tag_side)
+        corpus = materialize(cfg, run_data)
+        tokenizer, tags = corpus.tokenizer(), pair_tags(corpus, cfg.data.tag_side)
         write_run_files(cfg, run_dir, tokenizer)
         valid, logs = run_data.eval_sets["valid"], storage.join(run_dir, "logs")
         result = fit(
-            cfg, train_files, valid, tokenizer, init_checkpoint, tags, logs, callbacks, init_full_state, verbose
+            cfg,
+            corpus.training_corpora,
+            valid,
+            tokenizer,
+            init_checkpoint,
+            tags,
+            logs,
+            callbacks,
+            init_full_state,
+            verbose,
         )
     finally:
         release_request()  # nodes the plan asked for may go when idle

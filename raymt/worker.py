@@ -93,7 +93,7 @@ class WorkerLoop(Hooks):
         place = lambda m: place_model(m, cfg.train, env.world_size, env.prepare_model)  # noqa: E731
         start = restore(cfg, tokenizer.vocab_size, env, saved, place)
         resumed = saved.resumed_from is not None  # this run's own checkpoint, not a donor's
-        feed = EpochFeed(loop.train_files, cfg, env.rank, env.world_size, start.epoch, saved.start, resumed)
+        feed = EpochFeed(loop.training_corpora, cfg, env.rank, env.world_size, start.epoch, saved.start, resumed)
         restore_rng(saved.start.rng_states, env.rank, env.world_size, env.device, cfg.train.seed, start.step)
         valid = ValidSets.create(loop.valid, cfg, tokenizer, env.prepare_loader)
         logs = RunLogs.open(loop.log_dir, cfg, env, start.step, valid.pairs)

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from raymt.checkpoint import TrainState
 from raymt.config import Config, DataConfig
 from raymt.data.epoch import Mix, Position, batching_record, mix_record, training_data
+from raymt.data.format import TrainingCorpus
 from raymt.data.stream import TrainStream, resume_point
 from raymt.decoding import DecodeOptions
 from raymt.metrics import pair_metrics
@@ -31,7 +32,7 @@ class EpochFeed:
 
     def __init__(
         self,
-        train_files: list,
+        training_corpora: list[TrainingCorpus],
         cfg: Config,
         rank: int,
         world_size: int,
@@ -42,20 +43,20 @@ class EpochFeed:
         """`state`: a checkpoint's train state (`TrainState()`: a new run); `resumed`: this run's
         own, whose data positions carry over only to the same mix of corpora."""
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.files: Mix = training_data(train_files, cfg.data.temperature, cfg.data.shuffle_block_rows)
-        self.data_mix = mix_record(train_files, cfg.data.temperature)
+        self.mix: Mix = training_data(training_corpora, cfg.data.temperature, cfg.data.shuffle_block_rows)
+        self.data_mix = mix_record(training_corpora, cfg.data.temperature)
         if resumed:
             check_data_mix(state.data_mix, self.data_mix)
         saved, batching = state.data_positions, state.data_batching
         self.position, self.segment = resume_point(
-            self.files, cfg.data, cfg.train.seed, epoch, saved, state.data_segment, rank, world_size, batching
+            self.mix, cfg.data, cfg.train.seed, epoch, saved, state.data_segment, rank, world_size, batching
         )
         note = resize_note(saved, world_size, batching_changes(batching, cfg.data))
         if note and rank == 0:
-            left = self.segment.num_left() if self.segment else self.files.num_rows
+            left = self.segment.num_left() if self.segment else self.mix.num_rows
             print(
                 f"{note}: the workers share the {left} pairs "
-                f"left of epoch {epoch + 1} ({self.files.num_rows - left} trained before; each pair once)",
+                f"left of epoch {epoch + 1} ({self.mix.num_rows - left} trained before; each pair once)",
                 flush=True,
             )
         self.trace = self.pin_memory = False
@@ -71,7 +72,7 @@ class EpochFeed:
     def open(self, position: Position, start: bool = True) -> TrainStream:
         """This worker's stream of the epoch `position` is in, reading ahead once started."""
         stream = TrainStream(
-            self.files,
+            self.mix,
             self.cfg.data,
             self.cfg.train.seed,
             self.rank,

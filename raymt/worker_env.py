@@ -32,7 +32,7 @@ class LoopConfig:
     config: Config  # the run's, as given: a worker scales the batch of a resized group itself
     spm_model: bytes
     num_threads: int  # torch threads per worker (`cluster.Plan.num_threads`)
-    train_files: list  # a `format.Corpus` per training corpus (one pair's: a list of one)
+    training_corpora: list  # a `format.TrainingCorpus` each (one pair's: a list of one)
     valid: dict[str, ValidRows]  # pair ("en-de") -> its validation set, every one scored
     languages: Optional[dict] = None  # a tagged model's, for its checkpoints' config.json
     init_checkpoint: Optional[str] = None  # a new run's starting weights

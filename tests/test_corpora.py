@@ -55,10 +55,10 @@ def prepare_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return status, captured.out, captured.err
 
 
-def shard_rows(corpus: str, entry: corpus_format.Corpus) -> list[tuple[list[int], list[int]]]:
+def shard_rows(corpus: str, entry: corpus_format.TrainingCorpus) -> list[tuple[list[int], list[int]]]:
     """Every (src_ids, tgt_ids) of a corpus's shards."""
     rows = []
-    for shard in entry.files:
+    for shard in entry.shards:
         table = pq.read_table(shard.path)
         rows += zip(table.column("src_ids").to_pylist(), table.column("tgt_ids").to_pylist())
     return rows
@@ -178,18 +178,19 @@ def test_builtin_three_pairs_make_a_tagged_corpus(tmp_path, capsys, no_ray, smal
     out = tmp_path / "m"
     status, stdout, err = prepare_cli(capsys, "--out", str(out), "--pairs", "en-de,en-fr,de-en", *SMALL)
     assert status == 0, err
-    manifest = corpus_format.read_manifest(str(out))
+    prepared = corpus_format.open_corpus(str(out))
+    manifest = prepared.manifest
     assert manifest["format"] == corpus_format.FORMAT
     assert manifest["tags"] == {"target_langs": ["de", "en", "fr"], "reserved": {"<2de>": 4, "<2en>": 5, "<2fr>": 6}}
     assert (manifest["options"]["temperature"], manifest["options"]["bt_tag"]) == (1.0, True)
-    corpora = corpus_format.corpora(str(out), manifest)
+    corpora = prepared.training_corpora
     assert [(c.name, c.origin, c.source_tags) for c in corpora] == [
         ("en-de", "real", ("<2de>",)),
         ("en-fr", "real", ("<2fr>",)),
         ("de-en", "real", ("<2en>",)),
     ]
 
-    tokenizer = corpus_format.load_tokenizer(str(out), manifest)
+    tokenizer = prepared.tokenizer()
     tag_ids = {4, 5, 6}
     for piece, i in manifest["tags"]["reserved"].items():
         assert tokenizer.sp.piece_to_id(piece) == i and tokenizer.sp.is_control(i)
@@ -209,9 +210,9 @@ def test_builtin_three_pairs_make_a_tagged_corpus(tmp_path, capsys, no_ray, smal
         assert all(s[0] == tag and not tag_ids & set(s[1:]) and not tag_ids & set(t) for s, t in rows)
         decoded = {(tokenizer.decode(s), tokenizer.decode(t)) for s, t in rows}
         assert decoded == set(zip(*expected["train"]))
-        assert corpus_format.eval_pairs(str(out), manifest, "valid", c.pair) == expected["valid"]
-        assert corpus_format.eval_pairs(str(out), manifest, "test", c.pair) == expected["test"]
-        assert corpus_format.prefix_ids(manifest, c.pair) == [tag]
+        assert prepared.eval_set("valid", c.pair) == expected["valid"]
+        assert prepared.eval_set("test", c.pair) == expected["test"]
+        assert prepared.prefix_ids(c.pair) == [tag]
     assert "en-fr (real)" in stdout and "total bt" in stdout and "<2fr> = id 6" in stdout
 
     again = prepare_cli(capsys, "--out", str(out), "--pairs", "en-de,en-fr,de-en", *SMALL)
@@ -230,12 +231,13 @@ def test_back_translated_pairs_are_tagged_and_counted_apart(tmp_path, capsys, no
     argv = ["--out", str(out), "--train", train, "--valid", valid, "--bt", bt_dir, "--bt", f"en-de:{text_bt}", *SMALL]
     status, stdout, err = prepare_cli(capsys, *argv)
     assert status == 0, err
-    manifest = corpus_format.read_manifest(str(out))
-    assert manifest["tags"]["reserved"] == {BT_TAG: 4}  # one target language: no <2de>
-    real_corpus, bt = corpus_format.corpora(str(out), manifest)
+    prepared = corpus_format.open_corpus(str(out))
+    manifest = prepared.manifest
+    assert prepared.reserved == {BT_TAG: 4}  # one target language: no <2de>
+    real_corpus, bt = prepared.training_corpora
     assert (real_corpus.name, real_corpus.source_tags, bt.name, bt.source_tags) == ("en-de", (), "en-de.bt", (BT_TAG,))
     assert bt.num_pairs == 39 + 10 and manifest["corpora"][1]["train"]["dropped"]["empty"] == 1
-    tokenizer = corpus_format.load_tokenizer(str(out), manifest)
+    tokenizer = prepared.tokenizer()
     rows = shard_rows(str(out), bt)
     assert all(s[0] == 4 and 4 not in s[1:] for s, _ in rows)
     assert all(4 not in s for s, _ in shard_rows(str(out), real_corpus))
@@ -250,10 +252,10 @@ def test_back_translated_pairs_are_tagged_and_counted_apart(tmp_path, capsys, no
 
     no_tag = prepare_cli(capsys, *argv[:1], str(tmp_path / "c2"), *argv[2:], "--no-bt-tag", "--real-weight", "2")
     assert no_tag[0] == 0, no_tag[2]
-    plain = corpus_format.read_manifest(str(tmp_path / "c2"))
-    assert plain["tags"]["reserved"] == {} and plain["options"]["bt_tag"] is False
+    plain = corpus_format.open_corpus(str(tmp_path / "c2"))
+    assert plain.reserved == {} and plain.options["bt_tag"] is False
     # --real-weight: the real pairs twice per epoch beside the synthetic ones.
-    assert [c.weight for c in corpus_format.corpora(str(tmp_path / "c2"), plain)] == [2.0, 1.0]
+    assert [c.weight for c in plain.training_corpora] == [2.0, 1.0]
 
 
 def test_temperature_balances_the_sentencepiece_sample(tmp_path, capsys, no_ray, monkeypatch):
@@ -305,9 +307,10 @@ def test_one_pair_flags_and_one_labeled_corpus_prepare_alike(tmp_path, capsys, n
         == train_tokenizer(lines, 96, "bpe", control_symbols=()).model_proto
     )
     # Every reader sees it as one real, untagged corpus.
-    (only,) = corpus_format.corpora(str(tmp_path / "new"), manifests[1])
+    new = corpus_format.open_corpus(str(tmp_path / "new"))
+    (only,) = new.training_corpora
     assert (only.name, only.origin, only.source_tags, only.num_pairs) == ("en-de", "real", (), 80)
-    assert corpus_format.prefix_ids(manifests[1], "en-de") == []
+    assert new.prefix_ids("en-de") == []
 
 
 @pytest.mark.slow  # Ray Data's start-up: ~15 s on 2 CPUs
@@ -330,8 +333,8 @@ def test_ray_data_writes_the_tagged_corpora_the_driver_writes(ray_cluster, tmp_p
 
     def prepared(out: Path) -> tuple:
         manifest = prepare.prepare_corpora(cfg, str(out), corpora)
-        entries = corpus_format.corpora(str(out), manifest)
-        rows = [pq.read_table(shard.path).to_pylist() for c in entries for shard in c.files]
+        entries = corpus_format.PreparedCorpus(str(out), manifest).training_corpora
+        rows = [pq.read_table(shard.path).to_pylist() for c in entries for shard in c.shards]
         return [c["train"]["dropped"] for c in manifest["corpora"]], manifest["sp_model_sha256"], manifest["tags"], rows
 
     here = prepared(tmp_path / "here")
@@ -359,19 +362,19 @@ def test_a_run_prepares_its_corpora_per_pair(tmp_path, no_ray):
     cfg, run_data = plan_data(cfg, tmp_path / "run", None, None)
     assert sorted(run_data.eval_sets["valid"]) == ["de-en", "en-de", "en-fr"]
     assert run_data.eval_sets["test"]["en-fr"] == builtin.builtin_splits("en", "fr", 300, 20, 1)["test"]
-    corpora, tokenizer = materialize(cfg, run_data)
+    prepared = materialize(cfg, run_data)
+    corpora, tokenizer = prepared.training_corpora, prepared.tokenizer()
     assert [(c.name, c.source_tags, c.num_pairs) for c in corpora] == [
         ("en-de", ("<2de>",), 300),
         ("en-fr", ("<2fr>",), 300),
         ("de-en", ("<2en>",), 300),
     ]
     assert all(s[0] == tokenizer.sp.piece_to_id(c.source_tags[0]) for c in corpora for s, _ in shard_rows("", c))
-    manifest = corpus_format.read_manifest(run_data.corpus)
-    assert manifest["options"]["vocab_size"] == 200
+    assert prepared.options["vocab_size"] == 200
     # A resumed run finds its corpus prepared; a prepared /2 corpus gives the same sets per pair.
     _, resumed = plan_data(cfg, tmp_path / "run", str(tmp_path / "run"), None)
     assert resumed.corpora is None
-    given = build_config(parse_args(["--corpus", run_data.corpus]))
+    given = build_config(parse_args(["--corpus", run_data.corpus_dir]))
     _, from_corpus = plan_data(given, tmp_path / "run2", None, None)
     assert from_corpus.eval_sets["valid"] == run_data.eval_sets["valid"]
     # A checkpoint whose SentencePiece model lacks the tags cannot start these corpora.
@@ -394,12 +397,12 @@ def test_a_run_on_one_tsv_corpus_is_a_one_pair_run(tmp_path, no_ray):
         "valid": {"en-fr": tuple(map(list, zip(*mirrored(4, 500))))},
         "test": {"en-fr": tuple(map(list, zip(*mirrored(3, 600))))},
     }
-    (corpus,), tokenizer = materialize(cfg, run_data)
-    manifest = corpus_format.read_manifest(run_data.corpus)
-    assert manifest["format"] == corpus_format.FORMAT and manifest["tags"]["reserved"] == {}
+    prepared = materialize(cfg, run_data)
+    (corpus,) = prepared.training_corpora
+    assert prepared.manifest["format"] == corpus_format.FORMAT and prepared.reserved == {}
     assert (corpus.name, corpus.source_tags, corpus.num_pairs) == ("en-fr", (), 60)
-    assert list(corpus.files) == corpus_format.train_files(run_data.corpus, manifest)
-    assert pair_tags(run_data.corpus).languages is None
+    assert list(corpus.shards) == prepared.shards()
+    assert pair_tags(prepared).languages is None
 
 
 # ---------------------------------------------------------------- bad input: one line, before Ray

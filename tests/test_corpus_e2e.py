@@ -48,8 +48,8 @@ def test_prepare_multi30k_over_http_for_a_run(ray_cluster, tmp_path, monkeypatch
             ]
         )
     assert status == 0, capsys.readouterr().err
-    manifest = corpus_format.read_manifest(str(out))
-    files = corpus_format.train_files(str(out), manifest)
+    prepared = corpus_format.open_corpus(str(out))
+    manifest, files = prepared.manifest, prepared.shards()
     assert len(files) >= 4 and max(f.num_pairs for f in files) <= 8000
     (train,) = [c["train"] for c in manifest["corpora"]]
     assert sum(f.num_pairs for f in files) == train["num_pairs"] and train["input_pairs"] == 29000

@@ -35,7 +35,7 @@ def corpus_pairs(run_dir: Path, max_len: int) -> Counter:
     """Digest counts of the run's prepared training pairs (those within data.max_len)."""
     corpus = str(run_dir / "corpus")
     out = Counter()
-    for path, _, _ in corpus_format.train_files(corpus, corpus_format.read_manifest(corpus)):
+    for path, _, _ in corpus_format.open_corpus(corpus).shards():
         table = pq.read_table(path)
         src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
         lens = [(src[1][i + 1] - src[1][i], tgt[1][i + 1] - tgt[1][i]) for i in range(table.num_rows)]

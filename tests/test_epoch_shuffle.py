@@ -25,7 +25,7 @@ from raymt.data.epoch import (
     restore_position,
     saved_batching,
 )
-from raymt.data.format import Corpus, Shard, token_index
+from raymt.data.format import Shard, TrainingCorpus, token_index
 from raymt.data.stream import TrainStream, read_plan, resume_point
 from raymt.worker_data import EpochFeed, batching_changes
 
@@ -286,15 +286,15 @@ def test_the_field_defaults_on_and_old_configs_and_checkpoints_mean_the_old_orde
     assert batching_record(Config().data)["shuffle_block_rows"] == 1024
 
     shards, _ = write_shards(tmp_path, [700, 300])
-    train_files = [Corpus("en-de", "en", "de", "real", 1.0, (), shards, 1000)]
+    training_corpora = [TrainingCorpus("en-de", "en", "de", "real", 1.0, (), shards, 1000)]
     cfg = Config(data=DataConfig(**CFG, shuffle_block_rows=BLOCK))
-    feed = EpochFeed(train_files, cfg, 0, 2, 0, TrainState())
-    assert feed.files.block_rows == BLOCK and feed.position == Position(0) and feed.segment is None
+    feed = EpochFeed(training_corpora, cfg, 0, 2, 0, TrainState())
+    assert feed.mix.block_rows == BLOCK and feed.position == Position(0) and feed.segment is None
     positions = [Position(0, 1, 2).to_dict(), Position(0, 0, 3).to_dict()]
     old_record = {k: v for k, v in batching_record(cfg.data).items() if k != "shuffle_block_rows"}
     for record, resized in ((batching_record(cfg.data), False), (old_record, True), (None, True)):
         state = {"step": 5, "epoch": 0, "data_positions": positions, "data_batching": record}
-        feed = EpochFeed(train_files, cfg, 1, 2, 0, TrainState.from_dict(state))  # as a checkpoint loads
+        feed = EpochFeed(training_corpora, cfg, 1, 2, 0, TrainState.from_dict(state))  # as a checkpoint loads
         assert (feed.segment is not None) == resized, record
         assert feed.position == (Position(0) if resized else Position(**positions[1]))
     assert batching_changes(saved_batching(old_record), cfg.data) == f"data.shuffle_block_rows 0 -> {BLOCK}"

@@ -428,6 +428,67 @@ def test_the_train_state_keys_are_named_only_in_checkpoint_py():
     assert not bad, f"train state keys named outside {TRAIN_STATE_HOME} (use TrainState):\n" + "\n".join(bad)
 
 
+# A prepared corpus is opened once (issue 56): `open_corpus` gives a `PreparedCorpus`, the one
+# reader of its manifest and of the older one-pair format; run data, the run directory and
+# training hold that object and never a manifest.
+CORPUS_HOME = "raymt/data/format.py"
+CORPUS_USERS = ("raymt/rundata.py", "raymt/rundir.py", "raymt/train.py")
+ONE_PAIR_FORMAT_NAMES = {"ONE_PAIR_FORMAT", "raymt-corpus/1"}
+
+
+def manifest_functions(path: Path) -> list[str]:
+    """The module-level public functions of `path` that take a `manifest` parameter."""
+    return [
+        f"{node.name} (line {node.lineno})"
+        for node in parse(path).body
+        if isinstance(node, ast.FunctionDef)
+        and not private(node.name)
+        and any(a.arg == "manifest" for a in node.args.args + node.args.kwonlyargs)
+    ]
+
+
+def corpus_reads(path: Path) -> list[str]:
+    """Where `path` handles a manifest itself (a name or attribute `manifest`) or the one-pair
+    format (ONE_PAIR_FORMAT, "raymt-corpus/1")."""
+    found = []
+    for node in ast.walk(parse(path)):
+        names = [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else identifiers(node)
+        found += [
+            f"{name} (line {getattr(node, 'lineno', '?')})"
+            for name in names
+            if name == "manifest" or name in ONE_PAIR_FORMAT_NAMES
+        ]
+    return found
+
+
+def test_a_prepared_corpus_is_read_through_its_object():
+    """raymt.data.format has no free function taking a manifest (`PreparedCorpus` reads it); no
+    module outside it names the one-pair format, and run data, the run directory and training
+    hold no manifest."""
+    home = ROOT.parent / CORPUS_HOME
+    assert not manifest_functions(home), manifest_functions(home)
+    bad = [
+        f"{name}: {', '.join(refs)}"
+        for name, path in modules().items()
+        if path != home and (refs := [r for r in corpus_reads(path) if not r.startswith("manifest ")])
+    ]
+    bad += [f"{user}: {', '.join(refs)}" for user in CORPUS_USERS if (refs := corpus_reads(ROOT.parent / user))]
+    assert not bad, "a prepared corpus read beside open_corpus (use its PreparedCorpus):\n" + "\n".join(bad)
+
+
+def test_the_corpus_checks_find_what_they_look_for(tmp_path):
+    """On made-up modules: a free function taking a manifest, a manifest read by key and the
+    one-pair format are found; a method taking one and MANIFEST_FILE are not."""
+    (tmp_path / "a.py").write_text(
+        "def pairs(manifest):\n    return manifest['corpora']\n\n\n"
+        "class C:\n    def f(self, manifest):\n        return MANIFEST_FILE\n"
+    )
+    (tmp_path / "b.py").write_text("X = 'raymt-corpus/1'\nY = ONE_PAIR_FORMAT\n")
+    assert manifest_functions(tmp_path / "a.py") == ["pairs (line 1)"]
+    assert corpus_reads(tmp_path / "b.py") == ["raymt-corpus/1 (line 1)", "ONE_PAIR_FORMAT (line 2)"]
+    assert [r for r in corpus_reads(tmp_path / "a.py") if "MANIFEST" in r] == []
+
+
 def test_the_checks_find_what_they_look_for(tmp_path):
     """On a made-up package: a cycle hidden in a function, private names imported or reached
     as attributes, long modules and functions; a package's __init__ re-exporting is no cycle."""

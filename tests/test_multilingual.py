@@ -52,9 +52,9 @@ def prepared(tmp_path_factory):
     (config, RunData, the corpora with WEIGHTS, tokenizer)."""
     cfg = build_config(parse_args(["--pairs", ",".join(PAIRS), *SIZES, *SMALL_VOCAB]))
     cfg, run_data = plan_data(cfg, tmp_path_factory.mktemp("run"), None, None)
-    corpora, tokenizer = materialize(cfg, run_data)
-    weighted = [c._replace(weight=w) for c, w in zip(corpora, WEIGHTS)]
-    return cfg, run_data, weighted, tokenizer
+    corpus = materialize(cfg, run_data)
+    weighted = [c._replace(weight=w) for c, w in zip(corpus.training_corpora, WEIGHTS)]
+    return cfg, run_data, weighted, corpus.tokenizer()
 
 
 def expected_rows(corpora, temperature: float) -> list[float]:
@@ -67,7 +67,7 @@ def expected_rows(corpora, temperature: float) -> list[float]:
 def shard_digests(corpus) -> tuple[Counter, set]:
     """A corpus's pairs as trace digests (a multiset) and the first source id of each row."""
     digests, first = Counter(), set()
-    for shard in corpus.files:
+    for shard in corpus.shards:
         table = pq.read_table(shard.path)
         src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
         digests.update(pair_hashes(src, tgt, np.arange(table.num_rows)))
@@ -110,7 +110,7 @@ def test_every_source_is_tagged_and_each_epoch_is_the_temperatures_mix(prepared,
 
 def test_one_pairs_shards_are_read_as_today(prepared):
     files = [corpus_format.Shard("train/en-de/part-00000.parquet", 10, (40,))]
-    one = [corpus_format.Corpus("en-de", "en", "de", "real", 1.0, (), files, 10)]
+    one = [corpus_format.TrainingCorpus("en-de", "en", "de", "real", 1.0, (), files, 10)]
     mix = training_data(one, 5.0)  # a mix of one corpus at any temperature, its shards read once
     assert (mix.corpora, mix.rows, mix.single) == ((tuple(files),), (10,), True) and mix_record(one, 5.0) is None
 
@@ -120,7 +120,7 @@ def test_one_pairs_shards_are_read_as_today(prepared):
 
 def test_each_pairs_validation_rows_start_with_its_tag(prepared):
     cfg, run_data, corpora, tokenizer = prepared
-    tags = pair_tags(run_data.corpus)
+    tags = pair_tags(corpus_format.open_corpus(run_data.corpus_dir))
     ids = {lang: tokenizer.sp.piece_to_id(f"<2{lang}>") for lang in ("de", "en", "fr")}
     assert tags.prefixes == {"en-de": [ids["de"]], "en-fr": [ids["fr"]], "de-en": [ids["en"]]}
     assert tags.languages == {
@@ -150,7 +150,7 @@ def test_validation_scores_each_pair_and_averages_them(prepared):
     model = build_model(tiny(), tokenizer.vocab_size).eval()
     autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
     opts = apply_overrides(cfg, {"decode.beam": 1, "decode.max_len_a": 0.0, "decode.max_len_b": 3}).decode
-    tags = pair_tags(run_data.corpus)
+    tags = pair_tags(corpus_format.open_corpus(run_data.corpus_dir))
     sets = valid_rows(run_data.eval_sets["valid"], tokenizer, tiny().max_positions, tags)
     loaders = {p: ([collate_eval(s.rows[:8]), collate_eval(s.rows[8:])], s.refs) for p, s in sets.items()}
     two = ValidSets({p: loaders[p] for p in ("en-fr", "de-en")}, tokenizer, opts)
@@ -174,7 +174,7 @@ def test_each_pairs_test_set_is_decoded_with_its_tag_and_scored_in_its_language(
     from raymt.engines import ModelInfo
 
     cfg, run_data, corpora, tokenizer = prepared
-    tags = pair_tags(run_data.corpus)
+    tags = pair_tags(corpus_format.open_corpus(run_data.corpus_dir))
     model = ModelInfo("ckpt", "raymt", cfg, tokenizer, tags.languages)  # what the run's checkpoints hold
     calls = []
 
@@ -296,7 +296,7 @@ def test_a_run_without_a_name_is_named_after_its_pairs(prepared):
     mixed = finalize(build_config(parse_args(["--pairs", "en-de,de-en"]))).train.name
     assert re.fullmatch(r"raymt-en-de\+de-en-\d{8}-\d{6}", mixed), mixed
     assert finalize(build_config(parse_args(["--src", "de", "--tgt", "en"]))).train.name.startswith("raymt-de-en-2")
-    corpus = prepared[1].corpus  # a prepared corpus of three pairs: its own pairs, not the default en-de
+    corpus = prepared[1].corpus_dir  # a prepared corpus of three pairs: its own pairs, not the default en-de
     named = finalize(build_config(parse_args(["--corpus", str(corpus)]))).train.name
     assert named.startswith(f"raymt-{'+'.join(PAIRS)}-2"), named
 
@@ -323,8 +323,8 @@ def test_a_sweep_may_vary_the_temperature_of_its_shared_corpus(prepared, tmp_pat
         # a run mixes at its own data.temperature; one other than the corpus's is said once
         note = f"(its SentencePiece sample); this run mixes its corpora at data.temperature={temperature:g}"
         assert (note in capsys.readouterr().out) == (temperature != 1.0)
-        assert run_data.corpus == base.data.corpus
-        corpora, _ = materialize(trial, run_data)
+        assert run_data.corpus_dir == base.data.corpus
+        corpora = materialize(trial, run_data).training_corpora
         rows[temperature] = mix_record(corpora, trial.data.temperature)["rows"]
     assert rows[1.0] == [300, 300, 300] and rows[5.0] == rows[1.0]  # equal corpora: any T, the same
     weighted = [c._replace(weight=w) for c, w in zip(corpora, WEIGHTS)]
@@ -427,16 +427,15 @@ def mixed_reference(tmp_path_factory, ray_head):
 def test_three_pairs_train_with_tags_in_the_temperatures_mix_and_score_per_pair(mixed_reference):
     out, run_dir = mixed_reference
     # The workers trained on tagged pairs of their corpora, epoch 0 in the mix of T=5.
-    corpora = corpus_format.corpora(str(run_dir / "corpus"), corpus_format.read_manifest(str(run_dir / "corpus")))
+    corpus = corpus_format.open_corpus(str(run_dir / "corpus"))
+    corpora = corpus.training_corpora
     assert [(c.name, c.weight, c.source_tags) for c in corpora] == [
         ("en-de", 4.0, ("<2de>",)),
         ("en-fr", 1.0, ("<2fr>",)),
         ("de-en", 1.0, ("<2en>",)),
     ]
     digests = {c.name: shard_digests(c) for c in corpora}
-    tokenizer = corpus_format.load_tokenizer(
-        str(run_dir / "corpus"), corpus_format.read_manifest(str(run_dir / "corpus"))
-    )
+    tokenizer = corpus.tokenizer()
     for c in corpora:
         assert digests[c.name][1] == {tokenizer.sp.piece_to_id(c.source_tags[0])}
     trained = [(epoch, entry.split(":")) for rows in trained_pairs(run_dir).values() for epoch, entry in rows]

@@ -59,10 +59,10 @@ def check_inputs(cfg: PrepareConfig, train: list, valid: list) -> list[dict]:
 
 def decoded_train(out: Path) -> Counter:
     """The training shards decoded back to text, as a multiset of pairs."""
-    manifest = corpus_format.read_manifest(str(out))
-    tokenizer = corpus_format.load_tokenizer(str(out), manifest)
+    prepared = corpus_format.open_corpus(str(out))
+    tokenizer = prepared.tokenizer()
     pairs: Counter = Counter()
-    for path, num_pairs, index in corpus_format.train_files(str(out), manifest):
+    for path, num_pairs, index in prepared.shards():
         table = pq.read_table(path)
         assert table.num_rows == num_pairs and table.schema.field("src_ids").type == pa.list_(pa.int32())
         lengths = [
@@ -109,13 +109,14 @@ def test_text_gz_corpus_end_to_end(ray_cluster, tmp_path, capsys):
     assert [f["path"] for f in train_split["files"]] == [f"train/en-de/part-{i:05d}.parquet" for i in range(6)]
     assert all(f["num_pairs"] <= 7 for f in train_split["files"])
     assert decoded_train(out) == Counter((s.strip(), t.strip()) for s, t in train)
-    tokenizer = corpus_format.load_tokenizer(str(out), manifest)
+    prepared = corpus_format.open_corpus(str(out))
+    tokenizer = prepared.tokenizer()
     for side, name in ((0, "src_tokens"), (1, "tgt_tokens")):
         assert train_split[name] == sum(len(tokenizer.encode(p[side].strip())) for p in train)
     # Validation and test sets keep every row (the empty one too), stripped.
-    src, tgt = corpus_format.eval_pairs(str(out), manifest, "valid")
+    src, tgt = prepared.eval_set("valid")
     assert (src[-1], tgt[-1], len(src)) == ("", "leer", 6)
-    assert corpus_format.eval_pairs(str(out), manifest, "newstest")[0] == [s for s, _ in mirrored(3, 200)]
+    assert prepared.eval_set("newstest")[0] == [s for s, _ in mirrored(3, 200)]
     assert not list(tmp_path.glob("corpus.tmp-*"))
 
 
@@ -283,7 +284,7 @@ def test_overwrite_replaces_corpus_files_an_upload_left_without_manifest(ray_clu
     assert status == 2 and "holds corpus files but no manifest.json" in error_line(err) and "--overwrite" in err
     status, _, err = run_cli(capsys, *argv, "--overwrite")
     assert status == 0, err
-    manifest = corpus_format.read_manifest(str(out))
+    manifest = corpus_format.open_corpus(str(out)).manifest
     assert manifest["corpora"][0]["train"]["num_pairs"] == 24 and decoded_train(out) == Counter(mirrored(24))
 
 
@@ -395,8 +396,9 @@ def test_pairs_source_with_a_given_tokenizer(ray_cluster, tmp_path):
     cfg = PrepareConfig(vocab_size=80, shard_pairs=20)
     train, valid = [sources.Source("pairs", pairs=(src, tgt))], [sources.Source("pairs", pairs=(src[:5], tgt[:5]))]
     manifest = prepare.prepare_corpora(cfg, str(tmp_path / "c"), [sources.pair_input(cfg, train, valid)], tokenizer)
-    assert corpus_format.load_tokenizer(str(tmp_path / "c"), manifest).model_proto == tokenizer.model_proto
-    assert [f.num_pairs for f in corpus_format.train_files(str(tmp_path / "c"), manifest)] == [20, 20, 10]
+    prepared = corpus_format.open_corpus(str(tmp_path / "c"))
+    assert prepared.manifest == manifest and prepared.tokenizer().model_proto == tokenizer.model_proto
+    assert [f.num_pairs for f in prepared.shards()] == [20, 20, 10]
     assert decoded_train(tmp_path / "c") == Counter(pairs)
 
 
@@ -429,7 +431,7 @@ def test_small_inputs_prepared_in_the_driver_equal_ray_datas(ray_cluster, tmp_pa
 
     def prepared(out: Path) -> tuple:
         manifest = prepare.prepare_corpora(cfg, str(out), [sources.pair_input(cfg, train, valid)])
-        rows = [pq.read_table(path).to_pylist() for path, _, _ in corpus_format.train_files(str(out), manifest)]
+        rows = [pq.read_table(path).to_pylist() for path, _, _ in corpus_format.open_corpus(str(out)).shards()]
         return {**manifest["corpora"][0], "splits": manifest["splits"]}, manifest["sp_model_sha256"], rows
 
     assert shards.in_driver(check_inputs(cfg, train, valid))
@@ -466,7 +468,7 @@ def test_specs_and_manifest_errors(tmp_path):
         https = sources.Source("tsv", ("https://example.com/x.tsv",))
         check_inputs(cfg, [https], [https])
     with pytest.raises(ValueError, match=r"no manifest\.json"):
-        corpus_format.read_manifest(str(tmp_path))
+        corpus_format.open_corpus(str(tmp_path))
     with pytest.raises(ValueError, match="must be >= 1"):
         PrepareConfig(max_ratio=0.5)
     with pytest.raises(ValueError, match="both 'de'"):
@@ -519,10 +521,11 @@ def test_one_pair_is_a_corpus_of_one(tmp_path, capsys):
         *(Path(f"train/en-de/part-0000{i}.parquet") for i in range(4)),
         Path("valid/en-de.parquet"),
     ]
-    (corpus,) = corpus_format.corpora(str(tmp_path / "one"), one)
-    assert corpus_format.train_files(str(tmp_path / "one"), one) == list(corpus.files)
+    prepared = corpus_format.open_corpus(str(tmp_path / "one"))
+    (corpus,) = prepared.training_corpora
+    assert prepared.shards() == list(corpus.shards)
     assert decoded_train(tmp_path / "one") == Counter(pairs)
-    assert corpus_format.eval_pairs(str(tmp_path / "one"), one, "t", "en-de")[0] == [s for s, _ in pairs[:3]]
+    assert prepared.eval_set("t", "en-de")[0] == [s for s, _ in pairs[:3]]
 
 
 @pytest.mark.parametrize("string_type", ["string", "large_string", "string_view"])
@@ -630,9 +633,8 @@ def test_train_run_prepares_with_the_data_cleaning_options(ray_cluster, tmp_path
         ]
     )
     cfg, run_data = plan_data(build_config(args), tmp_path / "run", None, None)
-    _, tokenizer = materialize(cfg, run_data)
-    manifest = corpus_format.read_manifest(run_data.corpus)
-    options = manifest["options"]
+    prepared = materialize(cfg, run_data)
+    tokenizer, manifest, options = prepared.tokenizer(), prepared.manifest, prepared.options
     assert (options["max_ratio"], options["dedup"], options["vocab_size"]) == (1.5, True, 80)
 
     def ratio_drops(max_ratio: float) -> int:

@@ -154,17 +154,18 @@ def test_prepare_out_uri(ray_cluster, prefix):
     cfg = PrepareConfig(vocab_size=128, shard_pairs=100)
     manifest = prepare.prepare_corpora(cfg, out, [sources.pair_input(cfg, train_src, valid)])
     assert {"manifest.json", "spm.model", "train", "valid"} <= set(storage.listdir(out))
-    assert corpus_format.read_manifest(out) == manifest
-    assert len(corpus_format.train_files(out, manifest)) == 3
-    assert corpus_format.eval_pairs(out, manifest, "valid")[0] == pairs[0][:20]
-    assert corpus_format.load_tokenizer(out, manifest).vocab_size == 128
+    prepared = corpus_format.open_corpus(out)
+    assert prepared.manifest == manifest
+    assert len(prepared.shards()) == 3
+    assert prepared.eval_set("valid")[0] == pairs[0][:20]
+    assert prepared.tokenizer().vocab_size == 128
     assert prepare.prepare_corpora(cfg, out, [sources.pair_input(cfg, train_src, valid)]) == manifest  # already
     other = PrepareConfig(vocab_size=120, shard_pairs=100)
     with pytest.raises(ValueError, match="already holds a corpus prepared from other inputs"):
         prepare.prepare_corpora(other, out, [sources.pair_input(other, train_src, valid)])
     again = prepare.prepare_corpora(other, out, [sources.pair_input(other, train_src, valid)], overwrite=True)
     assert again["vocab_size"] == 120
-    assert corpus_format.read_manifest(out)["fingerprint"] != manifest["fingerprint"]
+    assert corpus_format.open_corpus(out).manifest["fingerprint"] != manifest["fingerprint"]
 
 
 def run_cli(args: list, cwd, timeout: int = 600) -> str:
@@ -221,7 +222,7 @@ def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
     for name in ("raymt_config.json", "spm.model", "corpus", "logs", "summary.json", "plots", RAY_SNAPSHOT_FILE):
         assert name in names, names
     assert rundir.registered_checkpoints(run_dir) == 2
-    assert corpus_format.read_manifest(f"{run_dir}/corpus")["corpora"][0]["train"]["num_pairs"] > 300
+    assert corpus_format.open_corpus(f"{run_dir}/corpus").training_corpora[0].num_pairs > 300
     assert storage.listdir(f"{run_dir}/logs/tensorboard")[0].startswith("events.out.tfevents")
     steps = [
         int(row.split(",")[0])

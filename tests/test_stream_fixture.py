@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raymt.config import DataConfig
-from raymt.data.format import Corpus, Shard, token_index
+from raymt.data.format import Shard, TrainingCorpus, token_index
 
 FIXTURE = Path(__file__).parent / "fixtures" / "stream-ee135a8.json"
 CFG = dict(window_rows=64, shuffle_buffer_rows=128, max_tokens=160, max_len=12)
@@ -121,7 +121,9 @@ def test_one_pair_and_mixed_streams_are_ee135a8s(tmp_path):
     one, mixed = write_corpus(tmp_path)
     bare = [Shard(f.path, f.num_pairs) for f in one]
     got = lambda data: record(data, TrainStream, epoch_slice, resume_point, tmp_path)
-    as_corpus = lambda files: [Corpus("en-de", "en", "de", "real", 1.0, (), files, sum(f.num_pairs for f in files))]
+    as_corpus = lambda shards: [
+        TrainingCorpus("en-de", "en", "de", "real", 1.0, (), shards, sum(f.num_pairs for f in shards))
+    ]
     assert got(training_data(as_corpus(one), 5.0)) == want["one_pair"]
     assert got(training_data(as_corpus(bare), 5.0)) == want["one_pair_rows"]
     mix = Mix.by_temperature(mixed, 5.0, piece_rows=PIECE)

@@ -17,7 +17,7 @@ from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
 from raymt.checkpoint import STATE_FILE, load_train_state, load_weights
 from raymt.config import Config, apply_overrides, tiny
 from raymt.data.builtin import generate
-from raymt.data.format import Corpus, Shard, eval_rows
+from raymt.data.format import Shard, TrainingCorpus, eval_rows
 from raymt.metrics import CSV_COLUMNS
 from raymt.worker import WorkerLoop
 from raymt.worker_env import LoopConfig, ValidRows, WorkerEnv
@@ -44,12 +44,12 @@ def loop_config(tmp_path: Path, **overrides) -> LoopConfig:
     src, tgt = generate(320, "en", "de", seed=4)
     shards = tmp_path / "shards"
     shards.mkdir(parents=True, exist_ok=True)
-    train_files = []
+    parts = []
     for k, (lo, hi) in enumerate(((0, 180), (180, 300))):
         ids = [pa.array(tok.encode_batch(side[lo:hi]), pa.list_(pa.int32())) for side in (src, tgt)]
         path = shards / f"part-{k:05d}.parquet"
         pq.write_table(pa.table({"src_ids": ids[0], "tgt_ids": ids[1]}), path, row_group_size=64)
-        train_files.append(Shard(str(path), hi - lo))
+        parts.append(Shard(str(path), hi - lo))
     defaults = {"model.dropout": 0.1, "data.max_tokens": 1500, "data.window_rows": 64, "train.trace_data": True}
     cfg = apply_overrides(Config(model=tiny()), {**defaults, **overrides})
     valid = (src[300:], tgt[300:])
@@ -57,7 +57,7 @@ def loop_config(tmp_path: Path, **overrides) -> LoopConfig:
         config=cfg,
         spm_model=tok.model_proto,
         num_threads=1,
-        train_files=[Corpus("en-de", "en", "de", "real", 1.0, (), train_files, 300)],
+        training_corpora=[TrainingCorpus("en-de", "en", "de", "real", 1.0, (), parts, 300)],
         valid={"en-de": ValidRows(eval_rows(valid, tok, cfg.model.max_positions), valid[1])},
         log_dir=str(tmp_path / "logs"),
     )

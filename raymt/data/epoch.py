@@ -40,7 +40,7 @@ import numpy as np
 
 from raymt.batching import ShapeLadder, chunk_batches
 from raymt.config import DataConfig
-from raymt.data.format import TOKEN_INDEX_ROWS, TRAIN_DIR, Corpus, Shard
+from raymt.data.format import TOKEN_INDEX_ROWS, TRAIN_DIR, Shard, TrainingCorpus
 from raymt.data.mixing import epoch_rows
 
 Read = tuple[str, int, int]  # (path, first row, end row) of one shard
@@ -271,22 +271,22 @@ class Mix:
         return self._shards[path]
 
 
-def training_data(train_files: list[Corpus], temperature: float, block_rows: int = 0) -> Mix:
-    """What the workers read: a prepared corpus's training corpora (`format.corpora`) mixed at
+def training_data(corpora: list[TrainingCorpus], temperature: float, block_rows: int = 0) -> Mix:
+    """What the workers read: a prepared corpus's training corpora (`training_corpora`) mixed at
     `temperature` by their weights (one pair's a mix of one), their shards read in blocks of
     `block_rows` (data.shuffle_block_rows; 0: whole)."""
-    files, weights = [c.files for c in train_files], [c.weight for c in train_files]
-    return Mix.by_temperature(files, temperature, weights, block_rows=block_rows)
+    shards, weights = [c.shards for c in corpora], [c.weight for c in corpora]
+    return Mix.by_temperature(shards, temperature, weights, block_rows=block_rows)
 
 
-def mix_record(train_files: list[Corpus], temperature: float) -> Optional[dict]:
+def mix_record(corpora: list[TrainingCorpus], temperature: float) -> Optional[dict]:
     """A mix's `data_mix` (checkpoints keep it): its corpora's names, the rows each gives every
     epoch and the temperature; None for one corpus read once per epoch, whose positions are
     positions in its shards at any temperature (as ee135a8 wrote for one pair)."""
-    data = training_data(train_files, temperature)
+    data = training_data(corpora, temperature)
     if data.single:
         return None
-    return {"names": [c.name for c in train_files], "rows": list(data.rows), "temperature": float(temperature)}
+    return {"names": [c.name for c in corpora], "rows": list(data.rows), "temperature": float(temperature)}
 
 
 def corpus_name(path: str) -> Optional[str]:

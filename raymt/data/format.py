@@ -16,13 +16,15 @@ docs/design-inputs.md, section 3); one pair is a corpus of one, with no tags:
 
 raymt wrote one pair as `raymt-corpus/1` until 2026-12 (train/part-*.parquet, valid.parquet,
 test/<name>.parquet, the pair's languages and train entry at the top of the manifest);
-`corpora(corpus, manifest)` reads either format (a /1 corpus is one real corpus).
+`open_corpus` reads either format: a `PreparedCorpus` is the one reader of a manifest (a /1
+corpus is one real corpus).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -63,10 +65,7 @@ class Shard(NamedTuple):
     token_index: tuple = ()
 
 
-Files = list  # of Shard, or of (path, num_pairs) tuples
-
-
-class Corpus(NamedTuple):
+class TrainingCorpus(NamedTuple):
     """One training corpus of a prepared corpus: its languages, origin, tags and shards."""
 
     name: str  # "en-de", or "en-de.bt" for back-translated pairs
@@ -75,7 +74,7 @@ class Corpus(NamedTuple):
     origin: str  # "real" or "bt"
     weight: float
     source_tags: tuple  # pieces put before every training source, e.g. ("<2de>", "<BT>")
-    files: list  # of Shard
+    shards: list  # of Shard
     num_pairs: int
 
     @property
@@ -93,15 +92,15 @@ def token_index(num_tokens: np.ndarray, block_rows: int = TOKEN_INDEX_ROWS) -> l
     return [int(cumulative[e - 1]) for e in ends]
 
 
-def read_manifest(corpus: str) -> dict:
+def _read_manifest(location: str) -> dict:
     """The manifest of a prepared corpus; a one-line ValueError if it is not one."""
-    uri = storage.join(corpus, MANIFEST_FILE)
+    uri = storage.join(location, MANIFEST_FILE)
     try:
         manifest = json.loads(read_bytes(uri))
     except (OSError, pa.ArrowException):
         raise ValueError(
-            f"{corpus} is not a prepared corpus (no {MANIFEST_FILE}): make one with "
-            f"python -m raymt.data prepare --out {corpus} ..."
+            f"{location} is not a prepared corpus (no {MANIFEST_FILE}): make one with "
+            f"python -m raymt.data prepare --out {location} ..."
         ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{uri} is not valid JSON ({err}): prepare the corpus again") from None
@@ -113,111 +112,144 @@ def read_manifest(corpus: str) -> dict:
     return manifest
 
 
-def _shards(corpus: str, train: dict) -> list[Shard]:
-    """The `Shard`s of a manifest's train entry, in order."""
-    return [
-        Shard(storage.join(corpus, f["path"]), f["num_pairs"], tuple(f.get("token_index", ()))) for f in train["files"]
-    ]
+def open_corpus(location: str) -> PreparedCorpus:
+    """The prepared corpus at `location` (either format), its manifest read once; a one-line
+    ValueError if it is not one."""
+    return PreparedCorpus(location, _read_manifest(location))
 
 
-def train_files(corpus: str, manifest: dict) -> list[Shard]:
-    """A `Shard` (path or URI, pairs, token index) per training shard, in order, of a corpus
-    prepared from one corpus (`corpora` lists each corpus's of several)."""
-    found = corpora(corpus, manifest)
-    if len(found) != 1:
-        raise ValueError(f"{corpus} holds {len(found)} corpora; this reads a corpus prepared from one pair: pass one")
-    return list(found[0].files)
+@dataclass(frozen=True)
+class PreparedCorpus:
+    """A prepared corpus, opened (`open_corpus`): its pairs, tokenizer, training corpora,
+    validation and test sets and options. The one reader of its manifest: a `raymt-corpus/1`
+    corpus is one real, untagged pair."""
 
+    location: str  # path or URI of its directory
+    manifest: dict
 
-def corpora(corpus: str, manifest: dict) -> list[Corpus]:
-    """The training corpora of a prepared corpus, in manifest order; a `raymt-corpus/1` one is one
-    real, untagged corpus of its src_lang -> tgt_lang."""
-    if manifest["format"] == ONE_PAIR_FORMAT:
-        train = manifest["splits"]["train"]
-        src, tgt = manifest["src_lang"], manifest["tgt_lang"]
-        return [Corpus(f"{src}-{tgt}", src, tgt, "real", 1.0, (), _shards(corpus, train), train["num_pairs"])]
-    return [
-        Corpus(
-            c["name"],
-            c["src_lang"],
-            c["tgt_lang"],
-            c["origin"],
-            c["weight"],
-            tuple(c["source_tags"]),
-            _shards(corpus, c["train"]),
-            c["train"]["num_pairs"],
-        )
-        for c in manifest["corpora"]
-    ]
+    @property
+    def is_v1(self) -> bool:
+        """Whether the corpus is the older one-pair `raymt-corpus/1`."""
+        return self.manifest["format"] == ONE_PAIR_FORMAT
 
+    @property
+    def options(self) -> dict:
+        """The prepare options it was made with (temperature, vocabulary, ...)."""
+        return self.manifest.get("options", {})
 
-def pairs(manifest: dict) -> list[str]:
-    """The language pairs ("en-de") of a prepared corpus, in the order of its corpora."""
-    if manifest["format"] == ONE_PAIR_FORMAT:
-        return [f"{manifest['src_lang']}-{manifest['tgt_lang']}"]
-    return list(dict.fromkeys(f"{c['src_lang']}-{c['tgt_lang']}" for c in manifest["corpora"]))
+    @property
+    def reserved(self) -> dict[str, int]:
+        """Its reserved tag pieces ("<2de>", "<BT>") and their ids; none for one untagged pair."""
+        return self.manifest.get("tags", {}).get("reserved", {})
 
+    @property
+    def pairs(self) -> list[str]:
+        """Its language pairs ("en-de"), in the order of its training corpora."""
+        if self.is_v1:
+            return [f"{self.manifest['src_lang']}-{self.manifest['tgt_lang']}"]
+        return list(dict.fromkeys(f"{c['src_lang']}-{c['tgt_lang']}" for c in self.manifest["corpora"]))
 
-def corpus_files(manifest: dict) -> list[str]:
-    """Every file a manifest names, relative to its corpus: shards, validation and test sets, the
-    SentencePiece model (a `raymt-corpus/1` manifest's sets are its one pair's)."""
-    splits = manifest.get("splits", {})
-    if manifest.get("format") != ONE_PAIR_FORMAT:
-        trains = [c["train"] for c in manifest.get("corpora", [])]
-        valids = list(splits.get("valid", {}).values())
-        tests = [t for by_name in splits.get("test", {}).values() for t in by_name.values()]
-    else:
-        trains = [splits.get("train", {})]
-        valids = [splits.get("valid", {})]
-        tests = list(splits.get("test", {}).values())
-    paths = [f["path"] for train in trains for f in train.get("files", [])]
-    paths += [v.get("path", VALID_FILE) for v in valids] + [SPM_FILE]
-    return paths + [t["path"] for t in tests]
+    @property
+    def training_corpora(self) -> list[TrainingCorpus]:
+        """Its training corpora, in manifest order (a `raymt-corpus/1` one's: its one pair's)."""
+        manifest = self.manifest
+        if self.is_v1:
+            train = manifest["splits"]["train"]
+            src, tgt = manifest["src_lang"], manifest["tgt_lang"]
+            return [TrainingCorpus(f"{src}-{tgt}", src, tgt, "real", 1.0, (), self._shards(train), train["num_pairs"])]
+        return [
+            TrainingCorpus(
+                c["name"],
+                c["src_lang"],
+                c["tgt_lang"],
+                c["origin"],
+                c["weight"],
+                tuple(c["source_tags"]),
+                self._shards(c["train"]),
+                c["train"]["num_pairs"],
+            )
+            for c in manifest["corpora"]
+        ]
 
+    def shards(self) -> list[Shard]:
+        """The training shards of a corpus prepared from one corpus, in order (`training_corpora`
+        lists each corpus's of several)."""
+        found = self.training_corpora
+        if len(found) != 1:
+            raise ValueError(
+                f"{self.location} holds {len(found)} corpora; this reads a corpus prepared from one pair: pass one"
+            )
+        return list(found[0].shards)
 
-def prefix_ids(manifest: dict, pair: str) -> list[int]:
-    """The ids put before a validation/test source of `pair`: its target tag when the corpus
-    reserves one (never <BT>); none for a one-pair corpus."""
-    reserved = manifest.get("tags", {}).get("reserved", {})
-    tag = f"<2{pair.split('-', 1)[1]}>"
-    return [reserved[tag]] if tag in reserved else []
+    def _shards(self, train: dict) -> list[Shard]:
+        """The `Shard`s of a manifest's train entry, in order."""
+        return [
+            Shard(storage.join(self.location, f["path"]), f["num_pairs"], tuple(f.get("token_index", ())))
+            for f in train["files"]
+        ]
 
+    def tokenizer(self) -> Tokenizer:
+        """Its SentencePiece model, checked against the manifest's sha256."""
+        uri = storage.join(self.location, SPM_FILE)
+        try:
+            proto = read_bytes(uri)
+        except (OSError, pa.ArrowException):
+            raise ValueError(f"{uri} is missing: prepare the corpus again") from None
+        if hashlib.sha256(proto).hexdigest() != self.manifest["sp_model_sha256"]:
+            raise ValueError(f"{uri} does not match the sha256 in {MANIFEST_FILE}: prepare the corpus again")
+        return Tokenizer(proto)
 
-def eval_pairs(corpus: str, manifest: dict, split: str, pair: Optional[str] = None) -> Pairs:
-    """The (sources, references) of "valid" or of a test set, every row; of `pair` (None: the
-    corpus's only pair)."""
-    splits = manifest["splits"]
-    if manifest["format"] != ONE_PAIR_FORMAT:
-        if pair is None and len(splits["valid"]) == 1:  # the corpus's one pair
-            (pair,) = splits["valid"]
-        if pair not in splits["valid"]:
-            raise ValueError(f"corpus {corpus} has no pair {pair!r}; it has: {', '.join(splits['valid'])}")
-        splits = {"valid": splits["valid"][pair], "test": splits.get("test", {}).get(pair, {})}
-    entry = splits["valid"] if split == "valid" else splits.get("test", {}).get(split)
-    if entry is None:
-        known = ", ".join(["valid", *splits.get("test", {})])
-        raise ValueError(f"corpus {corpus} has no set {split!r}; it has: {known}")
-    fs, path = filesystem(storage.join(corpus, entry["path"]))
-    with fs.open_input_file(path) as f:
-        table = pq.read_table(f, columns=["src", "tgt"])
-    return table.column("src").to_pylist(), table.column("tgt").to_pylist()
+    def prefix_ids(self, pair: str) -> list[int]:
+        """The ids put before a validation/test source of `pair`: its target tag when the corpus
+        reserves one (never <BT>); none for a one-pair corpus."""
+        tag = f"<2{pair.split('-', 1)[1]}>"
+        return [self.reserved[tag]] if tag in self.reserved else []
 
+    def test_names(self, pair: str) -> list[str]:
+        """The test sets of `pair`, in the order they were given (a `raymt-corpus/1` corpus's in
+        name order): a run scores the first."""
+        tests = self.manifest["splits"].get("test", {})
+        return sorted(tests) if self.is_v1 else list(tests.get(pair, {}))
 
-def load_tokenizer(corpus: str, manifest: dict) -> Tokenizer:
-    """The corpus's SentencePiece model, checked against the manifest's sha256."""
-    uri = storage.join(corpus, SPM_FILE)
-    try:
-        proto = read_bytes(uri)
-    except (OSError, pa.ArrowException):
-        raise ValueError(f"{uri} is missing: prepare the corpus again") from None
-    if hashlib.sha256(proto).hexdigest() != manifest["sp_model_sha256"]:
-        raise ValueError(f"{uri} does not match the sha256 in {MANIFEST_FILE}: prepare the corpus again")
-    return Tokenizer(proto)
+    def eval_set(self, split: str, pair: Optional[str] = None) -> Pairs:
+        """The (sources, references) of "valid" or of a test set, every row; of `pair` (None: the
+        corpus's only pair)."""
+        splits = self.manifest["splits"]
+        if not self.is_v1:
+            if pair is None and len(splits["valid"]) == 1:  # the corpus's one pair
+                (pair,) = splits["valid"]
+            if pair not in splits["valid"]:
+                raise ValueError(f"corpus {self.location} has no pair {pair!r}; it has: {', '.join(splits['valid'])}")
+            splits = {"valid": splits["valid"][pair], "test": splits.get("test", {}).get(pair, {})}
+        entry = splits["valid"] if split == "valid" else splits.get("test", {}).get(split)
+        if entry is None:
+            known = ", ".join(["valid", *splits.get("test", {})])
+            raise ValueError(f"corpus {self.location} has no set {split!r}; it has: {known}")
+        fs, path = filesystem(storage.join(self.location, entry["path"]))
+        with fs.open_input_file(path) as f:
+            table = pq.read_table(f, columns=["src", "tgt"])
+        return table.column("src").to_pylist(), table.column("tgt").to_pylist()
+
+    def files(self) -> list[str]:
+        """Every file its manifest names, relative to it: shards, validation and test sets, the
+        SentencePiece model."""
+        splits = self.manifest.get("splits", {})
+        if not self.is_v1:
+            trains = [c["train"] for c in self.manifest.get("corpora", [])]
+            valids = list(splits.get("valid", {}).values())
+            tests = [t for by_name in splits.get("test", {}).values() for t in by_name.values()]
+        else:
+            trains = [splits.get("train", {})]
+            valids = [splits.get("valid", {})]
+            tests = list(splits.get("test", {}).values())
+        paths = [f["path"] for train in trains for f in train.get("files", [])]
+        paths += [v.get("path", VALID_FILE) for v in valids] + [SPM_FILE]
+        return paths + [t["path"] for t in tests]
 
 
 def eval_rows(pairs: Pairs, tokenizer: Tokenizer, max_positions: int, prefix_ids: Sequence[int] = ()) -> list[dict]:
     """In-memory validation/test rows with their index, sorted by length to limit padding;
-    `prefix_ids` (a pair's target tag, `prefix_ids()`) go before every source.
+    `prefix_ids` (a pair's target tag, `PreparedCorpus.prefix_ids`) go before every source.
 
     Nothing is dropped: over-long sources are truncated for decoding, and every
     reference still counts in BLEU.

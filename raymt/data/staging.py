@@ -23,8 +23,8 @@ from raymt.data.format import (
     TRAIN_DIR,
     VALID_DIR,
     VALID_FILE,
-    corpus_files,
-    read_manifest,
+    PreparedCorpus,
+    open_corpus,
 )
 from raymt.errors import user_error
 
@@ -37,7 +37,7 @@ def existing_corpus(out: str, fp: str, overwrite: bool) -> Optional[dict]:
     if kind != pafs.FileType.Directory:
         raise ValueError(f"--out {out} is a file: pick a directory")
     try:
-        manifest = read_manifest(out)
+        corpus = open_corpus(out)
     except ValueError:
         if not _corpus_files_only(out):
             raise ValueError(
@@ -50,9 +50,10 @@ def existing_corpus(out: str, fp: str, overwrite: bool) -> Optional[dict]:
                 "pass --overwrite to replace them, or pick another --out"
             ) from None
         return None
-    if manifest.get("fingerprint") == fp and _complete(out, manifest):
-        return manifest
-    if not overwrite and manifest.get("fingerprint") == fp:
+    fingerprint = corpus.manifest.get("fingerprint")
+    if fingerprint == fp and _complete(corpus):
+        return corpus.manifest
+    if not overwrite and fingerprint == fp:
         raise ValueError(
             f"--out {out} holds this corpus but misses some of its files: pass --overwrite to prepare it again"
         )
@@ -85,9 +86,9 @@ def _corpus_files_only(out: str) -> bool:
     return True
 
 
-def _complete(out: str, manifest: dict) -> bool:
-    """Whether every file the manifest names is there."""
-    return all(storage.exists(storage.join(out, p)) for p in corpus_files(manifest))
+def _complete(corpus: PreparedCorpus) -> bool:
+    """Whether every file its manifest names is there."""
+    return all(storage.exists(storage.join(corpus.location, p)) for p in corpus.files())
 
 
 def _staging(out: str) -> Path:

@@ -211,7 +211,7 @@ class TrainStream:
 
     def __init__(
         self,
-        files: Mix,
+        mix: Mix,
         cfg: DataConfig,
         seed: int,
         rank: int,
@@ -224,8 +224,8 @@ class TrainStream:
         segment: Optional[Segment] = None,
     ):
         self.cfg, self.seed, self.rank, self.world_size = cfg, seed, rank, world_size
-        self.files, self.num_epochs = files, num_epochs
-        self.names = [] if files.single else files.names  # a mixed trace names each pair's corpus
+        self.mix, self.num_epochs = mix, num_epochs
+        self.names = [] if mix.single else mix.names  # a mixed trace names each pair's corpus
         self.pin_memory = pin_memory  # page-locked batches for asynchronous copies to a GPU
         self.position = position
         self.segment = segment  # the rest of an epoch after a resize (elastic training)
@@ -286,7 +286,7 @@ class TrainStream:
         """This worker's (path, first row, end row) reads of `epoch`, without its first chunks."""
         segment = self.segment_of(epoch)
         if segment is None:
-            plan = epoch_slice(self.files, self.seed, epoch, self.rank, self.world_size)
+            plan = epoch_slice(self.mix, self.seed, epoch, self.rank, self.world_size)
         else:
             plan = sub_plan(segment.reads, *segment.bounds(self.rank, self.world_size))
         return skip_rows(plan, skip_chunks * self.chunk_rows)
@@ -306,7 +306,7 @@ class TrainStream:
             # Pairs a resized epoch trained before the resize, numbered from this slice's start.
             done = np.asarray(segment.done if segment else [], dtype=np.int64)
             done -= segment.bounds(self.rank, self.world_size)[0] if segment else 0
-            read = _ReadAhead(read_plan(plan, self.files.corpus_of))
+            read = _ReadAhead(read_plan(plan, self.mix.corpus_of))
             try:
                 for table in chunks(iter(read), self.chunk_rows):
                     src, tgt = flat(table.column("src_ids")), flat(table.column("tgt_ids"))
