@@ -32,6 +32,22 @@ def sinusoids(num_positions: int, dim: int) -> torch.Tensor:
     return table
 
 
+def fairseq_sinusoids(num_positions: int, dim: int) -> torch.Tensor:
+    """fairseq's table (M2M-100, NLLB) as (num_positions, dim) rows for positions 0, 1, ...: sin in
+    the first half, cos in the second, frequencies 10000^(-i / (dim/2 - 1)); fairseq numbers the
+    first token padding_idx + 1 = 2, so row 0 here is its position 2."""
+    half = dim // 2
+    inv_freq = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000.0) / (half - 1)))
+    angles = torch.arange(2, num_positions + 2, dtype=torch.float32)[:, None] * inv_freq[None]
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+
+
+def position_table(cfg: ModelConfig) -> torch.Tensor:
+    """(max_positions, D) position encodings of `cfg.positions`."""
+    make = fairseq_sinusoids if cfg.positions == "fairseq" else sinusoids
+    return make(cfg.max_positions, cfg.d_model)
+
+
 class Dropout(nn.Module):
     """nn.Dropout, with masks drawn from 16 random bits per element on CPU.
 
@@ -118,7 +134,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.activation = F.gelu if cfg.activation == "gelu" else F.relu
+        self.activation = {"gelu": F.gelu, "swish": F.silu}.get(cfg.activation, F.relu)
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,15 +198,22 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer with one tied embedding for source, target and output."""
+    """Encoder-decoder Transformer with one embedding for source and target, tied to the output
+    unless `cfg.tie_output` is false."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
-        assert vocab_size % 8 == 0, "the tokenizer pads the vocabulary to a multiple of 8"
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD_ID)
-        self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
+        self.register_buffer("positions", position_table(cfg), persistent=False)
+        # Imported models' options (raymt.hf_import); absent from raymt's own state dicts.
+        self.output = None if cfg.tie_output else nn.Linear(cfg.d_model, vocab_size, bias=False)
+        if cfg.output_bias:  # fixed, as Marian's final_logits_bias: fine-tuning leaves it
+            self.register_buffer("output_bias", torch.zeros(vocab_size))
+        else:
+            self.output_bias = None
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers))
@@ -204,7 +227,8 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
         nn.init.normal_(self.embed.weight, std=self.cfg.d_model**-0.5)
         with torch.no_grad():
             self.embed.weight[PAD_ID].zero_()
@@ -214,7 +238,7 @@ class Transformer(nn.Module):
         t = tokens.size(1)
         if start + t > self.cfg.max_positions:
             raise ValueError(f"sequence of {start + t} tokens exceeds model.max_positions={self.cfg.max_positions}")
-        x = self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start : start + t]
+        x = self.embed(tokens) * self.embed_scale + self.positions[start : start + t]
         return self.dropout(x)
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,7 +259,8 @@ class Transformer(nn.Module):
             x = layer(x, memory, src_mask, None if cache is None else cache["layers"][i])
         if cache is not None:
             cache["length"] += tgt.size(1)
-        return F.linear(self.decoder_norm(x), self.embed.weight)
+        weight = self.embed.weight if self.output is None else self.output.weight
+        return F.linear(self.decoder_norm(x), weight, self.output_bias)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: (B, S) source and (B, T) shifted target ids -> logits (B, T, V)."""

@@ -14,7 +14,9 @@ from typing import Any, Optional
 from raymt.config.corpus import CorpusSpec, check_corpora, corpora_from_tables, read_one_pair
 from raymt.errors import check
 
-ACTIVATIONS = ("relu", "gelu")
+ACTIVATIONS = ("relu", "gelu", "swish")
+# model.positions: raymt's sinusoids (Vaswani et al.), or fairseq's (M2M-100, NLLB; see raymt.model).
+POSITIONS = ("sinusoidal", "fairseq")
 SP_MODEL_TYPES = ("unigram", "bpe")
 # data.tag_side: a tagged model's target-language tag before the source, or first in the decoder.
 TAG_SIDES = ("src", "tgt")
@@ -45,6 +47,14 @@ class ModelConfig:
     pre_norm: bool = True
     # Sinusoidal positions need no table, but decoding stops at this length.
     max_positions: int = 1024
+    # What imported models (raymt.hf_import) need; the defaults are raymt's own models.
+    # Embeddings times sqrt(d_model) before positions are added.
+    scale_embedding: bool = True
+    positions: str = "sinusoidal"
+    # A fixed (untrained) bias on the output logits: OPUS-MT's final_logits_bias.
+    output_bias: bool = False
+    # The output projection is the embedding (tied); false: a separate (V, D) matrix.
+    tie_output: bool = True
 
     def __post_init__(self) -> None:
         positive(
@@ -61,6 +71,10 @@ class ModelConfig:
         check(
             self.activation in ACTIVATIONS,
             f"model.activation={self.activation!r} must be one of {', '.join(ACTIVATIONS)}",
+        )
+        check(
+            self.positions in POSITIONS,
+            f"model.positions={self.positions!r} must be one of {', '.join(POSITIONS)}",
         )
 
 
