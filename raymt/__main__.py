@@ -13,6 +13,7 @@ from typing import Optional
 from raymt.errors import cli_error
 
 # command -> one line of help; each runs its module exactly as `python -m raymt.<command>`
+# (`import` is a Python keyword: its module is raymt.hf_import)
 COMMANDS = {
     "train": "train a model on Ray Train workers",
     "tune": "sweep hyper-parameters with Ray Tune",
@@ -22,6 +23,7 @@ COMMANDS = {
     "backtranslate": "translate a monolingual corpus on a Ray cluster (restartable)",
     "average": "average the weights of several checkpoints",
     "export": "export a checkpoint for serving",
+    "import": "import a Hugging Face OPUS-MT (Marian) or NLLB / M2M-100 model as a checkpoint",
     "plot": "draw learning curves of one or more runs (PNG)",
     "serve": "serve a checkpoint over HTTP on Ray Serve (batched across requests)",
 }
@@ -46,7 +48,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return cli_error("raymt", f"unknown command '{command}'; use one of {', '.join(COMMANDS)}")
     sys.argv = [f"raymt {command}", *args]
     # the module ends with its own `sys.exit(main())`, whose SystemExit passes through
-    runpy.run_module(f"raymt.{command}", run_name="__main__", alter_sys=True)
+    module = "hf_import" if command == "import" else command
+    runpy.run_module(f"raymt.{module}", run_name="__main__", alter_sys=True)
     return 0
 
 

@@ -118,12 +118,12 @@ class ModelInfo:
     def prefix(self, tgt_lang: Optional[str]) -> list[int]:
         """The ids of `tags(tgt_lang)`: what starts each source into `tgt_lang`; a one-line error
         when spm.model lacks a tag as the control symbol of the id config.json reserves for it."""
-        sp, reserved = self.tokenizer.sp, (self.languages or {}).get("reserved", {})
+        tok, reserved = self.tokenizer, (self.languages or {}).get("reserved", {})
         pieces = self.tags(tgt_lang)
         for piece in pieces:  # a tag must be a control symbol, or it would be text
             i = reserved.get(piece)
             check(
-                i is not None and sp.piece_to_id(piece) == i and sp.is_control(i),
+                i is not None and tok.piece_to_id(piece) == i and tok.is_control(i),
                 f"{self.location}: config.json reserves id {i} for {piece} but spm.model does not; "
                 "the files come from different runs",
             )
@@ -340,11 +340,11 @@ class CT2Engine(Engine):
         check(1 <= n_best <= opts.beam, f"n_best={n_best} must be between 1 and the beam size {opts.beam}")
         if not sources:
             return []
-        sp, forced = self.tokenizer.sp, int(self.info.tag_side == "tgt")
+        tok, forced = self.tokenizer, int(self.info.tag_side == "tgt")
         # A decoder-side tag (each source's first id) is the target prefix CTranslate2 forces.
-        prefixes = [[sp.id_to_piece(s[0])] for s in sources] if forced else None
+        prefixes = [[tok.id_to_piece(s[0])] for s in sources] if forced else None
         sources = [s[forced:] for s in sources]
-        pieces = [[sp.id_to_piece(i) for i in s[:-1]] for s in sources]  # without EOS: CTranslate2 adds it
+        pieces = [[tok.id_to_piece(i) for i in s[:-1]] for s in sources]  # without EOS: CTranslate2 adds it
         limits = [min(int(opts.max_len_a * len(s) + opts.max_len_b) + forced, self.max_src) for s in sources]
         if opts.sample and opts.seed is not None:
             self.ct2.set_random_seed(opts.seed % (2**31))
@@ -369,10 +369,10 @@ class CT2Engine(Engine):
     def _hypotheses(self, result: Any, limit: int, forced: int = 0) -> list[Translation]:
         """(score, text) of one sentence's hypotheses, each cut to raymt's limit (EOS included)
         after the `forced` prefix tokens CTranslate2 returns first."""
-        sp, out = self.tokenizer.sp, []
+        tok, out = self.tokenizer, []
         for k, hyp in enumerate(result.hypotheses):
             kept = hyp[forced : max(forced, limit - 1)]
-            ids = [sp.piece_to_id(p) for p in kept if not p.startswith("<raymt_filler_")]
+            ids = [tok.piece_to_id(p) for p in kept if not p.startswith("<raymt_filler_")]
             out.append((float(result.scores[k]) if result.scores else 0.0, self.tokenizer.decode(ids)))
         return out
 

@@ -141,7 +141,7 @@ def _set_stack(spec, model: Transformer, final_norm: torch.nn.Module) -> None:
     """Embedding, positions and final norm shared by the encoder and decoder specs."""
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     embeddings.weight = _array(model.embed.weight)  # (V, D); tied: aliased once on save
-    spec.scale_embeddings = True  # x * sqrt(D), as Transformer._embed
+    spec.scale_embeddings = model.cfg.scale_embedding  # x * sqrt(D), as Transformer._embed
     # raymt's own table (sin on even, cos on odd dims), not CTranslate2's built-in layout.
     spec.position_encodings.encodings = _array(model.positions)  # (max_positions, D)
     if model.cfg.pre_norm:
@@ -150,11 +150,16 @@ def _set_stack(spec, model: Transformer, final_norm: torch.nn.Module) -> None:
 
 def ct2_vocabulary(tokenizer: Tokenizer) -> list[str]:
     """The SentencePiece pieces in id order, padded to the model's rows with unique fillers."""
-    pieces = [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.sp.get_piece_size())]
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.num_pieces)]
     fillers = [f"<raymt_filler_{i}>" for i in range(len(pieces), tokenizer.vocab_size)]
     if len(set(pieces + fillers)) != tokenizer.vocab_size:
         raise ValueError("spm.model has duplicate pieces or pieces named <raymt_filler_N>")
     return pieces + fillers
+
+
+def output_weight(model: Transformer) -> torch.Tensor:
+    """(V, D) the output projection: the embedding, or an imported model's untied matrix."""
+    return model.embed.weight if model.output is None else model.output.weight
 
 
 def _set_weights(spec, model: Transformer) -> None:
@@ -168,9 +173,12 @@ def _set_weights(spec, model: Transformer) -> None:
         _set_attention(layer_spec.self_attention, layer.self_attn, layer.res1.norm, True)
         _set_attention(layer_spec.attention, layer.cross_attn, layer.res2.norm, False)
         _set_ffn(layer_spec.ffn, layer.ffn, layer.res3.norm)
-    # logits = x @ embed.T, no bias. raymt.decoding also sets the log-probs of PAD and BOS to
-    # -inf after the softmax; a bias here would instead renormalize every other log-prob.
-    spec.decoder.projection.weight = _array(model.embed.weight)
+    # logits = x @ embed.T (or the untied output), no bias but an imported model's fixed one
+    # (model.output_bias). raymt.decoding also sets the log-probs of PAD and BOS to -inf after
+    # the softmax; a bias there would instead renormalize every other log-prob.
+    spec.decoder.projection.weight = _array(output_weight(model))
+    if model.output_bias is not None:
+        spec.decoder.projection.bias = _array(model.output_bias)
 
 
 def _set_vocabulary(spec, tokenizer: Tokenizer) -> None:
@@ -178,7 +186,7 @@ def _set_vocabulary(spec, tokenizer: Tokenizer) -> None:
     vocab = ct2_vocabulary(tokenizer)
     spec.register_source_vocabulary(vocab)
     spec.register_target_vocabulary(vocab)
-    piece = tokenizer.sp.id_to_piece
+    piece = tokenizer.id_to_piece
     spec.config.unk_token, spec.config.bos_token = piece(UNK_ID), piece(BOS_ID)
     spec.config.eos_token = piece(EOS_ID)
     spec.config.decoder_start_token = piece(BOS_ID)
@@ -192,8 +200,10 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     except ImportError:
         raise ValueError("--format ctranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
     cfg = model.cfg
-    # F.gelu is the exact (erf) GELU: Activation.GELU, not GELUTanh.
-    activation = common_spec.Activation.GELU if cfg.activation == "gelu" else common_spec.Activation.RELU
+    # F.gelu is the exact (erf) GELU: Activation.GELU, not GELUTanh; F.silu is SWISH.
+    activation = {"gelu": common_spec.Activation.GELU, "swish": common_spec.Activation.SWISH}.get(
+        cfg.activation, common_spec.Activation.RELU
+    )
     spec = TransformerSpec.from_config(
         (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.num_heads, pre_norm=cfg.pre_norm, activation=activation
     )
@@ -247,9 +257,9 @@ def marian_config(cfg: ModelConfig, vocab_size: int, dropout: bool = True):
         encoder_layerdrop=0.0,
         decoder_layerdrop=0.0,
         max_position_embeddings=cfg.max_positions,
-        scale_embedding=True,
+        scale_embedding=cfg.scale_embedding,
         share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
+        tie_word_embeddings=cfg.tie_output,
         pad_token_id=PAD_ID,
         eos_token_id=EOS_ID,
         bos_token_id=BOS_ID,
@@ -328,26 +338,33 @@ def to_marian(model: Transformer, dropout: bool = True):
     assert not missing, f"no raymt weight for {sorted(missing)[:3]}"
     for name, value in state.items():
         params[name].copy_(value)
-    marian.final_logits_bias.zero_()  # raymt's logits have no bias
-    assert marian.lm_head.weight.data_ptr() == marian.model.shared.weight.data_ptr(), "output not tied"
+    # raymt's logits have no bias but an imported model's (OPUS-MT's final_logits_bias).
+    marian.final_logits_bias.copy_(model.output_bias[None] if model.output_bias is not None else 0.0)
+    if model.output is not None:
+        marian.lm_head.weight.copy_(model.output.weight[:, marian_order(model.cfg.d_model)])
+    tied = marian.lm_head.weight.data_ptr() == marian.model.shared.weight.data_ptr()
+    assert tied == model.cfg.tie_output, "output tying differs"
     return marian.to(model.embed.weight.device).train(model.training)
 
 
-def save_marian_tokenizer(tokenizer: Tokenizer, output: Path) -> None:
-    """MarianTokenizer files: raymt's SentencePiece model on both sides, ids = raymt's ids."""
-    for name in ("source.spm", "target.spm"):
-        tokenizer.save(output / name)
+def save_marian_tokenizer(tokenizer: Tokenizer, output: Path, pair: Optional[tuple[str, str]] = None) -> None:
+    """MarianTokenizer files: the source and target SentencePiece models (raymt's one model on both
+    sides), vocab.json of raymt's ids; `pair`: an untagged model's languages."""
+    (output / "source.spm").write_bytes(tokenizer.source_proto)
+    (output / "target.spm").write_bytes(tokenizer.target_proto)
     vocab = {piece: i for i, piece in enumerate(ct2_vocabulary(tokenizer))}
     (output / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1))
     # Marian's tokenizer appends </s> (raymt's EOS) to a source, as raymt does.
     special = {
-        "eos_token": tokenizer.sp.id_to_piece(EOS_ID),
-        "unk_token": tokenizer.sp.id_to_piece(UNK_ID),
-        "pad_token": tokenizer.sp.id_to_piece(PAD_ID),
+        "eos_token": tokenizer.id_to_piece(EOS_ID),
+        "unk_token": tokenizer.id_to_piece(UNK_ID),
+        "pad_token": tokenizer.id_to_piece(PAD_ID),
         "model_max_length": 512,
         "tokenizer_class": "MarianTokenizer",
         "separate_vocabs": False,
     }
+    if pair is not None:  # what `raymt import` reads the languages from
+        special.update(source_lang=pair[0], target_lang=pair[1])
     (output / "tokenizer_config.json").write_text(json.dumps(special, indent=2))
 
 
@@ -364,7 +381,7 @@ def save_marian(
         max_length=config.model.max_positions - 1, suppress_tokens=[PAD_ID, BOS_ID], forced_eos_token_id=None
     )
     marian.save_pretrained(str(output))
-    save_marian_tokenizer(tokenizer, output)
+    save_marian_tokenizer(tokenizer, output, None if languages else config.data.pair())
     meta = config_meta(config, tokenizer.vocab_size, languages)
     (output / CT2_RAYMT_CONFIG).write_text(json.dumps(meta, indent=2))
 

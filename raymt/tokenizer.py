@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import random
 import re
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import sentencepiece as spm
 
@@ -21,13 +23,60 @@ def round_up(n: int, multiple: int = 8) -> int:
     return (n + multiple - 1) // multiple * multiple
 
 
+# An imported model's tokenizer (raymt.hf_import) is this line, then JSON: see Tokenizer.
+BUNDLE_MAGIC = b"raymt-tokenizer\n"
+
+
 class Tokenizer:
-    """A SentencePiece model with raymt's special ids and a model vocabulary padded to 8."""
+    """raymt's tokenizer, from the bytes of `spm.model`: a SentencePiece model whose ids are the
+    model's (every raymt-trained model: the vocabulary padded to 8), or an imported model's bundle
+    (`bundle`): a source and a target SentencePiece model whose pieces map to the model's ids by a
+    table (OPUS-MT's vocab.json, NLLB's fairseq offset), control ids (language codes: never made
+    from text, dropped by `decode`) and aliases (raymt's tag names for them, "<2de>")."""
 
     def __init__(self, model_proto: bytes):
         self.model_proto = model_proto
-        self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
-        assert self.sp.pad_id() == PAD_ID and self.sp.eos_id() == EOS_ID
+        if model_proto.startswith(BUNDLE_MAGIC):
+            meta = json.loads(model_proto[len(BUNDLE_MAGIC) :])
+            self.source_proto = base64.b64decode(meta["source"])
+            target = meta.get("target")
+            self.target_proto = base64.b64decode(target) if target else self.source_proto
+            self.source = spm.SentencePieceProcessor(model_proto=self.source_proto)
+            self.target = spm.SentencePieceProcessor(model_proto=self.target_proto) if target else self.source
+            self.pieces: Optional[list[str]] = meta["pieces"]  # model id -> piece ("": no piece)
+            self.ids = {p: i for i, p in enumerate(self.pieces) if p}
+            self.ids.update(meta.get("aliases", {}))
+            self.controls = set(meta.get("controls", []))
+            self.num_rows = int(meta["num_rows"])
+        else:
+            self.source_proto = self.target_proto = model_proto  # the SentencePiece models' bytes
+            self.source = self.target = spm.SentencePieceProcessor(model_proto=model_proto)
+            self.pieces = None
+            assert self.source.pad_id() == PAD_ID and self.source.eos_id() == EOS_ID
+        self.sp = self.source
+
+    @classmethod
+    def bundle(
+        cls,
+        source: bytes,
+        target: Optional[bytes],
+        pieces: Sequence[str],
+        controls: Iterable[int] = (),
+        aliases: Optional[dict[str, int]] = None,
+    ) -> "Tokenizer":
+        """An imported vocabulary: `pieces[i]` is model id i's piece ("" for none, PAD/UNK/BOS/EOS
+        included), split by the `source` SentencePiece model on the source side and `target` (None:
+        the same) on the target side; the model has `round_up(len(pieces))` rows."""
+        meta = {
+            "version": 1,
+            "source": base64.b64encode(source).decode(),
+            "target": None if target is None or target == source else base64.b64encode(target).decode(),
+            "pieces": list(pieces),
+            "controls": sorted(int(i) for i in controls),
+            "aliases": dict(aliases or {}),
+            "num_rows": round_up(len(pieces)),
+        }
+        return cls(BUNDLE_MAGIC + json.dumps(meta, ensure_ascii=False).encode())
 
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
@@ -39,25 +88,46 @@ class Tokenizer:
             )
         try:
             return cls(path.read_bytes())
-        except RuntimeError as err:
-            raise ValueError(f"{path} is not a SentencePiece model ({err})") from None
+        except (RuntimeError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{path} is not a SentencePiece model or raymt tokenizer ({err})") from None
 
     def save(self, path: str | Path) -> None:
-        """Write the serialized SentencePiece model."""
+        """Write the serialized tokenizer (a SentencePiece model, or an imported bundle)."""
         Path(path).write_bytes(self.model_proto)
 
     @property
     def vocab_size(self) -> int:
-        """Embedding rows: the SentencePiece vocabulary rounded up to a multiple of 8."""
-        return round_up(self.sp.get_piece_size())
+        """Embedding rows: the vocabulary rounded up to a multiple of 8."""
+        return self.num_rows if self.pieces is not None else round_up(self.source.get_piece_size())
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of one sentence, without BOS/EOS."""
-        return self.sp.encode(text)
+    @property
+    def num_pieces(self) -> int:
+        """Ids with a piece (the rest, up to `vocab_size`, are padding rows)."""
+        return len(self.pieces) if self.pieces is not None else self.source.get_piece_size()
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    def id_to_piece(self, i: int) -> str:
+        """The piece of model id `i`."""
+        return self.pieces[i] if self.pieces is not None else self.source.id_to_piece(i)
+
+    def piece_to_id(self, piece: str) -> int:
+        """The model id of `piece` (or of a tag alias), UNK_ID when it has none."""
+        return self.ids.get(piece, UNK_ID) if self.pieces is not None else self.source.piece_to_id(piece)
+
+    def is_control(self, i: int) -> bool:
+        """Whether id `i` is a control symbol (a tag or language code: never made from text)."""
+        return i in self.controls if self.pieces is not None else self.source.is_control(i)
+
+    def encode(self, text: str, side: str = "src") -> list[int]:
+        """Token ids of one sentence, without BOS/EOS (`side` "tgt": with the target's model)."""
+        return self.encode_batch([text], side)[0]
+
+    def encode_batch(self, texts: Sequence[str], side: str = "src") -> list[list[int]]:
         """Token ids of many sentences (SentencePiece's threaded batch path)."""
-        return self.sp.encode(list(texts))
+        sp = self.target if side == "tgt" else self.source
+        if self.pieces is None:
+            return sp.encode(list(texts))
+        get = self.ids.get
+        return [[get(p, UNK_ID) for p in pieces] for pieces in sp.encode(list(texts), out_type=str)]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenized text; ids past EOS, specials and padding rows are dropped."""
@@ -65,9 +135,12 @@ class Tokenizer:
         for i in ids:
             if i == EOS_ID:
                 break
-            if i not in (PAD_ID, BOS_ID) and i < self.sp.get_piece_size():
+            if i not in (PAD_ID, BOS_ID) and i < self.num_pieces:
                 out.append(int(i))
-        return self.sp.decode(out)
+        if self.pieces is None:
+            return self.source.decode(out)
+        pieces = [self.pieces[i] for i in out if i != UNK_ID and i not in self.controls and self.pieces[i]]
+        return self.target.decode_pieces(pieces)
 
 
 def train_tokenizer(

@@ -21,7 +21,19 @@ def raymt(*args: str) -> subprocess.CompletedProcess:
 
 
 # Every command, in the order `raymt --help` lists them.
-EXPECTED = ("train", "tune", "data", "translate", "evaluate", "backtranslate", "average", "export", "plot", "serve")
+EXPECTED = (
+    "train",
+    "tune",
+    "data",
+    "translate",
+    "evaluate",
+    "backtranslate",
+    "average",
+    "export",
+    "import",
+    "plot",
+    "serve",
+)
 
 
 def test_help_lists_every_command():
@@ -29,6 +41,13 @@ def test_help_lists_every_command():
     assert out.returncode == 0, out.stderr
     listed = re.findall(r"^  (\w+) ", out.stdout, re.M)
     assert listed == list(EXPECTED)
+
+
+def test_import_runs_raymt_hf_import():
+    """`import` is a Python keyword: `raymt import` runs raymt.hf_import."""
+    out = raymt("import", "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: raymt import") and "--output" in out.stdout
 
 
 def test_translate_help_is_the_module_help():

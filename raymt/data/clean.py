@@ -159,7 +159,7 @@ def tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: An
     prefix = options.get("prefix_ids") or []  # the corpus's tags (prepare_corpora), counted by the length rules
     if prefix:
         src_ids = [prefix + ids for ids in src_ids]
-    tgt_ids = tokenizer.encode_batch([tgt[i] for i in keep])
+    tgt_ids = tokenizer.encode_batch([tgt[i] for i in keep], side="tgt")
     out_src, out_tgt, hashes = [], [], []
     key = _hash_key(options["seed"])
     for i, s, t in zip(keep, src_ids, tgt_ids):

@@ -256,7 +256,7 @@ def eval_rows(pairs: Pairs, tokenizer: Tokenizer, max_positions: int, prefix_ids
     """
     limit = max_positions - 2
     src_ids = tokenizer.encode_batch(pairs[0])
-    tgt_ids = tokenizer.encode_batch(pairs[1])
+    tgt_ids = tokenizer.encode_batch(pairs[1], side="tgt")
     prefix = list(prefix_ids)
     rows = [
         {"index": i, "src_ids": (prefix + s)[:limit] + [EOS_ID], "tgt_ids": t[:limit]}

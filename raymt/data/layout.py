@@ -115,7 +115,7 @@ class Layout:
 def _model_fields(cfg: PrepareConfig, tokenizer: Tokenizer) -> dict:
     """The manifest's SentencePiece fields."""
     return {
-        "vocab_size": tokenizer.sp.get_piece_size(),
+        "vocab_size": tokenizer.num_pieces,
         "sp_model_type": cfg.sp_model_type,
         "sp_model_sha256": hashlib.sha256(tokenizer.model_proto).hexdigest(),
     }

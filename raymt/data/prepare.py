@@ -47,7 +47,7 @@ def check_tags(tokenizer: Tokenizer, reserved: list[str], where: str) -> None:
     wrong = [
         p
         for i, p in enumerate(reserved, 4)
-        if tokenizer.sp.piece_to_id(p) != i or not tokenizer.sp.is_control(tokenizer.sp.piece_to_id(p))
+        if tokenizer.piece_to_id(p) != i or not tokenizer.is_control(tokenizer.piece_to_id(p))
     ]
     if wrong:
         raise ValueError(
@@ -121,7 +121,7 @@ def _build(layout: Layout, tmp: Path, reserved: list[str], tokenizer: Optional[T
         firsts: list[Optional[dict]] = [None] * len(corpora)
         if tokenizer is None:
             tokenizer, firsts = _joint_tokenizer(layout, specs, reserved, here)
-        ids = {piece: tokenizer.sp.piece_to_id(piece) for piece in reserved}
+        ids = {piece: tokenizer.piece_to_id(piece) for piece in reserved}
         entries = []
         for c, task_specs, first, in_here in zip(corpora, specs, firsts, here):
             tags = source_tags(c.spec, reserved)

@@ -176,7 +176,7 @@ class Service:
                     "text": lay.join(best),
                     "alternatives": alts,
                     "source_tokens": sum(len(s) - 1 - prefix for s in srcs),
-                    "target_tokens": sum(len(self.info.tokenizer.encode(b)) for b in best),
+                    "target_tokens": sum(len(self.info.tokenizer.encode(b, "tgt")) for b in best),
                 }
             )
         return out

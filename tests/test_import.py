@@ -1,0 +1,237 @@
+"""`raymt import`: a Hugging Face OPUS-MT (Marian) directory becomes a raymt checkpoint that
+computes what transformers computes (logits, token ids, greedy and beam search), and round trips."""
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from agreement import assert_agree, raymt_scorer  # noqa: E402
+from hf_models import save_opus_mt  # noqa: E402
+from tiny_checkpoint import one_thread, tokenizer  # noqa: E402, F401 (autouse fixture)
+
+from raymt import export, hf_import  # noqa: E402
+from raymt.checkpoint import load_model, load_weights, save_checkpoint  # noqa: E402
+from raymt.config import Config, DataConfig, DecodeOptions, ModelConfig  # noqa: E402
+from raymt.data.builtin import generate  # noqa: E402
+from raymt.decoding import _max_lengths, decode, encode_sources, pad_batch  # noqa: E402
+from raymt.model import Transformer  # noqa: E402
+from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
+
+pytestmark = pytest.mark.hosts  # decoded outputs across engines: ./run.sh test --hosts
+
+SOURCES, TARGETS = generate(12, "en", "de", seed=5)
+
+
+class Imported:
+    """An OPUS-MT-style directory, its import, and the id maps between them."""
+
+    def __init__(self, tmp_path, **kwargs):
+        self.dir = save_opus_mt(tmp_path / "opus-mt-en-de", **kwargs)
+        self.checkpoint = hf_import.import_model(self.dir, tmp_path / "imported")
+        self.model, self.tok, self.config = load_model(self.checkpoint)
+        self.hf = transformers.MarianMTModel.from_pretrained(str(self.dir)).eval()
+        self.hf_tok = transformers.MarianTokenizer.from_pretrained(str(self.dir))
+        vocab = json.loads((self.dir / "vocab.json").read_text())
+        pad = self.hf.config.pad_token_id
+        self.to_hf = [vocab.get(p, pad) for p in self.tok.pieces]  # raymt id -> HF id
+        self.present = [r for r, p in enumerate(self.tok.pieces) if p in vocab]
+        self.to_raymt = {self.to_hf[r]: r for r in self.present}
+
+    def hf_ids(self, rows: torch.Tensor) -> torch.Tensor:
+        """(B, T) raymt ids -> HF ids."""
+        return torch.tensor([[self.to_hf[i] for i in row] for row in rows.tolist()])
+
+    def hf_search(self, src: torch.Tensor, limits: torch.Tensor, beam: int) -> list[list[int]]:
+        """HF `generate` with raymt's limits, its pad suppressed (bad_words_ids), in raymt ids."""
+        everything = list(range(self.hf.config.vocab_size))
+        eos = [self.hf.config.eos_token_id]
+        allowed = lambda i, ids: eos if ids.numel() >= int(limits[i]) else everything  # noqa: E731
+        out = self.hf.generate(
+            input_ids=self.hf_ids(src),
+            attention_mask=src != PAD_ID,
+            num_beams=beam,
+            do_sample=False,
+            max_new_tokens=int(limits.max()),
+            max_length=None,
+            early_stopping=True,
+            length_penalty=0.0,
+            prefix_allowed_tokens_fn=allowed,
+        )
+        rows = [[self.to_raymt[i] for i in row[1:]] for row in out.tolist()]
+        return [row[: row.index(EOS_ID)] if EOS_ID in row else row for row in rows]
+
+
+@pytest.fixture(scope="module")
+def opus(tmp_path_factory):
+    return Imported(tmp_path_factory.mktemp("opus"))
+
+
+def test_token_ids_equal_marian_tokenizers(opus):
+    ours = encode_sources(opus.tok, SOURCES, 64)
+    assert [[opus.to_hf[i] for i in row] for row in ours] == opus.hf_tok(SOURCES).input_ids
+    targets = opus.hf_tok(text_target=TARGETS).input_ids
+    assert [[opus.to_hf[i] for i in opus.tok.encode(t, "tgt")] + [0] for t in TARGETS] == targets
+    assert [opus.tok.decode(opus.tok.encode(t, "tgt")) for t in TARGETS] == TARGETS
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_logits_equal_hf(tie, opus, tmp_path):
+    case = opus if tie else Imported(tmp_path, tie=False)
+    assert case.config.model.tie_output is tie and case.config.model.activation == "swish"
+    src = pad_batch(encode_sources(case.tok, SOURCES, 64))
+    tgt = pad_batch([[BOS_ID, *case.tok.encode(t, "tgt")] for t in TARGETS])
+    with torch.no_grad():
+        ours = case.model(src, tgt)
+        theirs = case.hf(input_ids=case.hf_ids(src), attention_mask=src != PAD_ID, decoder_input_ids=case.hf_ids(tgt))
+    real = tgt != PAD_ID
+    hf_rows = [case.to_hf[r] for r in case.present]
+    torch.testing.assert_close(ours[:, :, case.present][real], theirs.logits[:, :, hf_rows][real], atol=1e-4, rtol=0)
+    # Rows the HF model lacks (raymt's PAD, padding to 8) take no probability.
+    absent = [r for r in range(case.tok.vocab_size) if r not in case.present]
+    assert absent and ours.log_softmax(-1)[:, :, absent].max() < -50
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_search_equals_hf_generate(beam, opus):
+    sources = encode_sources(opus.tok, SOURCES, 64)
+    opts = DecodeOptions(beam=beam, length_penalty=0.0, max_len_a=1.2, max_len_b=6)
+    src = pad_batch(sources)
+    ours = decode(opus.model, src, opts)
+    theirs = opus.hf_search(src, _max_lengths(opus.model, src, opts), beam)
+    assert_agree([raymt_scorer(opus.model)], sources, theirs, ours)
+
+
+def test_translate_command(opus, capsys):
+    from raymt import translate
+
+    assert translate.main(["--checkpoint", str(opus.checkpoint), "--beam", "1", SOURCES[0]]) == 0
+    ours = capsys.readouterr().out.strip()
+    src = pad_batch(encode_sources(opus.tok, SOURCES[:1], 64))
+    out = opus.hf.generate(input_ids=opus.hf_ids(src), num_beams=1, do_sample=False, max_length=64)
+    theirs = opus.hf_tok.decode(out[0], skip_special_tokens=True)
+    assert ours and theirs.startswith(ours)  # raymt's length limit may stop it earlier
+
+
+def post_norm_model(seed: int = 0) -> Transformer:
+    """A random tiny post-norm raymt model (what `export --format marian` takes)."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1, num_decoder_layers=2, pre_norm=False)
+    return Transformer(cfg, tokenizer().vocab_size).eval()
+
+
+def test_raymt_marian_raymt_is_identity(tmp_path):
+    model = post_norm_model()
+    config = Config(model=model.cfg, data=DataConfig(vocab_size=256))
+    checkpoint = save_checkpoint(tmp_path / "ours", model, config, tokenizer())
+    assert export.main(["--checkpoint", str(checkpoint), "--output", str(tmp_path / "hf"), "--format", "marian"]) == 0
+    back = hf_import.import_model(tmp_path / "hf", tmp_path / "back")
+    before, after = load_weights(checkpoint), load_weights(back)
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert (back / "spm.model").read_bytes() == (checkpoint / "spm.model").read_bytes()
+    assert load_model(back)[2].model == model.cfg
+
+
+def test_imported_marian_raymt_marian(opus, tmp_path):
+    """An imported OPUS-MT model exports to HF Marian again: the same logits, and back the same weights."""
+    out = tmp_path / "again"
+    assert export.main(["--checkpoint", str(opus.checkpoint), "--output", str(out), "--format", "marian"]) == 0
+    again = hf_import.import_model(out, tmp_path / "again-imported")
+    before, after = load_weights(opus.checkpoint), load_weights(again)
+    assert all(torch.equal(before[k], after[k]) for k in before) and before.keys() == after.keys()
+    marian = transformers.MarianMTModel.from_pretrained(str(out)).eval()
+    src = pad_batch(encode_sources(opus.tok, SOURCES, 64))
+    tgt = pad_batch([[BOS_ID, *opus.tok.encode(t, "tgt")] for t in TARGETS])
+    with torch.no_grad():
+        theirs = marian(input_ids=src, attention_mask=src != PAD_ID, decoder_input_ids=tgt).logits
+        torch.testing.assert_close(theirs, opus.model(src, tgt), atol=1e-4, rtol=0)
+
+
+def test_imported_model_exports_to_ctranslate2(opus, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    out = tmp_path / "ct2"
+    assert export.main(["--checkpoint", str(opus.checkpoint), "--output", str(out), "--format", "ctranslate2"]) == 0
+    translator = ctranslate2.Translator(str(out), device="cpu")
+    sources = encode_sources(opus.tok, SOURCES, 64)
+    pieces = [[opus.tok.id_to_piece(i) for i in s[:-1]] for s in sources]
+    results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=12)
+    theirs = [[opus.tok.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+    opts = DecodeOptions(beam=1, length_penalty=0.0, max_len_a=0.0, max_len_b=13)
+    ours = decode(opus.model, pad_batch(sources), opts)
+    assert_agree([raymt_scorer(opus.model)], sources, theirs, ours)
+
+
+def test_multi_target_codes_are_source_tags(tmp_path, capsys):
+    """OPUS-MT's >>fr<< codes become raymt's source-side tags: --tgt-lang fr puts it first, as
+    MarianTokenizer does for ">>fr<< text"."""
+    from raymt import translate
+    from raymt.checkpoint import model_languages
+    from raymt.engines import load_model_info
+
+    directory = save_opus_mt(tmp_path / "opus-mt-en-ROMANCE", codes=("fr", "es"), langs=("en", "fr"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": False}))
+    checkpoint = hf_import.import_model(directory, tmp_path / "imported")
+    languages = model_languages(checkpoint)
+    assert languages["pairs"] == [["en", "fr"], ["en", "es"]] and languages.get("tag_side", "src") == "src"
+    info = load_model_info(str(checkpoint))
+    hf_tok = transformers.MarianTokenizer.from_pretrained(str(directory))
+    vocab = json.loads((directory / "vocab.json").read_text())
+    for lang in ("fr", "es"):
+        ours = [info.tokenizer.id_to_piece(i) for i in info.encode([SOURCES[0]], lang)[0]]
+        assert [vocab[p] for p in ours] == hf_tok([f">>{lang}<< {SOURCES[0]}"]).input_ids[0]
+    assert translate.main(["--checkpoint", str(checkpoint), "--tgt-lang", "es", SOURCES[0]]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+def bad(tmp_path, capsys, directory, *flags) -> str:
+    """The one-line error of `raymt import` on `directory` (exit 2, nothing written)."""
+    out = tmp_path / "out"
+    assert hf_import.main([str(directory), "--output", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("raymt import: error: ") and not out.exists()
+    return err
+
+
+def test_bad_directories(tmp_path, capsys):
+    good = save_opus_mt(tmp_path / "opus-mt-en-de")
+
+    def variant(name: str):
+        import shutil
+
+        copy = tmp_path / name / "opus-mt-en-de"
+        shutil.copytree(good, copy)
+        return copy
+
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}))
+    assert "holds a t5 model (T5ForConditionalGeneration)" in bad(tmp_path, capsys, t5)
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert "holds a bert model" in bad(tmp_path, capsys, bert)
+    assert "is not a directory" in bad(tmp_path, capsys, tmp_path / "nothing")
+    missing = variant("missing")
+    (missing / "target.spm").unlink()
+    assert "has no target.spm" in bad(tmp_path, capsys, missing)
+    corrupt = variant("corrupt")
+    (corrupt / "source.spm").write_bytes(b"not a model")
+    assert "not a SentencePiece model" in bad(tmp_path, capsys, corrupt)
+    short = variant("short")
+    vocab = json.loads((short / "vocab.json").read_text())
+    (short / "vocab.json").write_text(json.dumps(dict(list(vocab.items())[:-3])))
+    assert "must be equal" in bad(tmp_path, capsys, short)
+    shape = variant("shape")
+    config = json.loads((shape / "config.json").read_text())
+    (shape / "config.json").write_text(json.dumps({**config, "encoder_ffn_dim": 48, "decoder_ffn_dim": 48}))
+    assert "do not fit config.json's shape" in bad(tmp_path, capsys, shape)
+    unnamed = variant("unnamed").rename(tmp_path / "model")
+    (unnamed / "tokenizer_config.json").write_text("{}")
+    assert "pass --src-lang and --tgt-lang" in bad(tmp_path, capsys, unnamed)
+    assert hf_import.main([str(unnamed), "--output", str(tmp_path / "ok"), "--src-lang", "en", "--tgt-lang", "de"]) == 0
+    weights = variant("weights")
+    (weights / "model.safetensors").write_bytes(b"\x00" * 64)
+    assert "corrupt or truncated safetensors" in bad(tmp_path, capsys, weights)
