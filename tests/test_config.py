@@ -56,7 +56,7 @@ def test_cli_sources_layer_in_order(tmp_path):
         ({"model.dropout": "1.5"}, r"model.dropout=1.5 must be in \[0, 1\)"),
         ({"train.num_workers": "0"}, "train.num_workers=0 must be > 0"),
         ({"train.min_workers": "3"}, "train.min_workers=3 must be between 1 and train.num_workers=2"),
-        ({"model.activation": "swish"}, "must be one of relu, gelu"),
+        ({"model.activation": "tanh"}, "must be one of relu, gelu, swish"),
     ],
 )
 def test_bad_values_name_the_field(overrides, message):

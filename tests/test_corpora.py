@@ -140,7 +140,7 @@ def test_tables_round_trip_and_old_configs_load(tmp_path):
     assert {k: single["data"][k] for k in ("corpora", "temperature", "bt_tag")} == {
         "corpora": [
             {"src_lang": "en", "tgt_lang": "de", "train": (), "origin": "real", "weight": 1.0}
-            | {"valid": None, "test": ()}
+            | {"valid": None, "test": (), "label": None}
         ],
         "temperature": 1.0,
         "bt_tag": True,
@@ -383,6 +383,34 @@ def test_a_run_prepares_its_corpora_per_pair(tmp_path, no_ray):
     (untagged / "spm.model").write_bytes(train_tokenizer(["a b c", "d e f"] * 20, 24, "bpe").model_proto)
     with pytest.raises(ValueError, match="does not reserve the tag.s. <2de>, <2en>, <2fr>"):
         plan_data(cfg, tmp_path / "run3", None, untagged)
+
+
+def test_labeled_corpora_of_one_pair_mix_by_weight(tmp_path, no_ray):
+    """A domain corpus beside a general one of the same pair (fine-tuning without forgetting):
+    each its own training corpus with its weight, one untagged pair, one validation set."""
+    general = write_prefix(tmp_path / "general", mirrored(60))
+    domain = write_prefix(tmp_path / "domain", mirrored(20, 300))
+    valid = write_prefix(tmp_path / "valid", mirrored(5, 500))
+    config = tmp_path / "mix.toml"
+    config.write_text(
+        f'[[data.corpora]]\nlabel = "general"\nsrc_lang = "en"\ntgt_lang = "de"\ntrain = "{general}"\n'
+        f'valid = "{valid}"\n[[data.corpora]]\nlabel = "domain"\nsrc_lang = "en"\ntgt_lang = "de"\n'
+        f'train = "{domain}"\nweight = 3.0\n'
+    )
+    cfg = build_config(parse_args(["--config", str(config), "--set=data.vocab_size=200"]))
+    assert [c.name for c in cfg.data.corpora] == ["general", "domain"] and cfg.data.pairs() == [("en", "de")]
+    cfg, run_data = plan_data(cfg, tmp_path / "run", None, None)
+    prepared = materialize(cfg, run_data)
+    corpora = prepared.training_corpora
+    assert [(c.name, c.weight, c.num_pairs, c.source_tags) for c in corpora] == [
+        ("general", 1.0, 60, ()),
+        ("domain", 3.0, 20, ()),
+    ]
+    assert pair_tags(prepared).languages is None  # one pair: an untagged model
+    twice = config.read_text().replace('label = "domain"\n', "")
+    config.write_text(twice.replace('label = "general"\n', ""))
+    with pytest.raises(ValueError, match="given twice.*label"):
+        build_config(parse_args(["--config", str(config)]))
 
 
 def test_a_run_on_one_tsv_corpus_is_a_one_pair_run(tmp_path, no_ray):

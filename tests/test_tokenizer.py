@@ -50,3 +50,26 @@ def test_a_vocabulary_too_small_for_the_characters_is_a_one_line_error():
     with pytest.raises(ValueError, match=r"^vocabulary size 16 is smaller than the \d+ pieces") as err:
         train_tokenizer(sentences, vocab_size=16, model_type="bpe")
     assert "raise data.vocab_size / --vocab-size to at least 24" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_imported_vocabulary_bundle(tmp_path):
+    """A source and a target SentencePiece model over a model's own ids (raymt import's tokenizer):
+    each side splits with its model, pieces map through the table, controls never come from text."""
+    src, tgt = builtin.generate(300, "en", "de", seed=4)
+    source, target = train_tokenizer(src, 120), train_tokenizer(tgt, 120)
+    pieces_of = lambda sp: [sp.id_to_piece(i) for i in range(4, sp.get_piece_size())]  # noqa: E731
+    table = ["<pad>", "<unk>", "<s>", "</s>", ">>fr<<", *dict.fromkeys(pieces_of(source.sp) + pieces_of(target.sp))]
+    tok = Tokenizer.bundle(source.model_proto, target.model_proto, table, controls=[4], aliases={"<2fr>": 4})
+    tok.save(tmp_path / "spm.model")
+    tok = Tokenizer.load(tmp_path / "spm.model")
+    assert tok.vocab_size == -(-len(table) // 8) * 8 and tok.num_pieces == len(table)
+    assert tok.piece_to_id("<2fr>") == 4 and tok.is_control(4) and not tok.is_control(5)
+    assert tok.piece_to_id("not a piece") == UNK_ID and tok.id_to_piece(4) == ">>fr<<"
+    for line in tgt[:20]:
+        ids = tok.encode(line, "tgt")
+        assert [table[i] for i in ids] == target.sp.encode(line, out_type=str)
+        assert tok.decode([4, *ids, EOS_ID, 7]) == line  # the control dropped, nothing after EOS
+    assert [table[i] for i in tok.encode(src[0])] == source.sp.encode(src[0], out_type=str)
+    with pytest.raises(ValueError, match="is not a SentencePiece model or raymt tokenizer"):
+        (tmp_path / "bad.model").write_bytes(b"raymt-tokenizer\n{")
+        Tokenizer.load(tmp_path / "bad.model")

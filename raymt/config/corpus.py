@@ -13,6 +13,9 @@ from typing import Any, Optional, Sequence
 
 from raymt.errors import check
 
+# A corpus's label (CorpusSpec.label): never "-" or ".", so never a pair's name (en-de, en-de.bt).
+LABEL = r"[A-Za-z][A-Za-z0-9_]*"
+
 # Languages of the built-in corpus (CLDR data through Babel, number words through num2words).
 BUILTIN_LANGS = ("en", "de", "fr", "es")
 
@@ -47,6 +50,10 @@ class CorpusSpec:
     # The pair's validation set (one per pair, on one of its corpora) and test sets.
     valid: Optional[str] = None
     test: tuple[str, ...] = ()
+    # A name of its own, for several corpora of one pair and origin mixed by weight (a domain
+    # corpus beside a general one, so that fine-tuning keeps the general quality); None: the
+    # corpus is named by its pair and origin (`name`).
+    label: Optional[str] = None
 
     def __post_init__(self) -> None:
         where = f"corpus {self.src_lang}-{self.tgt_lang}"
@@ -73,6 +80,10 @@ class CorpusSpec:
             f"{where}: a back-translated corpus needs files: pass --bt {self.pair}:PATH",
         )
         check(
+            self.label is None or (isinstance(self.label, str) and re.fullmatch(LABEL, self.label) is not None),
+            f"{where}: label={self.label!r} must be a name of letters, digits and '_' starting with a letter",
+        )
+        check(
             len(set(self.train)) == len(self.train),
             f"{where}: a file is listed twice in train={list(self.train)}: list each once",
         )
@@ -84,7 +95,9 @@ class CorpusSpec:
 
     @property
     def name(self) -> str:
-        """ "en-de", or "en-de.bt" for back-translated pairs: its directory and its summary row."""
+        """ "en-de", or "en-de.bt" for back-translated pairs, or its label: its directory and its summary row."""
+        if self.label is not None:
+            return self.label
         return self.pair if self.origin == "real" else f"{self.pair}.{self.origin}"
 
     @property
@@ -135,7 +148,7 @@ def check_corpora(corpora: Sequence[CorpusSpec], need_valid: bool = True, builti
     check(
         not duplicates,
         f"corpus {', '.join(duplicates)} is given twice: give one per pair and "
-        "origin, listing all its files in train = [...]",
+        'origin, listing all its files in train = [...], or a label to each (label = "general")',
     )
     # A prefix may serve both directions (en-de and de-en), not two corpora of one pair.
     files = [(c.pair, f) for c in corpora for f in c.train]
