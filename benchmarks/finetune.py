@@ -118,11 +118,12 @@ def main() -> int:
     common = ["--set", f"train.max_steps={args.steps}", "--set", f"train.storage_path={out / 'runs'}"]
     on_domain = ["--train", f"{domain}/train", "--valid", f"{domain}/valid"]
     # The base model's schedule (lr 2e-3 post-norm), its warmup cut to a third of the budget.
-    scratch = ["--set", "optim.lr=2e-3", "--set", f"optim.warmup_steps={max(1, args.steps // 3)}"]
+    scratch = ["--config", str(ROOT / "recipes/multi30k-cpu.toml"), "--set", "model.pre_norm=false"]
+    scratch += ["--set", "optim.lr=2e-3", "--set", f"optim.warmup_steps={max(1, args.steps // 3)}"]
     arms = {
         "domain": ["--init", str(imported), "--config", args.recipe, *on_domain],
         "mix": ["--init", str(imported), "--config", str(mix_config(args.recipe, out, args.m30k, domain))],
-        "scratch": ["--config", str(ROOT / "recipes/multi30k-cpu.toml"), "--set", "model.pre_norm=false", *scratch, *on_domain],
+        "scratch": [*scratch, *on_domain],
     }
     for name in args.arms.split(","):
         seconds = raymt("train", *arms[name], *common, "--name", f"ft-{name}")
