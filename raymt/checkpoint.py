@@ -43,11 +43,12 @@ RAY_SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
 class TrainState:
     """What a training checkpoint's train_state.pt holds besides the weights: the optimizer,
     scheduler and fp16 loss scaler to continue with, the step and epoch, every rank's data
-    position and RNG streams, and what the positions mean (batching fields, mix of corpora).
+    position and RNG streams, what the positions mean (batching fields, mix of corpora) and the
+    early stop's count.
 
     The one reader of the file's keys (`from_dict`): older checkpoints lack the keys added since
-    (`rng_states`, `grad_scaler`, `data_segment`, `data_batching`, `data_mix`, `precision`) and
-    read as their defaults; a state that is not trained yet is `TrainState()` (step 0 of epoch 0).
+    (`rng_states`, `grad_scaler`, `data_segment`, `data_batching`, `data_mix`, `precision`,
+    `valid_best`) and read as their defaults; a state that is not trained yet is `TrainState()` (step 0 of epoch 0).
     """
 
     optimizer: Optional[dict] = None  # the optimizer's state_dict (absent: weights-only starts)
@@ -61,9 +62,10 @@ class TrainState:
     data_batching: Optional[dict] = None  # the batching fields data_positions count batches with
     data_mix: Optional[dict] = None  # several corpora: what the positions are positions in
     precision: Optional[dict] = None  # the run's precision (`Precision.record`)
+    valid_best: Optional[dict] = None  # train.patience's count (`worker_state.EarlyStop.best`)
 
     # Written only when set, so that one-pair checkpoints hold the keys they always did.
-    WRITTEN_IF_SET = ("data_mix", "precision")
+    WRITTEN_IF_SET = ("data_mix", "precision", "valid_best")
 
     def to_dict(self) -> dict:
         """The plain dict torch.save writes (tensors, lists, numbers and strings only)."""
@@ -81,7 +83,7 @@ class TrainState:
             what = sorted(set(saved) - known) if isinstance(saved, dict) else type(saved).__name__
             raise ValueError(
                 f"{where}: not a raymt train state (unknown {what}); from a newer raymt? Upgrade "
-                "raymt, or start a new run from the checkpoint's weights: --resume CHECKPOINT_DIR --name NEW"
+                "raymt, or start a new run from the checkpoint's weights: --init CHECKPOINT_DIR --name NEW"
             )
         return cls(**{**saved, "data_batching": saved_batching(saved.get("data_batching"))})
 

@@ -1,24 +1,29 @@
 """The run directory: its layout, continuing it (`resume_config`, the one door of `train.run`'s
-resume_dir and `--resume`; Ray Train's snapshot of its checkpoints), the checks before a run
-starts or continues there (a checkpoint to continue, same mix, same tag side, same model shape,
-writable) and the files a run writes for a resume and for people. Plain values only: the
-command line's flags are read in raymt.train."""
+resume_dir and `--resume`; Ray Train's snapshot of its checkpoints), what a new run from a
+checkpoint's weights keeps (`init_config`: its model and vocabulary), the checks before a run
+starts or continues there (a checkpoint to continue, same mix, same tag side, same model shape
+and vocabulary, writable) and the files a run writes for a resume and for people. Plain values
+only: the command line's flags are read in raymt.train."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from raymt import storage
 from raymt.checkpoint import RAY_SNAPSHOT_FILE, SPM_FILE, load_config
-from raymt.config import Config, apply_overrides
+from raymt.config import BUILTIN_LANGS, SCHEDULE_FIELDS, Config, CorpusSpec, apply_overrides
 from raymt.data.format import open_corpus
 from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
+# Where a run started from a checkpoint's weights (--init) took them: a resume before its first
+# checkpoint starts there again.
+INIT_FILE = "init_checkpoint.json"
 METRICS_CSV = "logs/metrics.csv"
 CORPUS_DIR = "corpus"  # a run's own prepared corpus, on the run's storage: every node reads it
 
@@ -37,7 +42,7 @@ def resume_config(cfg: Config, run_dir: str) -> Config:
     if saved is None:
         raise ValueError(
             f"--resume {run_dir}: not a run directory (no {RUN_CONFIG}); a checkpoint starts a new run "
-            "instead (--resume CHECKPOINT_DIR, or train.run(cfg, init_checkpoint=CHECKPOINT_DIR))"
+            "instead (--init CHECKPOINT_DIR, or train.run(cfg, init_checkpoint=CHECKPOINT_DIR))"
         )
     check_resumable(run_dir)
     check_same_mix(saved, cfg, run_dir)
@@ -67,7 +72,8 @@ def check_resumable(run_dir: str) -> None:
         raise ValueError(
             f"--resume {run_dir}: the run {trained} but Ray Train registered no checkpoint "
             f"there (no {RAY_SNAPSHOT_FILE} listing one), so it would start again at step 0; "
-            "pass one of its checkpoint_* directories to --resume, or start a new run"
+            f"start a new run from one of its checkpoint_* directories (--init {run_dir}/checkpoint_... "
+            "--name NEW) or from scratch"
         )
 
 
@@ -113,7 +119,7 @@ def check_same_mix(saved: Config, cfg: Config, run_dir: str) -> None:
     start = latest_checkpoint(run_dir) or f"{run_dir}/checkpoint_..."
     raise ValueError(
         f"--resume {run_dir}: the run's mix of corpora cannot change ({diff}); "
-        f"start a new run from its checkpoint instead: --resume {start} --name NEW"
+        f"start a new run from its checkpoint instead: --init {start} --name NEW"
     )
 
 
@@ -124,23 +130,57 @@ def _mix_field(cfg: Config, field: str) -> str:
     return f"{getattr(cfg.data, field)}" if field == "corpus" else f"{cfg.data.temperature:g}"
 
 
-SHAPE_FIELDS = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decoder_layers", "pre_norm", "activation")
+# What a run started from a checkpoint's weights keeps: the model's shape (every model.* field but
+# the dropout rates, which fine-tuning may lower) and the vocabulary (its SentencePiece model,
+# whose data.* options only matter where one is trained).
+TUNABLE_MODEL_FIELDS = ("dropout", "attention_dropout")
+VOCABULARY_FIELDS = ("vocab_size", "sp_model_type", "sp_sample_size")
+
+
+def fixed_changes(saved: Config, cfg: Config) -> list[tuple[str, Any, Any]]:
+    """(field, value in `saved`, value in `cfg`) of each field a run from `saved`'s weights keeps
+    that `cfg` changes: its model's shape and vocabulary."""
+    fixed = [f"model.{f.name}" for f in dataclasses.fields(saved.model) if f.name not in TUNABLE_MODEL_FIELDS]
+    fixed += [f"data.{name}" for name in VOCABULARY_FIELDS]
+    return [
+        (key, field_value(saved, key), field_value(cfg, key))
+        for key in fixed
+        if field_value(saved, key) != field_value(cfg, key)
+    ]
+
+
+def field_value(cfg: Config, key: str) -> Any:
+    """The value of a dotted field ("model.d_model") of `cfg`."""
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
 
 
 def check_shape(cfg: Config, checkpoint: str | Path) -> None:
-    """A one-line error when the starting checkpoint's model differs in shape (or tag side) from the config's."""
+    """A one-line error when the starting checkpoint's model differs in shape or vocabulary (or
+    tag side) from the config's."""
     saved, _ = load_config(checkpoint)
-    diff = [
-        f"model.{f} {getattr(saved.model, f)} there, {getattr(cfg.model, f)} here"
-        for f in SHAPE_FIELDS
-        if getattr(saved.model, f) != getattr(cfg.model, f)
-    ]
+    diff = [f"{key} {there} there, {here} here" for key, there, here in fixed_changes(saved, cfg)]
     check_tag_side(saved, cfg, str(checkpoint))
     if diff:
         raise ValueError(
-            f"{checkpoint} holds a model of another shape ({'; '.join(diff)}): drop "
-            "--preset / --set model.* to start from it, or train from scratch"
+            f"{checkpoint} holds a model of another shape or vocabulary ({'; '.join(diff)}): a run from its "
+            "weights keeps every model.* field but the dropout rates, and its SentencePiece model; "
+            "leave them as the checkpoint has them, or train from scratch"
         )
+
+
+def init_config(saved: Config) -> Config:
+    """The config a new run from a checkpoint's weights (`--init`) builds on: the defaults, with
+    the checkpoint's model, vocabulary, tag side, decoding and batch schedule (`SCHEDULE_FIELDS`,
+    which GPU defaults leave alone); its data is the command's. A one-pair checkpoint's pair is the
+    default (of a SPEC without SRC-TGT:, and the built-in corpus's where it has its languages)."""
+    kept = {key: field_value(saved, key) for key in (*SCHEDULE_FIELDS, "data.tag_side")}
+    kept.update({f"data.{name}": getattr(saved.data, name) for name in VOCABULARY_FIELDS})
+    pairs = saved.data.pairs()
+    if len(pairs) == 1 and all(lang in BUILTIN_LANGS for lang in pairs[0]):
+        kept["data.corpora"] = [CorpusSpec(*pairs[0])]
+    fresh = dataclasses.replace(Config(), model=saved.model, decode=saved.decode)
+    return apply_overrides(fresh, kept)
 
 
 def check_tag_side(saved: Config, cfg: Config, what: str) -> None:
@@ -171,10 +211,22 @@ def check_writable(run_dir: str) -> None:
         ) from None
 
 
-def write_run_files(cfg: Config, run_dir: str, tokenizer: Tokenizer) -> None:
-    """The run's config and SentencePiece model, for --resume and for people."""
+def write_run_files(cfg: Config, run_dir: str, tokenizer: Tokenizer, init_checkpoint: Optional[str] = None) -> None:
+    """The run's config and SentencePiece model, and the checkpoint it started from, for --resume and for people."""
     storage.write_bytes(storage.join(run_dir, SPM_FILE), tokenizer.model_proto)
     storage.write_bytes(storage.join(run_dir, RUN_CONFIG), json.dumps(cfg.to_dict(), indent=2).encode())
+    if init_checkpoint is not None:
+        record = {"init_checkpoint": init_checkpoint}
+        storage.write_bytes(storage.join(run_dir, INIT_FILE), json.dumps(record, indent=2).encode())
+
+
+def start_checkpoint(run_dir: str) -> Optional[str]:
+    """The checkpoint a run started from (--init) while the run has none of its own registered:
+    a resume then starts from those weights again, as the run did."""
+    record = storage.optional_bytes(storage.join(run_dir, INIT_FILE))
+    if record is None or registered_checkpoints(run_dir):
+        return None
+    return json.loads(record)["init_checkpoint"]
 
 
 def run_pairs(cfg: Config) -> list[str]:

@@ -14,11 +14,11 @@ from raymt import storage
 from raymt.autoscale import RayCluster, release_request
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, load_config
 from raymt.cluster import Plan, init_ray, plan
-from raymt.config import Config, check_training, schedule_line
+from raymt.config import Config, check_training, flatten, load_file, parse_set_args, schedule_line
 from raymt.curves import after_training as plot_learning_curves
 from raymt.data.format import TrainingCorpus, eval_rows
 from raymt.data.text import Pairs
-from raymt.errors import cli_error
+from raymt.errors import check, cli_error
 from raymt.evaluate import score_test_sets
 from raymt.flags import build_config, flag_parser
 from raymt.metrics import score_lines
@@ -31,9 +31,12 @@ from raymt.rundir import (
     check_writable,
     finalize,
     first_step,
+    fixed_changes,
+    init_config,
     resume_config,
     run_location,
     saved_config,
+    start_checkpoint,
     write_run_files,
 )
 from raymt.shared_dir import check_shared
@@ -46,8 +49,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = flag_parser("python -m raymt.train", __doc__)
     p.add_argument(
         "--resume",
-        help="a run directory to continue, or a checkpoint to start from "
-        "(local paths or URIs such as s3://bucket/runs/NAME)",
+        metavar="RUN_DIR",
+        help="a run directory to continue from its latest checkpoint (a local path or a URI such as "
+        "s3://bucket/runs/NAME)",
+    )
+    p.add_argument(
+        "--init",
+        metavar="CHECKPOINT_DIR",
+        help="start a new run from a checkpoint's weights (step 0, a new optimizer and schedule) with its "
+        "model and SentencePiece model: a run's checkpoint_*, `raymt average` or `raymt import` output",
     )
     return p.parse_args(argv)
 
@@ -59,18 +69,64 @@ def resolve_resume(
     """(config, run directory to continue, checkpoint to initialize from) of the command line;
     locations are absolute local paths or URIs. `cluster_gpus` as in `build_config`. A run
     directory's config is its saved one with the flags given; `run` checks the resume."""
+    if args.init:
+        check(
+            not args.resume, f"--resume {args.resume} and --init {args.init}: give one (continue a run, or start one)"
+        )
+        return init_run_config(args, cluster_gpus), None, storage.normalize(args.init)
     if not args.resume:
         return build_config(args, cluster_gpus=cluster_gpus), None, None
     location = storage.normalize(args.resume)
-    if any(storage.exists(storage.join(location, f)) for f in (MODEL_FILE, SAFETENSORS_FILE)):
-        start = load_config(location)[0]  # a new run from its weights, with its batch schedule
-        return build_config(args, start, cluster_gpus=cluster_gpus, from_checkpoint=True), None, location
+    check(
+        not is_checkpoint(location),
+        f"--resume {args.resume} is a checkpoint, not a run directory: start a new run from its weights "
+        f"with --init {args.resume}",
+    )
     saved = saved_config(location)
     if saved is None:
         raise ValueError(
-            f"--resume {args.resume}: neither a run directory (no {RUN_CONFIG}) nor a checkpoint (no {MODEL_FILE})"
+            f"--resume {args.resume}: not a run directory (no {RUN_CONFIG}); a checkpoint starts a new run "
+            f"instead (--init CHECKPOINT_DIR)"
         )
     return build_config(args, saved, new_run=False), location, None
+
+
+def is_checkpoint(location: str) -> bool:
+    """Whether a directory (path or URI) holds a model's weights."""
+    return any(storage.exists(storage.join(location, f)) for f in (MODEL_FILE, SAFETENSORS_FILE))
+
+
+def init_run_config(args: argparse.Namespace, cluster_gpus: Optional[Callable[[], int]] = None) -> Config:
+    """The config of `--init CHECKPOINT_DIR`: the checkpoint's model, vocabulary and batch schedule
+    (`rundir.init_config`) with the flags given; a flag that changes the model's shape or
+    vocabulary is a one-line error naming it."""
+    location = storage.normalize(args.init)
+    check(
+        is_checkpoint(location),
+        f"--init {args.init}: not a checkpoint (no {MODEL_FILE} or {SAFETENSORS_FILE}); continue a run "
+        f"directory with --resume {args.init}, or start from one of its checkpoint_* directories",
+    )
+    saved = load_config(location)[0]
+    cfg = build_config(args, init_config(saved), cluster_gpus=cluster_gpus, from_checkpoint=True)
+    changed = fixed_changes(saved, cfg)
+    if changed:
+        key, there, here = changed[0]
+        raise ValueError(
+            f"{setting_flag(args, key)} changes {key} ({there} in --init {args.init}, {here} here): a run from "
+            "a checkpoint keeps its model's shape and vocabulary (model.dropout and model.attention_dropout "
+            "may change); drop it, or train from scratch without --init"
+        )
+    return cfg
+
+
+def setting_flag(args: argparse.Namespace, key: str) -> str:
+    """The flag that set a config field `key`: --set, the --config file or --preset, as written."""
+    sets, config = parse_set_args(args.set), flatten(load_file(args.config)) if args.config else {}
+    if key in sets:
+        return f"--set {key}={sets[key]}"
+    if key in config:
+        return f"--config {args.config} ({key} = {config[key]!r})"
+    return f"--preset {args.preset}" if args.preset else "the flags"
 
 
 def count_cluster_gpus(verbose: bool = False) -> int:
@@ -194,15 +250,17 @@ def run(
 ) -> dict:
     """Train with Ray Train, score the best checkpoint on the test set, return the summary.
 
-    `resume_dir` continues the run there (checked first: `rundir.resume_config`); `init_checkpoint`
-    starts a new run from a checkpoint's weights, or with `init_full_state` also from its
-    optimizer, scheduler and step (a Tune trial continuing another's work).
+    `resume_dir` continues the run there (checked first: `rundir.resume_config`; from the
+    checkpoint it started from while it has none of its own); `init_checkpoint` starts a new run
+    from a checkpoint's weights, or with `init_full_state` also from its optimizer, scheduler and
+    step (a Tune trial continuing another's work).
     """
     t0 = time.time()
     check_training(cfg)  # a Config built in code (the notebook, a sweep's trial) skips build_config
     if resume_dir is not None:  # the one door of a resume, the command line's and the notebook's
         resume_dir = storage.normalize(resume_dir)
         cfg = resume_config(cfg, resume_dir)
+        init_checkpoint = init_checkpoint or start_checkpoint(resume_dir)  # killed before its first checkpoint
     cfg = finalize(cfg)
     if cfg.train.use_gpu:
         print(schedule_line(cfg), flush=True)
@@ -217,7 +275,7 @@ def run(
         check_shared(run_dir)  # a node-local run directory on a multi-node cluster: one line
         corpus = materialize(cfg, run_data)
         tokenizer, tags = corpus.tokenizer(), pair_tags(corpus, cfg.data.tag_side)
-        write_run_files(cfg, run_dir, tokenizer)
+        write_run_files(cfg, run_dir, tokenizer, str(init_checkpoint) if init_checkpoint else None)
         valid, logs = run_data.eval_sets["valid"], storage.join(run_dir, "logs")
         result = fit(
             cfg,

@@ -434,8 +434,10 @@ class Hooks:
     def logged(self, metrics: dict) -> None:
         """Called with the training metrics of each log interval that ends without an evaluation."""
 
-    def evaluate(self, metrics: dict) -> None:
-        """Called every train.eval_every steps and at max_steps, with the interval's training metrics."""
+    def evaluate(self, metrics: dict) -> bool:
+        """Called every train.eval_every steps and at max_steps, with the interval's training
+        metrics; True stops the run (early stopping)."""
+        return False
 
     def note(self) -> str:
         """The end of rank 0's progress line."""
@@ -480,7 +482,7 @@ class Trainer:
         return self.deadline is not None and time.monotonic() > self.deadline
 
     def train_epoch(self, batches: Iterable[Batch], mark: Callable[[], Any] = lambda: None) -> bool:
-        """Train on `batches` until they end; True when the run must stop (steps, time)."""
+        """Train on `batches` until they end; True when the run must stop (steps, time, early stop)."""
         cfg = self.cfg
         for update in lockstep(batches, cfg.optim.update_freq, self.device, self.collective, self.late, mark):
             self.hooks.before_step(update)
@@ -499,7 +501,8 @@ class Trainer:
             self.step += 1
             self.hooks.after_step(update)
             if self.step % cfg.train.eval_every == 0 or self.step >= cfg.train.max_steps:
-                self.hooks.evaluate(self.log_train())
+                if self.hooks.evaluate(self.log_train()):
+                    return True
             elif self.step % cfg.train.log_every == 0:
                 self.hooks.logged(self.log_train())
             if self.step >= cfg.train.max_steps or (self.step % cfg.train.log_every == 0 and update.late):

@@ -21,7 +21,7 @@ from raymt.trainer import Hooks, Trainer, Update, rng_state
 from raymt.worker_data import EpochFeed, ValidSets
 from raymt.worker_env import LoopConfig, WorkerEnv, elastic_batch
 from raymt.worker_logs import RunLogs
-from raymt.worker_state import CheckpointWriter, Restored, Saved, restore, restore_rng
+from raymt.worker_state import CheckpointWriter, EarlyStop, Restored, Saved, restore, restore_rng
 
 
 class WorkerLoop(Hooks):
@@ -55,6 +55,7 @@ class WorkerLoop(Hooks):
             hooks=self,
         )
         self.evaluated: Optional[int] = None  # the step of this attempt's last evaluation
+        self.early_stop = EarlyStop(cfg.train.patience, start.valid_best)
 
     @classmethod
     def on_ray_train(cls, loop: LoopConfig) -> "WorkerLoop":
@@ -152,19 +153,24 @@ class WorkerLoop(Hooks):
         metrics.update(**self.usage())
         self.logs.write(self.trainer.step, metrics)
 
-    def evaluate(self, metrics: dict) -> None:
-        """Validate on the whole dev set, log, report to Ray Train with a checkpoint from rank 0."""
+    def evaluate(self, metrics: dict) -> bool:
+        """Validate on the whole dev set, log, report to Ray Train with a checkpoint from rank 0;
+        True when train.patience stops the run (every rank decides alike: the metrics are the group's)."""
         step = self.trainer.step
         t0 = time.perf_counter()
         metrics.update(self.validate())
         self.logs.usage.eval_s += time.perf_counter() - t0
         metrics.update(step=step, **self.usage())
+        stop = self.early_stop.update(step, metrics["valid_bleu"])  # before the checkpoint, which keeps it
         if self.env.is_rank0:
             print(self.valid.line(step, metrics), flush=True)
+            if stop:
+                print(self.early_stop.line(step), flush=True)
         self.logs.write(step, metrics)
         self.logs.sync()  # before the checkpoint registers: a resume finds the logs up to it
         self.report(metrics)
         self.evaluated = step
+        return stop
 
     def validate(self) -> dict:
         """The validation metrics; a CUDA out-of-memory becomes one line naming the batch size to try."""
@@ -185,7 +191,7 @@ class WorkerLoop(Hooks):
             self.env.report(metrics, None)
             return
         with tempfile.TemporaryDirectory() as tmp:
-            self.checkpoints.write(tmp, self.trainer, self.feed, ranks)
+            self.checkpoints.write(tmp, self.trainer, self.feed, ranks, self.early_stop.best)
             self.env.report(metrics, tmp)
 
 

@@ -145,7 +145,7 @@ def check_data_mix(saved: Optional[dict], current: Optional[dict]) -> None:
         raise ValueError(
             f"the checkpoint was trained on {describe_mix(saved)}, this run reads {describe_mix(current)}: "
             "its data positions do not carry over; start a new run from the checkpoint instead "
-            "(--resume CHECKPOINT_DIR --name NEW)"
+            "(--init CHECKPOINT_DIR --name NEW)"
         )
 
 

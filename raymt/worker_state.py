@@ -1,5 +1,6 @@
 """What a training worker starts from and what its checkpoints hold: the saved weights and train
-state, the restored model, optimizer, scheduler, step and RNG streams, the checkpoint writer."""
+state, the restored model, optimizer, scheduler, step and RNG streams, the early stop's count, the
+checkpoint writer."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class Restored:
     scaler: Optional[torch.amp.GradScaler]
     step: int = 0
     epoch: int = 0
+    valid_best: Optional[dict] = None  # train.patience's count so far (`EarlyStop`)
 
 
 def restore(
@@ -75,7 +77,33 @@ def restore(
     )
     if cfg.train.compile:
         model = compile_model(model)
-    return Restored(model, optimizer, scheduler, scaler, saved.start.step, saved.start.epoch)
+    return Restored(model, optimizer, scheduler, scaler, saved.start.step, saved.start.epoch, saved.start.valid_best)
+
+
+@dataclass
+class EarlyStop:
+    """train.patience: the best validation BLEU so far, its step, and how many evaluations since
+    did not beat it (`best`, which checkpoints keep as the train state's valid_best)."""
+
+    patience: Optional[int]
+    best: Optional[dict] = None  # {"bleu": float, "step": int, "since": int}
+
+    def update(self, step: int, bleu: float) -> bool:
+        """Count an evaluation's BLEU; True when the run stops: `patience` in a row without a better one."""
+        if self.patience is None:
+            return False
+        if self.best is None or bleu > self.best["bleu"]:
+            self.best = {"bleu": bleu, "step": step, "since": 0}
+        else:
+            self.best = {**self.best, "since": self.best["since"] + 1}
+        return self.best["since"] >= self.patience
+
+    def line(self, step: int) -> str:
+        """Rank 0's line when the run stops early."""
+        return (
+            f"step {step}: validation BLEU has not beaten {self.best['bleu']:.2f} (step {self.best['step']}) "
+            f"in {self.best['since']} evaluations: stopping early (train.patience={self.patience})"
+        )
 
 
 def restore_rng(
@@ -107,8 +135,16 @@ class CheckpointWriter:
     languages: Optional[dict] = None  # a tagged model's, for its config.json
     precision: Optional[Precision] = None  # the run's, recorded in every checkpoint
 
-    def write(self, directory: str | Path, trainer: Trainer, feed: EpochFeed, ranks: list[tuple[dict, dict]]) -> None:
-        """Save a checkpoint into `directory`; `ranks`: every rank's (data position, RNG states)."""
+    def write(
+        self,
+        directory: str | Path,
+        trainer: Trainer,
+        feed: EpochFeed,
+        ranks: list[tuple[dict, dict]],
+        valid_best: Optional[dict] = None,
+    ) -> None:
+        """Save a checkpoint into `directory`; `ranks`: every rank's (data position, RNG states);
+        `valid_best`: train.patience's count (`EarlyStop.best`)."""
         state = TrainState(
             optimizer=trainer.optimizer.state_dict(),
             scheduler=trainer.scheduler.state_dict(),
@@ -121,6 +157,7 @@ class CheckpointWriter:
             data_batching=batching_record(self.run_cfg.data),  # what data_positions count batches of
             data_mix=feed.data_mix,  # several corpora: what the positions are positions in (else None)
             precision=self.precision.record() if self.precision is not None else None,
+            valid_best=valid_best,
         )
         cfg = self.run_cfg
         if self.precision is not None:

@@ -279,4 +279,29 @@ def reference_run(tmp_path_factory, ray_head) -> ReferenceRun:
     return ReferenceRun(out, storage / "ref")
 
 
+def init_flags(reference_run: ReferenceRun) -> list[str]:
+    """`--init` of the reference run's last checkpoint: tiny_run's model and vocabulary, trained."""
+    from raymt.compare import checkpoint_at
+
+    assert reference_run.returncode == 0, reference_run.stderr[-3000:]
+    return ["--init", str(checkpoint_at(reference_run.dir, REFERENCE_STEPS))]
+
+
+@pytest.fixture(scope="session")
+def init_run(tmp_path_factory, reference_run, ray_head) -> ReferenceRun:
+    """One uninterrupted `tiny_run` of REFERENCE_STEPS steps started with --init from the reference
+    run's last checkpoint: test_e2e checks how it starts, test_faults compares an interrupted one
+    with it."""
+    storage = tmp_path_factory.mktemp("init")
+    ray_head.wait_idle()
+    out = subprocess.run(
+        tiny_run(storage, "init", REFERENCE_STEPS, *init_flags(reference_run)),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=dict(os.environ, RAY_ADDRESS=ray_head.address),
+    )
+    return ReferenceRun(out, storage / "init")
+
+
 from s3 import s3_bucket  # noqa: E402,F401 (session fixture: a local S3 server, tests/s3.py)

@@ -1,10 +1,14 @@
 """Bad input for training and translation: one line naming the problem and the fix, exit
 code 2, nothing written. (Corpus rows of the README's table are in test_prepare.py.)"""
 
+import dataclasses
+import json
+
 import pytest
 from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401
 
 from raymt import train, translate
+from raymt.checkpoint import load_config
 from raymt.config import PrepareConfig
 from raymt.data import prepare, sources
 
@@ -36,12 +40,66 @@ def checkpoint(tmp_path):
     return make_checkpoint(tmp_path / "ckpt")
 
 
-def test_checkpoint_of_another_model_shape(checkpoint, tmp_path, capsys):
-    argv = ["--resume", str(checkpoint), "--preset", "small", "--storage-path", str(tmp_path / "runs")]
-    assert train.main(argv) == 2
+# --init keeps the checkpoint's model shape and vocabulary: each flag that changes one is named.
+REFUSED = {
+    "preset": (["--preset", "small"], "--preset small changes model.d_model (32 in --init"),
+    "set_shape": (["--set", "model.num_heads=4"], "--set model.num_heads=4 changes model.num_heads (2 in --init"),
+    "set_activation": (["--set", "model.activation=swish"], "--set model.activation=swish changes model.activation"),
+    "set_positions": (["--set", "model.positions=fairseq"], "--set model.positions=fairseq changes model.positions"),
+    "vocab_size": (["--set", "data.vocab_size=512"], "--set data.vocab_size=512 changes data.vocab_size (256 in"),
+    "sp_model_type": (["--set", "data.sp_model_type=bpe"], "--set data.sp_model_type=bpe changes data.sp_model_type"),
+    "config": (["--config", "{config}"], "--config {config} (model.tie_output = False) changes model.tie_output"),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(REFUSED))
+def test_init_refuses_a_flag_that_changes_the_model_or_vocabulary(flag, checkpoint, tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text("[model]\ntie_output = false\ndropout = 0.2\n")
+    argv = [a.replace("{config}", str(config)) for a in REFUSED[flag][0]]
+    message = REFUSED[flag][1].replace("{config}", str(config))
+    assert train.main(["--init", str(checkpoint), *argv, "--storage-path", str(tmp_path / "runs")]) == 2
     line = error_line(capsys, "raymt.train")
-    assert "holds a model of another shape" in line and "model.d_model 32 there, 256 here" in line
+    assert message in line and line.endswith("drop it, or train from scratch without --init"), line
     assert not (tmp_path / "runs").exists()
+
+
+def test_init_takes_the_checkpoints_model_with_other_dropout_rates(checkpoint):
+    """The checkpoint's model and vocabulary, its pairs without its files, the defaults elsewhere
+    (a new name: a new run directory); dropout rates and the rest may be set, and a flag that
+    sets a shape field to the checkpoint's value is no change."""
+    meta = json.loads((checkpoint / "config.json").read_text())
+    meta["config"]["train"].update(name="old", max_steps=99)
+    meta["config"]["data"]["corpora"] = [{"src_lang": "en", "tgt_lang": "de", "train": ["a"], "valid": "b"}]
+    (checkpoint / "config.json").write_text(json.dumps(meta))
+    argv = ["--init", str(checkpoint), "--set", "model.dropout=0.05", "--set", "model.attention_dropout=0.1"]
+    argv += ["--preset", "tiny", "--set", "data.vocab_size=256", "--max-steps", "7"]
+    cfg, resume_dir, start = train.resolve_resume(train.parse_args(argv))
+    assert (resume_dir, start) == (None, str(checkpoint))
+    assert cfg.model == dataclasses.replace(load_config(checkpoint)[0].model, dropout=0.05, attention_dropout=0.1)
+    assert cfg.data.vocab_size == 256 and (cfg.train.max_steps, cfg.train.name) == (7, None)
+    assert [(c.src_lang, c.tgt_lang, c.train, c.valid) for c in cfg.data.corpora] == [("en", "de", (), None)]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--resume", "{ckpt}"],
+            "--resume {ckpt} is a checkpoint, not a run directory: start a new run from its weights with --init {ckpt}",
+        ),
+        (
+            ["--init", "{tmp}"],
+            "--init {tmp}: not a checkpoint (no model.pt or model.safetensors); continue a run "
+            "directory with --resume {tmp}",
+        ),
+        (["--init", "{ckpt}", "--resume", "{tmp}"], "--resume {tmp} and --init {ckpt}: give one"),
+    ],
+)
+def test_resume_continues_runs_and_init_starts_from_checkpoints(argv, message, checkpoint, tmp_path, capsys):
+    fill = lambda text: text.replace("{ckpt}", str(checkpoint)).replace("{tmp}", str(tmp_path))  # noqa: E731
+    assert train.main([fill(a) for a in argv]) == 2
+    assert fill(message) in error_line(capsys, "raymt.train")
 
 
 def test_checkpoint_of_another_vocabulary(ray_cluster, checkpoint, tmp_path, capsys):
@@ -51,7 +109,7 @@ def test_checkpoint_of_another_vocabulary(ray_cluster, checkpoint, tmp_path, cap
     one = [sources.Source(kind="pairs", pairs=pairs)]
     cfg = PrepareConfig(vocab_size=128)
     prepare.prepare_corpora(cfg, str(corpus), [sources.pair_input(cfg, one, one)], tokenizer=other)
-    argv = ["--resume", str(checkpoint), "--corpus", str(corpus), "--storage-path", str(tmp_path / "runs")]
+    argv = ["--init", str(checkpoint), "--corpus", str(corpus), "--storage-path", str(tmp_path / "runs")]
     assert train.main(argv) == 2
     assert "has a different SentencePiece model than the corpus" in error_line(capsys, "raymt.train")
     assert not (tmp_path / "runs").exists()

@@ -1,6 +1,7 @@
 """End to end: `python -m raymt.train` on 2 workers, then `python -m raymt.translate`
 (`--resume` of a killed run, extended: tests/test_faults.py)."""
 
+import csv
 import json
 import subprocess
 import sys
@@ -85,3 +86,30 @@ def test_translate_bad_checkpoint_is_one_line(tmp_path):
     out = run(["raymt.translate", "--checkpoint", str(tmp_path), "hello"], timeout=60)
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "config.json" in out.stderr
+
+
+# A second Ray Train run (~20 s here, a minute on a busy host): CI runs it after the default suite.
+@pytest.mark.slow
+@pytest.mark.ci
+def test_init_starts_a_new_run_from_a_trained_checkpoint(init_run, reference_run):
+    """`--init` of the reference run's last checkpoint (conftest.init_run, 2 workers): a new run
+    directory at step 0 with a new schedule, its corpus tokenized with the checkpoint's
+    SentencePiece model, its first losses those of the trained model, not of a new one."""
+    from raymt.compare import checkpoint_at, group_starts
+
+    out, run_dir = init_run, init_run.dir
+    assert out.returncode == 0, out.stderr[-3000:]
+    start = checkpoint_at(reference_run.dir, 80)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["init_checkpoint"] == str(start) and summary["start_step"] == 10
+    assert [s for s, _, _ in group_starts(run_dir)] == [0]
+    assert json.loads((run_dir / "init_checkpoint.json").read_text()) == {"init_checkpoint": str(start)}
+    assert (run_dir / "spm.model").read_bytes() == (start / "spm.model").read_bytes()
+    assert (run_dir / "corpus" / "spm.model").read_bytes() == (start / "spm.model").read_bytes()
+    rows = list(csv.DictReader((run_dir / "logs" / "metrics.csv").open()))
+    ref_rows = list(csv.DictReader((reference_run.dir / "logs" / "metrics.csv").open()))
+    assert [int(r["step"]) for r in rows] == list(range(10, 81, 10))
+    assert float(rows[0]["lr"]) == float(ref_rows[0]["lr"])  # step 10 of the same warmup
+    # Step 10 from the trained weights: the reference run's last loss, far from its first.
+    first, ref_first, ref_last = (float(r["train_loss"]) for r in (rows[0], ref_rows[0], ref_rows[-1]))
+    assert abs(first - ref_last) < abs(first - ref_first) / 3, (first, ref_first, ref_last)

@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REFERENCE_STEPS, tiny_run
+from conftest import REFERENCE_STEPS, init_flags, tiny_run
+from tiny_checkpoint import make_checkpoint, tokenizer
 
-from raymt import compare
+from raymt import compare, train
 from raymt.batching import collate
 from raymt.checkpoint import RAY_SNAPSHOT_FILE
 from raymt.compare import checkpoint_at, trained_pairs
 from raymt.config import Config, tiny
 from raymt.model import Transformer
 from raymt.optim import make_optimizer
+from raymt.rundir import finalize, write_run_files
 from raymt.trainer import train_step
 
 
@@ -139,6 +141,56 @@ def test_killed_worker_then_killed_driver_resume_exactly(tmp_path, reference, ra
     assert group_starts(run_dir) == [0, restart, latest]
     assert sorted(p.name for p in (run_dir / "plots").iterdir()) == ["curves_step.png", "curves_time.png"]
     assert_same_as_reference(run_dir, reference)
+
+
+@pytest.fixture(scope="module")
+def init_reference(init_run):
+    """The session's uninterrupted --init run: its final weights and the pairs it trained on at each step."""
+    assert init_run.returncode == 0, init_run.stderr[-3000:]
+    return final_weights(init_run.dir), trained_pairs(init_run.dir)
+
+
+@pytest.mark.hosts  # exact resume
+@pytest.mark.slow  # ~90 s: the uninterrupted --init run, then one killed twice and resumed (CI runs it)
+@pytest.mark.ci
+@pytest.mark.timeout(900)
+def test_killed_init_run_resumes_exactly(tmp_path, init_reference, reference_run, ray_address):
+    """A run started with --init (conftest.init_run's command) whose worker, then driver, is
+    SIGKILLed: the restarted group and `--resume RUN` go on from the run's own checkpoints, not
+    from the starting weights again, and end with the uninterrupted --init run's weights and pairs."""
+    run_dir = tmp_path / "init-faults"
+    command = tiny_run(tmp_path, "init-faults", STEPS, *init_flags(reference_run), "--set", "train.max_failures=1")
+    restart, latest = kill_worker_then_driver(command, run_dir, ray_address, STEPS)
+    out = subprocess.run(
+        [sys.executable, "-m", "raymt.train", "--resume", str(run_dir)], capture_output=True, text=True, timeout=400
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert group_starts(run_dir) == [0, restart, latest]
+    assert_same_as_reference(run_dir, init_reference)
+
+
+def test_a_resume_before_the_first_checkpoint_starts_from_the_init_checkpoint_again(tmp_path, monkeypatch):
+    """A driver killed before an --init run's first checkpoint: `--resume RUN` starts from the
+    checkpoint the run started from (its init_checkpoint.json), not from new weights; once the run
+    registered a checkpoint of its own, Ray Train continues from that one instead."""
+    checkpoint = make_checkpoint(tmp_path / "ckpt")
+    argv = ["--init", str(checkpoint), "--storage-path", str(tmp_path), "--name", "run", "--preset", "tiny"]
+    cfg, _, start = train.resolve_resume(train.parse_args(argv))
+    write_run_files(finalize(cfg), str(tmp_path / "run"), tokenizer(), start)
+    handed = []
+
+    def stop(cfg, run_dir, resume_dir, init_checkpoint):
+        handed.append(init_checkpoint)
+        raise KeyboardInterrupt  # the run's first step after the checks
+
+    monkeypatch.setattr(train, "plan_data", stop)
+    for _ in range(2):
+        cfg, resume_dir, _ = train.resolve_resume(train.parse_args(["--resume", str(tmp_path / "run")]))
+        with pytest.raises(KeyboardInterrupt):
+            train.run(cfg, resume_dir)
+        snapshot = {"checkpoint_results": [{"checkpoint_dir_name": "checkpoint_x", "metrics": {"step": 20}}]}
+        (tmp_path / "run" / RAY_SNAPSHOT_FILE).write_text(json.dumps(snapshot))
+    assert handed == [str(checkpoint), None]
 
 
 def kill_worker_then_driver(command: list[str], run_dir: Path, ray_address, steps: int) -> tuple[int, int]:

@@ -129,7 +129,7 @@ def test_gpu_run_prints_its_schedule_at_start(tmp_path, monkeypatch, capsys):
 
 def test_run_from_a_checkpoint_keeps_its_batch_schedule(tmp_path):
     checkpoint = make_checkpoint(tmp_path / "ck")  # saved with the CPU defaults: 2048 tokens, lr 3e-3, warmup 100
-    argv = ["--resume", str(checkpoint), "--gpu", "--num-workers", "1"]
+    argv = ["--init", str(checkpoint), "--gpu", "--num-workers", "1"]
     cfg, _, start = resolve_resume(parse_args(argv))
     assert start == str(checkpoint)
     assert (cfg.data.max_tokens, cfg.optim.lr, cfg.optim.warmup_steps) == (2048, 3e-3, 100)

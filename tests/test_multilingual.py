@@ -248,7 +248,7 @@ def test_resuming_with_another_mix_fails_before_ray(tmp_path, flags, message):
         resume_config(cfg, run_dir)
     line = str(err.value)
     assert "\n" not in line and message in line, line
-    assert line.endswith(f"start a new run from its checkpoint instead: --resume {run_dir}/checkpoint_x --name NEW")
+    assert line.endswith(f"start a new run from its checkpoint instead: --init {run_dir}/checkpoint_x --name NEW")
 
 
 def test_resuming_a_tagged_run_with_its_tag_on_the_other_side_fails_before_ray(tmp_path):

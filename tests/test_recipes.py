@@ -2,6 +2,7 @@
 expected quality in a header that matches its fields, and trains 20 steps (shrunk to a tiny
 model on the CPU, every other field as written) so that no recipe rots."""
 
+import dataclasses
 import itertools
 import math
 import re
@@ -10,16 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_checkpoint import one_thread, tokenizer  # noqa: F401
+from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401
 
 from raymt.batching import chunk_batches, collate
+from raymt.checkpoint import load_config
 from raymt.config import Config, batch_schedule
 from raymt.data.builtin import generate
 from raymt.flags import build_config
 from raymt.model import build_model
 from raymt.precision import autocast_for
 from raymt.tokenizer import EOS_ID
-from raymt.train import parse_args
+from raymt.train import parse_args, resolve_resume
 from raymt.trainer import Trainer, restore_training
 
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -134,3 +136,17 @@ def test_every_recipe_trains_twenty_steps():
         assert math.isfinite(trainer.progress.last["train_loss"]), path.name
         assert scheduler.get_last_lr()[0] == pytest.approx(cfg.optim.lr * min(1.0, 20 / cfg.optim.warmup_steps))
         assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters())), path.name
+
+
+def test_the_finetune_recipe_keeps_the_checkpoints_model_and_lowers_the_lr(tmp_path):
+    """finetune-multi30k with --init: the checkpoint's model and vocabulary (the recipe sets no
+    shape), lower dropout, a fraction of multi30k-cpu's lr with a shorter warmup, early stopping."""
+    checkpoint = make_checkpoint(tmp_path / "ck")
+    recipe = RECIPE_DIR / "finetune-multi30k.toml"
+    cfg, _, start = resolve_resume(parse_args(["--init", str(checkpoint), "--config", str(recipe)]))
+    saved = load_config(checkpoint)[0]
+    assert start == str(checkpoint) and cfg.data.vocab_size == saved.data.vocab_size
+    assert cfg.model == dataclasses.replace(saved.model, dropout=0.1)
+    scratch = recipe_config(RECIPE_DIR / "multi30k-cpu.toml")
+    assert cfg.optim.lr <= scratch.optim.lr / 10 and cfg.optim.warmup_steps < scratch.optim.warmup_steps
+    assert cfg.train.patience is not None and cfg.train.patience * cfg.train.eval_every < cfg.train.max_steps

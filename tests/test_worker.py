@@ -20,6 +20,7 @@ from raymt.data.builtin import generate
 from raymt.data.format import Shard, TrainingCorpus, eval_rows
 from raymt.metrics import CSV_COLUMNS
 from raymt.worker import WorkerLoop
+from raymt.worker_data import ValidSets
 from raymt.worker_env import LoopConfig, ValidRows, WorkerEnv
 from raymt.worker_state import Saved
 
@@ -120,3 +121,57 @@ def test_a_fresh_run_names_its_mix_and_refuses_another_mix_on_resume(tmp_path):
     tampered = Saved(saved.weights, dataclasses.replace(saved.state, data_mix=other_mix), "c")
     with pytest.raises(ValueError, match="this run reads one pair's corpus: its data positions do not carry over"):
         WorkerLoop.create(config, WorkerEnv(report=reports), tampered)
+
+
+def test_a_loop_from_an_initial_checkpoint_starts_at_step_0_with_its_weights(tmp_path):
+    """--init (`Saved.initial`): the checkpoint's weights at step 0 of epoch 0, a new optimizer
+    and lr schedule (the checkpoint's own train state, at step 4, is not read)."""
+    config = loop_config(tmp_path / "first", **{"train.max_steps": 4, "train.eval_every": 4})
+    reports = Reports(tmp_path / "first")
+    WorkerLoop.create(config, WorkerEnv(report=reports), Saved()).run()
+    donor = reports.checkpoints[4]
+    assert load_train_state(donor).step == 4
+    fields = {"train.max_steps": 3, "train.eval_every": 3, "train.log_every": 1, "train.seed": 7}
+    config = loop_config(tmp_path / "second", **fields)
+    started = Reports(tmp_path / "second")
+    loop = WorkerLoop.create(config, WorkerEnv(report=started), Saved.initial(str(donor)))
+    assert (loop.trainer.step, loop.trainer.epoch, loop.feed.position.epoch) == (0, 0, 0)
+    weights = loop.trainer.model.state_dict()
+    assert all(torch.equal(weights[name], value) for name, value in load_weights(donor).items())
+    assert not loop.trainer.optimizer.state and loop.trainer.scheduler.last_epoch == 0
+    loop.run()
+    assert [m["step"] for m in started.metrics] == [3] and load_train_state(started.checkpoints[3]).step == 3
+    with open(tmp_path / "second" / "logs" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows] == ["1", "2", "3"]
+    optim = config.config.optim
+    assert float(rows[0]["lr"]) == pytest.approx(optim.lr / optim.warmup_steps)  # the warmup's first step
+
+
+@pytest.mark.hosts  # exact resume
+def test_patience_stops_the_run_and_a_restart_keeps_its_count(tmp_path, monkeypatch, capsys):
+    """train.patience=2: validation BLEU 5, 7, 6, 7 at steps 2, 4, 6, 8 stops the run at step 8 of
+    12; a loop restarted from the step-6 checkpoint (BLEU 7 at step 4, one evaluation since) stops
+    at step 8 too, with the same weights."""
+    scripted = iter([5.0, 7.0, 6.0, 7.0, 7.0])
+    real = ValidSets.score
+    monkeypatch.setattr(ValidSets, "score", lambda self, *a, **k: {**real(self, *a, **k), "valid_bleu": next(scripted)})
+    fields = {"train.max_steps": 12, "train.eval_every": 2, "train.log_every": 2, "train.patience": 2}
+    config = loop_config(tmp_path / "first", **fields)
+    reports = Reports(tmp_path / "first")
+    WorkerLoop.create(config, WorkerEnv(report=reports), Saved()).run()
+    assert [m["step"] for m in reports.metrics] == [2, 4, 6, 8]
+    assert (
+        "step 8: validation BLEU has not beaten 7.00 (step 4) in 2 evaluations: stopping early"
+        in capsys.readouterr().out
+    )
+    assert load_train_state(reports.checkpoints[6]).valid_best == {"bleu": 7.0, "step": 4, "since": 1}
+
+    resumed = Reports(tmp_path / "second")
+    saved = Saved.resume(reports.checkpoints[6], shown="checkpoint-6")
+    WorkerLoop.create(
+        dataclasses.replace(config, log_dir=str(tmp_path / "second")), WorkerEnv(report=resumed), saved
+    ).run()
+    assert [m["step"] for m in resumed.metrics] == [8]
+    for name, value in load_weights(reports.checkpoints[8]).items():
+        torch.testing.assert_close(load_weights(resumed.checkpoints[8])[name], value, rtol=0, atol=0)

@@ -340,6 +340,10 @@ class TrainConfig:
     compile: bool = False
     # Beam of the validation BLEU during training (1 = greedy); the test set's is decode.beam.
     valid_beam: int = 1
+    # Early stopping: the run ends after this many evaluations in a row without a validation BLEU
+    # (valid_bleu, the pairs' mean) above its best so far (fine-tuning: a few); None: it trains
+    # until max_steps, epochs or max_minutes. Checkpoints keep the count: a restart goes on with it.
+    patience: Optional[int] = None
     # On a cluster that autoscales (cluster.yaml's GPU nodes start at min_workers: 0), how long
     # the driver waits for the autoscaler to bring up the workers' GPUs or CPUs before it gives
     # up with one line (raymt.autoscale.grow); a fixed cluster fails at once. 0: never wait.
@@ -349,7 +353,7 @@ class TrainConfig:
         positive(self, "train", "max_steps", "eval_every", "log_every", "num_workers", "num_to_keep", "valid_beam")
         if self.epochs is not None:
             positive(self, "train", "epochs")
-        for name in ("cpus_per_worker", "max_minutes"):
+        for name in ("cpus_per_worker", "max_minutes", "patience"):
             if getattr(self, name) is not None:
                 positive(self, "train", name)
         check(self.max_nonfinite_steps >= 0, f"train.max_nonfinite_steps={self.max_nonfinite_steps} must be >= 0")
