@@ -150,3 +150,18 @@ def test_the_finetune_recipe_keeps_the_checkpoints_model_and_lowers_the_lr(tmp_p
     scratch = recipe_config(RECIPE_DIR / "multi30k-cpu.toml")
     assert cfg.optim.lr <= scratch.optim.lr / 10 and cfg.optim.warmup_steps < scratch.optim.warmup_steps
     assert cfg.train.patience is not None and cfg.train.patience * cfg.train.eval_every < cfg.train.max_steps
+
+
+def test_the_docs_fine_tuning_mix_builds_on_the_finetune_recipe(tmp_path):
+    """docs/training.md's mix.toml appended to finetune-multi30k (as its `cat` does) with --init:
+    two labeled en-de corpora, the general one weighted to half of each epoch, validated on the domain."""
+    doc = (RECIPE_DIR.parent / "docs" / "training.md").read_text(encoding="utf-8")
+    mix = re.search(r"```toml\n(# mix\.toml.*?)```", doc, re.S).group(1)
+    config = tmp_path / "finetune-mix.toml"
+    config.write_text((RECIPE_DIR / "finetune-multi30k.toml").read_text(encoding="utf-8") + mix, encoding="utf-8")
+    checkpoint = make_checkpoint(tmp_path / "ck")
+    cfg, _, _ = resolve_resume(parse_args(["--init", str(checkpoint), "--config", str(config)]))
+    domain, general = cfg.data.corpora
+    assert (domain.label, domain.valid, general.label, general.valid) == ("domain", "multi30k/val", "general", None)
+    assert general.weight * 1_000_000 == pytest.approx(domain.weight * 29_000, rel=1e-3)
+    assert cfg.train.patience is not None
