@@ -372,7 +372,10 @@ def import_model(
     hf = read_hf(directory)
     model_cfg, state, tokenizer, languages, (src, tgt) = import_marian(hf, src_lang, tgt_lang)
     pairs = languages["pairs"] if languages else [(src, tgt)]
-    data = DataConfig(corpora=[CorpusSpec(s, t) for s, t in pairs])
+    # data.corpus names the directory imported: what the model was trained on is not raymt's to
+    # know, and its pairs (any languages, not the built-in corpus's) name no files. A training run
+    # from it (`--init`) names its own corpora.
+    data = DataConfig(corpora=[CorpusSpec(s, t) for s, t in pairs], corpus=str(hf.directory.resolve()))
     config = Config(model=model_cfg, data=data)
     model = build_model(model_cfg, tokenizer.vocab_size)
     try:

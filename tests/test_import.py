@@ -235,3 +235,15 @@ def test_bad_directories(tmp_path, capsys):
     weights = variant("weights")
     (weights / "model.safetensors").write_bytes(b"\x00" * 64)
     assert "corrupt or truncated safetensors" in bad(tmp_path, capsys, weights)
+
+
+def test_a_pair_outside_the_builtin_languages(tmp_path, capsys):
+    """Imported pairs are any languages (en-ro), not the built-in corpus's: the checkpoint loads."""
+    from raymt import translate
+
+    directory = save_opus_mt(tmp_path / "opus-mt-en-ro")
+    (directory / "tokenizer_config.json").write_text("{}")  # the pair from the directory's name
+    checkpoint = hf_import.import_model(directory, tmp_path / "imported")
+    assert load_model(checkpoint)[2].data.pairs() == [("en", "ro")]
+    assert translate.main(["--checkpoint", str(checkpoint), "--tgt-lang", "ro", SOURCES[0]]) == 0
+    assert capsys.readouterr().out.strip()
