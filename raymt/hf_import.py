@@ -20,8 +20,7 @@ backtranslate, average, export, `train --init`). The family comes from config.js
   every source, is the model's `source_tags` entry, which `--src-lang` picks. The languages entry
   lists every ordered pair of the model's languages (NLLB-200: 39,800), data.corpora the default
   pair (--src-lang/--tgt-lang, else tokenizer_config.json's src_lang/tgt_lang, else English and
-  the first other language), which translate and serve take when no source is named; pairs
-  outside the built-in corpus make data.corpus the imported directory, so that the config loads.
+  the first other language), which translate and serve take when no source is named.
   Embedding rows no piece names (NLLB's last two, M2M-100's "madeupword"s) stay, as raymt controls.
 
 The model computes what the HF model computes. Two rearrangements keep raymt's conventions: the
@@ -56,7 +55,7 @@ from raymt.checkpoint import (
     tag_side,
 )
 from raymt.config import Config, ModelConfig
-from raymt.config.corpus import BUILTIN_LANGS, CorpusSpec
+from raymt.config.corpus import CorpusSpec
 from raymt.config.sections import DataConfig
 from raymt.errors import cli_error
 from raymt.export import marian_order
@@ -561,12 +560,12 @@ def pair_of(hf: HFModel, src_lang: Optional[str], tgt_lang: Optional[str], need_
 
 
 def imported_data(hf: HFModel, pairs: list, languages: Optional[dict]) -> DataConfig:
-    """The data section of an imported model: its pairs (as data.corpora, without files), its tag
-    side; pairs outside the built-in corpus (en-zh) are a prepared corpus's names, so data.corpus is
-    the imported directory (no raymt corpus: `train --init` takes the run's own)."""
-    builtin = all(lang in BUILTIN_LANGS for pair in pairs for lang in pair)
-    corpus = None if builtin else str(hf.directory.resolve())
-    return DataConfig(corpora=[CorpusSpec(s, t) for s, t in pairs], corpus=corpus, tag_side=tag_side(languages))
+    """The data section of an imported model: its pairs (data.corpora, without files) and tag side.
+    data.corpus names the directory imported: what the model was trained on is not raymt's to
+    know, and its pairs (any languages, not the built-in corpus's) name no files. A training run
+    from it (`--init`) names its own corpora."""
+    corpora = [CorpusSpec(s, t) for s, t in pairs]
+    return DataConfig(corpora=corpora, corpus=str(hf.directory.resolve()), tag_side=tag_side(languages))
 
 
 def import_model(

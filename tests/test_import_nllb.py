@@ -131,7 +131,7 @@ def test_languages_entry_and_config(case):
         tag = languages["reserved"][f"<2{name}>"]
         assert case.tok.id_to_piece(tag) == case.code(name) and case.tok.is_control(tag)
     data = case.config.data
-    assert data.pair() == ("en", "de") and data.tag_side == "tgt" and data.corpus is None
+    assert data.pair() == ("en", "de") and data.tag_side == "tgt" and data.corpus == str(case.dir.resolve())
     cfg = case.config.model
     assert cfg.pre_norm and cfg.positions == "fairseq" and cfg.activation == "relu" and cfg.scale_embedding
 
@@ -291,7 +291,7 @@ def test_bad_directories(nllb, tmp_path, capsys):
 
 
 def test_a_pair_outside_the_built_in_corpus_loads(built, tmp_path, capsys):
-    """en-zh names no built-in corpus: data.corpus is the imported directory, so config.json loads."""
+    """en-zh names no built-in corpus: config.json loads (data.corpus names the imported directory)."""
     m2m = built("m2m100")
     checkpoint = tmp_path / "en-zh"
     assert hf_import.main([str(m2m.dir), "--output", str(checkpoint), "--tgt-lang", "__zh__"]) == 0
