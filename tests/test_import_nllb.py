@@ -33,13 +33,14 @@ pytestmark = pytest.mark.hosts  # decoded outputs across engines: ./run.sh test 
 SOURCES, TARGETS = generate(12, "en", "de", seed=5)
 FR_SOURCES, _ = generate(4, "fr", "de", seed=6)
 DE_SOURCES, _ = generate(4, "de", "en", seed=6)
-CODES = {"nllb": {"en": "eng_Latn", "de": "deu_Latn", "fr": "fra_Latn", "es": "spa_Latn"}, "m2m100": {}}
+NLLB_CODE_OF = {"en": "eng_Latn", "de": "deu_Latn", "fr": "fra_Latn", "es": "spa_Latn"}
 
 
 class Imported:
     """An NLLB- or M2M-100-style directory, its import, and the id map between them."""
 
     def __init__(self, tmp_path, family: str):
+        self.family = family
         save = save_nllb if family == "nllb" else save_m2m100
         self.dir = save(tmp_path / f"{family}-tiny")
         self.checkpoint = hf_import.import_model(self.dir, tmp_path / "imported")
@@ -47,15 +48,17 @@ class Imported:
         self.info = load_model_info(str(self.checkpoint))
         self.hf = transformers.M2M100ForConditionalGeneration.from_pretrained(str(self.dir)).eval()
         tokenizer = transformers.NllbTokenizer if family == "nllb" else transformers.M2M100Tokenizer
-        self.code = lambda lang: CODES[family].get(lang, f"__{lang}__")  # noqa: E731
         self.hf_tok = tokenizer.from_pretrained(str(self.dir), src_lang=self.hf_lang("en"), tgt_lang=self.hf_lang("de"))
-        self.family = family
         self.to_hf, self.present = self.id_map()
         self.to_raymt = {self.to_hf[r]: r for r in self.present}
 
+    def code(self, lang: str) -> str:
+        """The model's code of a language: NLLB's deu_Latn, M2M-100's __de__."""
+        return NLLB_CODE_OF[lang] if self.family == "nllb" else f"__{lang}__"
+
     def hf_lang(self, lang: str) -> str:
-        """transformers' name of a language: NLLB's code, M2M-100's two letters."""
-        return self.code(lang) if self.code(lang) != f"__{lang}__" else lang
+        """transformers' name of a language (src_lang): NLLB's code, M2M-100's two letters."""
+        return NLLB_CODE_OF[lang] if self.family == "nllb" else lang
 
     def id_map(self) -> tuple[list[int], list[int]]:
         """raymt id -> HF id (PAD where HF has no row), and the raymt rows HF has (each once: BOS,
