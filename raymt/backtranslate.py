@@ -224,11 +224,12 @@ class BacktranslateActor:
         driver_node: str,
         cache: Optional[str] = None,
         delay_s: float = 0.0,
+        src_lang: Optional[str] = None,
     ):
         import ray
 
         self.bt, self.delay_s, self.output = BacktranslateConfig(**bt), delay_s, output
-        self.opts, self.tgt_lang = DecodeOptions(**opts), tgt_lang
+        self.opts, self.tgt_lang, self.src_lang = DecodeOptions(**opts), tgt_lang, src_lang
         # A local --output is the driver's directory: an actor on another machine sends its bytes back.
         self.writes = storage.is_uri(output) or ray.get_runtime_context().get_node_id() == driver_node
         self.engine = load_engine(checkpoint, engine, device, num_threads, self.bt.compute_type, cache)
@@ -240,7 +241,7 @@ class BacktranslateActor:
     def translate_shard(self, shard: int, block: pa.Table) -> dict:
         """Translate a whole shard and write its file; a small record back (shard, lines, counts),
         with the file's bytes only when this machine cannot write to --output."""
-        table = translate_block(self.engine, block, self.opts, self.bt, self.tgt_lang, self.delay_s)
+        table = translate_block(self.engine, block, self.opts, self.bt, self.tgt_lang, self.delay_s, self.src_lang)
         data, counts = shard_file(table)
         record: dict[str, Any] = {"shard": shard, "lines": block.num_rows, "counts": counts}
         if self.writes:
@@ -257,16 +258,18 @@ def translate_block(
     bt: BacktranslateConfig,
     tgt_lang: Optional[str] = None,
     delay_s: float = 0.0,
+    src_lang: Optional[str] = None,
 ) -> pa.Table:
-    """Translate a block's valid, non-empty lines into `tgt_lang` in token-budget batches (sampling:
-    each batch seeded by its first line id); the other lines get ''."""
+    """Translate a block's valid, non-empty lines (in `src_lang`, for a model that reads it) into
+    `tgt_lang` in token-budget batches (sampling: each batch seeded by its first line id); the
+    other lines get ''."""
     line_ids = block.column("line_id").to_pylist()
     texts = block.column("text").to_pylist()
     n = len(line_ids)
     outputs, scores = [""] * n, [float("nan")] * n
     status = [STATUS_INVALID if t is None else STATUS_OK if t.strip() else STATUS_EMPTY for t in texts]
     todo = [i for i in range(n) if status[i] == STATUS_OK]
-    encoded = engine.encode([texts[i].strip() for i in todo], tgt_lang)
+    encoded = engine.encode([texts[i].strip() for i in todo], tgt_lang, src_lang)
     for batch in token_batches([engine.length(e) for e in encoded], bt.max_tokens):
         seed = _batch_seed(bt.seed, line_ids[todo[batch[0]]])
         batch_opts = dataclasses.replace(opts, seed=seed) if opts.sample else opts
@@ -409,6 +412,7 @@ def start_actors(job: Job) -> list:
         "driver_node": ray.get_runtime_context().get_node_id(),
         "cache": str(storage.cache_root()),
         "delay_s": float(os.environ.get(DELAY_ENV, "0") or 0),
+        "src_lang": job.src_lang.split("+")[0],  # an imported NLLB's source code (ModelInfo.source_tag)
     }
     return [actor.remote(**kwargs) for _ in range(num_actors)]
 

@@ -5,7 +5,8 @@ weights in `model.safetensors` when the safetensors package is installed. Loadin
 runs code from a file: torch files are read with `weights_only=True`.
 
 A model trained on several corpora records its languages in config.json (`"languages":
-{"pairs", "target_langs", "reserved"}`, docs/design-inputs.md section 6); a model without
+{"pairs", "target_langs", "reserved"}`, docs/design-inputs.md section 6; an imported NLLB or
+M2M-100 also `"source_tags"`, `languages_entry`); a model without
 them (every single-pair run) is untagged and translates its one pair (`data.corpora`, `DataConfig.pair`).
 """
 
@@ -136,10 +137,17 @@ def save_config(directory: str | Path, config: Config, vocab_size: int, language
     )
 
 
-def languages_entry(pairs: Sequence[Sequence[str]], reserved: dict[str, int], tag_side: str = "src") -> dict:
+def languages_entry(
+    pairs: Sequence[Sequence[str]],
+    reserved: dict[str, int],
+    tag_side: str = "src",
+    source_tags: Optional[dict[str, int]] = None,
+) -> dict:
     """The `languages` entry of a multi-corpus run's config.json: the trained (src, tgt) pairs,
     their target languages, the reserved tag pieces with their SentencePiece ids and, for a
-    model trained with data.tag_side "tgt", `"tag_side": "tgt"` (absent: "src", as before)."""
+    model trained with data.tag_side "tgt", `"tag_side": "tgt"` (absent: "src", as before); for
+    a model that reads its source's language too (an imported NLLB or M2M-100: the code first in
+    each source), `"source_tags"`, each source language's id."""
     entry: dict[str, Any] = {
         "pairs": [[src, tgt] for src, tgt in pairs],
         "target_langs": sorted({tgt for _, tgt in pairs}),
@@ -147,6 +155,8 @@ def languages_entry(pairs: Sequence[Sequence[str]], reserved: dict[str, int], ta
     }
     if tag_side != "src":
         entry["tag_side"] = tag_side
+    if source_tags:
+        entry["source_tags"] = {lang: int(i) for lang, i in source_tags.items()}
     return check_languages(entry, "languages")
 
 
@@ -158,10 +168,10 @@ def tag_side(languages: Optional[dict]) -> str:
 
 def check_languages(entry: Any, where: str) -> dict:
     """A `languages` entry, checked: pairs of two language codes, their sorted target languages,
-    tag pieces mapped to ids and an optional tag_side "tgt" (the file is corrupt or hand-edited
-    otherwise)."""
+    tag pieces mapped to ids, an optional tag_side "tgt" and optional source_tags, an id for each
+    source language (the file is corrupt or hand-edited otherwise)."""
     keys = {"pairs", "target_langs", "reserved"}
-    ok = isinstance(entry, dict) and keys <= set(entry) <= keys | {"tag_side"}
+    ok = isinstance(entry, dict) and keys <= set(entry) <= keys | {"tag_side", "source_tags"}
     ok = ok and entry.get("tag_side", "tgt") == "tgt"
     pairs = entry.get("pairs") if ok else None
     ok = ok and isinstance(pairs, list) and bool(pairs)
@@ -171,11 +181,14 @@ def check_languages(entry: Any, where: str) -> dict:
     ok = ok and isinstance(reserved, dict) and all(isinstance(i, int) for i in reserved.values())
     # A decoder-side tag needs one for every target language (what decoding forces first).
     ok = ok and ("tag_side" not in entry or all(f"<2{t}>" in reserved for t in entry["target_langs"]))
+    sources = entry.get("source_tags", {}) if ok else None
+    ok = ok and isinstance(sources, dict) and all(isinstance(i, int) for i in sources.values())
+    ok = ok and ("source_tags" not in entry or all(src in sources for src, _ in pairs))
     if not ok:
         raise ValueError(
             f"{where}: malformed languages entry {json.dumps(entry)[:200]}; expected "
             '{"pairs": [["en", "de"], ...], "target_langs": [...], "reserved": {"<2de>": 4, ...}} '
-            '(and "tag_side": "tgt" for a decoder-side tag)'
+            '(and "tag_side": "tgt" for a decoder-side tag, "source_tags": {"en": 5, ...} for source tags)'
         )
     return entry
 

@@ -3,13 +3,14 @@
 `load_engine(checkpoint, engine="auto"|"raymt"|"ctranslate2", device, threads)` loads a raymt
 checkpoint or export (or a `raymt export --format ctranslate2` directory) once. The engine
 knows its model (`engine.info`: config, tokenizer, languages and trained pairs), encodes texts
-into source ids (a tagged model's target tag, the pieces, EOS: `engine.encode`) and translates
-a batch of encoded sources into the n best (score, text) per sentence (`translate_ids`). Each
-source carries its own tag, so one batch may hold several target languages; a model trained
-with its tag on the decoder side (data.tag_side "tgt") gets it from there as its decoder's
-forced prefix, taken by the engine (CTranslate2's `target_prefix`), never in an output; a caller that
-batches many requests' sentences cuts the batches itself (`token_batches`, by padded source
-tokens, each source costing `engine.length(source)`). `translate` does the whole job for a
+into source ids (a tagged model's target tag, an imported NLLB's source language code, the
+pieces, EOS: `engine.encode`) and translates a batch of encoded sources into the n best
+(score, text) per sentence (`translate_ids`). Each source carries its own tag, so one batch
+may hold several target languages; a model trained with its tag on the decoder side
+(data.tag_side "tgt") gets it from there as its decoder's forced prefix, taken by the engine
+(CTranslate2's `target_prefix`), never in an output; a caller that batches many requests'
+sentences cuts the batches itself (`token_batches`, by padded source tokens, each source costing
+`engine.length(source)`). `translate` does the whole job for a
 list of texts, in the length-sorted batches of `raymt translate`.
 
 raymt's engine decodes as `raymt.decoding` does, at the precision `raymt.precision.for_inference`
@@ -115,9 +116,24 @@ class ModelInfo:
         )
         return []
 
-    def prefix(self, tgt_lang: Optional[str]) -> list[int]:
-        """The ids of `tags(tgt_lang)`: what starts each source into `tgt_lang`; a one-line error
-        when spm.model lacks a tag as the control symbol of the id config.json reserves for it."""
+    def source_tag(self, src_lang: Optional[str]) -> list[int]:
+        """[the id of `src_lang`'s code] for a model that reads its source's language first (an
+        imported NLLB or M2M-100: `source_tags`; None: the source of config.json's pair), else [];
+        a one-line error for a language it lacks: the one check of --src-lang and serve's source."""
+        sources = (self.languages or {}).get("source_tags")
+        if not sources:
+            return []
+        src_lang = src_lang or self.config.data.pair()[0]
+        check(
+            src_lang in sources,
+            f"--src-lang {src_lang}: this model reads {', '.join(sorted(sources))}; pick one of them",
+        )
+        return [sources[src_lang]]
+
+    def prefix(self, tgt_lang: Optional[str], src_lang: Optional[str] = None) -> list[int]:
+        """The ids of `tags(tgt_lang)` and of `source_tag(src_lang)`: what starts each source into
+        `tgt_lang`; a one-line error when spm.model lacks a tag as the control symbol of the id
+        config.json reserves for it."""
         tok, reserved = self.tokenizer, (self.languages or {}).get("reserved", {})
         pieces = self.tags(tgt_lang)
         for piece in pieces:  # a tag must be a control symbol, or it would be text
@@ -127,17 +143,19 @@ class ModelInfo:
                 f"{self.location}: config.json reserves id {i} for {piece} but spm.model does not; "
                 "the files come from different runs",
             )
-        return [reserved[piece] for piece in pieces]
+        return [reserved[piece] for piece in pieces] + self.source_tag(src_lang)
 
-    def encode(self, texts: Sequence[str], tgt_lang: TargetLangs = None) -> list[list[int]]:
-        """Source ids of each text: its target's tag, its pieces (cut to fit the model's
-        positions) and EOS, as `raymt.decoding.encode_sources` makes them."""
+    def encode(
+        self, texts: Sequence[str], tgt_lang: TargetLangs = None, src_lang: Optional[str] = None
+    ) -> list[list[int]]:
+        """Source ids of each text: its target's tag, its source language's (`source_tag`), its
+        pieces (cut to fit the model's positions) and EOS, as `raymt.decoding.encode_sources` makes them."""
         max_positions = self.config.model.max_positions
         if tgt_lang is None or isinstance(tgt_lang, str):
-            return encode_sources(self.tokenizer, texts, max_positions, self.prefix(tgt_lang))
+            return encode_sources(self.tokenizer, texts, max_positions, self.prefix(tgt_lang, src_lang))
         langs = list(tgt_lang)
         check(len(langs) == len(texts), f"{len(texts)} texts but {len(langs)} target languages")
-        prefixes = {lang: self.prefix(lang) for lang in dict.fromkeys(langs)}
+        prefixes = {lang: self.prefix(lang, src_lang) for lang in dict.fromkeys(langs)}
         return [encode_sources(self.tokenizer, [t], max_positions, prefixes[lang])[0] for t, lang in zip(texts, langs)]
 
 
@@ -245,9 +263,11 @@ class Engine(ABC):
         """The model's SentencePiece tokenizer."""
         return self.info.tokenizer
 
-    def encode(self, texts: Sequence[str], tgt_lang: TargetLangs = None) -> list[list[int]]:
+    def encode(
+        self, texts: Sequence[str], tgt_lang: TargetLangs = None, src_lang: Optional[str] = None
+    ) -> list[list[int]]:
         """Source ids of each text into its target language (ModelInfo.encode)."""
-        return self.info.encode(texts, tgt_lang)
+        return self.info.encode(texts, tgt_lang, src_lang)
 
     def length(self, source: Sequence[int]) -> int:
         """The tokens a source costs in a batch's padded size (its ids, EOS included)."""
@@ -266,10 +286,12 @@ class Engine(ABC):
         tgt_lang: TargetLangs = None,
         n_best: int = 1,
         batch_size: int = 64,
+        src_lang: Optional[str] = None,
     ) -> list[list[Translation]]:
         """Texts in length-sorted batches of batch_size sentences: the n_best (score, text) each,
-        in input order (raymt's engine: what `raymt.decoding.translate_nbest` gives)."""
-        encoded = self.encode(texts, tgt_lang)
+        in input order (raymt's engine: what `raymt.decoding.translate_nbest` gives); `src_lang`:
+        the texts' language, for a model that reads it (`ModelInfo.source_tag`)."""
+        encoded = self.encode(texts, tgt_lang, src_lang)
         out: list[list[Translation]] = [[] for _ in encoded]
         for batch in length_batches([len(e) for e in encoded], batch_size):
             for i, hyps in zip(batch, self.translate_ids([encoded[i] for i in batch], opts, n_best)):

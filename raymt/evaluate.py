@@ -151,14 +151,15 @@ def translate_on_cluster(
     use_gpu: bool = False,
     cpus_per_actor: Optional[float] = None,
     tgt_lang: Optional[str] = None,
+    src_lang: Optional[str] = None,
 ) -> list[list[tuple[float, str]]]:
     """Decode several lists of sentences into `tgt_lang` on the running Ray cluster: (score, hyp) per
     sentence, input order; encoded by the model (`ModelInfo.encode`: a tagged model's tag before
-    each source; None: the model's one target)."""
+    each source, an imported NLLB's `src_lang` code; None: the model's one target)."""
     import ray.data
 
     info = load_model_info(checkpoint)
-    rows = plan_batches([info.encode(s, tgt_lang) for s in sources], batch_size)
+    rows = plan_batches([info.encode(s, tgt_lang, src_lang) for s in sources], batch_size)
     if not rows:
         return [[] for _ in sources]
     actors = actor_plan(num_actors, use_gpu, cpus_per_actor)
@@ -220,12 +221,13 @@ def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOption
         f"--checkpoint {args.checkpoint} is a CTranslate2 export; evaluate decodes with raymt's engine: "
         "pass the raymt checkpoint it came from",
     )
-    args.tag_lang = None  # one-pair model: --src-lang/--tgt-lang name the files only (no tag, no check)
+    args.tag_lang = args.tag_src = None  # one-pair model: --src-lang/--tgt-lang name the files only
     if info.languages is not None:
         info.prefix(args.tgt_lang)  # --tgt-lang checked (`ModelInfo.tags`) before Ray starts
         args.tgt_lang = args.tgt_lang or info.languages["target_langs"][0]  # many-to-one: its one target
         args.src_lang = args.src_lang or default_src_lang(info.languages, args.tgt_lang)
-        args.tag_lang = args.tgt_lang  # the tag before each source (`ModelInfo.encode`)
+        info.source_tag(args.src_lang)  # an imported NLLB's source code: checked too
+        args.tag_lang, args.tag_src = args.tgt_lang, args.src_lang  # the tags (`ModelInfo.encode`)
     args.src_lang = args.src_lang or info.config.data.pair()[0]
     args.tgt_lang = args.tgt_lang or info.config.data.pair()[1]
     sets = read_test_sets(args.test, args.src_lang, args.tgt_lang)
@@ -295,6 +297,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             args.gpu,
             args.cpus_per_actor,
             args.tag_lang,
+            src_lang=args.tag_src,
         )
         print_table(write_report(args, sets, results, opts, time.time() - t0))
     except ValueError as err:
@@ -321,23 +324,33 @@ def score_test_sets(checkpoint: str | Path, tests: dict[str, Pairs], cfg: Config
     decode = decode_on_cluster if cfg.train.use_gpu else decode_on_driver
     scored = {}
     for pair, (sources, refs) in tests.items():
-        tgt_lang = pair.split("-", 1)[1]
-        hyps = decode(checkpoint, sources, cfg, shown, tgt_lang)
+        src_lang, tgt_lang = pair.split("-", 1)
+        hyps = decode(checkpoint, sources, cfg, shown, tgt_lang, src_lang)
         scored[pair] = scored_test_set(hyps, refs, cfg, checkpoint, shown, tgt_lang)
     return scored
 
 
 def decode_on_driver(
-    checkpoint: str | Path, sources: list[str], cfg: Config, shown: Optional[str] = None, tgt_lang: Optional[str] = None
+    checkpoint: str | Path,
+    sources: list[str],
+    cfg: Config,
+    shown: Optional[str] = None,
+    tgt_lang: Optional[str] = None,
+    src_lang: Optional[str] = None,
 ) -> list[str]:
-    """Beam-search sentences into `tgt_lang` on the driver's CPU with raymt's engine, as the run's
-    config.decode says."""
+    """Beam-search `src_lang` sentences into `tgt_lang` on the driver's CPU with raymt's engine, as
+    the run's config.decode says."""
     engine = load_engine(str(checkpoint), "raymt")
-    return [hyps[0][1] for hyps in engine.translate(sources, cfg.decode, tgt_lang)]
+    return [hyps[0][1] for hyps in engine.translate(sources, cfg.decode, tgt_lang, src_lang=src_lang)]
 
 
 def decode_on_cluster(
-    checkpoint: str | Path, sources: list[str], cfg: Config, shown: str, tgt_lang: Optional[str] = None
+    checkpoint: str | Path,
+    sources: list[str],
+    cfg: Config,
+    shown: str,
+    tgt_lang: Optional[str] = None,
+    src_lang: Optional[str] = None,
 ) -> list[str]:
     """Beam-search sentences on the actor pool with the run's resources (one GPU per actor, as many
     actors as training workers), not on the driver. `shown` (the checkpoint's storage path or URI)
@@ -352,6 +365,7 @@ def decode_on_cluster(
         batch_size=cfg.data.eval_batch_size,
         use_gpu=True,
         tgt_lang=tgt_lang,
+        src_lang=src_lang,
     )
     return [hyp for _, hyp in scored]
 

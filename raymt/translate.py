@@ -30,6 +30,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         help="target language: required for a multilingual (tagged) model, whose tag goes before each "
         "source; a one-pair model's own target language, if given",
     )
+    p.add_argument(
+        "--src-lang",
+        help="source language, for a model that reads it first in each source (an imported NLLB or "
+        "M2M-100; default: the source of the pair config.json records)",
+    )
     add_decode_flags(p)
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     p.add_argument(
@@ -66,13 +71,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         opts = decode_options(args, seed=args.seed)
         if not 1 <= args.n_best <= opts.beam:
             raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
-        load_model_info(args.checkpoint).prefix(args.tgt_lang)  # --tgt-lang checked before the weights load
+        load_model_info(args.checkpoint).prefix(args.tgt_lang, args.src_lang)  # checked before the weights load
         engine = load_engine(args.checkpoint, "raymt", args.device)  # decodes at the run's precision
         sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
         refs = read_refs(args.ref, len(sentences)) if args.ref else None
     except ValueError as err:
         return cli_error("raymt.translate", err)
-    nbest = engine.translate(sentences, opts, args.tgt_lang, args.n_best, args.batch_size)
+    nbest = engine.translate(sentences, opts, args.tgt_lang, args.n_best, args.batch_size, args.src_lang)
     hyps = [h[0][1] for h in nbest]
     for i, hyp_list in enumerate(nbest):
         if args.n_best == 1:

@@ -1,5 +1,5 @@
 """Test helpers: tiny random Hugging Face translation models saved as their hubs ship them
-(OPUS-MT's Marian directories), with SentencePiece models trained here on built-in corpus text.
+(OPUS-MT's Marian directories, NLLB's M2M-100 ones), with SentencePiece models trained here on built-in corpus text.
 transformers is the reference; nothing is downloaded."""
 
 import functools
@@ -105,4 +105,103 @@ def save_opus_mt(
     tokenizer_config = {"source_lang": langs[0], "target_lang": langs[1], "separate_vocabs": False}
     tokenizer_config.update(tokenizer_class="MarianTokenizer", model_max_length=64)
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return directory
+
+
+NLLB_CODES = ("eng_Latn", "deu_Latn", "fra_Latn", "spa_Latn")
+
+
+@functools.lru_cache(maxsize=None)
+def nllb_spm(vocab_size: int = 300) -> bytes:
+    """A BPE SentencePiece model as NLLB's sentencepiece.bpe.model is (unk 0, <s> 1, </s> 2, no
+    pad), trained on built-in English, German, French and Spanish text."""
+    text: list[str] = []
+    for lang in ("de", "fr", "es"):
+        src, tgt = generate(300, "en", lang, seed=2)
+        text += src + tgt
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text),
+        model_writer=buffer,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    return buffer.getvalue()
+
+
+def save_nllb(directory: Path, codes: Sequence[str] = NLLB_CODES, extra_rows: int = 2, seed: int = 0) -> Path:
+    """A random tiny NLLB-200 (`save_m2m100_model`; `extra_rows` embedding rows past the tokenizer's
+    ids, as NLLB-200 has 256206 rows for 256204 ids) with NllbTokenizer's files for `codes`
+    (sentencepiece.bpe.model, tokenizer.json, tokenizer_config.json), as `save_pretrained` writes them."""
+    import transformers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sentencepiece.bpe.model").write_bytes(nllb_spm())
+    config = {"tokenizer_class": "NllbTokenizer", "extra_special_tokens": list(codes), "src_lang": codes[0]}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = transformers.NllbTokenizer.from_pretrained(str(directory))  # converts the SentencePiece model
+    tokenizer.save_pretrained(str(directory))
+    return save_m2m100_model(directory, len(tokenizer) + extra_rows, seed)
+
+
+def save_m2m100(directory: Path, seed: int = 0) -> Path:
+    """A random tiny M2M-100 (`save_m2m100_model`) with M2M100Tokenizer's files: vocab.json (fairseq's
+    dictionary, in an order of its own), sentencepiece.bpe.model and tokenizer_config.json with the
+    wmt21 language codes; the embedding also has rows for the codes and 8 "madeup words"."""
+    import random
+
+    import transformers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sentencepiece.bpe.model").write_bytes(nllb_spm())
+    sp = spm.SentencePieceProcessor(model_proto=nllb_spm())
+    pieces = [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]
+    random.Random(seed).shuffle(pieces)
+    vocab = {p: i for i, p in enumerate(["<s>", "<pad>", "</s>", "<unk>", *pieces])}
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    tokenizer = transformers.M2M100Tokenizer(
+        str(directory / "vocab.json"),
+        str(directory / "sentencepiece.bpe.model"),
+        src_lang="en",
+        tgt_lang="de",
+        language_codes="wmt21",
+    )
+    tokenizer.save_pretrained(str(directory))
+    return save_m2m100_model(directory, len(vocab) + len(tokenizer.lang_code_to_id) + 8, seed)
+
+
+def save_m2m100_model(directory: Path, vocab_size: int, seed: int = 0) -> Path:
+    """A random tiny M2M100ForConditionalGeneration in NLLB-200's and M2M-100's configuration
+    (pre-norm, relu, scaled embeddings, fairseq positions, decoder start </s>) saved in `directory`."""
+    import transformers
+
+    config = transformers.M2M100Config(
+        vocab_size=vocab_size,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        encoder_layerdrop=0.0,
+        decoder_layerdrop=0.0,
+        max_position_embeddings=64,
+        scale_embedding=True,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+    )
+    torch.manual_seed(seed)
+    model = transformers.M2M100ForConditionalGeneration(config).eval()
+    perturb(model, seed)
+    model.generation_config.update(max_length=64)
+    model.save_pretrained(str(directory))
     return directory

@@ -205,7 +205,7 @@ def test_bad_input_is_one_line_before_ray(checkpoint, case, tmp_path, no_ray, er
 class UpperEngine:
     """A stand-in engine: the output is the input in capitals."""
 
-    def encode(self, texts: list[str], tgt_lang=None) -> list[list[str]]:
+    def encode(self, texts: list[str], tgt_lang=None, src_lang=None) -> list[list[str]]:
         return [text.split() for text in texts]
 
     def length(self, source: list[str]) -> int:

@@ -178,7 +178,7 @@ def test_each_pairs_test_set_is_decoded_with_its_tag_and_scored_in_its_language(
     model = ModelInfo("ckpt", "raymt", cfg, tokenizer, tags.languages)  # what the run's checkpoints hold
     calls = []
 
-    def decoded(checkpoint, sources, cfg, shown, tgt_lang):
+    def decoded(checkpoint, sources, cfg, shown, tgt_lang, src_lang=None):
         calls.append((sources, tgt_lang))
         return list(sources)
 

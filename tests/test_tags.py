@@ -312,8 +312,8 @@ def test_evaluate_main_passes_the_tag_to_the_cluster(tagged, tmp_path, monkeypat
     end run is the slow test below) and writes the hypotheses under the target's suffix."""
     calls = []
 
-    def decode(checkpoint, sources, opts, *args):
-        calls.append(args[-1])
+    def decode(checkpoint, sources, opts, *args, src_lang=None):
+        calls.append((args[-1], src_lang))
         return [[(0.0, "x")] * len(s) for s in sources]
 
     monkeypatch.setattr(evaluate, "init_ray", lambda *_, **__: False)
@@ -322,7 +322,7 @@ def test_evaluate_main_passes_the_tag_to_the_cluster(tagged, tmp_path, monkeypat
     prefix = write_set(tmp_path / "test", "fr")
     argv = ["--checkpoint", str(tagged), "--test", str(prefix), "--tgt-lang", "fr", "--num-actors", "1"]
     assert evaluate.main([*argv, "--output-dir", str(tmp_path / "out")]) == 0
-    assert calls == ["fr"] and (tmp_path / "out" / "test.fr.hyp").read_text() == "x\n" * 9
+    assert calls == [("fr", "en")] and (tmp_path / "out" / "test.fr.hyp").read_text() == "x\n" * 9
 
 
 @pytest.mark.slow

@@ -147,12 +147,12 @@ class Service:
     async def run(self, job: Job) -> list[dict]:
         """Each text translated (its sentences batched with other requests'), in order."""
         info, cfg = self.info, self.cfg
-        prefix = len(info.prefix(job.target))
-        limit = info.config.model.max_positions - 2 - prefix  # room for the tag and EOS
+        prefix = len(info.prefix(job.target, job.source))
+        limit = info.config.model.max_positions - 2 - prefix  # room for the tags and EOS
         tokenizer = info.tokenizer
         layouts = [layout(t, lambda s: len(tokenizer.encode(s)), limit) for t in job.texts]
         segments = [s for lay in layouts for s in lay.segments]
-        sources = self.engine.encode(segments, job.target)
+        sources = self.engine.encode(segments, job.target, job.source)  # an NLLB's source code too
         opts = replace(cfg.decode, beam=job.beam)
         try:
             hyps = await self.batcher.translate(sources, opts, job.alternatives + 1, cfg.request_timeout_s)
