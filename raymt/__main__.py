@@ -13,7 +13,6 @@ from typing import Optional
 from raymt.errors import cli_error
 
 # command -> one line of help; each runs its module exactly as `python -m raymt.<command>`
-# (`import` is a Python keyword: its module is raymt.hf_import)
 COMMANDS = {
     "train": "train a model on Ray Train workers",
     "tune": "sweep hyper-parameters with Ray Tune",
@@ -27,6 +26,10 @@ COMMANDS = {
     "plot": "draw learning curves of one or more runs (PNG)",
     "serve": "serve a checkpoint over HTTP on Ray Serve (batched across requests)",
 }
+
+
+# The commands whose module has another name (`import` is a Python keyword).
+MODULES = {"import": "hf_import"}
 
 
 def usage() -> str:
@@ -48,8 +51,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return cli_error("raymt", f"unknown command '{command}'; use one of {', '.join(COMMANDS)}")
     sys.argv = [f"raymt {command}", *args]
     # the module ends with its own `sys.exit(main())`, whose SystemExit passes through
-    module = "hf_import" if command == "import" else command
-    runpy.run_module(f"raymt.{module}", run_name="__main__", alter_sys=True)
+    runpy.run_module(f"raymt.{MODULES.get(command, command)}", run_name="__main__", alter_sys=True)
     return 0
 
 

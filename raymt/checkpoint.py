@@ -230,7 +230,7 @@ def default_src_lang(languages: dict, tgt_lang: str) -> str:
     return sources[0]
 
 
-def _torch_load(path: Path) -> Any:
+def read_torch_file(path: Path) -> Any:
     """Weights-only load with a one-line error for missing or corrupt files."""
     if not path.is_file():
         raise ValueError(f"{path} does not exist; is {path.parent} a raymt checkpoint directory?")
@@ -298,7 +298,7 @@ def load_model(directory: str | Path, device: str = "cpu") -> tuple[Transformer,
 def load_train_state(directory: str | Path) -> TrainState:
     """Optimizer, scheduler, step and data position of a training checkpoint (path or URI)."""
     path = local_checkpoint(directory) / STATE_FILE
-    return TrainState.from_dict(_torch_load(path), str(path))
+    return TrainState.from_dict(read_torch_file(path), str(path))
 
 
 def weights_file(directory: str | Path) -> Path:
@@ -310,7 +310,7 @@ def weights_file(directory: str | Path) -> Path:
     raise ValueError(f"{directory / MODEL_FILE} does not exist; is {directory} a raymt checkpoint directory?")
 
 
-def _safetensors_load(path: Path) -> dict:
+def read_safetensors(path: Path) -> dict:
     """A safetensors file as a CPU state dict, with one-line errors."""
     try:
         from safetensors.torch import load_file
@@ -325,4 +325,4 @@ def _safetensors_load(path: Path) -> dict:
 def load_weights(directory: str | Path) -> dict:
     """The model state dict of a checkpoint or exported directory (weights only: no code runs)."""
     path = weights_file(directory)
-    return _safetensors_load(path) if path.name == SAFETENSORS_FILE else _torch_load(path)
+    return read_safetensors(path) if path.name == SAFETENSORS_FILE else read_torch_file(path)

@@ -53,7 +53,7 @@ from raymt.checkpoint import (
 )
 from raymt.config import Config, ModelConfig
 from raymt.errors import cli_error
-from raymt.model import Attention, Transformer, build_model
+from raymt.model import Attention, Transformer, build_model, halves_order
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -268,11 +268,6 @@ def marian_config(cfg: ModelConfig, vocab_size: int, dropout: bool = True):
     )
 
 
-def marian_order(d_model: int) -> torch.Tensor:
-    """(D,) raymt dims in HF's sinusoid layout: even dims (sin) first, then odd dims (cos)."""
-    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
-
-
 def _marian_attention(attn: Attention, order: torch.Tensor) -> dict[str, torch.Tensor]:
     """q/k/v/out projections of one attention: inputs in HF's dim order, heads unchanged."""
     d = attn.q_proj.out_features
@@ -315,7 +310,7 @@ def _marian_layer(layer: torch.nn.Module, order: torch.Tensor) -> dict[str, torc
 
 def marian_state(model: Transformer) -> dict[str, torch.Tensor]:
     """Every raymt weight under its HF MarianMTModel name, in HF's dim order (positions included)."""
-    order = marian_order(model.cfg.d_model).to(model.embed.weight.device)
+    order = halves_order(model.cfg.d_model).to(model.embed.weight.device)
     state = {"model.shared.weight": model.embed.weight[:, order]}  # (V, D); tied to lm_head
     for side, layers in (("encoder", model.encoder), ("decoder", model.decoder)):
         state[f"model.{side}.embed_positions.weight"] = model.positions[:, order]
@@ -341,7 +336,7 @@ def to_marian(model: Transformer, dropout: bool = True):
     # raymt's logits have no bias but an imported model's (OPUS-MT's final_logits_bias).
     marian.final_logits_bias.copy_(model.output_bias[None] if model.output_bias is not None else 0.0)
     if model.output is not None:
-        marian.lm_head.weight.copy_(model.output.weight[:, marian_order(model.cfg.d_model)])
+        marian.lm_head.weight.copy_(model.output.weight[:, halves_order(model.cfg.d_model)])
     tied = marian.lm_head.weight.data_ptr() == marian.model.shared.weight.data_ptr()
     assert tied == model.cfg.tie_output, "output tying differs"
     return marian.to(model.embed.weight.device).train(model.training)

@@ -46,11 +46,11 @@ import torch
 
 from raymt.checkpoint import (
     RAYMT_CONFIG_FILE,
-    _safetensors_load,
-    _torch_load,
     languages_entry,
     load_config,
     model_languages,
+    read_safetensors,
+    read_torch_file,
     save_checkpoint,
     tag_side,
 )
@@ -58,8 +58,7 @@ from raymt.config import Config, ModelConfig
 from raymt.config.corpus import CorpusSpec
 from raymt.config.sections import DataConfig
 from raymt.errors import cli_error
-from raymt.export import marian_order
-from raymt.model import build_model
+from raymt.model import build_model, halves_order
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, round_up
 
 FAMILIES = ("marian", "m2m_100")
@@ -160,12 +159,12 @@ def read_weights(directory: Path) -> dict:
     if index.is_file():
         state: dict = {}
         for shard in sorted(set(_json(index).get("weight_map", {}).values())):
-            state.update(_safetensors_load(directory / shard))
+            state.update(read_safetensors(directory / shard))
         return state
     if (directory / "model.safetensors").is_file():
-        return _safetensors_load(directory / "model.safetensors")
+        return read_safetensors(directory / "model.safetensors")
     if (directory / "pytorch_model.bin").is_file():
-        return _torch_load(directory / "pytorch_model.bin")
+        return read_torch_file(directory / "pytorch_model.bin")
     raise ValueError(f"{directory} has no model.safetensors or pytorch_model.bin: not a saved Hugging Face model")
 
 
@@ -408,7 +407,7 @@ def import_marian(hf: HFModel, src_lang: Optional[str], tgt_lang: Optional[str])
     bias = hf.state.get("final_logits_bias")
     bias = output_bias(bias.float().reshape(-1) if bias is not None else None, rows)
     cfg = model_shape(hf, bias is not None)
-    state = hf_weights(hf, rows, cfg, torch.argsort(marian_order(cfg.d_model)))  # HF dim k holds raymt dim order[k]
+    state = hf_weights(hf, rows, cfg, torch.argsort(halves_order(cfg.d_model)))  # HF dim k holds raymt dim order[k]
     if bias is not None:
         state["output_bias"] = bias
     languages = marian_languages(hf, tokenizer, src) if multi else None

@@ -42,6 +42,12 @@ def fairseq_sinusoids(num_positions: int, dim: int) -> torch.Tensor:
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
 
 
+def halves_order(d_model: int) -> torch.Tensor:
+    """(D,) raymt's dims in the layout of HF Marian's and fairseq's tables (sin in the first half,
+    cos in the second): the even dims (sin), then the odd dims (cos)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
 def position_table(cfg: ModelConfig) -> torch.Tensor:
     """(max_positions, D) position encodings of `cfg.positions`."""
     make = fairseq_sinusoids if cfg.positions == "fairseq" else sinusoids

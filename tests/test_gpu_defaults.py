@@ -158,7 +158,7 @@ def test_evaluate_gpu_uses_one_actor_per_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(evaluate, "init_ray", lambda *a, **kw: False)
     monkeypatch.setattr(autoscale.RayCluster, "resources", lambda self: {"CPU": 8.0, "GPU": 1.0})
 
-    def pool(checkpoint, sources, opts, num_actors, *args):
+    def pool(checkpoint, sources, opts, num_actors, *args, **kwargs):
         seen["num_actors"] = num_actors
         return [[(-1.0, "x")] * len(s) for s in sources]
 

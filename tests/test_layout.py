@@ -210,13 +210,15 @@ def chain(graph: dict[str, set[str]], component: set[str]) -> str:
 
 def command_modules(root: Path = ROOT) -> list[str]:
     """The module each command of raymt/__main__.py's COMMANDS runs: raymt.train, raymt.data.__main__."""
-    [commands] = [
-        ast.literal_eval(node.value)
+    tables = {
+        target.id: ast.literal_eval(node.value)
         for node in parse(root / "__main__.py").body
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMMANDS" for t in node.targets)
-    ]
-    package = root.name
-    return [f"{package}.{c}" if (root / f"{c}.py").is_file() else f"{package}.{c}.__main__" for c in commands]
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if getattr(target, "id", None) in ("COMMANDS", "MODULES")
+    }
+    package, named = root.name, [tables.get("MODULES", {}).get(c, c) for c in tables["COMMANDS"]]
+    return [f"{package}.{c}" if (root / f"{c}.py").is_file() else f"{package}.{c}.__main__" for c in named]
 
 
 def command_import_problems(
