@@ -68,10 +68,13 @@ def stand_in(base: Path, out: Path) -> Path:
 
 
 def evaluate(checkpoint: Path, tests: list[str], out: Path) -> dict:
-    """test BLEU/chrF of `checkpoint` on each test set (raymt evaluate, beam 5)."""
+    """test BLEU/chrF of `checkpoint` on each test set (raymt evaluate, beam 5; a report of this
+    checkpoint already in `out` is read again)."""
     flags = [f for t in tests for f in ("--test", t)]
     langs = ["--src-lang", "en", "--tgt-lang", "de"]
-    raymt("evaluate", "--checkpoint", str(checkpoint), *flags, *langs, "--output-dir", str(out))
+    done = out / "report.json"
+    if not done.is_file() or json.loads(done.read_text()).get("checkpoint") != str(checkpoint):
+        raymt("evaluate", "--checkpoint", str(checkpoint), *flags, *langs, "--output-dir", str(out))
     report = json.loads((out / "report.json").read_text())
     return {name: {k: r[k] for k in ("bleu", "chrf")} for name, r in report["test_sets"].items()}
 
@@ -108,6 +111,7 @@ def main() -> int:
     p.add_argument("--recipe", default=str(ROOT / "recipes/finetune-multi30k.toml"))
     p.add_argument("--eval-size", type=int, default=500, help="the domain's validation and test sentences")
     p.add_argument("--arms", default="domain,mix,scratch")
+    p.add_argument("--lr", type=float, help="the fine-tuning arms' peak lr (default: the recipe's)")
     args = p.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -125,11 +129,16 @@ def main() -> int:
         "mix": ["--init", str(imported), "--config", str(mix_config(args.recipe, out, args.m30k, domain))],
         "scratch": [*scratch, *on_domain],
     }
-    for name in args.arms.split(","):
-        seconds = raymt("train", *arms[name], *common, "--name", f"ft-{name}")
+    lr = ["--set", f"optim.lr={args.lr}"] if args.lr else []
+    for arm in args.arms.split(","):
+        name = f"{arm}-lr{args.lr:g}" if args.lr and arm != "scratch" else arm
+        flags = [*arms[arm], *(lr if arm != "scratch" else []), *common]
+        seconds = raymt("train", *flags, "--name", f"ft-{name}")
         scores = evaluate(best(out / "runs" / f"ft-{name}"), tests, out / f"eval-{name}")
         results[name] = {"scores": scores, "seconds": round(seconds, 1)}
-        (out / "finetune.json").write_text(json.dumps(results, indent=2))
+        saved = out / "finetune.json"
+        previous = json.loads(saved.read_text()) if saved.is_file() else {}
+        saved.write_text(json.dumps({**previous, **results}, indent=2))
     print(f"\n{'arm':<8} {'Multi30k BLEU':>14} {'chrF':>6} {'domain BLEU':>12} {'chrF':>6} {'seconds':>8}")
     for name, r in results.items():
         m, d = r["scores"]["test_2016_flickr"], r["scores"]["builtin_test"]
