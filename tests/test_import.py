@@ -247,3 +247,28 @@ def test_a_pair_outside_the_builtin_languages(tmp_path, capsys):
     assert load_model(checkpoint)[2].data.pairs() == [("en", "ro")]
     assert translate.main(["--checkpoint", str(checkpoint), "--tgt-lang", "ro", SOURCES[0]]) == 0
     assert capsys.readouterr().out.strip()
+
+
+@pytest.mark.ci  # ~30 s: a 2-worker Ray Train run (CI runs it)
+def test_init_trains_an_imported_model(tmp_path, ray_address):
+    """`raymt train --init` an imported OPUS-MT model on 2 workers: the built-in corpus tokenized
+    by its two SentencePiece models and vocab.json (no new vocabulary), its fixed output bias kept,
+    its weights trained, its tokenizer in every checkpoint."""
+    import subprocess
+    import sys
+
+    from raymt.compare import checkpoint_at
+
+    directory = save_opus_mt(tmp_path / "opus-mt-en-de")
+    imported = hf_import.import_model(directory, tmp_path / "imported")
+    command = [sys.executable, "-m", "raymt.train", "--init", str(imported), "--storage-path", str(tmp_path)]
+    command += ["--name", "ft", "--num-workers", "2", "--max-steps", "6", "--set", "train.eval_every=6"]
+    command += ["--set", "data.builtin_train_size=400", "--set", "data.builtin_eval_size=8", "--set", "data.max_len=60"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    final = checkpoint_at(tmp_path / "ft", 6)
+    before, after = load_weights(imported), load_weights(final)
+    assert torch.equal(before["output_bias"], after["output_bias"])  # a buffer: not trained
+    assert not torch.equal(before["embed.weight"], after["embed.weight"])
+    assert (final / "spm.model").read_bytes() == (imported / "spm.model").read_bytes()
+    assert load_model(final)[2].model == load_model(imported)[2].model
