@@ -249,7 +249,8 @@ def test_a_pair_outside_the_builtin_languages(tmp_path, capsys):
     assert capsys.readouterr().out.strip()
 
 
-@pytest.mark.ci  # ~30 s: a 2-worker Ray Train run (CI runs it)
+@pytest.mark.slow
+@pytest.mark.ci  # ~45 s: a 2-worker Ray Train run (CI runs it)
 def test_init_trains_an_imported_model(tmp_path, ray_address):
     """`raymt train --init` an imported OPUS-MT model on 2 workers: the built-in corpus tokenized
     by its two SentencePiece models and vocab.json (no new vocabulary), its fixed output bias kept,
