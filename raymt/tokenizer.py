@@ -119,6 +119,8 @@ class Tokenizer:
 
     def encode(self, text: str, side: str = "src") -> list[int]:
         """Token ids of one sentence, without BOS/EOS (`side` "tgt": with the target's model)."""
+        if self.pieces is None:  # raymt's own: one model, its ids are the model's
+            return self.source.encode(text)
         return self.encode_batch([text], side)[0]
 
     def encode_batch(self, texts: Sequence[str], side: str = "src") -> list[list[int]]:

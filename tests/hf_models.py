@@ -41,6 +41,21 @@ def opus_vocab(source: bytes, target: bytes, codes: Sequence[str] = ()) -> dict[
     return {p: i for i, p in enumerate(pieces)}
 
 
+# Both families' test models: d=16, 2+2 layers, no dropout (outputs compare exactly).
+TINY_SHAPE = dict(
+    d_model=16,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+    dropout=0.0,
+    attention_dropout=0.0,
+    activation_dropout=0.0,
+)
+
+
 def perturb(model: torch.nn.Module, seed: int) -> None:
     """Layer norms and biases away from their init, so that a weight copied wrong shows."""
     g = torch.Generator().manual_seed(seed)
@@ -68,17 +83,8 @@ def save_opus_mt(
     config = transformers.MarianConfig(
         vocab_size=len(vocab),
         decoder_vocab_size=len(vocab),
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
+        **TINY_SHAPE,
         activation_function=activation,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
         max_position_embeddings=64,
         scale_embedding=True,
         share_encoder_decoder_embeddings=True,
@@ -180,16 +186,7 @@ def save_m2m100_model(directory: Path, vocab_size: int, seed: int = 0) -> Path:
 
     config = transformers.M2M100Config(
         vocab_size=vocab_size,
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
+        **TINY_SHAPE,
         encoder_layerdrop=0.0,
         decoder_layerdrop=0.0,
         max_position_embeddings=64,
