@@ -83,10 +83,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--dtype",
-        choices=tuple(DTYPES),
+        choices=(*DTYPES, "int8"),
         default="float32",
         help="store floating-point weights in this dtype (loaded back as float32; "
-        "ctranslate2: its weight type; marian: the HF model's dtype)",
+        "ctranslate2: its weight type, also int8; marian: the HF model's dtype)",
     )
     return p.parse_args(argv)
 
@@ -400,6 +400,8 @@ def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto", 
     if output.is_dir() and any(output.iterdir()):
         raise ValueError(f"--output {output} exists and is not empty; choose a new directory")
     fmt = weights_format(fmt)
+    if dtype not in DTYPES and fmt != "ctranslate2":
+        raise ValueError(f"--dtype {dtype} is a CTranslate2 weight type: use it with --format ctranslate2")
     config, tokenizer = check_checkpoint(checkpoint)
     languages = model_languages(checkpoint)  # a multilingual model's tags travel with it
     state = load_weights(checkpoint)
@@ -412,7 +414,8 @@ def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto", 
     spec = ctranslate2_spec(model, tokenizer) if fmt == "ctranslate2" else None
     if fmt == "marian":
         marian_config(config.model, tokenizer.vocab_size)  # refuse before anything is written
-    state = {k: v.to(DTYPES[dtype]) if v.is_floating_point() else v for k, v in state.items()}
+    store = DTYPES.get(dtype, torch.float32)  # int8: CTranslate2 quantizes its own copy
+    state = {k: v.to(store) if v.is_floating_point() else v for k, v in state.items()}
     try:
         output.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -10,6 +10,7 @@ import argparse
 from typing import Any, Callable, Optional, Sequence
 
 from raymt.config import (
+    PRESETS,
     SCHEDULE_FIELDS,
     Config,
     CorpusSpec,
@@ -34,7 +35,7 @@ from raymt.errors import check
 def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The flags shared by train and tune; each one addresses a field of `Config`."""
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--preset", help="model preset: tiny, mini, small, base, big (default mini)")
+    p.add_argument("--preset", help=f"model preset: {', '.join(PRESETS)} (default mini)")
     p.add_argument("--config", help="JSON or TOML file with sections model/data/optim/train")
     p.add_argument(
         "--set",

@@ -67,8 +67,13 @@ def plan_data(
 ) -> tuple[Config, RunData]:
     """Check every input and read the small sets; nothing here needs Ray. A run on a prepared
     corpus gets its pairs in data.corpora (its checkpoints' languages, the test set's scorer)."""
-    known = _known_tokenizer(resume_dir, init_checkpoint)
-    given = str(init_checkpoint or resume_dir)
+    known = _known_tokenizer(resume_dir, init_checkpoint, cfg.data.tokenizer)
+    given = str(init_checkpoint or resume_dir or f"data.tokenizer={cfg.data.tokenizer}")
+    check(
+        known is None or cfg.data.vocab_size in (None, known.vocab_size),
+        f"data.vocab_size={cfg.data.vocab_size}, but {given}'s tokenizer has {known and known.vocab_size} "
+        "pieces: leave data.vocab_size unset (a given tokenizer sets it)",
+    )
     if cfg.data.corpus is not None:
         cfg, run_data = plan_prepared(cfg, known, given)
     else:
@@ -174,12 +179,19 @@ def _temperature_note(cfg: Config, corpus: PreparedCorpus) -> None:
         )
 
 
-def _known_tokenizer(resume_dir: Optional[str], init_checkpoint: Optional[str | Path]) -> Optional[Tokenizer]:
-    """The SentencePiece model a resumed run or a starting checkpoint already has."""
+def _known_tokenizer(
+    resume_dir: Optional[str], init_checkpoint: Optional[str | Path], given: Optional[str] = None
+) -> Optional[Tokenizer]:
+    """The SentencePiece model a resumed run or a starting checkpoint already has, else the one
+    data.tokenizer names (`given`)."""
     for directory in (resume_dir, init_checkpoint):
         proto = storage.optional_bytes(storage.join(directory, SPM_FILE)) if directory is not None else None
         if proto is not None:
             return Tokenizer(proto)
+    if given is not None:
+        from raymt.data.prepare import read_tokenizer
+
+        return read_tokenizer(given)
     return None
 
 

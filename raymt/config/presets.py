@@ -1,4 +1,5 @@
-"""Model presets as functions: tiny, mini (the default), small, base and big."""
+"""Model presets as functions: tiny, mini (the default), small, base and big; the students of
+`raymt distill`: student_mini and student_base."""
 
 from __future__ import annotations
 
@@ -33,7 +34,27 @@ def big() -> ModelConfig:
     return ModelConfig(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6, num_decoder_layers=6, dropout=0.3)
 
 
-PRESETS: dict[str, Callable[[], ModelConfig]] = {"tiny": tiny, "mini": mini, "small": small, "base": base, "big": big}
+def student_mini() -> ModelConfig:
+    """A student of 4+4 x 128 teachers (the multi30k-cpu recipe's): a deep encoder and one decoder
+    layer (Kasai et al. 2021: decoding time is the decoder's, quality the encoder's)."""
+    return ModelConfig(d_model=128, num_heads=4, d_ff=256, num_encoder_layers=4, num_decoder_layers=1, dropout=0.1)
+
+
+def student_base() -> ModelConfig:
+    """A student of base-sized teachers, in the spirit of Bergamot's "tiny" (256 wide, FFN 1536,
+    6 encoder and 2 decoder layers; theirs has SSRU decoder layers, these are attention)."""
+    return ModelConfig(d_model=256, num_heads=8, d_ff=1536, num_encoder_layers=6, num_decoder_layers=2, dropout=0.1)
+
+
+PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "tiny": tiny,
+    "mini": mini,
+    "small": small,
+    "base": base,
+    "big": big,
+    "student_mini": student_mini,
+    "student_base": student_base,
+}
 
 
 def preset(name: str) -> ModelConfig:

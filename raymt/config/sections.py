@@ -105,6 +105,10 @@ class CorpusOptions:
     temperature: float = 1.0
     # A reserved <BT> piece before every back-translated source (Caswell et al. 2019).
     bt_tag: bool = True
+    # Tokenize with this tokenizer instead of training a SentencePiece model: a checkpoint or
+    # export directory (its spm.model), or a SentencePiece .model file. A student keeps its
+    # teacher's vocabulary (`raymt distill`), as fairseq's --srcdict; None: train one.
+    tokenizer: Optional[str] = None
 
     def check_corpus_options(self, section: str) -> None:
         """Validate the shared fields; messages name them as `section.field`."""

@@ -40,8 +40,9 @@ class Layout:
         return check_corpus_inputs(self.cfg, self.corpora)
 
     def options(self) -> dict:
-        """The manifest's options (each corpus names its own languages)."""
-        return {k: v for k, v in dataclasses.asdict(self.cfg).items() if k not in ("src_lang", "tgt_lang")}
+        """The manifest's options (each corpus names its own languages; a given tokenizer is
+        fingerprinted by its content, not by where it was read)."""
+        return {k: v for k, v in dataclasses.asdict(self.cfg).items() if k not in ("src_lang", "tgt_lang", "tokenizer")}
 
     def fingerprint(self, inputs: list[dict], tokenizer: Optional[Tokenizer]) -> str:
         """The corpus's fingerprint (`fingerprint`)."""

@@ -56,6 +56,23 @@ def check_tags(tokenizer: Tokenizer, reserved: list[str], where: str) -> None:
         )
 
 
+def read_tokenizer(location: str) -> Tokenizer:
+    """The tokenizer at `location` (data.tokenizer): a checkpoint or export directory's spm.model,
+    or a SentencePiece .model file; a one-line error when there is none."""
+    location = storage.normalize(location)
+    proto = storage.optional_bytes(location) if location.endswith(".model") else None
+    proto = proto or storage.optional_bytes(storage.join(location, SPM_FILE))
+    if proto is None:
+        raise ValueError(
+            f"data.tokenizer={location}: no tokenizer there; give a checkpoint or export directory "
+            f"(with its {SPM_FILE}) or a SentencePiece .model file"
+        )
+    try:
+        return Tokenizer(proto)
+    except Exception as e:  # sentencepiece raises RuntimeError on a corrupt model
+        raise ValueError(f"data.tokenizer={location}: not a SentencePiece model or raymt tokenizer ({e})") from None
+
+
 def prepare_corpora(
     cfg: PrepareConfig,
     out: str,
@@ -72,6 +89,8 @@ def prepare_corpora(
     layout = Layout(cfg, corpora)
     inputs = layout.check_inputs()
     reserved = reserved_pieces([c.spec for c in corpora], cfg.bt_tag)
+    if tokenizer is None and cfg.tokenizer is not None:
+        tokenizer = read_tokenizer(cfg.tokenizer)
     if tokenizer is not None:
         check_tags(tokenizer, reserved, "the given model")
     fp = layout.fingerprint(inputs, tokenizer)
