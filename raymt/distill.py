@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Optional
 
 from raymt import storage
+from raymt.checkpoint import RAYMT_CONFIG_FILE
 from raymt.config import PRESETS, CorpusSpec, DecodeOptions, apply_overrides, preset
 from raymt.errors import check, cli_error
 
@@ -297,30 +298,31 @@ def _folder_mib(folder: Path) -> float:
     return sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) / 2**20
 
 
-def _teacher_ct2(plan: Plan, teacher: str, index: int, dtype: str) -> Path:
-    """The teacher exported as the student is (CTranslate2, `dtype`), for a like-for-like comparison."""
+def ct2_export(checkpoint: str, target: Path, dtype: str) -> Path:
+    """`checkpoint` exported to CTranslate2 at `dtype` in `target` (once: kept when it is whole)."""
     from raymt.export import export_model
 
-    target = plan.out / f"teacher-ct2-{index}-{dtype}"
-    if not (target / "config.json").exists():  # written last by CTranslate2's save... and raymt's after it
+    if not (target / RAYMT_CONFIG_FILE).exists():  # written last by export_model
         shutil.rmtree(target, ignore_errors=True)
-        export_model(teacher, target, "ctranslate2", dtype)
+        export_model(checkpoint, target, "ctranslate2", dtype)
     return target
 
 
-def _row(name: str, folder: Path, dtype: str, beam: int, test: tuple[list[str], list[str]], tgt: str) -> dict:
-    """One model at one beam on the test set: scores, size and one-thread sentences/s."""
+def model_row(name: str, folder: Path, dtype: str, beam: int, test: tuple[list[str], list[str]], tgt: str) -> dict:
+    """One model (a CTranslate2 directory) at one beam on the test set: sacreBLEU, chrF, the
+    papers' BLEU (Moses-tokenized, lowercased), size and one-thread sentences/s."""
     from raymt.metrics import score
 
     engine = _engine(folder, dtype)
     opts = dataclasses.replace(engine.info.config.decode, beam=beam)
     hyps, rate = _timed(engine, test[0], opts)
-    scores = score(hyps, test[1], lang=tgt)
+    scores = score(hyps, test[1], extra=True, lang=tgt)
     return {
         "model": name,
         "beam": beam,
         "bleu": round(scores["bleu"], 2),
         "chrf": round(scores["chrf"], 2),
+        "bleu_tok": round(scores["bleu_tok"], 2),
         "mib": round(_folder_mib(folder), 2),
         "sentences_per_s": round(rate, 2),
         "bleu_signature": scores["bleu_signature"],
@@ -336,8 +338,17 @@ def compare(args: argparse.Namespace, plan: Plan, student: Path, dtype: str) -> 
     rows = []
     for i, teacher in enumerate(args.teacher):
         name = "teacher" if len(args.teacher) == 1 else f"teacher {i + 1}"
-        rows.append(_row(name, _teacher_ct2(plan, teacher, i, dtype), dtype, args.beam, test, plan.tgt_lang))
-    rows += [_row("student", student, dtype, beam, test, plan.tgt_lang) for beam in dict.fromkeys((1, args.beam))]
+        rows.append(
+            model_row(
+                name,
+                ct2_export(teacher, plan.out / f"teacher-ct2-{i}-{dtype}", dtype),
+                dtype,
+                args.beam,
+                test,
+                plan.tgt_lang,
+            )
+        )
+    rows += [model_row("student", student, dtype, beam, test, plan.tgt_lang) for beam in dict.fromkeys((1, args.beam))]
     teacher = rows[0]
     for row in rows:
         row["speed_vs_teacher"] = round(row["sentences_per_s"] / teacher["sentences_per_s"], 2)

@@ -1,0 +1,92 @@
+"""Distillation measured (issue 58): a teacher, its distilled student, and the same student trained
+on the original pairs at equal updates, side by side on Multi30k's test_2016_flickr.
+
+- distilled: `raymt distill --teacher T ...` (the teacher's beam-5 translations of the training
+  sources; the student with the teacher's tokenizer; CTranslate2 at the faster weight type);
+- original:  the same student (preset, tokenizer, updates, seed) trained on the original pairs
+  (`raymt train --set data.tokenizer=T`), exported at the same weight type.
+
+Every row is decoded by CTranslate2 on one thread in this one process, one after another
+(raymt.distill.model_row): sacreBLEU, chrF, the papers' BLEU (Moses-tokenized, lowercased), size
+on disk, sentences/s. With several --teacher, raymt distill decodes with their ensemble and the
+table also has each teacher. Prints the table of docs/distill.md and writes OUT/distill.json.
+
+    python benchmarks/distill.py --teacher runs/m30k-cpu/avg5 --m30k ../shared/data/multi30k \
+        --out /tmp/distill --steps 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def raymt(*args: str) -> float:
+    """Run `python -m raymt ARGS` (its output to this one's); the seconds it took."""
+    t0 = time.time()
+    print("+ raymt " + " ".join(args), flush=True)
+    subprocess.run([sys.executable, "-m", "raymt", *args], check=True, cwd=ROOT)
+    return time.time() - t0
+
+
+def main() -> None:
+    """Both arms, then the table."""
+    from raymt.data.text import read_parallel
+    from raymt.distill import ct2_export, model_row
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--teacher", action="append", required=True)
+    p.add_argument("--m30k", default=str(ROOT.parent / "shared/data/multi30k"))
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=2000, help="the students' updates (both arms)")
+    p.add_argument("--student-preset", default="student_mini")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--set", action="append", default=[], help="both students' runs")
+    args = p.parse_args()
+    out, m30k = Path(args.out).resolve(), Path(args.m30k)
+    data = ["--train", str(m30k / "train"), "--valid", str(m30k / "val"), "--test", str(m30k / "test_2016_flickr")]
+    extra = [flag for item in args.set for flag in ("--set", item)]
+    teachers = [flag for t in args.teacher for flag in ("--teacher", t)]
+    seconds = {}
+    seconds["distilled"] = raymt(
+        "distill", *teachers, *data, "--output", str(out / "distilled"), "--student-preset", args.student_preset,
+        "--max-steps", str(args.steps), "--beam", str(args.beam), *extra,
+    )  # fmt: skip
+    seconds["original"] = raymt(
+        "train", "--preset", args.student_preset, *data, "--src-lang", "en", "--tgt-lang", "de",
+        "--max-steps", str(args.steps), "--set", f"data.tokenizer={Path(args.teacher[0]).resolve()}",
+        "--storage-path", str(out), "--name", "original", *extra,
+    )  # fmt: skip
+    report = json.loads((out / "distilled" / "report.json").read_text())
+    dtype = report["export"]["dtype"]
+    best = json.loads((out / "original" / "summary.json").read_text())["best_checkpoint"]
+    original = ct2_export(best, out / f"original-ct2-{dtype}", dtype)
+    test = read_parallel(str(m30k / "test_2016_flickr"), "en", "de")
+    teacher = report["rows"][0]
+    for beam in dict.fromkeys((1, args.beam)):
+        row = model_row("student, original pairs", original, dtype, beam, test, "de")
+        row["speed_vs_teacher"] = round(row["sentences_per_s"] / teacher["sentences_per_s"], 2)
+        row["bleu_vs_teacher"] = round(row["bleu"] - teacher["bleu"], 2)
+        report["rows"].append(row)
+    report["seconds"] = {k: round(v, 1) for k, v in seconds.items()}
+    report["steps"] = args.steps
+    (out / "distill.json").write_text(json.dumps(report, indent=2))
+    print(f"\n{report['test']}: {report['num_sentences']} sentences, {report['engine']}, {args.steps} updates")
+    print("| model | beam | BLEU | papers' BLEU | chrF | MiB | sentences/s | vs teacher |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in report["rows"]:
+        print(
+            f"| {r['model']} | {r['beam']} | {r['bleu']:.2f} | {r['bleu_tok']:.2f} | {r['chrf']:.2f} | "
+            f"{r['mib']:.1f} | {r['sentences_per_s']:,.1f} | {r['speed_vs_teacher']:.2f}x |"
+        )
+    print(f"wall time: {', '.join(f'{k} {v / 60:.1f} min' for k, v in seconds.items())}")
+
+
+if __name__ == "__main__":
+    main()
