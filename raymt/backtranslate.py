@@ -85,7 +85,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     b = BacktranslateConfig()
     p = argparse.ArgumentParser(prog="python -m raymt.backtranslate", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--checkpoint", required=True, help="raymt checkpoint, or a `raymt export --format ctranslate2` directory"
+        "--checkpoint",
+        action="append",
+        required=True,
+        help="raymt checkpoint, or a `raymt export --format ctranslate2` directory; repeated: an ensemble of "
+        "raymt checkpoints that share a tokenizer (raymt's engine)",
     )
     p.add_argument(
         "--input",
@@ -209,11 +213,11 @@ def _batch_seed(seed: int, first_line_id: int) -> int:
 
 
 class BacktranslateActor:
-    """Decoding actor: loads the model once, then translates whole shards and writes each one."""
+    """Decoding actor: loads the model (or an ensemble) once, then translates whole shards and writes each one."""
 
     def __init__(
         self,
-        checkpoint: str,
+        checkpoints: list[str],
         engine: str,
         opts: dict,
         bt: dict,
@@ -232,7 +236,7 @@ class BacktranslateActor:
         self.opts, self.tgt_lang, self.src_lang = DecodeOptions(**opts), tgt_lang, src_lang
         # A local --output is the driver's directory: an actor on another machine sends its bytes back.
         self.writes = storage.is_uri(output) or ray.get_runtime_context().get_node_id() == driver_node
-        self.engine = load_engine(checkpoint, engine, device, num_threads, self.bt.compute_type, cache)
+        self.engine = load_engine(checkpoints, engine, device, num_threads, self.bt.compute_type, cache)
 
     def ready(self) -> bool:
         """True once the actor is up (the driver's sign that a restarted actor takes shards again)."""
@@ -315,13 +319,14 @@ def check_args(args: argparse.Namespace) -> Job:
         progress_s=args.progress_s,
     )
     opts = decode_options(args, seed=args.seed if args.sample else None)
-    model = load_model_info(args.checkpoint)
+    model = load_model_info(args.checkpoint)  # several: an ensemble, checked (engines.check_ensemble)
     src_lang, tgt_lang, tags = directions(model, args.src_lang, args.tgt_lang)
-    engine = resolve_engine(bt.engine, model)
+    engine = resolve_engine(bt.engine, model)  # an ensemble's: raymt's
     if engine == "ctranslate2":
         ct2_model_dir(model.location)  # exported once here: an unexportable model fails now
     else:
-        load_weights(model.location)  # a corrupt or truncated weights file fails now, not in every actor
+        for location in model.checkpoints:  # a corrupt or truncated weights file fails now, not in every actor
+            load_weights(location)
     files = input_files(args.input)
     check_columns(files, args.column, src_lang.split("+")[0])
     output = storage.output_location(args.output, "--output")  # never into a job's package
@@ -401,7 +406,7 @@ def start_actors(job: Job) -> list:
         scheduling_strategy="SPREAD",
     )
     kwargs = {
-        "checkpoint": job.model.location,
+        "checkpoints": job.model.checkpoints,  # each actor loads them (several: an ensemble)
         "engine": job.engine,
         "opts": dict(job.opts.__dict__),
         "bt": dataclasses.asdict(job.bt),

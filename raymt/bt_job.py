@@ -114,6 +114,7 @@ def settings(job: Job) -> dict:
     """What fixes a job's outputs: a rerun into the same --output must have the same."""
     return {
         "checkpoint": job.model.location,
+        "checkpoints": job.model.checkpoints,  # several: an ensemble (the first is "checkpoint")
         "engine": job.engine,
         "src_lang": job.src_lang,
         "tgt_lang": job.tgt_lang,
@@ -132,6 +133,7 @@ def settings(job: Job) -> dict:
 
 SETTING_FLAGS = {
     "checkpoint": "--checkpoint",
+    "checkpoints": "--checkpoint",
     "engine": "--engine",
     "src_lang": "--src-lang",
     "tgt_lang": "--tgt-lang",
@@ -160,6 +162,7 @@ def check_output(job: Job) -> Optional[dict]:
         assert info.get("format") == INFO_FORMAT
     except (json.JSONDecodeError, AssertionError, AttributeError):
         raise ValueError(f"{storage.join(location, INFO_FILE)} is not a raymt back-translation record") from None
+    info.setdefault("checkpoints", [info.get("checkpoint")])  # a record older than ensembles names one
     now = settings(job)
     differ = [k for k in now if info.get(k) != now[k]]
     if differ:

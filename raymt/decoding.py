@@ -11,6 +11,9 @@ A model trained with its target-language tag on the decoder side (data.tag_side 
 fairseq's --decoder-langtok, M2M-100/NLLB) decodes from a forced `prefix`: every row's first
 tokens after BOS are its prefix ids, taken at no cost (CTranslate2's `target_prefix`); the
 length limit, the length penalty and the returned ids count the tokens after it only.
+
+Every function taking a `model` takes a `raymt.ensemble.Ensemble` too: one search, whose step
+log-probabilities are then the mean of the members' (`raymt.ensemble.model_log_probs`).
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ import torch
 
 from raymt.batching import pad_batch
 from raymt.config import DecodeOptions
-from raymt.model import Cache, Transformer, reorder_cache
+from raymt.ensemble import Decoder, model_log_probs
+from raymt.model import Cache, reorder_cache
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 Hypothesis = tuple[float, list[int]]
 NEG_INF = -float("inf")
 
 
-def _max_lengths(model: Transformer, src: torch.Tensor, opts: DecodeOptions, forced: int = 0) -> torch.Tensor:
+def _max_lengths(model: Decoder, src: torch.Tensor, opts: DecodeOptions, forced: int = 0) -> torch.Tensor:
     """(B,) output length limits, EOS included, after `forced` prefix tokens (counted in them)."""
     src_len = (src != PAD_ID).sum(1).float()
     limit = (opts.max_len_a * src_len + opts.max_len_b).long()
@@ -52,17 +56,15 @@ def _force_prefix(log_probs: torch.Tensor, prefix: torch.Tensor, step: int) -> t
 
 
 def _next_log_probs(
-    model: Transformer, tokens: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, cache: Optional[Cache]
+    model: Decoder, tokens: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, cache: Optional[Cache]
 ) -> torch.Tensor:
-    """(N, T) prefixes -> (N, V) log-probabilities of the next token."""
-    if cache is None:  # full recomputation: the reference the cache must match
-        logits = model.decode(tokens, memory, src_mask)[:, -1]
-    else:
-        logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1]
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    log_probs[:, PAD_ID] = NEG_INF
-    log_probs[:, BOS_ID] = NEG_INF
-    return log_probs
+    """(N, T) prefixes -> (N, V) log-probabilities of the next token (an ensemble's: its members' mean)."""
+    # Without a cache: full recomputation, the reference the cache must match.
+    new = tokens if cache is None else tokens[:, -1:]
+    out = model_log_probs(model, new, memory, src_mask, cache, last=True)  # (N, V)
+    out[:, PAD_ID] = NEG_INF
+    out[:, BOS_ID] = NEG_INF
+    return out
 
 
 def _force_eos(log_probs: torch.Tensor, at_limit: torch.Tensor) -> torch.Tensor:
@@ -100,7 +102,7 @@ def _choose(log_probs: torch.Tensor, opts: DecodeOptions, generator: Optional[to
 
 @torch.no_grad()
 def greedy_scored(
-    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+    model: Decoder, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
 ) -> list[Hypothesis]:
     """Greedy (or sampled) decoding of (B, S) source ids (after a forced (B, P) `prefix`, if
     given): one (score, ids) per sentence."""
@@ -141,7 +143,7 @@ def greedy_scored(
 
 
 def greedy(
-    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+    model: Decoder, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
 ) -> list[list[int]]:
     """Greedy decoding of (B, S) source ids; returns token ids without BOS/EOS (and prefix)."""
     return [ids for _, ids in greedy_scored(model, src, opts, prefix)]
@@ -167,7 +169,7 @@ class _Beams:
 
 
 def _init_beams(
-    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+    model: Decoder, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
 ) -> _Beams:
     """Encode once, repeat memory K times, start every beam from BOS (then the forced `prefix`)."""
     b, k = src.size(0), opts.beam
@@ -230,7 +232,7 @@ def _advance(
 
 
 def _beam(
-    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+    model: Decoder, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns every finished hypothesis of every sentence, unsorted."""
     k = opts.beam
@@ -268,7 +270,7 @@ def _beam(
 
 @torch.no_grad()
 def beam_search_nbest(
-    model: Transformer, src: torch.Tensor, opts: DecodeOptions, n_best: int = 1, prefix: Optional[torch.Tensor] = None
+    model: Decoder, src: torch.Tensor, opts: DecodeOptions, n_best: int = 1, prefix: Optional[torch.Tensor] = None
 ) -> list[list[Hypothesis]]:
     """Batched beam search of (B, S) source ids (after a forced (B, P) `prefix`, if given): the
     n_best (score, ids) per sentence, best first."""
@@ -279,14 +281,14 @@ def beam_search_nbest(
 
 
 def beam_search(
-    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+    model: Decoder, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
 ) -> list[list[int]]:
     """Batched beam search of (B, S) source ids; returns the best hypothesis per sentence."""
     return [hyps[0][1] for hyps in beam_search_nbest(model, src, opts, 1, prefix)]
 
 
 def decode_nbest(
-    model: Transformer, src: torch.Tensor, opts: DecodeOptions, n_best: int = 1, prefix: Optional[torch.Tensor] = None
+    model: Decoder, src: torch.Tensor, opts: DecodeOptions, n_best: int = 1, prefix: Optional[torch.Tensor] = None
 ) -> list[list[Hypothesis]]:
     """The n_best (score, ids) per sentence, best first; greedy or sampling when opts.beam == 1;
     a (B, P) `prefix` is forced first (a decoder-side target tag, `split_tags`)."""
@@ -298,7 +300,7 @@ def decode_nbest(
 
 
 def decode(
-    model: Transformer, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
+    model: Decoder, src: torch.Tensor, opts: DecodeOptions, prefix: Optional[torch.Tensor] = None
 ) -> list[list[int]]:
     """Greedy when opts.beam == 1, beam search otherwise (after a forced (B, P) `prefix`, if given)."""
     return greedy(model, src, opts, prefix) if opts.beam == 1 else beam_search(model, src, opts, prefix)
@@ -306,17 +308,17 @@ def decode(
 
 @torch.no_grad()
 def token_log_probs(
-    model: Transformer, src: torch.Tensor, hyps: Sequence[Sequence[int]], prefix: Optional[torch.Tensor] = None
+    model: Decoder, src: torch.Tensor, hyps: Sequence[Sequence[int]], prefix: Optional[torch.Tensor] = None
 ) -> list[list[float]]:
     """raymt's scorer of given outputs: each hypothesis's (ids without BOS/EOS) log-probabilities,
     token by token and then EOS, given its row of (B, S) source ids after a forced (B, P) `prefix`
-    (taken at no cost, as decoding takes it); summed, they are decoding's length-penalty-0 score."""
+    (taken at no cost, as decoding takes it); summed, they are decoding's length-penalty-0 score
+    (an ensemble's: the mean of its members')."""
     forced = [] if prefix is None else prefix.tolist()
     rows = [[BOS_ID, *(forced[i] if forced else []), *ids, EOS_ID] for i, ids in enumerate(hyps)]
     tgt = pad_batch(rows, src.device)  # (B, T)
     memory, src_mask = model.encode(src)
-    log_probs = torch.log_softmax(model.decode(tgt[:, :-1], memory, src_mask).float(), dim=-1)  # (B, T-1, V)
-    picked = log_probs.gather(2, tgt[:, 1:, None]).squeeze(2)  # (B, T-1)
+    picked = model_log_probs(model, tgt[:, :-1], memory, src_mask).gather(2, tgt[:, 1:, None]).squeeze(2)  # (B, T-1)
     start = len(forced[0]) if forced else 0
     return [picked[i, start : start + len(ids) + 1].tolist() for i, ids in enumerate(hyps)]
 
@@ -337,7 +339,7 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
 
 
 def decode_ids(
-    model: Transformer,
+    model: Decoder,
     tokenizer: Tokenizer,
     sources: Sequence[Sequence[int]],
     opts: DecodeOptions,
@@ -353,7 +355,7 @@ def decode_ids(
 
 
 def translate_nbest(
-    model: Transformer,
+    model: Decoder,
     tokenizer: Tokenizer,
     sentences: Sequence[str],
     opts: DecodeOptions,
@@ -377,7 +379,7 @@ def translate_nbest(
 
 
 def translate(
-    model: Transformer,
+    model: Decoder,
     tokenizer: Tokenizer,
     sentences: Sequence[str],
     opts: DecodeOptions,

@@ -17,6 +17,13 @@ raymt's engine decodes as `raymt.decoding` does, at the precision `raymt.precisi
 picks. CTranslate2's runs the model exported once into raymt's cache (int8 on a CPU, float16
 on a GPU by default); raymt's length limit a * src_len + b is applied by truncation, its length
 penalty is CTranslate2's and its scores are CTranslate2's. Nothing here imports Ray.
+
+Several checkpoints (`load_engine([a, b])`, `load_model_info([a, b])`) are an ensemble
+(`raymt.ensemble.Ensemble`), raymt's engine only (CTranslate2 has none: `auto` resolves to
+raymt's, `ctranslate2` is refused): raymt checkpoints with one tokenizer and the same languages
+and tags (`check_ensemble`). The first checkpoint's config is the ensemble's (its pair, its
+precision); sources are cut to the positions every member has (`ModelInfo.max_positions`); the
+decoding options are the caller's, as for one model.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence, Union
 
@@ -48,6 +55,7 @@ from raymt.checkpoint import (
 from raymt.config import Config, DecodeOptions
 from raymt.data.mixing import decode_tags
 from raymt.decoding import decode_ids, encode_sources, length_batches
+from raymt.ensemble import Decoder, Ensemble
 from raymt.errors import check, first_line
 from raymt.export import CT2_RAYMT_CONFIG
 from raymt.precision import for_inference
@@ -57,6 +65,8 @@ ENGINE_CHOICES = ("auto", "raymt", "ctranslate2")
 Translation = tuple[float, str]  # (score, text)
 # One target language for every sentence, or one per sentence (None: the model's only target).
 TargetLangs = Union[None, str, Sequence[Optional[str]]]
+# One checkpoint (path or URI), or several decoded as an ensemble.
+Checkpoints = Union[str, Path, Sequence[Union[str, Path]]]
 
 
 # ---------------------------------------------------------------- the model, without its weights
@@ -84,6 +94,17 @@ class ModelInfo:
     config: Config
     tokenizer: Tokenizer
     languages: Optional[dict]  # config.json's "languages" (tagged multilingual models), else None
+    members: tuple["ModelInfo", ...] = ()  # an ensemble's models, this one (the first) included; () for one
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """The locations of the checkpoints decoded together: an ensemble's, or this one's."""
+        return [m.location for m in self.members] or [self.location]
+
+    @property
+    def max_positions(self) -> int:
+        """Source and output positions every model has (an ensemble's least)."""
+        return min(m.config.model.max_positions for m in self.members or (self,))
 
     @property
     def pairs(self) -> list[tuple[str, str]]:
@@ -150,7 +171,7 @@ class ModelInfo:
     ) -> list[list[int]]:
         """Source ids of each text: its target's tag, its source language's (`source_tag`), its
         pieces (cut to fit the model's positions) and EOS, as `raymt.decoding.encode_sources` makes them."""
-        max_positions = self.config.model.max_positions
+        max_positions = self.max_positions
         if tgt_lang is None or isinstance(tgt_lang, str):
             return encode_sources(self.tokenizer, texts, max_positions, self.prefix(tgt_lang, src_lang))
         langs = list(tgt_lang)
@@ -159,8 +180,51 @@ class ModelInfo:
         return [encode_sources(self.tokenizer, [t], max_positions, prefixes[lang])[0] for t, lang in zip(texts, langs)]
 
 
-def load_model_info(checkpoint: str) -> ModelInfo:
-    """The model's kind, config, tokenizer and languages; one-line errors for a missing or broken one."""
+def load_model_info(checkpoints: Checkpoints) -> ModelInfo:
+    """The model's kind, config, tokenizer and languages (several checkpoints: an ensemble's, the
+    first's with its `members`, `check_ensemble`); one-line errors for a missing or broken one."""
+    paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
+    check(len(paths) > 0, "--checkpoint: give at least one checkpoint")
+    infos = [_model_info(str(p)) for p in paths]
+    if len(infos) == 1:
+        return infos[0]
+    check_ensemble(infos)
+    return replace(infos[0], members=tuple(infos))
+
+
+def check_ensemble(infos: Sequence[ModelInfo]) -> None:
+    """One-line errors unless the models can decode as an ensemble: raymt checkpoints (not
+    CTranslate2 exports) with the first's tokenizer, languages and tags."""
+    first = infos[0]
+    for info in infos:
+        check(
+            info.kind == "raymt",
+            f"--checkpoint {info.location} is a CTranslate2 export: an ensemble decodes raymt checkpoints "
+            "(CTranslate2 has no ensembles); pass the raymt checkpoint it came from",
+        )
+    for info in infos[1:]:
+        check(
+            info.tokenizer.model_proto == first.tokenizer.model_proto,
+            f"--checkpoint {info.location} has another tokenizer than {first.location}: an ensemble averages "
+            "its models' log-probabilities token by token, so they must share one spm.model",
+        )
+        check(
+            (info.pairs, info.languages) == (first.pairs, first.languages),
+            f"--checkpoint {info.location} was trained on other languages or tags ({_languages(info)}) than "
+            f"{first.location} ({_languages(first)}): an ensemble's models must translate the same pairs alike",
+        )
+
+
+def _languages(info: ModelInfo) -> str:
+    """A model's pairs and tag side, shortly: "en-de, de-en; tags in the decoder"."""
+    pairs = ", ".join(f"{src}-{tgt}" for src, tgt in info.pairs)
+    if info.languages is None:
+        return f"{pairs}; untagged"
+    return f"{pairs}; tags {'in the decoder' if info.tag_side == 'tgt' else 'before the source'}"
+
+
+def _model_info(checkpoint: str) -> ModelInfo:
+    """One checkpoint's or export's kind, config, tokenizer and languages."""
     directory = local_checkpoint(checkpoint)
     if is_ct2_export(directory):
         path = directory / CT2_RAYMT_CONFIG
@@ -184,6 +248,13 @@ def load_model_info(checkpoint: str) -> ModelInfo:
 def resolve_engine(requested: str, model: ModelInfo) -> str:
     """'raymt' or 'ctranslate2' for --engine; auto takes CTranslate2 when it is installed."""
     check(requested in ENGINE_CHOICES, f"--engine {requested}: no such engine; pick one of {', '.join(ENGINE_CHOICES)}")
+    if model.members:  # an ensemble (every member a raymt checkpoint: check_ensemble)
+        check(
+            requested != "ctranslate2",
+            f"--engine ctranslate2 decodes one model, not an ensemble of {len(model.members)} (CTranslate2 has "
+            "no ensembles): pass --engine raymt, or one --checkpoint",
+        )
+        return "raymt"
     have_ct2 = importlib.util.find_spec("ctranslate2") is not None
     if model.kind == "ctranslate2":
         if requested == "raymt":
@@ -300,13 +371,15 @@ class Engine(ABC):
 
 
 class RaymtEngine(Engine):
-    """raymt's own decoder (raymt.decoding) on CPU or GPU, at the precision for_inference picks."""
+    """raymt's own decoder (raymt.decoding) on CPU or GPU, at the precision for_inference picks
+    (an ensemble's: its first checkpoint's)."""
 
     name = "raymt"
 
     def __init__(self, info: ModelInfo, device: str = "cpu", **_: Any):
         super().__init__(info)
-        self.model, _, _ = load_model(info.location, device)
+        models = [load_model(c, device)[0] for c in info.checkpoints]
+        self.model: Decoder = Ensemble(models) if info.members else models[0]
         self.device = device
         self.autocast = for_inference(device, info.config, info.tokenizer.vocab_size).apply().autocast
 
@@ -417,14 +490,15 @@ def check_device(device: str) -> None:
 
 
 def load_engine(
-    checkpoint: str,
+    checkpoint: Checkpoints,
     engine: str = "auto",
     device: str = "cpu",
     threads: Optional[int] = None,
     compute_type: str = "auto",
     cache: Optional[str] = None,
 ) -> Engine:
-    """The model of a checkpoint or export loaded into an engine (auto: CTranslate2 when installed);
+    """The model of a checkpoint or export loaded into an engine (auto: CTranslate2 when installed;
+    several checkpoints: an ensemble, raymt's engine);
     `threads`: this process's torch threads and CTranslate2's intra_threads (default 1);
     `compute_type` and `cache` (where checkpoints are exported to): CTranslate2's."""
     info = load_model_info(checkpoint)

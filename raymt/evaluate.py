@@ -25,7 +25,7 @@ import numpy as np
 
 from raymt import metrics, storage
 from raymt.autoscale import RayCluster, release_request
-from raymt.checkpoint import default_src_lang, local_checkpoint
+from raymt.checkpoint import default_src_lang
 from raymt.cluster import CPU_ACTORS, actor_plan, default_actors, init_ray
 from raymt.config import Config, DecodeOptions, TrainConfig
 from raymt.data.text import Pairs, read_parallel
@@ -33,7 +33,7 @@ from raymt.decoding import length_batches
 from raymt.engines import load_engine, load_model_info
 from raymt.errors import check, cli_error
 from raymt.flags import add_decode_flags, decode_options
-from raymt.provenance import describe_checkpoint
+from raymt.provenance import describe_checkpoint, describe_checkpoints
 
 REPORT_FILE = "report.json"
 
@@ -41,7 +41,13 @@ REPORT_FILE = "report.json"
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line flags."""
     p = argparse.ArgumentParser(prog="python -m raymt.evaluate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True, help="checkpoint or exported model directory, or its URI (s3://...)")
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        required=True,
+        help="checkpoint or exported model directory, or its URI (s3://...); repeated: an ensemble of models "
+        "that share a tokenizer",
+    )
     p.add_argument(
         "--test",
         action="append",
@@ -117,10 +123,11 @@ def plan_batches(encoded_sets: Sequence[Sequence[Sequence[int]]], batch_size: in
 
 
 class BatchTranslator:
-    """Ray Data actor: loads the checkpoint once, then decodes whole planned batches."""
+    """Ray Data actor: loads the checkpoints (one model, or an ensemble) once, then decodes whole
+    planned batches."""
 
-    def __init__(self, checkpoint: str, opts: dict, device: str, num_threads: int):
-        self.engine = load_engine(checkpoint, "raymt", device, threads=num_threads)
+    def __init__(self, checkpoints: list[str], opts: dict, device: str, num_threads: int):
+        self.engine = load_engine(checkpoints, "raymt", device, threads=num_threads)
         self.opts = DecodeOptions(**opts)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -143,7 +150,7 @@ class BatchTranslator:
 
 
 def translate_on_cluster(
-    checkpoint: str,
+    checkpoint: str | Sequence[str],
     sources: Sequence[Sequence[str]],
     opts: DecodeOptions,
     num_actors: int = CPU_ACTORS,
@@ -155,7 +162,8 @@ def translate_on_cluster(
 ) -> list[list[tuple[float, str]]]:
     """Decode several lists of sentences into `tgt_lang` on the running Ray cluster: (score, hyp) per
     sentence, input order; encoded by the model (`ModelInfo.encode`: a tagged model's tag before
-    each source, an imported NLLB's `src_lang` code; None: the model's one target)."""
+    each source, an imported NLLB's `src_lang` code; None: the model's one target); several
+    checkpoints decode as an ensemble, each actor building it from their locations."""
     import ray.data
 
     info = load_model_info(checkpoint)
@@ -172,7 +180,7 @@ def translate_on_cluster(
         num_cpus=actors.cpus,
         num_gpus=actors.gpus,
         fn_constructor_kwargs={
-            "checkpoint": storage.normalize(checkpoint),
+            "checkpoints": info.checkpoints,  # normalized locations: each actor loads them
             "opts": dict(opts.__dict__),
             "device": "cuda" if use_gpu else "cpu",
             "num_threads": actors.num_threads,
@@ -215,10 +223,10 @@ def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOption
     if args.cpus_per_actor is not None and args.cpus_per_actor <= 0:
         raise ValueError(f"--cpus-per-actor {args.cpus_per_actor} must be > 0")
     opts = decode_options(args)  # validates
-    info = load_model_info(args.checkpoint)
+    info = load_model_info(args.checkpoint)  # several: an ensemble, checked (engines.check_ensemble)
     check(
         info.kind == "raymt",
-        f"--checkpoint {args.checkpoint} is a CTranslate2 export; evaluate decodes with raymt's engine: "
+        f"--checkpoint {info.location} is a CTranslate2 export; evaluate decodes with raymt's engine: "
         "pass the raymt checkpoint it came from",
     )
     args.tag_lang = args.tag_src = None  # one-pair model: --src-lang/--tgt-lang name the files only
@@ -245,10 +253,11 @@ def write_report(
     """Hypothesis and score files per test set, and report.json with every number."""
     out_dir = Path(args.output_dir)
     num_sentences = sum(len(pairs[0]) for pairs in sets.values())
-    checkpoint = storage.normalize(args.checkpoint)
+    checkpoints = [storage.normalize(c) for c in args.checkpoint]
     report = {
-        "checkpoint": checkpoint,  # its step, or what it averages:
-        "checkpoint_description": describe_checkpoint(local_checkpoint(checkpoint), checkpoint),
+        "checkpoint": checkpoints[0],
+        "checkpoints": checkpoints,  # several: an ensemble
+        "checkpoint_description": describe_checkpoints(checkpoints),  # each one's step, or what it averages
         "src_lang": args.src_lang,
         "tgt_lang": args.tgt_lang,
         "decode": {**opts.__dict__, "batch_size": args.batch_size},

@@ -1,14 +1,15 @@
 """Which weights a score comes from (`describe_checkpoint`): a checkpoint's training step (from
 Ray Train's snapshot beside it, else its train_state.pt), or the checkpoints an average holds
-(`AVERAGE_FILE`, written by `raymt average`)."""
+(`AVERAGE_FILE`, written by `raymt average`); an ensemble's, each of its checkpoints
+(`describe_checkpoints`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
-from raymt.checkpoint import RAY_SNAPSHOT_FILE, STATE_FILE, load_train_state
+from raymt.checkpoint import RAY_SNAPSHOT_FILE, STATE_FILE, load_train_state, local_checkpoint
 
 AVERAGE_FILE = "average.json"
 
@@ -52,3 +53,10 @@ def describe_checkpoint(directory: str | Path, shown: Optional[str] = None) -> s
         return f"{shown} (average of {len(sources)}: {parts})"
     step = recorded_step(directory)
     return f"{shown} ({'no step recorded' if step is None else f'step {step}'}, not averaged)"
+
+
+def describe_checkpoints(checkpoints: Sequence[str]) -> str:
+    """Which weights a score comes from, by path or URI: one checkpoint's `describe_checkpoint`,
+    or an ensemble's, each of its checkpoints'."""
+    described = [describe_checkpoint(local_checkpoint(c), c) for c in checkpoints]
+    return described[0] if len(described) == 1 else f"ensemble of {len(described)}: " + "; ".join(described)

@@ -1,4 +1,4 @@
-"""`python -m raymt.translate`: translate text with a checkpoint (no Ray needed)."""
+"""`python -m raymt.translate`: translate text with a checkpoint, or an ensemble of several (no Ray needed)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m raymt.translate", description=__doc__)
     p.add_argument(
         "--checkpoint",
+        action="append",
         required=True,
-        help="checkpoint directory (model.pt, config.json, spm.model), or its URI (s3://...)",
+        help="checkpoint directory (model.pt, config.json, spm.model), or its URI (s3://...); repeated: an "
+        "ensemble of models that share a tokenizer (their log-probabilities averaged at each step)",
     )
     p.add_argument("text", nargs="*", help="sentences to translate; stdin (one per line) when none")
     p.add_argument(

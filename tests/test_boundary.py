@@ -11,6 +11,7 @@ import raymt
 PLAIN = [
     "model",
     "decoding",
+    "ensemble",
     "tokenizer",
     "batching",
     "checkpoint",

@@ -51,7 +51,7 @@ def test_gpu_run_decodes_its_test_set_on_an_actor_pool_of_gpus_not_on_the_driver
         3,
     )  # one GPU an actor, one actor a worker
     assert seen["fn_constructor_kwargs"]["device"] == "cuda"
-    assert seen["fn_constructor_kwargs"]["checkpoint"] == str(stored)  # not the driver's copy
+    assert seen["fn_constructor_kwargs"]["checkpoints"] == [str(stored)]  # not the driver's copy
     assert scores["num_sentences"] == 20 and scores["beam"] == cfg.decode.beam
     assert scores["checkpoint"].startswith(f"{stored} (step 7")
     monkeypatch.setattr(autoscale.RayCluster, "resources", lambda self: {"CPU": 16.0, "GPU": 2.0})
