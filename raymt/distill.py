@@ -92,23 +92,14 @@ class Plan:
 
 
 def _teacher_pair(args: argparse.Namespace) -> tuple[str, str]:
-    """The pair every teacher translates (the teachers' tokenizers one, checked)."""
+    """The pair the teachers translate; several teachers must make an ensemble (one tokenizer, one
+    set of languages: `check_ensemble`) that --engine can decode."""
     from raymt.backtranslate import directions
-    from raymt.engines import load_model_info
+    from raymt.engines import load_model_info, resolve_engine
 
-    infos = [load_model_info(t) for t in args.teacher]
-    protos = {info.tokenizer.model_proto for info in infos}
-    check(
-        len(protos) == 1,
-        "--teacher: the teachers have different tokenizers; an ensemble's models share one (their "
-        "vocabulary): distill from teachers trained on one corpus",
-    )
-    pairs = {directions(info, args.src_lang, args.tgt_lang)[:2] for info in infos}
-    check(
-        len(pairs) == 1,
-        f"--teacher: the teachers translate different pairs ({sorted(pairs)}): give --src-lang/--tgt-lang",
-    )
-    return pairs.pop()
+    info = load_model_info(args.teacher)
+    resolve_engine(args.engine, info)  # an ensemble on CTranslate2: one line
+    return directions(info, args.src_lang, args.tgt_lang)[:2]
 
 
 def _student_config(args: argparse.Namespace, plan: Plan, distilled: str) -> dict:
@@ -251,10 +242,13 @@ def train_step(args: argparse.Namespace, plan: Plan) -> Optional[dict]:
     return json.loads(summary.read_text())
 
 
-def _engine(model: str | Path, compute_type: str):
-    """CTranslate2 on one thread: how the comparison decodes every model."""
+def _engine(model: str | Path | list[str], compute_type: str):
+    """The engine of the comparison, on one thread: CTranslate2 for one model (at `compute_type`),
+    raymt's for an ensemble (CTranslate2 has none)."""
     from raymt.engines import load_engine
 
+    if isinstance(model, list):
+        return load_engine(model, "raymt", threads=1)
     return load_engine(str(model), "ctranslate2", threads=1, compute_type=compute_type)
 
 
@@ -293,11 +287,6 @@ def export_step(plan: Plan, best: str, sources: list[str], opts: DecodeOptions) 
     return choice
 
 
-def _folder_mib(folder: Path) -> float:
-    """A model directory's size on disk in MiB."""
-    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) / 2**20
-
-
 def ct2_export(checkpoint: str, target: Path, dtype: str) -> Path:
     """`checkpoint` exported to CTranslate2 at `dtype` in `target` (once: kept when it is whole)."""
     from raymt.export import export_model
@@ -308,48 +297,52 @@ def ct2_export(checkpoint: str, target: Path, dtype: str) -> Path:
     return target
 
 
-def model_row(name: str, folder: Path, dtype: str, beam: int, test: tuple[list[str], list[str]], tgt: str) -> dict:
-    """One model (a CTranslate2 directory) at one beam on the test set: sacreBLEU, chrF, the
-    papers' BLEU (Moses-tokenized, lowercased), size and one-thread sentences/s."""
+def model_row(
+    name: str, model: Path | list[str], dtype: str, beam: int, test: tuple[list[str], list[str]], tgt: str
+) -> dict:
+    """One model at one beam on the test set (`model`: a CTranslate2 directory, or an ensemble's
+    checkpoints): sacreBLEU, chrF, the papers' BLEU (Moses-tokenized, lowercased), size on disk
+    and one-thread sentences/s."""
+    from raymt.checkpoint import weights_file
     from raymt.metrics import score
 
-    engine = _engine(folder, dtype)
+    engine = _engine(model, dtype)
     opts = dataclasses.replace(engine.info.config.decode, beam=beam)
     hyps, rate = _timed(engine, test[0], opts)
     scores = score(hyps, test[1], extra=True, lang=tgt)
+    files = [weights_file(m) for m in model] if isinstance(model, list) else list(model.iterdir())
     return {
         "model": name,
+        "engine": engine.name,
         "beam": beam,
         "bleu": round(scores["bleu"], 2),
         "chrf": round(scores["chrf"], 2),
         "bleu_tok": round(scores["bleu_tok"], 2),
-        "mib": round(_folder_mib(folder), 2),
+        "mib": round(sum(f.stat().st_size for f in files if f.is_file()) / 2**20, 2),
         "sentences_per_s": round(rate, 2),
         "bleu_signature": scores["bleu_signature"],
     }
 
 
 def compare(args: argparse.Namespace, plan: Plan, student: Path, dtype: str) -> dict:
-    """Step 4: teachers (beam --beam) and student (greedy and beam --beam) on the test set, each in
-    CTranslate2 at the student's weight type on one thread, measured one after another here."""
+    """Step 4: teachers (beam --beam; several: each, and their ensemble in raymt's engine) and the
+    student (greedy and beam --beam) on the test set, on one thread, one after another here; one
+    models in CTranslate2 at the student's weight type."""
     from raymt.data.text import read_parallel
 
     test = read_parallel(plan.test, plan.src_lang, plan.tgt_lang)
-    rows = []
-    for i, teacher in enumerate(args.teacher):
-        name = "teacher" if len(args.teacher) == 1 else f"teacher {i + 1}"
-        rows.append(
-            model_row(
-                name,
-                ct2_export(teacher, plan.out / f"teacher-ct2-{i}-{dtype}", dtype),
-                dtype,
-                args.beam,
-                test,
-                plan.tgt_lang,
-            )
+    teachers: list[tuple[str, Path | list[str]]] = [
+        (
+            "teacher" if len(args.teacher) == 1 else f"teacher {i + 1}",
+            ct2_export(t, plan.out / f"teacher-ct2-{i}-{dtype}", dtype),
         )
+        for i, t in enumerate(args.teacher)
+    ]
+    if len(args.teacher) > 1:
+        teachers.append((f"ensemble of {len(args.teacher)}", list(args.teacher)))
+    rows = [model_row(name, model, dtype, args.beam, test, plan.tgt_lang) for name, model in teachers]
     rows += [model_row("student", student, dtype, beam, test, plan.tgt_lang) for beam in dict.fromkeys((1, args.beam))]
-    teacher = rows[0]
+    teacher = next((r for r in rows if r["model"].startswith("ensemble")), rows[0])  # what was distilled
     for row in rows:
         row["speed_vs_teacher"] = round(row["sentences_per_s"] / teacher["sentences_per_s"], 2)
         row["bleu_vs_teacher"] = round(row["bleu"] - teacher["bleu"], 2)
@@ -359,11 +352,11 @@ def compare(args: argparse.Namespace, plan: Plan, student: Path, dtype: str) -> 
 def print_report(report: dict) -> None:
     """The side-by-side table of step 4."""
     print(f"\n=== distill: {report['test']} ({report['num_sentences']:,} sentences; {report['engine']})")
-    print("| model | beam | BLEU | chrF | MiB | sentences/s | speed vs teacher | BLEU vs teacher |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | engine | beam | BLEU | chrF | MiB | sentences/s | speed vs teacher | BLEU vs teacher |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in report["rows"]:
         print(
-            f"| {r['model']} | {r['beam']} | {r['bleu']:.2f} | {r['chrf']:.2f} | {r['mib']:.1f} | "
+            f"| {r['model']} | {r['engine']} | {r['beam']} | {r['bleu']:.2f} | {r['chrf']:.2f} | {r['mib']:.1f} | "
             f"{r['sentences_per_s']:,.1f} | {r['speed_vs_teacher']:.2f}x | {r['bleu_vs_teacher']:+.2f} |"
         )
 

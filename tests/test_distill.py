@@ -13,11 +13,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
+from tiny_checkpoint import make_checkpoint, one_thread, write_pairs  # noqa: F401 (autouse fixture)
 
 from raymt import backtranslate as bt
 from raymt import distill
-from raymt.checkpoint import load_config
+from raymt.checkpoint import load_config, weights_file
 from raymt.config import preset
 from raymt.model import Transformer
 
@@ -88,7 +88,11 @@ def test_bad_input_is_one_line_before_ray(teacher, tmp_path, capsys):
     out.mkdir()
     (out / "stray.txt").write_text("someone else's\n")
     cases = {
-        "different tokenizers": (["--teacher", str(other), "--output", str(tmp_path / "a")], "different tokenizers"),
+        "different tokenizers": (["--teacher", str(other), "--output", str(tmp_path / "a")], "another tokenizer"),
+        "an ensemble on CTranslate2": (
+            ["--teacher", str(teacher), "--engine", "ctranslate2", "--output", str(tmp_path / "f")],
+            "--engine ctranslate2 decodes one model",
+        ),
         "unknown preset": (["--student-preset", "huge", "--output", str(tmp_path / "b")], "unknown preset 'huge'"),
         "a pair it cannot translate": (["--tgt-lang", "fr", "--output", str(tmp_path / "c")], "--tgt-lang fr"),
         "another directory": (["--output", str(out)], "is not a distillation"),
@@ -129,7 +133,7 @@ def test_distill_end_to_end_on_the_builtin_corpus(ray_address, teacher, tmp_path
     report = json.loads((out / "report.json").read_text())
     assert [(r["model"], r["beam"]) for r in report["rows"]] == [("teacher", 2), ("student", 1), ("student", 2)]
     assert report["num_sentences"] == 30 and all(r["sentences_per_s"] > 0 for r in report["rows"])
-    assert "| student | 1 |" in printed
+    assert "| student | ctranslate2 | 1 |" in printed
     # The same command again: everything is there, nothing is redone.
     assert distill.main(argv) == 0
     again = capsys.readouterr().out
@@ -165,3 +169,22 @@ def test_a_kill_during_the_teachers_translation_resumes_each_line_once(ray_addre
     sources = (out / "builtin" / "train.en").read_text().splitlines()
     assert (out / "teacher" / "text.en").read_text().splitlines() == sources
     assert (out / "report.json").exists()
+
+
+def test_the_comparison_has_each_teacher_and_their_ensemble(teacher, tmp_path):
+    """Several teachers: each in CTranslate2, their ensemble in raymt's engine (the model the student
+    learns from, so the speeds are relative to it), then the student."""
+    second = make_checkpoint(tmp_path / "second", seed=5)
+    args = distill.parse_args(["--teacher", str(teacher), "--teacher", str(second), "--output", str(tmp_path / "d")])
+    args.beam = 2
+    plan = distill.check_args(args)
+    plan.test = str(write_pairs(tmp_path / "test", 12, seed=4))
+    student = distill.ct2_export(str(second), tmp_path / "student-ct2", "float32")  # stands in for one
+    report = distill.compare(args, plan, student, "float32")
+    rows = {(r["model"], r["beam"]): r for r in report["rows"]}
+    assert list(rows) == [("teacher 1", 2), ("teacher 2", 2), ("ensemble of 2", 2), ("student", 1), ("student", 2)]
+    assert [rows[k]["engine"] for k in rows] == ["ctranslate2", "ctranslate2", "raymt", "ctranslate2", "ctranslate2"]
+    assert rows[("ensemble of 2", 2)]["speed_vs_teacher"] == 1.0
+    # The ensemble's size is both teachers' weights files.
+    weights = sum(weights_file(t).stat().st_size for t in (teacher, second)) / 2**20
+    assert rows[("ensemble of 2", 2)]["mib"] == round(weights, 2)
