@@ -9,7 +9,7 @@ pair. Validation and test sets are keyed by pair ("en-de") whatever their number
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -30,12 +30,13 @@ class PairTags:
     one pair without tags) and the ids put before each pair's validation and test sources."""
 
     languages: Optional[dict]
-    prefixes: dict[str, list[int]]  # "en-de" -> [id of <2de>]; [] where the corpus reserves no tag
+    prefixes: dict[str, list[int]]  # "en-de" -> [id of <2de>] (and of en's code); [] where the corpus reserves no tag
 
 
 def pair_tags(corpus: PreparedCorpus, tag_side: str = "src") -> PairTags:
     """The PairTags of a prepared corpus: its pairs in the order of its training corpora, and
-    where the model reads its target tag (data.tag_side: "tgt" needs a tag per target language)."""
+    where the model reads its target tag (data.tag_side: "tgt" needs a tag per target language);
+    a corpus with source language codes (an imported NLLB's) keeps them as `source_tags`."""
     from raymt.checkpoint import languages_entry
 
     pairs = list(dict.fromkeys((c.src_lang, c.tgt_lang) for c in corpus.training_corpora))
@@ -47,7 +48,7 @@ def pair_tags(corpus: PreparedCorpus, tag_side: str = "src") -> PairTags:
     )
     if len(pairs) == 1 and not corpus.reserved:  # one untagged pair: its checkpoints name no languages
         return PairTags(None, prefixes)
-    return PairTags(languages_entry(pairs, corpus.reserved, tag_side), prefixes)
+    return PairTags(languages_entry(pairs, corpus.reserved, tag_side, corpus.source_codes), prefixes)
 
 
 @dataclass
@@ -60,6 +61,9 @@ class RunData:
     eval_sets: dict[str, dict[str, Pairs]]
     tokenizer: Optional[Tokenizer]  # known up front (corpus, resumed run, checkpoint) or None
     corpora: Optional[list] = None  # sources.CorpusInput list still to prepare into `corpus`
+    # language -> id of the code its model reads first in each source (an imported NLLB's
+    # languages "source_tags"), put after the target tag of every source; {} for other models
+    source_codes: dict[str, int] = field(default_factory=dict)
 
 
 def plan_data(
@@ -68,19 +72,23 @@ def plan_data(
     """Check every input and read the small sets; nothing here needs Ray. A run on a prepared
     corpus gets its pairs in data.corpora (its checkpoints' languages, the test set's scorer)."""
     known = _known_tokenizer(resume_dir, init_checkpoint, cfg.data.tokenizer)
+    # A model that reads its source's code (an imported NLLB) passes it on to a student of its tokenizer.
+    codes = _known_codes(init_checkpoint or (None if resume_dir else cfg.data.tokenizer))
     given = str(init_checkpoint or resume_dir or f"data.tokenizer={cfg.data.tokenizer}")
     check(
-        known is None or cfg.data.vocab_size in (None, known.vocab_size),
-        f"data.vocab_size={cfg.data.vocab_size}, but {given}'s tokenizer has {known and known.vocab_size} "
-        "pieces: leave data.vocab_size unset (a given tokenizer sets it)",
+        resume_dir or init_checkpoint or known is None or cfg.data.vocab_size in (None, known.vocab_size),
+        f"data.vocab_size={cfg.data.vocab_size}, but {given} has {known and known.vocab_size} pieces: leave "
+        "data.vocab_size unset (the given tokenizer sets it)",
     )
     if cfg.data.corpus is not None:
-        cfg, run_data = plan_prepared(cfg, known, given)
+        cfg, run_data = plan_prepared(cfg, known, given, codes)
     else:
-        cfg, run_data = plan_inputs(cfg, storage.join(str(run_dir), CORPUS_DIR), resume_dir, known, given)
+        corpus_dir = storage.join(str(run_dir), CORPUS_DIR)
+        cfg, run_data = plan_inputs(cfg, corpus_dir, resume_dir, known, given, codes)
     from raymt.data.mixing import check_tag_side
 
-    check_tag_side(cfg.data.tag_side, cfg.data.corpora)  # a prepared corpus's pairs are in corpora now
+    # A prepared corpus's pairs are in corpora now; a model that reads language codes tags every target.
+    check_tag_side(cfg.data.tag_side, cfg.data.corpora, every_target=bool(run_data.source_codes))
     return cfg, run_data
 
 
@@ -92,14 +100,24 @@ def builtin_sources(cfg: Config):
 
 
 def plan_inputs(
-    cfg: Config, corpus_dir: str, resume_dir: Optional[str], known: Optional[Tokenizer], given: str
+    cfg: Config,
+    corpus_dir: str,
+    resume_dir: Optional[str],
+    known: Optional[Tokenizer],
+    given: str,
+    codes: Optional[dict[str, int]] = None,
 ) -> tuple[Config, RunData]:
     """plan_data for a run that prepares its own corpus into `corpus_dir`: each corpus's sources,
-    each pair's validation and (first) test set read into memory, checked before Ray starts."""
+    each pair's validation and (first) test set read into memory, checked before Ray starts;
+    `codes`: the starting model's source language codes (a resumed run's: its corpus's)."""
     from raymt.config import run_prepare_config
     from raymt.data import mixing, prepare, sources
 
     specs = cfg.data.corpora
+    resumed = resume_dir is not None and storage.exists(storage.join(corpus_dir, MANIFEST_FILE))
+    codes = codes or (open_corpus(corpus_dir).source_codes if resumed else {})
+    if codes:
+        prepare.check_source_codes(specs, codes, given)
     options = run_prepare_config(cfg)
     corpora = sources.corpus_inputs(specs, options, builtin_sources(cfg))
     valid, test = {}, {}
@@ -110,18 +128,20 @@ def plan_inputs(
         if c.test:
             test[c.spec.pair] = sources.read_eval(corpus_cfg, next(iter(c.test.values())))
     if known is not None:
-        prepare.check_tags(known, mixing.reserved_pieces(specs, cfg.data.bt_tag), given)
+        prepare.check_tags(known, mixing.reserved_pieces(specs, cfg.data.bt_tag, every_target=bool(codes)), given)
     for c in corpora:  # validation sets are prepared from memory (read once)
         c.valid = [sources.Source(kind="pairs", pairs=valid[c.spec.pair])] if c.valid else []
-    if resume_dir is not None and storage.exists(storage.join(corpus_dir, MANIFEST_FILE)):
+    if resumed:
         corpora = None  # prepared when the run started
-    return cfg, RunData(corpus_dir, {"valid": valid, "test": test}, known, corpora)
+    return cfg, RunData(corpus_dir, {"valid": valid, "test": test}, known, corpora, codes)
 
 
-def plan_prepared(cfg: Config, known: Optional[Tokenizer], given: str) -> tuple[Config, RunData]:
+def plan_prepared(
+    cfg: Config, known: Optional[Tokenizer], given: str, codes: Optional[dict[str, int]] = None
+) -> tuple[Config, RunData]:
     """plan_data for a prepared corpus (data.corpus): each pair's validation set and first test
     set; a one-pair corpus's may be replaced by data.corpora's valid/test. Its pairs become
-    data.corpora (without files)."""
+    data.corpora (without files); a starting model's source language `codes` must be its codes."""
     corpus = open_corpus(cfg.data.corpus)
     pairs = [tuple(pair.split("-", 1)) for pair in corpus.pairs]  # codes hold no '-'
     valid_given = next((c.valid for c in cfg.data.corpora if c.valid), None)
@@ -139,6 +159,12 @@ def plan_prepared(cfg: Config, known: Optional[Tokenizer], given: str) -> tuple[
         f"{given} has a different SentencePiece model than the corpus {corpus.location}: "
         "prepare the corpus with that model, or train from scratch on it",
     )
+    theirs = corpus.source_codes
+    check(
+        not codes or (theirs and all(codes.get(lang) == i for lang, i in theirs.items())),
+        f"{given} reads the source's language code first in each source, but {corpus.location} was prepared "
+        f"{'with other ids for them' if theirs else 'without them'}: let the run prepare its corpus (--train, --pairs)",
+    )
     _temperature_note(cfg, corpus)
     valid, test = {}, {}
     for pair in corpus.pairs:
@@ -148,7 +174,7 @@ def plan_prepared(cfg: Config, known: Optional[Tokenizer], given: str) -> tuple[
             test[pair] = _read_set(cfg, test_given[0])
         elif names:
             test[pair] = corpus.eval_set(names[0], pair)
-    return cfg, RunData(corpus.location, {"valid": valid, "test": test}, tokenizer)
+    return cfg, RunData(corpus.location, {"valid": valid, "test": test}, tokenizer, source_codes=theirs)
 
 
 def on_prepared(cfg: Config, run_data: RunData) -> Config:
@@ -195,6 +221,17 @@ def _known_tokenizer(
     return None
 
 
+def _known_codes(init_checkpoint: Optional[str | Path]) -> dict[str, int]:
+    """The id of each language's code that a starting checkpoint reads first in its sources (an
+    imported NLLB's or M2M-100's languages "source_tags"); {} for other models."""
+    from raymt.checkpoint import CONFIG_FILE, model_languages
+
+    if init_checkpoint is None or not storage.exists(storage.join(str(init_checkpoint), CONFIG_FILE)):
+        return {}  # no config.json: no languages (`run` refuses such a checkpoint earlier: rundir.check_shape)
+
+    return dict((model_languages(init_checkpoint) or {}).get("source_tags", {}))
+
+
 def materialize(cfg: Config, run_data: RunData) -> PreparedCorpus:
     """Prepare the corpus if the run makes its own (Ray Data, or the driver for small inputs),
     then open it: its training corpora (shards, tags, weight) and tokenizer."""
@@ -203,6 +240,10 @@ def materialize(cfg: Config, run_data: RunData) -> PreparedCorpus:
 
     if run_data.corpora is not None:
         prepare.prepare_corpora(
-            run_prepare_config(cfg), run_data.corpus_dir, run_data.corpora, tokenizer=run_data.tokenizer
+            run_prepare_config(cfg),
+            run_data.corpus_dir,
+            run_data.corpora,
+            tokenizer=run_data.tokenizer,
+            source_codes=run_data.source_codes,
         )
     return open_corpus(run_data.corpus_dir)

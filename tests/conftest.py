@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import psutil
 import pytest
@@ -214,7 +214,11 @@ def tiny_model():
 REFERENCE_STEPS = 80
 
 
-def tiny_run(storage, name: str, max_steps: int, *extra: str) -> list[str]:
+# tiny_run's model and vocabulary; a run from another model's weights (--init) leaves them out.
+TINY_MODEL = ("--preset", "tiny", "--set", "data.vocab_size=256")
+
+
+def tiny_run(storage, name: str, max_steps: int, *extra: str, model: Sequence[str] = TINY_MODEL) -> list[str]:
     """The command of a tiny 2-worker `python -m raymt.train` run named `name` under `storage`."""
     return [
         sys.executable,
@@ -224,8 +228,7 @@ def tiny_run(storage, name: str, max_steps: int, *extra: str) -> list[str]:
         str(storage),
         "--name",
         name,
-        "--preset",
-        "tiny",
+        *model,
         "--num-workers",
         "2",
         "--max-steps",
@@ -238,8 +241,6 @@ def tiny_run(storage, name: str, max_steps: int, *extra: str) -> list[str]:
         "model.dropout=0.1",
         "--set",
         "train.trace_data=true",
-        "--set",
-        "data.vocab_size=256",
         "--set",
         "data.builtin_train_size=800",
         "--set",

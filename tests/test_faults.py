@@ -81,9 +81,9 @@ def group_starts(run_dir) -> list[int]:
     return [step for step, _, _ in compare.group_starts(run_dir)]
 
 
-def final_weights(run_dir) -> dict:
-    """The weights of the run's checkpoint at its last step."""
-    return torch.load(checkpoint_at(run_dir, STEPS) / "model.pt", weights_only=True)
+def final_weights(run_dir, steps: int = STEPS) -> dict:
+    """The weights of the run's checkpoint at its last step (`steps`)."""
+    return torch.load(checkpoint_at(run_dir, steps) / "model.pt", weights_only=True)
 
 
 @pytest.fixture(scope="module")
@@ -101,15 +101,15 @@ def assert_mid_epoch(checkpoint) -> None:
     ), state["data_positions"]
 
 
-def assert_same_as_reference(run_dir, reference) -> None:
-    """Identical parameters at step STEPS, and exactly the same pairs at every step up to it and
+def assert_same_as_reference(run_dir, reference, steps: int = STEPS) -> None:
+    """Identical parameters at step `steps`, and exactly the same pairs at every step up to it and
     in every epoch (a run resumed with a larger --max-steps goes on after it)."""
     weights, pairs = reference
-    got = final_weights(run_dir)
+    got = final_weights(run_dir, steps)
     assert got.keys() == weights.keys()
     for name, value in weights.items():
         assert torch.equal(got[name], value), name
-    seen = {key: rows for key, rows in trained_pairs(run_dir).items() if key[1] <= STEPS}
+    seen = {key: rows for key, rows in trained_pairs(run_dir).items() if key[1] <= steps}
     assert seen == pairs
     per_epoch = lambda p: Counter((e, d) for rows in p.values() for e, d in rows)
     assert per_epoch(seen) == per_epoch(pairs)

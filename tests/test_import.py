@@ -249,27 +249,48 @@ def test_a_pair_outside_the_builtin_languages(tmp_path, capsys):
     assert capsys.readouterr().out.strip()
 
 
+INIT_STEPS = 40
+
+
 @pytest.mark.slow
-@pytest.mark.ci  # ~45 s: a 2-worker Ray Train run (CI runs it)
-def test_init_trains_an_imported_model(tmp_path, ray_address):
-    """`raymt train --init` an imported OPUS-MT model on 2 workers: the built-in corpus tokenized
-    by its two SentencePiece models and vocab.json (no new vocabulary), its fixed output bias kept,
-    its weights trained, its tokenizer in every checkpoint."""
+@pytest.mark.ci  # ~2.5 min: two 2-worker Ray Train runs, one killed twice and resumed (CI runs it)
+@pytest.mark.timeout(900)
+def test_init_trains_an_imported_model_and_resumes_exactly(tmp_path, ray_address):
+    """`raymt train --init` an imported OPUS-MT model, 40 steps on 2 workers (conftest's tiny_run
+    without its model): the built-in corpus tokenized by its two SentencePiece models and vocab.json
+    (no new vocabulary), its fixed output bias kept, its weights trained, its tokenizer in every
+    checkpoint. The same run with a worker, then the driver, SIGKILLed (test_faults' helpers) and
+    `--resume`d ends with the uninterrupted run's weights, each pair trained at the same step."""
     import subprocess
     import sys
 
-    from raymt.compare import checkpoint_at
+    from conftest import tiny_run
+    from test_faults import assert_same_as_reference, final_weights, group_starts, kill_worker_then_driver
 
-    directory = save_opus_mt(tmp_path / "opus-mt-en-de")
-    imported = hf_import.import_model(directory, tmp_path / "imported")
-    command = [sys.executable, "-m", "raymt.train", "--init", str(imported), "--storage-path", str(tmp_path)]
-    command += ["--name", "ft", "--num-workers", "2", "--max-steps", "6", "--set", "train.eval_every=6"]
-    command += ["--set", "data.builtin_train_size=400", "--set", "data.builtin_eval_size=8", "--set", "data.max_len=60"]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    from raymt.compare import checkpoint_at, trained_pairs
+    from raymt.rundir import fixed_changes
+
+    imported = hf_import.import_model(save_opus_mt(tmp_path / "opus-mt-en-de"), tmp_path / "imported")
+    flags = ["--init", str(imported), "--set", "data.max_len=60", "--set", "train.eval_every=10"]
+    flags += ["--set", "train.max_failures=1"]  # the killed run's worker group restarts once
+
+    def command(name: str) -> list[str]:
+        return tiny_run(tmp_path, name, INIT_STEPS, *flags, model=())  # the imported model's shape and vocabulary
+
+    out = subprocess.run(command("ref"), capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
-    final = checkpoint_at(tmp_path / "ft", 6)
+    final = checkpoint_at(tmp_path / "ref", INIT_STEPS)
     before, after = load_weights(imported), load_weights(final)
     assert torch.equal(before["output_bias"], after["output_bias"])  # a buffer: not trained
     assert not torch.equal(before["embed.weight"], after["embed.weight"])
     assert (final / "spm.model").read_bytes() == (imported / "spm.model").read_bytes()
-    assert load_model(final)[2].model == load_model(imported)[2].model
+    assert not fixed_changes(load_model(imported)[2], load_model(final)[2])  # its shape (dropout 0.1 here)
+
+    run_dir = tmp_path / "killed"
+    restart, latest = kill_worker_then_driver(command("killed"), run_dir, ray_address, INIT_STEPS)
+    resume = [sys.executable, "-m", "raymt.train", "--resume", str(run_dir)]
+    out = subprocess.run(resume, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert group_starts(run_dir) == [0, restart, latest]
+    reference = final_weights(tmp_path / "ref", INIT_STEPS), trained_pairs(tmp_path / "ref")
+    assert_same_as_reference(run_dir, reference, INIT_STEPS)

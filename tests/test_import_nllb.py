@@ -303,3 +303,105 @@ def test_a_pair_outside_the_built_in_corpus_loads(built, tmp_path, capsys):
     data = load_model_info(str(checkpoint)).config.data
     assert data.pair() == ("en", "zh") and data.corpus == str(m2m.dir.resolve())
     assert translate_cli.main(["--checkpoint", str(checkpoint), "--src-lang", "ja", "--tgt-lang", "zh", "x"]) == 0
+
+
+# ---------------------------------------------------------------- fine-tuning (train --init)
+
+# The tiny model's 64 positions; the built-in corpus, small.
+FINE_TUNE = ["--set", "data.max_len=60", "--set", "data.builtin_train_size=200", "--set", "data.builtin_eval_size=8"]
+
+
+def init_plan(checkpoint, tmp_path, pairs: str):
+    """`raymt train --init CHECKPOINT --pairs PAIRS`'s config and RunData, planned (no Ray)."""
+    from raymt import train
+    from raymt.rundata import plan_data
+
+    argv = ["--init", str(checkpoint), "--pairs", pairs, "--storage-path", str(tmp_path), "--name", pairs, *FINE_TUNE]
+    cfg, _, start = train.resolve_resume(train.parse_args(argv))
+    return plan_data(cfg, tmp_path / pairs, None, start)
+
+
+def first_ids(corpus) -> dict[str, list[int]]:
+    """Each training corpus's source ids of its first row."""
+    import pyarrow.parquet as pq
+
+    return {c.name: pq.read_table(c.shards[0].path).column("src_ids")[0].as_py() for c in corpus.training_corpora}
+
+
+def test_init_puts_the_source_code_before_every_training_source(nllb, tmp_path):
+    """A run from an imported NLLB prepares each source as translate --src-lang encodes it: the
+    target's code (moved to the decoder), then the source's, at the model's ids; its validation
+    rows too; its checkpoints' languages keep tag_side tgt and source_tags; one target language
+    is tagged as well (the model reads a code on both sides)."""
+    from raymt.rundata import materialize, pair_tags, plan_data
+
+    cfg, run_data = init_plan(nllb.checkpoint, tmp_path, "en-de,en-fr,fr-de")
+    corpus = materialize(cfg, run_data)
+    assert corpus.tokenizer().model_proto == nllb.tok.model_proto
+    for name, ids in first_ids(corpus).items():
+        src, tgt = name.split("-")
+        assert ids[:2] == nllb.info.prefix(tgt, src) == [nllb.tok.piece_to_id(nllb.code(x)) for x in (tgt, src)]
+    tags = pair_tags(corpus, cfg.data.tag_side)
+    imported = model_languages(nllb.checkpoint)
+    assert tags.languages["pairs"] == [["en", "de"], ["en", "fr"], ["fr", "de"]] and tags.languages["tag_side"] == "tgt"
+    assert tags.languages["source_tags"] == {lang: imported["source_tags"][lang] for lang in ("en", "fr")}
+    assert tags.languages["reserved"] == {t: imported["reserved"][t] for t in ("<2de>", "<2fr>")}
+    assert all(tags.prefixes[f"{s}-{t}"] == nllb.info.prefix(t, s) for s, t in (("en", "de"), ("fr", "de")))
+    cfg, run_data = init_plan(nllb.checkpoint, tmp_path, "en-de")  # one pair: still both codes
+    assert first_ids(materialize(cfg, run_data))["en-de"][:2] == nllb.info.prefix("de", "en")
+    # Resumed (no --init): the codes are its prepared corpus's, the corpus is not prepared again.
+    _, resumed = plan_data(cfg, tmp_path / "en-de", str(tmp_path / "en-de"), None)
+    assert resumed.corpora is None and resumed.source_codes == {"en": nllb.info.prefix("de", "en")[1]}
+
+
+def test_init_refuses_a_pair_without_a_code(built, tmp_path, capsys, monkeypatch):
+    """M2M-100's wmt21 model has no French: a pair from or into it is one line, exit 2, before Ray."""
+    from raymt import train
+
+    m2m = built("m2m100")
+    capsys.readouterr()  # transformers' progress bars
+    monkeypatch.setattr(train, "init_ray", lambda *a, **k: pytest.fail("Ray started"))
+    messages = {
+        "en-de,fr-de": "reads the source's language code first in each source and has none for fr (it has cs, de, en",
+        "en-de,en-fr": "its vocabulary does not reserve the tag(s) <2fr> that these corpora need",
+    }
+    for pairs, message in messages.items():
+        argv = ["--init", str(m2m.checkpoint), "--pairs", pairs, "--storage-path", str(tmp_path), *FINE_TUNE]
+        assert train.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and err.startswith("raymt.train: error: ") and message in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.ci  # ~75 s: a 2-worker Ray Train run, then translations (CI runs it)
+def test_init_fine_tunes_an_imported_nllb_on_two_pairs(nllb, tmp_path, ray_address, capsys):
+    """`raymt train --init` an imported NLLB on en-de and en-fr with 2 workers: its validation and
+    test sets scored per pair, its checkpoints' languages entry kept (decoder-side target tag, the
+    source's code), and each direction translated from the fine-tuned checkpoint."""
+    import subprocess
+    import sys
+
+    from raymt.compare import checkpoint_at
+
+    command = [sys.executable, "-m", "raymt.train", "--init", str(nllb.checkpoint), "--pairs", "en-de,en-fr"]
+    command += ["--storage-path", str(tmp_path), "--name", "ft", "--num-workers", "2", "--max-steps", "6"]
+    command += [*FINE_TUNE, "--set", "train.eval_every=6", "--set", "decode.beam=2"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "ft" / "summary.json").read_text())
+    assert sorted(summary["test"]) == ["en-de", "en-fr"]
+    final = checkpoint_at(tmp_path / "ft", 6)
+    languages, imported = model_languages(final), model_languages(nllb.checkpoint)
+    assert languages["tag_side"] == "tgt" and languages["pairs"] == [["en", "de"], ["en", "fr"]]
+    assert languages["source_tags"] == {"en": imported["source_tags"]["en"]}
+    assert languages["reserved"] == {t: imported["reserved"][t] for t in ("<2de>", "<2fr>")}
+    engine = load_engine(str(final), "raymt")
+    assert engine.encode(SOURCES[:1], "fr", "en")[0][:2] == nllb.info.prefix("fr", "en")
+    flags = ["--checkpoint", str(final), "--beam", "2", "--max-len-a", "0", "--max-len-b", "12", "--src-lang", "en"]
+    opts = DecodeOptions(beam=2, max_len_a=0.0, max_len_b=12)  # translate's flags
+    for tgt in ("de", "fr"):
+        assert translate_cli.main([*flags, "--tgt-lang", tgt, *SOURCES[:2]]) == 0
+        want = [hyps[0][1] for hyps in engine.translate(SOURCES[:2], opts, tgt, src_lang="en")]
+        assert capsys.readouterr().out.splitlines() == want
+    assert translate_cli.main([*flags, "--tgt-lang", "es", SOURCES[0]]) == 2  # not a pair it trained
+    assert "was trained to translate into de, fr" in capsys.readouterr().err

@@ -6,11 +6,13 @@ docs/design-inputs.md, section 3); one pair is a corpus of one, with no tags:
 
     manifest.json                      options, inputs, fingerprint, "corpora" (each with its
                                        languages, origin, weight, source tags, counts per
-                                       cleaning rule and shards), "tags", "splits"
+                                       cleaning rule and shards), "tags" (and their
+                                       "source_codes" for an imported NLLB), "splits"
     spm.model                          the joint model; tag pieces (<2de>, <BT>) reserved
     train/<name>/part-00000.parquet    per corpus (name en-de, or en-de.bt): src_ids, tgt_ids,
                                        list<int32> SentencePiece ids (no BOS/EOS), src_ids
-                                       starting with the corpus's source tags
+                                       starting with the corpus's source tags (and source
+                                       language code: `raymt.data.mixing.source_prefix`)
     valid/<pair>.parquet               one per pair: src, tgt stripped text, every row scored
     test/<pair>/<name>.parquet         the pair's test sets
 
@@ -143,6 +145,12 @@ class PreparedCorpus:
         return self.manifest.get("tags", {}).get("reserved", {})
 
     @property
+    def source_codes(self) -> dict[str, int]:
+        """The id of each source language's code, first in its sources after the target tag, when
+        prepared for a model that reads one (an imported NLLB's); else none."""
+        return self.manifest.get("tags", {}).get("source_codes", {})
+
+    @property
     def pairs(self) -> list[str]:
         """Its language pairs ("en-de"), in the order of its training corpora."""
         if self.is_v1:
@@ -201,9 +209,11 @@ class PreparedCorpus:
 
     def prefix_ids(self, pair: str) -> list[int]:
         """The ids put before a validation/test source of `pair`: its target tag when the corpus
-        reserves one (never <BT>); none for a one-pair corpus."""
-        tag = f"<2{pair.split('-', 1)[1]}>"
-        return [self.reserved[tag]] if tag in self.reserved else []
+        reserves one (never <BT>), then its source language's code when it has those (as its
+        training sources); none for a one-pair corpus."""
+        src, tgt = pair.split("-", 1)
+        tag, codes = f"<2{tgt}>", self.source_codes
+        return ([self.reserved[tag]] if tag in self.reserved else []) + ([codes[src]] if src in codes else [])
 
     def test_names(self, pair: str) -> list[str]:
         """The test sets of `pair`, in the order they were given (a `raymt-corpus/1` corpus's in

@@ -32,8 +32,11 @@ class Layout:
 
     format = FORMAT
 
-    def __init__(self, cfg: PrepareConfig, corpora: list[CorpusInput]) -> None:
+    def __init__(self, cfg: PrepareConfig, corpora: list[CorpusInput], source_codes: Optional[dict] = None) -> None:
         self.cfg, self.corpora = cfg, corpora
+        # language -> id of the code a given model reads first in each source (an imported NLLB's), its corpora's
+        codes = source_codes or {}
+        self.source_codes = {lang: codes[lang] for lang in sorted({c.spec.src_lang for c in corpora})} if codes else {}
 
     def check_inputs(self) -> list[dict]:
         """Every input checked on the driver before Ray starts; their descriptions for the manifest."""
@@ -48,6 +51,9 @@ class Layout:
         """The corpus's fingerprint (`fingerprint`)."""
         keys = ("src_lang", "tgt_lang", "origin", "weight")
         specs = [{k: getattr(c.spec, k) for k in keys} for c in self.corpora]
+        if self.source_codes:  # only then: every other corpus's fingerprint stays as it was
+            for spec in specs:
+                spec["source_code"] = self.source_codes[spec["src_lang"]]
         return fingerprint(self.format, self.options(), inputs, tokenizer, specs)
 
     def train_inputs(self, inputs: list[dict], c: CorpusInput) -> list[dict]:
@@ -88,7 +94,11 @@ class Layout:
             "format": self.format,
             **_model_fields(self.cfg, tokenizer),
             "corpora": entries,
-            "tags": {"target_langs": target_langs([c.spec for c in self.corpora]), "reserved": ids},
+            "tags": {
+                "target_langs": target_langs([c.spec for c in self.corpora]),
+                "reserved": ids,
+                **({"source_codes": self.source_codes} if self.source_codes else {}),
+            },
             "splits": {"valid": valid, "test": tests},
         }
 
@@ -110,6 +120,9 @@ class Layout:
             print(f"{pair}: valid {entry['num_pairs']:,}{shown}")
         tags = manifest["tags"]["reserved"]
         print(f"tags: {', '.join(f'{p} = id {i}' for p, i in tags.items()) or 'none'}")
+        codes = manifest["tags"].get("source_codes", {})
+        if codes:
+            print(f"source language codes: {', '.join(f'{lang} = id {i}' for lang, i in codes.items())}")
         print(f"seconds: {seconds:.1f}")
 
 

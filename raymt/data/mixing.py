@@ -46,12 +46,13 @@ def target_langs(corpora: Sequence[CorpusSpec]) -> list[str]:
     return sorted({c.tgt_lang for c in corpora})
 
 
-def reserved_pieces(corpora: Sequence[CorpusSpec], bt_tag: bool = True) -> list[str]:
+def reserved_pieces(corpora: Sequence[CorpusSpec], bt_tag: bool = True, every_target: bool = False) -> list[str]:
     """The tag pieces to reserve in SentencePiece (control symbols, never split, never made from
-    text), in id order: a `<2xx>` tag per target language when there are several, then `<BT>`
-    when a corpus is back-translated and `bt_tag`. A single real pair reserves none."""
+    text), in id order: a `<2xx>` tag per target language when there are several (or always:
+    `every_target`, a model that reads language codes), then `<BT>` when a corpus is
+    back-translated and `bt_tag`. A single real pair reserves none."""
     langs = target_langs(corpora)
-    pieces = [lang_tag(lang) for lang in langs] if len(langs) > 1 else []
+    pieces = [lang_tag(lang) for lang in langs] if len(langs) > 1 or every_target else []
     return pieces + ([BT_TAG] if bt_tag and any(c.origin == "bt" for c in corpora) else [])
 
 
@@ -61,10 +62,21 @@ def source_tags(corpus: CorpusSpec, reserved: Sequence[str]) -> list[str]:
     return tags + ([BT_TAG] if corpus.origin == "bt" and BT_TAG in reserved else [])
 
 
-def check_tag_side(tag_side: str, corpora: Sequence[CorpusSpec]) -> None:
-    """data.tag_side "tgt" (the tag first in the decoder) needs tags: several target languages."""
+def source_prefix(corpus: CorpusSpec, ids: dict[str, int], codes: Optional[dict[str, int]] = None) -> list[int]:
+    """The ids before each training source of `corpus`: its `source_tags` (`ids`: the reserved
+    pieces' ids) with, for a model that reads its source's language code (`codes`: an imported
+    NLLB's languages "source_tags", every target tagged), that code after the target tag: the tag
+    moves to the decoder (data.tag_side "tgt") and the code starts the source, as
+    raymt.engines.ModelInfo.prefix puts them at inference."""
+    tags = [ids[piece] for piece in source_tags(corpus, list(ids))]
+    return tags[:1] + [codes[corpus.src_lang]] + tags[1:] if codes else tags
+
+
+def check_tag_side(tag_side: str, corpora: Sequence[CorpusSpec], every_target: bool = False) -> None:
+    """data.tag_side "tgt" (the tag first in the decoder) needs tags: several target languages,
+    or `every_target` (a model that reads language codes tags every target)."""
     check(
-        tag_side == "src" or len(target_langs(corpora)) > 1,
+        tag_side == "src" or len(target_langs(corpora)) > 1 or every_target,
         f"data.tag_side=tgt puts the target-language tag first in the decoder, but these corpora translate "
         f"into {', '.join(target_langs(corpora))} only (no tags): leave data.tag_side at src",
     )

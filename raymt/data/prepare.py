@@ -29,10 +29,11 @@ from raymt.config import PrepareConfig
 from raymt.data.clean import READ_COUNTS, all_dropped
 from raymt.data.format import SPM_FILE
 from raymt.data.layout import Layout
-from raymt.data.mixing import reserved_pieces, sample_sizes, source_tags
+from raymt.data.mixing import reserved_pieces, sample_sizes, source_prefix, source_tags
 from raymt.data.shards import eval_split, first_pass, in_driver, ray_data_settings, write_split
 from raymt.data.sources import CorpusInput, corpus_config, task_spec
 from raymt.data.staging import build_staged, existing_corpus
+from raymt.errors import check
 from raymt.tokenizer import Tokenizer, train_tokenizer
 
 
@@ -42,17 +43,25 @@ def _progress(message: str) -> None:
 
 
 def check_tags(tokenizer: Tokenizer, reserved: list[str], where: str) -> None:
-    """A given SentencePiece model (a checkpoint's, a run's) must reserve the corpora's tags as
-    control symbols with ids 4, 5, ... in order; a one-line error otherwise."""
-    wrong = [
-        p
-        for i, p in enumerate(reserved, 4)
-        if tokenizer.piece_to_id(p) != i or not tokenizer.is_control(tokenizer.piece_to_id(p))
-    ]
+    """A given model (a checkpoint's, a run's) must have the corpora's tags as control symbols:
+    a SentencePiece model's reserved pieces (ids 4, 5, ... where raymt trained it), an imported
+    vocabulary's aliases (<2de> of NLLB's deu_Latn, at the model's id); a one-line error otherwise."""
+    wrong = [p for p in reserved if not tokenizer.is_control(tokenizer.piece_to_id(p))]
     if wrong:
         raise ValueError(
-            f"{where}: its SentencePiece model does not reserve the tag(s) {', '.join(wrong)} that these "
-            "corpora need: train from scratch, or on corpora with the same languages and origins"
+            f"{where}: its vocabulary does not reserve the tag(s) {', '.join(wrong)} that these "
+            "corpora need: train on corpora of its languages and origins, or from scratch"
+        )
+
+
+def check_source_codes(specs: list, codes: dict[str, int], where: str) -> None:
+    """A given model that reads its source's language code (an imported NLLB's or M2M-100's
+    `source_tags`) must have one for every corpus's source language; a one-line error otherwise."""
+    missing = sorted({c.src_lang for c in specs} - set(codes))
+    if missing:
+        raise ValueError(
+            f"{where} reads the source's language code first in each source and has none for "
+            f"{', '.join(missing)} (it has {', '.join(sorted(codes))}): train on pairs of its languages"
         )
 
 
@@ -80,15 +89,21 @@ def prepare_corpora(
     tokenizer: Optional[Tokenizer] = None,
     overwrite: bool = False,
     command: Optional[str] = None,
+    source_codes: Optional[dict[str, int]] = None,
 ) -> dict:
     """Prepare corpora into one directory (one joint SentencePiece model with the tags reserved,
     shards per corpus, sets per pair: `raymt-corpus/2`, `raymt.data.layout`); returns the manifest.
-    Starts Ray (ray.init) for inputs too large to prepare in the driver (`in_driver`)."""
+    `source_codes`: the given `tokenizer`'s model reads its source's language code (language ->
+    id), put after the target tag of every source (`mixing.source_prefix`). Starts Ray (ray.init)
+    for inputs too large to prepare in the driver (`in_driver`)."""
     t0 = time.time()
     out = storage.normalize(out)
-    layout = Layout(cfg, corpora)
+    check(tokenizer is not None or not source_codes, "prepare_corpora: source_codes are ids of the given tokenizer's")
+    if source_codes:
+        check_source_codes([c.spec for c in corpora], source_codes, "the given model")
+    layout = Layout(cfg, corpora, source_codes)
     inputs = layout.check_inputs()
-    reserved = reserved_pieces([c.spec for c in corpora], cfg.bt_tag)
+    reserved = reserved_pieces([c.spec for c in corpora], cfg.bt_tag, every_target=bool(source_codes))
     if tokenizer is None and cfg.tokenizer is not None:
         tokenizer = read_tokenizer(cfg.tokenizer)
     if tokenizer is not None:
@@ -144,9 +159,9 @@ def _build(layout: Layout, tmp: Path, reserved: list[str], tokenizer: Optional[T
         entries = []
         for c, task_specs, first, in_here in zip(corpora, specs, firsts, here):
             tags = source_tags(c.spec, reserved)
-            _progress(
-                f"{layout.label(c)}tokenizing and writing training shards" + (f" ({' '.join(tags)})" * bool(tags))
-            )
+            prefix = source_prefix(c.spec, ids, layout.source_codes)
+            shown = " ".join(map(tokenizer.id_to_piece, prefix))  # <2de> <BT>; an imported NLLB's deu_Latn eng_Latn
+            _progress(f"{layout.label(c)}tokenizing and writing training shards" + (f" ({shown})" * bool(prefix)))
             train = write_split(
                 corpus_config(cfg, c.spec),
                 task_specs,
@@ -155,7 +170,7 @@ def _build(layout: Layout, tmp: Path, reserved: list[str], tokenizer: Optional[T
                 layout.train_dir(c),
                 in_here,
                 first,
-                [ids[t] for t in tags],
+                prefix,
                 layout.where(c),
             )
             entries.append(
