@@ -128,6 +128,7 @@ def save_opus_mt(
                 stack.embed_tokens.weight.copy_(model.model.shared.weight)
     directory.mkdir(parents=True, exist_ok=True)
     model.generation_config.update(bad_words_ids=[[pad]], num_beams=4, max_length=64)
+    transformers.utils.logging.disable_progress_bar()  # no bar on stderr, where tests read one-line errors
     model.save_pretrained(str(directory))
     (directory / "source.spm").write_bytes(source)
     (directory / "target.spm").write_bytes(target)
