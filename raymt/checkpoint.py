@@ -276,8 +276,20 @@ def check_checkpoint(directory: str | Path) -> tuple[Config, Tokenizer]:
             f"{directory}: spm.model has {tokenizer.vocab_size} ids but the model "
             f"was built for {vocab_size}; the files come from different runs"
         )
+    check_target_vocabulary(config, tokenizer, str(directory))
     weights_file(directory)
     return config, tokenizer
+
+
+def check_target_vocabulary(config: Config, tokenizer: Tokenizer, where: str) -> None:
+    """A one-line error when the model's target rows (model.target_vocab_size, else its one
+    vocabulary's) are not the tokenizer's target ids (separate vocabularies need a target embedding)."""
+    rows = config.model.target_vocab_size or tokenizer.vocab_size
+    if rows != tokenizer.target_vocab_size:
+        raise ValueError(
+            f"{where}: the model has {rows} target rows (model.target_vocab_size={config.model.target_vocab_size}) "
+            f"but the tokenizer has {tokenizer.target_vocab_size} target ids; the files come from different models"
+        )
 
 
 def load_model(directory: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer, Config]:

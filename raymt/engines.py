@@ -467,7 +467,7 @@ class CT2Engine(Engine):
         tok, out = self.tokenizer, []
         for k, hyp in enumerate(result.hypotheses):
             kept = hyp[forced : max(forced, limit - 1)]
-            ids = [tok.piece_to_id(p) for p in kept if not p.startswith("<raymt_filler_")]
+            ids = [tok.piece_to_id(p, "tgt") for p in kept if not p.startswith("<raymt_filler_")]
             out.append((float(result.scores[k]) if result.scores else 0.0, self.tokenizer.decode(ids)))
         return out
 

@@ -7,14 +7,16 @@ installed, else a weights-only torch `model.pt`), `config.json` and the Sentence
 executes code from the files (safetensors, or torch.load with weights_only=True).
 
 `--format ctranslate2` writes a CTranslate2 model directory instead (`model.bin`, its
-`config.json` and `shared_vocabulary.json`, plus `spm.model` and raymt's config as
+`config.json` and `shared_vocabulary.json`, or source_ and target_vocabulary.json for a model of
+separate vocabularies, plus `spm.model` and raymt's config as
 `raymt_config.json`) for `ctranslate2.Translator`; it needs the ctranslate2 package.
 
 `--format marian` writes a Hugging Face directory that `transformers.MarianMTModel.
 from_pretrained(OUT)` and `MarianTokenizer.from_pretrained(OUT)` load (`config.json`,
-`model.safetensors`, `generation_config.json`, `source.spm`/`target.spm`/`vocab.json`, plus
+`model.safetensors`, `generation_config.json`, `source.spm`/`target.spm`/`vocab.json` (and
+`target_vocab.json` for separate vocabularies), plus
 `spm.model` and `raymt_config.json`); it needs the transformers package. The Marian model
-computes raymt's logits (to float rounding): same weights, tied embedding, sqrt(D) scaling,
+computes raymt's logits (to float rounding): same weights and embeddings, sqrt(D) scaling,
 post-norm layers, ReLU or exact GELU, raymt's dropout rates. Marian cannot represent
 pre-norm models (`model.pre_norm=true`, the default: no pre-norm layers, no final stack
 norms), which are refused. HF recomputes its own sinusoid table on load (cos in the second
@@ -137,10 +139,10 @@ def _set_ffn(spec, ffn, norm: torch.nn.LayerNorm) -> None:
     _set_norm(spec.layer_norm, norm)
 
 
-def _set_stack(spec, model: Transformer, final_norm: torch.nn.Module) -> None:
-    """Embedding, positions and final norm shared by the encoder and decoder specs."""
+def _set_stack(spec, model: Transformer, embed: torch.nn.Embedding, final_norm: torch.nn.Module) -> None:
+    """A stack's embedding, the positions and its final norm (the encoder's and decoder's specs)."""
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
-    embeddings.weight = _array(model.embed.weight)  # (V, D); tied: aliased once on save
+    embeddings.weight = _array(embed.weight)  # (V, D); tied: aliased once on save
     spec.scale_embeddings = model.cfg.scale_embedding  # x * sqrt(D), as Transformer._embed
     # raymt's own table (sin on even, cos on odd dims), not CTranslate2's built-in layout.
     spec.position_encodings.encodings = _array(model.positions)  # (max_positions, D)
@@ -148,24 +150,20 @@ def _set_stack(spec, model: Transformer, final_norm: torch.nn.Module) -> None:
         _set_norm(spec.layer_norm, final_norm)
 
 
-def ct2_vocabulary(tokenizer: Tokenizer) -> list[str]:
-    """The SentencePiece pieces in id order, padded to the model's rows with unique fillers."""
-    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.num_pieces)]
-    fillers = [f"<raymt_filler_{i}>" for i in range(len(pieces), tokenizer.vocab_size)]
-    if len(set(pieces + fillers)) != tokenizer.vocab_size:
+def ct2_vocabulary(tokenizer: Tokenizer, side: str = "src") -> list[str]:
+    """The pieces of `side`'s ids in id order, padded to the model's rows with unique fillers."""
+    pieces = tokenizer.pieces_of(side)
+    rows = tokenizer.target_vocab_size if side == "tgt" else tokenizer.vocab_size
+    fillers = [f"<raymt_filler_{i}>" for i in range(len(pieces), rows)]
+    if len(set(pieces + fillers)) != rows:
         raise ValueError("spm.model has duplicate pieces or pieces named <raymt_filler_N>")
     return pieces + fillers
 
 
-def output_weight(model: Transformer) -> torch.Tensor:
-    """(V, D) the output projection: the embedding, or an imported model's untied matrix."""
-    return model.embed.weight if model.output is None else model.output.weight
-
-
 def _set_weights(spec, model: Transformer) -> None:
     """Every weight of a TransformerSpec from the raymt model."""
-    _set_stack(spec.encoder, model, model.encoder_norm)
-    _set_stack(spec.decoder, model, model.decoder_norm)
+    _set_stack(spec.encoder, model, model.embed, model.encoder_norm)
+    _set_stack(spec.decoder, model, model.target_embedding(), model.decoder_norm)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder):
         _set_attention(layer_spec.self_attention, layer.self_attn, layer.res1.norm, True)
         _set_ffn(layer_spec.ffn, layer.ffn, layer.res2.norm)
@@ -176,20 +174,27 @@ def _set_weights(spec, model: Transformer) -> None:
     # logits = x @ embed.T (or the untied output), no bias but an imported model's fixed one
     # (model.output_bias). raymt.decoding also sets the log-probs of PAD and BOS to -inf after
     # the softmax; a bias there would instead renormalize every other log-prob.
-    spec.decoder.projection.weight = _array(output_weight(model))
+    spec.decoder.projection.weight = _array(model.output_weight())  # (V_tgt, D)
     if model.output_bias is not None:
         spec.decoder.projection.bias = _array(model.output_bias)
 
 
 def _set_vocabulary(spec, tokenizer: Tokenizer) -> None:
-    """One shared vocabulary and raymt's special tokens: BOS starts the decoder, EOS ends both sides."""
-    vocab = ct2_vocabulary(tokenizer)
-    spec.register_source_vocabulary(vocab)
-    spec.register_target_vocabulary(vocab)
+    """The source and target vocabularies (one list twice when shared) and raymt's special tokens:
+    BOS starts the decoder, EOS ends both sides."""
+    spec.register_source_vocabulary(ct2_vocabulary(tokenizer, "src"))
+    spec.register_target_vocabulary(ct2_vocabulary(tokenizer, "tgt"))
+    # CTranslate2 names UNK and EOS once for both vocabularies.
+    differ = [i for i in (UNK_ID, EOS_ID) if tokenizer.id_to_piece(i) != tokenizer.id_to_piece(i, "tgt")]
+    if differ:
+        names = ", ".join(f"{tokenizer.id_to_piece(i)} / {tokenizer.id_to_piece(i, 'tgt')}" for i in differ)
+        raise ValueError(
+            f"--format ctranslate2 names UNK and EOS once for both vocabularies; this model's differ ({names})"
+        )
     piece = tokenizer.id_to_piece
-    spec.config.unk_token, spec.config.bos_token = piece(UNK_ID), piece(BOS_ID)
+    spec.config.unk_token, spec.config.bos_token = piece(UNK_ID), piece(BOS_ID, "tgt")
     spec.config.eos_token = piece(EOS_ID)
-    spec.config.decoder_start_token = piece(BOS_ID)
+    spec.config.decoder_start_token = piece(BOS_ID, "tgt")
     spec.config.add_source_eos = True  # raymt sources are pieces + EOS, without BOS
 
 
@@ -229,8 +234,9 @@ def save_ctranslate2(
 
 
 def marian_config(cfg: ModelConfig, vocab_size: int, dropout: bool = True):
-    """A transformers MarianConfig of raymt's shape: one tied, scaled embedding; raymt's dropout
-    rates (0 everywhere without `dropout`)."""
+    """A transformers MarianConfig of raymt's shape: one scaled embedding (or the decoder's own of
+    model.target_vocab_size rows), tied to the output or not; raymt's dropout rates (0 everywhere
+    without `dropout`)."""
     if cfg.pre_norm:
         raise ValueError(MARIAN_POST_NORM_ONLY)
     try:
@@ -242,7 +248,7 @@ def marian_config(cfg: ModelConfig, vocab_size: int, dropout: bool = True):
     # activation_dropout), and inside attention (attention_dropout).
     return MarianConfig(
         vocab_size=vocab_size,
-        decoder_vocab_size=vocab_size,
+        decoder_vocab_size=cfg.target_vocab_size or vocab_size,
         d_model=cfg.d_model,
         encoder_layers=cfg.num_encoder_layers,
         decoder_layers=cfg.num_decoder_layers,
@@ -258,7 +264,7 @@ def marian_config(cfg: ModelConfig, vocab_size: int, dropout: bool = True):
         decoder_layerdrop=0.0,
         max_position_embeddings=cfg.max_positions,
         scale_embedding=cfg.scale_embedding,
-        share_encoder_decoder_embeddings=True,
+        share_encoder_decoder_embeddings=cfg.target_vocab_size is None,
         tie_word_embeddings=cfg.tie_output,
         pad_token_id=PAD_ID,
         eos_token_id=EOS_ID,
@@ -311,7 +317,15 @@ def _marian_layer(layer: torch.nn.Module, order: torch.Tensor) -> dict[str, torc
 def marian_state(model: Transformer) -> dict[str, torch.Tensor]:
     """Every raymt weight under its HF MarianMTModel name, in HF's dim order (positions included)."""
     order = halves_order(model.cfg.d_model).to(model.embed.weight.device)
-    state = {"model.shared.weight": model.embed.weight[:, order]}  # (V, D); tied to lm_head
+    if model.target_embed is None:  # (V, D) both stacks' (which transformers 5 unties from
+        # model.shared when the output is untied: each stack's name too)
+        names = ("shared", "encoder.embed_tokens", "decoder.embed_tokens")
+        state = {f"model.{name}.weight": model.embed.weight[:, order] for name in names}
+    else:  # (V, D) and (V_tgt, D)
+        state = {
+            "model.encoder.embed_tokens.weight": model.embed.weight[:, order],
+            "model.decoder.embed_tokens.weight": model.target_embed.weight[:, order],
+        }
     for side, layers in (("encoder", model.encoder), ("decoder", model.decoder)):
         state[f"model.{side}.embed_positions.weight"] = model.positions[:, order]
         for i, layer in enumerate(layers):
@@ -332,23 +346,26 @@ def to_marian(model: Transformer, dropout: bool = True):
     missing = {n for n, p in params.items() if p.requires_grad} - set(state) - {"lm_head.weight"}
     assert not missing, f"no raymt weight for {sorted(missing)[:3]}"
     for name, value in state.items():
-        params[name].copy_(value)
+        if name in params:  # a name tied to another is listed once
+            params[name].copy_(value)
     # raymt's logits have no bias but an imported model's (OPUS-MT's final_logits_bias).
     marian.final_logits_bias.copy_(model.output_bias[None] if model.output_bias is not None else 0.0)
     if model.output is not None:
         marian.lm_head.weight.copy_(model.output.weight[:, halves_order(model.cfg.d_model)])
-    tied = marian.lm_head.weight.data_ptr() == marian.model.shared.weight.data_ptr()
+    tied = marian.lm_head.weight.data_ptr() == marian.model.decoder.embed_tokens.weight.data_ptr()
     assert tied == model.cfg.tie_output, "output tying differs"
     return marian.to(model.embed.weight.device).train(model.training)
 
 
 def save_marian_tokenizer(tokenizer: Tokenizer, output: Path, pair: Optional[tuple[str, str]] = None) -> None:
     """MarianTokenizer files: the source and target SentencePiece models (raymt's one model on both
-    sides), vocab.json of raymt's ids; `pair`: an untagged model's languages."""
+    sides), vocab.json of raymt's ids (and target_vocab.json of the target's, when separate);
+    `pair`: an untagged model's languages."""
     (output / "source.spm").write_bytes(tokenizer.source_proto)
     (output / "target.spm").write_bytes(tokenizer.target_proto)
-    vocab = {piece: i for i, piece in enumerate(ct2_vocabulary(tokenizer))}
-    (output / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1))
+    for name, side in [("vocab.json", "src")] + ([] if tokenizer.shared else [("target_vocab.json", "tgt")]):
+        vocab = {piece: i for i, piece in enumerate(ct2_vocabulary(tokenizer, side))}
+        (output / name).write_text(json.dumps(vocab, ensure_ascii=False, indent=1))
     # Marian's tokenizer appends </s> (raymt's EOS) to a source, as raymt does.
     special = {
         "eos_token": tokenizer.id_to_piece(EOS_ID),
@@ -356,7 +373,7 @@ def save_marian_tokenizer(tokenizer: Tokenizer, output: Path, pair: Optional[tup
         "pad_token": tokenizer.id_to_piece(PAD_ID),
         "model_max_length": 512,
         "tokenizer_class": "MarianTokenizer",
-        "separate_vocabs": False,
+        "separate_vocabs": not tokenizer.shared,
     }
     if pair is not None:  # what `raymt import` reads the languages from
         special.update(source_lang=pair[0], target_lang=pair[1])

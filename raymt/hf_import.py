@@ -7,8 +7,10 @@ backtranslate, average, export, `train --init`). The family comes from config.js
 
 - `marian` (OPUS-MT): post-norm, swish (or the model's activation), scaled embeddings, a fixed
   `final_logits_bias` (model.output_bias), tied or separate output; two SentencePiece models
-  (source.spm, target.spm) over one vocab.json (the checkpoint's tokenizer bundle). Multi-target
-  models' `>>fr<<` codes become raymt's source-side tags (<2fr>).
+  (source.spm, target.spm) over one vocab.json (the checkpoint's tokenizer bundle), or separate
+  vocabularies (separate_vocabs: vocab.json the source's, target_vocab.json the target's ids, a
+  decoder embedding of its own: model.target_vocab_size). Multi-target models' `>>fr<<` codes
+  become raymt's source-side tags (<2fr>).
 - `m2m_100` (NLLB-200, M2M-100): pre-norm with final layer norms (model.encoder_norm,
   decoder_norm), relu, scaled embeddings, fairseq's sinusoidal positions (model.positions
   "fairseq": numbered from the padding index 1 + 1); one SentencePiece model
@@ -241,18 +243,29 @@ def shared_embedding(hf: HFModel) -> torch.Tensor:
     for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
         if name in hf.state and not torch.equal(hf.tensor(name), embed):
             raise ValueError(
-                f"{hf.directory}: the encoder and decoder have different embeddings ({name} differs); "
-                "raymt's model shares one between source and target"
+                f"{hf.directory}: the encoder and decoder have different embeddings ({name} differs) but "
+                "config.json's share_encoder_decoder_embeddings is true (files of different models?)"
             )
     return embed
+
+
+def embeddings(hf: HFModel) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(V, D) the encoder's embedding and (V_tgt, D) the decoder's own, None when they are one
+    (`shared_embedding`; a Marian config's share_encoder_decoder_embeddings, true by default)."""
+    if hf.get("share_encoder_decoder_embeddings", True):
+        return shared_embedding(hf), None
+    encoder = "model.encoder.embed_tokens.weight"
+    source = hf.tensor(encoder if encoder in hf.state else "model.shared.weight")
+    return source, hf.tensor("model.decoder.embed_tokens.weight")
 
 
 # ---------------------------------------------------------------- the model (both families)
 
 
-def model_shape(hf: HFModel, output_bias_: bool) -> ModelConfig:
+def model_shape(hf: HFModel, output_bias_: bool, target_vocab_size: Optional[int] = None) -> ModelConfig:
     """raymt's ModelConfig for a MarianConfig (post-norm) or M2M100Config (pre-norm, fairseq's
-    positions); a one-line error for what raymt's model cannot be."""
+    positions), with a decoder embedding of its own of `target_vocab_size` rows if given; a
+    one-line error for what raymt's model cannot be."""
     g, m2m = hf.get, hf.get("model_type") == "m2m_100"
     activation = ACTIVATIONS.get(g("activation_function", "relu" if m2m else "swish"))
     problems = [
@@ -286,17 +299,23 @@ def model_shape(hf: HFModel, output_bias_: bool) -> ModelConfig:
         positions="fairseq" if m2m else "sinusoidal",
         output_bias=output_bias_,
         tie_output=bool(g("tie_word_embeddings", True)),
+        target_vocab_size=target_vocab_size,
     )
 
 
-def hf_weights(hf: HFModel, rows: list[Optional[int]], cfg: ModelConfig, inv=slice(None)) -> dict[str, torch.Tensor]:
-    """raymt's state dict from HF Marian's or M2M-100's: rows in raymt's order, model dims taken
-    in the order `inv` (Marian: raymt's sinusoid layout; M2M-100: as they are), a pre-norm model's
-    final stack norms."""
-    t = hf.tensor
-    state = {"embed.weight": take_rows(shared_embedding(hf)[:, inv], rows)}
+def hf_weights(
+    hf: HFModel, rows: list[Optional[int]], cfg: ModelConfig, inv=slice(None), target_rows: Optional[list] = None
+) -> dict[str, torch.Tensor]:
+    """raymt's state dict from HF Marian's or M2M-100's: rows in raymt's order (the decoder's
+    embedding and output in `target_rows`', default `rows`), model dims taken in the order `inv`
+    (Marian: raymt's sinusoid layout; M2M-100: as they are), a pre-norm model's final stack norms."""
+    t, target_rows = hf.tensor, target_rows or rows
+    source, target = embeddings(hf)
+    state = {"embed.weight": take_rows(source[:, inv], rows)}
+    if target is not None:
+        state["target_embed.weight"] = take_rows(target[:, inv], target_rows)
     if not cfg.tie_output:
-        state["output.weight"] = take_rows(t("lm_head.weight")[:, inv], rows)
+        state["output.weight"] = take_rows(t("lm_head.weight")[:, inv], target_rows)
     for side in ("encoder", "decoder") if cfg.pre_norm else ():
         for p in ("weight", "bias"):
             state[f"{side}_norm.{p}"] = t(f"model.{side}.layer_norm.{p}")[inv]
@@ -334,44 +353,79 @@ def hf_weights(hf: HFModel, rows: list[Optional[int]], cfg: ModelConfig, inv=sli
 # ---------------------------------------------------------------- Marian (OPUS-MT)
 
 
-def marian_vocab(hf: HFModel) -> dict[str, int]:
-    """vocab.json (piece -> HF id), checked against the embedding; separate vocabularies refused."""
-    if hf.tokenizer_config.get("separate_vocabs") or (hf.directory / "target_vocab.json").is_file():
-        raise ValueError(
-            f"{hf.directory}: separate source and target vocabularies (separate_vocabs) are not "
-            "supported yet; OPUS-MT models with one vocab.json import"
-        )
-    vocab = _json(hf.file("vocab.json", "OPUS-MT's vocabulary"))
+def read_vocab(hf: HFModel, name: str, rows: int, size_field: str) -> dict[str, int]:
+    """vocab.json or target_vocab.json (piece -> HF id), checked: ids 0..n-1 each once, one for
+    each of the embedding's `rows` and config.json's `size_field`."""
+    vocab = _json(hf.file(name, "OPUS-MT's vocabulary"))
     ids = sorted(vocab.values())
     if ids != list(range(len(ids))):
-        raise ValueError(f"{hf.directory / 'vocab.json'}: ids are not 0..{len(ids) - 1} each once")
-    rows = shared_embedding(hf).shape[0]
-    if not len(vocab) == rows == hf.get("vocab_size", rows):
+        raise ValueError(f"{hf.directory / name}: ids are not 0..{len(ids) - 1} each once")
+    if not len(vocab) == rows == hf.get(size_field, rows):
         raise ValueError(
-            f"{hf.directory}: the embedding has {rows} rows, config.json's vocab_size is {hf.get('vocab_size')} "
-            f"and vocab.json has {len(vocab)} pieces; they must be equal (files of different models?)"
+            f"{hf.directory}: the {'decoder embedding' if size_field == 'decoder_vocab_size' else 'embedding'} has "
+            f"{rows} rows, config.json's {size_field} is {hf.get(size_field)} and {name} has {len(vocab)} pieces; "
+            "they must be equal (files of different models?)"
         )
     return vocab
 
 
-def marian_tokenizer(hf: HFModel, vocab: dict[str, int], rows: list[Optional[int]]) -> Tokenizer:
-    """The bundle of source.spm, target.spm and vocab.json in raymt's id order; >>xx<< codes are
-    controls aliased as <2xx>."""
+def marian_vocab(hf: HFModel) -> tuple[dict[str, int], Optional[dict[str, int]]]:
+    """(vocab.json, target_vocab.json or None: one vocabulary), each piece -> HF id, checked
+    against the encoder's and decoder's embeddings. Separate vocabularies as MarianTokenizer reads
+    them: tokenizer_config.json's separate_vocabs, else whether target_vocab.json is there."""
+    separate = hf.tokenizer_config.get("separate_vocabs", (hf.directory / "target_vocab.json").is_file())
+    source, target = embeddings(hf)
+    if separate and target is None:
+        raise ValueError(
+            f"{hf.directory}: separate source and target vocabularies (separate_vocabs) but one embedding "
+            "(config.json's share_encoder_decoder_embeddings); files of different models?"
+        )
+    vocab = read_vocab(hf, "vocab.json", source.shape[0], "vocab_size")
+    if target is None:
+        return vocab, None
+    target_vocab = read_vocab(
+        hf, "target_vocab.json" if separate else "vocab.json", target.shape[0], "decoder_vocab_size"
+    )
+    # The decoder's pad, start and end are ids of the target's vocabulary too.
+    ids = {name: hf.get(name) for name in ("pad_token_id", "eos_token_id")}
+    ids["decoder_start_token_id"] = marian_start(hf)
+    wrong = [f"{name} {i}" for name, i in ids.items() if not (isinstance(i, int) and 0 <= i < len(target_vocab))]
+    if wrong:
+        raise ValueError(
+            f"{hf.directory}: config.json's {', '.join(wrong)} is not a target id (0..{len(target_vocab) - 1})"
+        )
+    return vocab, target_vocab if separate else None
+
+
+def marian_start(hf: HFModel) -> int:
+    """The HF id the decoder starts with: decoder_start_token_id, else pad_token_id (OPUS-MT's)."""
+    return hf.get("decoder_start_token_id", hf.get("pad_token_id"))
+
+
+def marian_tokenizer(
+    hf: HFModel, vocab: dict[str, int], rows: list[Optional[int]], target: Optional[tuple]
+) -> Tokenizer:
+    """The bundle of source.spm, target.spm and vocab.json in raymt's id order, and of
+    `target` = (target_vocab.json, its rows) when the vocabularies are separate; >>xx<< codes
+    are controls, aliased as <2xx> on the source side."""
     pieces = piece_names({i: p for p, i in vocab.items()}, rows)
-    source = hf.file("source.spm", "OPUS-MT's source SentencePiece model").read_bytes()
-    target = hf.file("target.spm", "OPUS-MT's target SentencePiece model").read_bytes()
+    target_pieces = piece_names({i: p for p, i in target[0].items()}, target[1]) if target else None
+    source_spm = hf.file("source.spm", "OPUS-MT's source SentencePiece model").read_bytes()
+    target_spm = hf.file("target.spm", "OPUS-MT's target SentencePiece model").read_bytes()
     codes = {r: LANGUAGE_CODE.match(p).group(1) for r, p in enumerate(pieces) if LANGUAGE_CODE.match(p)}
+    target_codes = [r for r, p in enumerate(target_pieces or []) if LANGUAGE_CODE.match(p)]
+    aliases = {f"<2{c}>": r for r, c in codes.items()}
     try:
-        tokenizer = Tokenizer.bundle(source, target, pieces, codes, {f"<2{c}>": r for r, c in codes.items()})
+        tokenizer = Tokenizer.bundle(source_spm, target_spm, pieces, codes, aliases, target_pieces, target_codes)
     except RuntimeError as err:
         raise ValueError(f"{hf.directory}: source.spm or target.spm is not a SentencePiece model ({err})") from None
-    return plain_if_raymt(tokenizer, source, target)
+    return plain_if_raymt(tokenizer, source_spm, target_spm)
 
 
 def plain_if_raymt(tokenizer: Tokenizer, source: bytes, target: bytes) -> Tokenizer:
     """A raymt export's vocabulary (one SentencePiece model whose ids are the model's, padded with
     export's fillers) as the plain SentencePiece tokenizer it was; any other unchanged."""
-    if source != target:
+    if source != target or not tokenizer.shared:
         return tokenizer
     try:
         plain = Tokenizer(source)
@@ -398,16 +452,21 @@ def marian_languages(hf: HFModel, tokenizer: Tokenizer, src: str) -> Optional[di
 
 def import_marian(hf: HFModel, src_lang: Optional[str], tgt_lang: Optional[str]) -> tuple:
     """(model config, state dict, tokenizer, languages, corpora's pairs) of an OPUS-MT directory."""
-    vocab = marian_vocab(hf)
-    start = hf.get("decoder_start_token_id", hf.get("pad_token_id"))
-    rows = row_order(len(vocab), hf.get("pad_token_id"), vocab.get("<unk>", UNK_ID), start, hf.get("eos_token_id"))
-    tokenizer = marian_tokenizer(hf, vocab, rows)
+    vocab, target_vocab = marian_vocab(hf)
+    start, pad, eos = marian_start(hf), hf.get("pad_token_id"), hf.get("eos_token_id")
+    rows = row_order(len(vocab), pad, vocab.get("<unk>", UNK_ID), start, eos)
+    target_rows = rows  # the decoder's ids: the source's, or target_vocab.json's in raymt's order
+    if target_vocab is not None:
+        target_rows = row_order(len(target_vocab), pad, target_vocab.get("<unk>", UNK_ID), start, eos)
+    tokenizer = marian_tokenizer(hf, vocab, rows, (target_vocab, target_rows) if target_vocab else None)
     multi = any(map(LANGUAGE_CODE.match, vocab)) or (hf.directory / RAYMT_CONFIG_FILE).is_file()
     src, tgt = pair_of(hf, src_lang, tgt_lang, need_tgt=not multi)
     bias = hf.state.get("final_logits_bias")
-    bias = output_bias(bias.float().reshape(-1) if bias is not None else None, rows)
-    cfg = model_shape(hf, bias is not None)
-    state = hf_weights(hf, rows, cfg, torch.argsort(halves_order(cfg.d_model)))  # HF dim k holds raymt dim order[k]
+    bias = output_bias(bias.float().reshape(-1) if bias is not None else None, target_rows)
+    separate = not hf.get("share_encoder_decoder_embeddings", True)  # the decoder's own embedding
+    cfg = model_shape(hf, bias is not None, len(target_rows) if separate else None)
+    inv = torch.argsort(halves_order(cfg.d_model))  # HF dim k holds raymt dim order[k]
+    state = hf_weights(hf, rows, cfg, inv, target_rows)
     if bias is not None:
         state["output_bias"] = bias
     languages = marian_languages(hf, tokenizer, src) if multi else None

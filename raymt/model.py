@@ -204,19 +204,23 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer with one embedding for source and target, tied to the output
+    """Encoder-decoder Transformer with one embedding for source and target (or, with
+    `cfg.target_vocab_size`, a target embedding of the decoder's own ids), tied to the output
     unless `cfg.tie_output` is false."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         self.cfg = cfg
-        self.vocab_size = vocab_size
+        self.vocab_size = vocab_size  # source ids (and target ids when shared)
+        self.target_vocab_size = cfg.target_vocab_size or vocab_size
         self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD_ID)
         self.register_buffer("positions", position_table(cfg), persistent=False)
         # Imported models' options (raymt.hf_import); absent from raymt's own state dicts.
-        self.output = None if cfg.tie_output else nn.Linear(cfg.d_model, vocab_size, bias=False)
+        separate = cfg.target_vocab_size is not None
+        self.target_embed = nn.Embedding(self.target_vocab_size, cfg.d_model, padding_idx=PAD_ID) if separate else None
+        self.output = None if cfg.tie_output else nn.Linear(cfg.d_model, self.target_vocab_size, bias=False)
         if cfg.output_bias:  # fixed, as Marian's final_logits_bias: fine-tuning leaves it
-            self.register_buffer("output_bias", torch.zeros(vocab_size))
+            self.register_buffer("output_bias", torch.zeros(self.target_vocab_size))
         else:
             self.output_bias = None
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
@@ -235,16 +239,27 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-        nn.init.normal_(self.embed.weight, std=self.cfg.d_model**-0.5)
-        with torch.no_grad():
-            self.embed.weight[PAD_ID].zero_()
+        for embed in (self.embed, self.target_embed):
+            if embed is not None:
+                nn.init.normal_(embed.weight, std=self.cfg.d_model**-0.5)
+                with torch.no_grad():
+                    embed.weight[PAD_ID].zero_()
 
-    def _embed(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """(B, T) ids -> (B, T, D) scaled embeddings plus positions start..start+T-1."""
+    def target_embedding(self) -> nn.Embedding:
+        """The decoder's input embedding: the shared one, or the target's own."""
+        return self.embed if self.target_embed is None else self.target_embed
+
+    def output_weight(self) -> torch.Tensor:
+        """(V_tgt, D) the output projection: the decoder's embedding, or an untied matrix."""
+        return self.target_embedding().weight if self.output is None else self.output.weight
+
+    def _embed(self, tokens: torch.Tensor, start: int = 0, table: Optional[nn.Embedding] = None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, D) scaled embeddings (of `table`, else the source's) plus positions
+        start..start+T-1."""
         t = tokens.size(1)
         if start + t > self.cfg.max_positions:
             raise ValueError(f"sequence of {start + t} tokens exceeds model.max_positions={self.cfg.max_positions}")
-        x = self.embed(tokens) * self.embed_scale + self.positions[start : start + t]
+        x = (self.embed if table is None else table)(tokens) * self.embed_scale + self.positions[start : start + t]
         return self.dropout(x)
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,15 +273,14 @@ class Transformer(nn.Module):
     def decode(
         self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, cache: Optional[Cache] = None
     ) -> torch.Tensor:
-        """(B, T) target ids -> logits (B, T, V); with a cache, only new tokens are passed."""
+        """(B, T) target ids -> logits (B, T, V_tgt); with a cache, only new tokens are passed."""
         start = 0 if cache is None else cache["length"]
-        x = self._embed(tgt, start)
+        x = self._embed(tgt, start, self.target_embedding())
         for i, layer in enumerate(self.decoder):
             x = layer(x, memory, src_mask, None if cache is None else cache["layers"][i])
         if cache is not None:
             cache["length"] += tgt.size(1)
-        weight = self.embed.weight if self.output is None else self.output.weight
-        return F.linear(self.decoder_norm(x), weight, self.output_bias)
+        return F.linear(self.decoder_norm(x), self.output_weight(), self.output_bias)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: (B, S) source and (B, T) shifted target ids -> logits (B, T, V)."""

@@ -201,12 +201,13 @@ class ProbeShape:
         rows = ",".join(f"{b}x{s}x{t}" for b, s, t in self.shapes)
         return f"probe{PROBE_VERSION} threads{self.threads} workers{self.workers} batch{self.max_tokens}:{rows}"
 
-    def batches(self, vocab_size: int) -> list[Batch]:
-        """Random ids (above the special ones), one batch of each shape, no padding."""
+    def batches(self, vocab_size: int, target_vocab_size: Optional[int] = None) -> list[Batch]:
+        """Random ids (above the special ones; targets below `target_vocab_size`, default the
+        source's), one batch of each shape, no padding."""
         out = []
         for rows, src_width, tgt_width in self.shapes:
             src = torch.randint(4, vocab_size, (rows, src_width - 1)).tolist()
-            tgt = torch.randint(4, vocab_size, (rows, tgt_width - 1)).tolist()
+            tgt = torch.randint(4, target_vocab_size or vocab_size, (rows, tgt_width - 1)).tolist()
             out.append(collate([s + [3] for s in src], tgt))  # 3: EOS ends a source; BOS/EOS the target
         return out
 
@@ -323,7 +324,7 @@ def measure_bf16_speedup(
         torch.manual_seed(0)
         model = build_model(cfg.model, vocab_size)
         optimizer = make_optimizer(model, cfg.optim)
-        batches = shape.batches(vocab_size)
+        batches = shape.batches(vocab_size, model.target_vocab_size)
 
         def seconds(dtype: Optional[torch.dtype]) -> list[float]:
             collective.all_gather_object(None)  # every worker starts the pass together

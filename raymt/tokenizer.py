@@ -25,6 +25,7 @@ def round_up(n: int, multiple: int = 8) -> int:
 
 # An imported model's tokenizer (raymt.hf_import) is this line, then JSON: see Tokenizer.
 BUNDLE_MAGIC = b"raymt-tokenizer\n"
+BUNDLE_VERSION = 2  # 2: separate vocabularies (target_pieces); 1: one vocabulary
 
 
 class Tokenizer:
@@ -32,12 +33,16 @@ class Tokenizer:
     model's (every raymt-trained model: the vocabulary padded to 8), or an imported model's bundle
     (`bundle`): a source and a target SentencePiece model whose pieces map to the model's ids by a
     table (OPUS-MT's vocab.json, NLLB's fairseq offset), control ids (language codes: never made
-    from text, dropped by `decode`) and aliases (raymt's tag names for them, "<2de>")."""
+    from text, dropped by `decode`) and aliases (raymt's tag names for them, "<2de>"). A bundle of
+    separate vocabularies (OPUS-MT's target_vocab.json) has a second table, the target's ids (the
+    decoder's and the output's: `side` "tgt"); PAD, UNK, BOS and EOS are the same ids on both sides."""
 
     def __init__(self, model_proto: bytes):
         self.model_proto = model_proto
         if model_proto.startswith(BUNDLE_MAGIC):
             meta = json.loads(model_proto[len(BUNDLE_MAGIC) :])
+            if meta.get("version", 1) > BUNDLE_VERSION:
+                raise ValueError(f"a tokenizer bundle of version {meta['version']}: written by a newer raymt")
             self.source_proto = base64.b64decode(meta["source"])
             target = meta.get("target")
             self.target_proto = base64.b64decode(target) if target else self.source_proto
@@ -48,10 +53,16 @@ class Tokenizer:
             self.ids.update(meta.get("aliases", {}))
             self.controls = set(meta.get("controls", []))
             self.num_rows = int(meta["num_rows"])
+            # The target's ids: the source's, or a table of their own (separate vocabularies).
+            self.target_pieces, self.target_ids, self.target_controls = self.pieces, self.ids, self.controls
+            if meta.get("target_pieces") is not None:
+                self.target_pieces = meta["target_pieces"]
+                self.target_ids = {p: i for i, p in enumerate(self.target_pieces) if p}
+                self.target_controls = set(meta.get("target_controls", []))
         else:
             self.source_proto = self.target_proto = model_proto  # the SentencePiece models' bytes
             self.source = self.target = spm.SentencePieceProcessor(model_proto=model_proto)
-            self.pieces = None
+            self.pieces = self.target_pieces = None
             assert self.source.pad_id() == PAD_ID and self.source.eos_id() == EOS_ID
         self.sp = self.source
 
@@ -63,10 +74,14 @@ class Tokenizer:
         pieces: Sequence[str],
         controls: Iterable[int] = (),
         aliases: Optional[dict[str, int]] = None,
+        target_pieces: Optional[Sequence[str]] = None,
+        target_controls: Iterable[int] = (),
     ) -> "Tokenizer":
         """An imported vocabulary: `pieces[i]` is model id i's piece ("" for none, PAD/UNK/BOS/EOS
         included), split by the `source` SentencePiece model on the source side and `target` (None:
-        the same) on the target side; the model has `round_up(len(pieces))` rows."""
+        the same) on the target side; the model has `round_up(len(pieces))` rows. `target_pieces`
+        (None: `pieces`) are the target's ids when the vocabularies are separate, with their own
+        `target_controls`."""
         meta = {
             "version": 1,
             "source": base64.b64encode(source).decode(),
@@ -76,6 +91,9 @@ class Tokenizer:
             "aliases": dict(aliases or {}),
             "num_rows": round_up(len(pieces)),
         }
+        if target_pieces is not None:  # only then: a shared vocabulary's bundle stays as it was
+            meta.update(version=2, target_pieces=list(target_pieces))
+            meta["target_controls"] = sorted(int(i) for i in target_controls)
         return cls(BUNDLE_MAGIC + json.dumps(meta, ensure_ascii=False).encode())
 
     @classmethod
@@ -96,29 +114,51 @@ class Tokenizer:
         Path(path).write_bytes(self.model_proto)
 
     @property
+    def shared(self) -> bool:
+        """Whether source and target ids are one vocabulary (every model but a separate-vocabulary import)."""
+        return self.target_pieces is self.pieces
+
+    @property
     def vocab_size(self) -> int:
-        """Embedding rows: the vocabulary rounded up to a multiple of 8."""
+        """Embedding rows (the source's): the vocabulary rounded up to a multiple of 8."""
         return self.num_rows if self.pieces is not None else round_up(self.source.get_piece_size())
 
     @property
+    def target_vocab_size(self) -> int:
+        """The target embedding's and the output's rows: `vocab_size`, or the target's own vocabulary's."""
+        return self.vocab_size if self.shared else round_up(len(self.target_pieces))
+
+    @property
     def num_pieces(self) -> int:
-        """Ids with a piece (the rest, up to `vocab_size`, are padding rows)."""
+        """Source ids with a piece (the rest, up to `vocab_size`, are padding rows)."""
         return len(self.pieces) if self.pieces is not None else self.source.get_piece_size()
 
-    def id_to_piece(self, i: int) -> str:
-        """The piece of model id `i`."""
-        return self.pieces[i] if self.pieces is not None else self.source.id_to_piece(i)
+    def pieces_of(self, side: str = "src") -> list[str]:
+        """Every id's piece on `side`, in id order ("" for an id without one), padding rows left out."""
+        if self.pieces is None:
+            return [self.source.id_to_piece(i) for i in range(self.source.get_piece_size())]
+        return list(self.target_pieces if side == "tgt" else self.pieces)
 
-    def piece_to_id(self, piece: str) -> int:
-        """The model id of `piece` (or of a tag alias), UNK_ID when it has none."""
-        return self.ids.get(piece, UNK_ID) if self.pieces is not None else self.source.piece_to_id(piece)
+    def id_to_piece(self, i: int, side: str = "src") -> str:
+        """The piece of model id `i` (`side` "tgt": of the target's ids)."""
+        if self.pieces is None:
+            return self.source.id_to_piece(i)
+        return (self.target_pieces if side == "tgt" else self.pieces)[i]
 
-    def is_control(self, i: int) -> bool:
+    def piece_to_id(self, piece: str, side: str = "src") -> int:
+        """The model id of `piece` (or of a tag alias) on `side`, UNK_ID when it has none."""
+        if self.pieces is None:
+            return self.source.piece_to_id(piece)
+        return (self.target_ids if side == "tgt" else self.ids).get(piece, UNK_ID)
+
+    def is_control(self, i: int, side: str = "src") -> bool:
         """Whether id `i` is a control symbol (a tag or language code: never made from text)."""
-        return i in self.controls if self.pieces is not None else self.source.is_control(i)
+        if self.pieces is None:
+            return self.source.is_control(i)
+        return i in (self.target_controls if side == "tgt" else self.controls)
 
     def encode(self, text: str, side: str = "src") -> list[int]:
-        """Token ids of one sentence, without BOS/EOS (`side` "tgt": with the target's model)."""
+        """Token ids of one sentence, without BOS/EOS (`side` "tgt": with the target's model and ids)."""
         if self.pieces is None:  # raymt's own: one model, its ids are the model's
             return self.source.encode(text)
         return self.encode_batch([text], side)[0]
@@ -128,21 +168,22 @@ class Tokenizer:
         sp = self.target if side == "tgt" else self.source
         if self.pieces is None:
             return sp.encode(list(texts))
-        get = self.ids.get
+        get = (self.target_ids if side == "tgt" else self.ids).get
         return [[get(p, UNK_ID) for p in pieces] for pieces in sp.encode(list(texts), out_type=str)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Detokenized text; ids past EOS, specials and padding rows are dropped."""
+        """Detokenized text of target ids; ids past EOS, specials and padding rows are dropped."""
         out = []
+        num = self.num_pieces if self.pieces is None else len(self.target_pieces)
         for i in ids:
             if i == EOS_ID:
                 break
-            if i not in (PAD_ID, BOS_ID) and i < self.num_pieces:
+            if i not in (PAD_ID, BOS_ID) and i < num:
                 out.append(int(i))
         if self.pieces is None:
             return self.source.decode(out)
-        pieces = [self.pieces[i] for i in out if i != UNK_ID and i not in self.controls and self.pieces[i]]
-        return self.target.decode_pieces(pieces)
+        pieces, controls = self.target_pieces, self.target_controls
+        return self.target.decode_pieces([pieces[i] for i in out if i != UNK_ID and i not in controls and pieces[i]])
 
 
 def train_tokenizer(

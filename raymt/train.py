@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 from raymt import storage
 from raymt.autoscale import RayCluster, release_request
-from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, load_config
+from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, check_target_vocabulary, load_config
 from raymt.cluster import Plan, init_ray, plan
 from raymt.config import Config, check_training, flatten, load_file, parse_set_args, schedule_line
 from raymt.curves import after_training as plot_learning_curves
@@ -275,6 +275,7 @@ def run(
         check_shared(run_dir)  # a node-local run directory on a multi-node cluster: one line
         corpus = materialize(cfg, run_data)
         tokenizer, tags = corpus.tokenizer(), pair_tags(corpus, cfg.data.tag_side)
+        check_target_vocabulary(cfg, tokenizer, "the run")  # a hand-set model.target_vocab_size
         write_run_files(cfg, run_dir, tokenizer, str(init_checkpoint) if init_checkpoint else None)
         valid, logs = run_data.eval_sets["valid"], storage.join(run_dir, "logs")
         result = fit(

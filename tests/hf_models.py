@@ -41,6 +41,25 @@ def opus_vocab(source: bytes, target: bytes, codes: Sequence[str] = ()) -> dict[
     return {p: i for i, p in enumerate(pieces)}
 
 
+def opus_separate_vocabs(source: bytes, target: bytes, codes: Sequence[str] = ()) -> tuple[dict, dict]:
+    """Marian's separate vocab.json and target_vocab.json (of another size): </s> 0, <unk> 1, the
+    language codes (source), each model's pieces; <pad> last in the source's and at the same id in
+    the target's (config.json's pad_token_id is both stacks')."""
+    vocabs = []
+    for proto, extra in ((source, codes), (target, ())):
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+        ordinary = [
+            sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)
+        ]
+        vocabs.append(list(dict.fromkeys(["</s>", "<unk>", *(f">>{c}<<" for c in extra), *ordinary])))
+    source_pieces, target_pieces = vocabs
+    pad = len(source_pieces)
+    assert len(target_pieces) > pad, "the target's vocabulary must be the larger (its <pad> at the source's id)"
+    source_pieces.append("<pad>")
+    target_pieces.insert(pad, "<pad>")
+    return {p: i for i, p in enumerate(source_pieces)}, {p: i for i, p in enumerate(target_pieces)}
+
+
 # Both families' test models: d=16, 2+2 layers, no dropout (outputs compare exactly).
 TINY_SHAPE = dict(
     d_model=16,
@@ -72,22 +91,27 @@ def save_opus_mt(
     activation: str = "swish",
     langs: tuple[str, str] = ("en", "de"),
     seed: int = 0,
+    separate: bool = False,
 ) -> Path:
     """A random tiny MarianMTModel in OPUS-MT's configuration (swish, scaled embeddings, decoder
-    start = pad, final_logits_bias) with its tokenizer files, as `save_pretrained` writes it."""
+    start = pad, final_logits_bias) with its tokenizer files, as `save_pretrained` writes it;
+    `separate`: separate vocabularies of different sizes (target_vocab.json, the decoder's own embedding)."""
     import transformers
 
-    source, target = opus_spm(langs[0]), opus_spm(langs[1])
-    vocab = opus_vocab(source, target, codes)
+    source, target = opus_spm(langs[0]), opus_spm(langs[1], 300 if separate else 200)
+    if separate:
+        vocab, target_vocab = opus_separate_vocabs(source, target, codes)
+    else:
+        vocab = target_vocab = opus_vocab(source, target, codes)
     pad = vocab["<pad>"]
     config = transformers.MarianConfig(
         vocab_size=len(vocab),
-        decoder_vocab_size=len(vocab),
+        decoder_vocab_size=len(target_vocab),
         **TINY_SHAPE,
         activation_function=activation,
         max_position_embeddings=64,
         scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
+        share_encoder_decoder_embeddings=not separate,
         tie_word_embeddings=tie,
         pad_token_id=pad,
         eos_token_id=0,
@@ -99,16 +123,19 @@ def save_opus_mt(
     perturb(model, seed)
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 0.5)
-        if not tie:  # transformers 5 unties every embedding: one for both stacks, a separate output
+        if not tie and not separate:  # transformers 5 unties every embedding: one for both stacks, a separate output
             for stack in (model.model.encoder, model.model.decoder):
                 stack.embed_tokens.weight.copy_(model.model.shared.weight)
     directory.mkdir(parents=True, exist_ok=True)
     model.generation_config.update(bad_words_ids=[[pad]], num_beams=4, max_length=64)
+    transformers.utils.logging.disable_progress_bar()  # no bar on stderr, where tests read one-line errors
     model.save_pretrained(str(directory))
     (directory / "source.spm").write_bytes(source)
     (directory / "target.spm").write_bytes(target)
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
-    tokenizer_config = {"source_lang": langs[0], "target_lang": langs[1], "separate_vocabs": False}
+    if separate:
+        (directory / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False))
+    tokenizer_config = {"source_lang": langs[0], "target_lang": langs[1], "separate_vocabs": separate}
     tokenizer_config.update(tokenizer_class="MarianTokenizer", model_max_length=64)
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     return directory

@@ -26,7 +26,8 @@ SOURCES, TARGETS = generate(12, "en", "de", seed=5)
 
 
 class Imported:
-    """An OPUS-MT-style directory, its import, and the id maps between them."""
+    """An OPUS-MT-style directory (`separate`: separate vocabularies), its import, and the id
+    maps between them on each side."""
 
     def __init__(self, tmp_path, **kwargs):
         self.dir = save_opus_mt(tmp_path / "opus-mt-en-de", **kwargs)
@@ -35,18 +36,22 @@ class Imported:
         self.hf = transformers.MarianMTModel.from_pretrained(str(self.dir)).eval()
         self.hf_tok = transformers.MarianTokenizer.from_pretrained(str(self.dir))
         vocab = json.loads((self.dir / "vocab.json").read_text())
+        separate = self.dir / "target_vocab.json"
+        target_vocab = json.loads(separate.read_text()) if separate.is_file() else vocab
         pad = self.hf.config.pad_token_id
-        self.to_hf = [vocab.get(p, pad) for p in self.tok.pieces]  # raymt id -> HF id
-        self.present = [r for r, p in enumerate(self.tok.pieces) if p in vocab]
-        self.to_raymt = {self.to_hf[r]: r for r in self.present}
+        self.to_hf = [vocab.get(p, pad) for p in self.tok.pieces_of("src")]  # raymt id -> HF id
+        self.to_hf_tgt = [target_vocab.get(p, pad) for p in self.tok.pieces_of("tgt")]  # the target's
+        self.present = [r for r, p in enumerate(self.tok.pieces_of("tgt")) if p in target_vocab]  # output rows
+        self.to_raymt = {self.to_hf_tgt[r]: r for r in self.present}
 
-    def hf_ids(self, rows: torch.Tensor) -> torch.Tensor:
-        """(B, T) raymt ids -> HF ids."""
-        return torch.tensor([[self.to_hf[i] for i in row] for row in rows.tolist()])
+    def hf_ids(self, rows: torch.Tensor, side: str = "src") -> torch.Tensor:
+        """(B, T) raymt ids -> HF ids of `side` ("tgt": the decoder's)."""
+        to_hf = self.to_hf_tgt if side == "tgt" else self.to_hf
+        return torch.tensor([[to_hf[i] for i in row] for row in rows.tolist()])
 
     def hf_search(self, src: torch.Tensor, limits: torch.Tensor, beam: int) -> list[list[int]]:
         """HF `generate` with raymt's limits, its pad suppressed (bad_words_ids), in raymt ids."""
-        everything = list(range(self.hf.config.vocab_size))
+        everything = list(range(self.hf.config.decoder_vocab_size))
         eos = [self.hf.config.eos_token_id]
         allowed = lambda i, ids: eos if ids.numel() >= int(limits[i]) else everything  # noqa: E731
         out = self.hf.generate(
@@ -64,33 +69,37 @@ class Imported:
         return [row[: row.index(EOS_ID)] if EOS_ID in row else row for row in rows]
 
 
-@pytest.fixture(scope="module")
-def opus(tmp_path_factory):
-    return Imported(tmp_path_factory.mktemp("opus"))
+@pytest.fixture(scope="module", params=["shared", "separate"])
+def opus(request, tmp_path_factory):
+    """One vocabulary (vocab.json), or separate ones of different sizes (target_vocab.json)."""
+    return Imported(tmp_path_factory.mktemp("opus"), separate=request.param == "separate")
 
 
 def test_token_ids_equal_marian_tokenizers(opus):
     ours = encode_sources(opus.tok, SOURCES, 64)
     assert [[opus.to_hf[i] for i in row] for row in ours] == opus.hf_tok(SOURCES).input_ids
     targets = opus.hf_tok(text_target=TARGETS).input_ids
-    assert [[opus.to_hf[i] for i in opus.tok.encode(t, "tgt")] + [0] for t in TARGETS] == targets
+    assert [[opus.to_hf_tgt[i] for i in opus.tok.encode(t, "tgt")] + [0] for t in TARGETS] == targets
     assert [opus.tok.decode(opus.tok.encode(t, "tgt")) for t in TARGETS] == TARGETS
 
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_logits_equal_hf(tie, opus, tmp_path):
-    case = opus if tie else Imported(tmp_path, tie=False)
+    separate = not opus.tok.shared
+    case = opus if tie else Imported(tmp_path, tie=False, separate=separate)
     assert case.config.model.tie_output is tie and case.config.model.activation == "swish"
+    assert (case.config.model.target_vocab_size is not None) is separate  # the decoder's own embedding
     src = pad_batch(encode_sources(case.tok, SOURCES, 64))
     tgt = pad_batch([[BOS_ID, *case.tok.encode(t, "tgt")] for t in TARGETS])
     with torch.no_grad():
         ours = case.model(src, tgt)
-        theirs = case.hf(input_ids=case.hf_ids(src), attention_mask=src != PAD_ID, decoder_input_ids=case.hf_ids(tgt))
+        hf_tgt = case.hf_ids(tgt, "tgt")
+        theirs = case.hf(input_ids=case.hf_ids(src), attention_mask=src != PAD_ID, decoder_input_ids=hf_tgt)
     real = tgt != PAD_ID
-    hf_rows = [case.to_hf[r] for r in case.present]
+    hf_rows = [case.to_hf_tgt[r] for r in case.present]
     torch.testing.assert_close(ours[:, :, case.present][real], theirs.logits[:, :, hf_rows][real], atol=1e-4, rtol=0)
     # Rows the HF model lacks (raymt's PAD, padding to 8) take no probability.
-    absent = [r for r in range(case.tok.vocab_size) if r not in case.present]
+    absent = [r for r in range(case.tok.target_vocab_size) if r not in case.present]
     assert absent and ours.log_softmax(-1)[:, :, absent].max() < -50
 
 
@@ -135,30 +144,42 @@ def test_raymt_marian_raymt_is_identity(tmp_path):
     assert load_model(back)[2].model == model.cfg
 
 
-def test_imported_marian_raymt_marian(opus, tmp_path):
-    """An imported OPUS-MT model exports to HF Marian again: the same logits, and back the same weights."""
+@pytest.mark.parametrize("tie", [True, False])
+def test_imported_marian_raymt_marian(tie, opus, tmp_path):
+    """An imported OPUS-MT model (tied or untied output) exports to HF Marian again (separate
+    vocabularies: target_vocab.json): the same logits, MarianTokenizer's ids on both sides, and
+    back the same weights and vocabularies."""
+    case = opus if tie else Imported(tmp_path, tie=False, separate=not opus.tok.shared)
     out = tmp_path / "again"
-    assert export.main(["--checkpoint", str(opus.checkpoint), "--output", str(out), "--format", "marian"]) == 0
+    assert export.main(["--checkpoint", str(case.checkpoint), "--output", str(out), "--format", "marian"]) == 0
+    assert (out / "target_vocab.json").is_file() is not case.tok.shared
     again = hf_import.import_model(out, tmp_path / "again-imported")
-    before, after = load_weights(opus.checkpoint), load_weights(again)
+    before, after = load_weights(case.checkpoint), load_weights(again)
     assert all(torch.equal(before[k], after[k]) for k in before) and before.keys() == after.keys()
+    model, tok, config = load_model(again)
+    assert config.model == case.config.model
+    assert all(tok.pieces_of(side) == case.tok.pieces_of(side) for side in ("src", "tgt"))
+    hf_tok = transformers.MarianTokenizer.from_pretrained(str(out))
+    assert hf_tok(SOURCES).input_ids == encode_sources(case.tok, SOURCES, 64)
+    assert hf_tok(text_target=TARGETS).input_ids == [[*case.tok.encode(t, "tgt"), EOS_ID] for t in TARGETS]
     marian = transformers.MarianMTModel.from_pretrained(str(out)).eval()
-    src = pad_batch(encode_sources(opus.tok, SOURCES, 64))
-    tgt = pad_batch([[BOS_ID, *opus.tok.encode(t, "tgt")] for t in TARGETS])
+    src = pad_batch(encode_sources(case.tok, SOURCES, 64))
+    tgt = pad_batch([[BOS_ID, *case.tok.encode(t, "tgt")] for t in TARGETS])
     with torch.no_grad():
         theirs = marian(input_ids=src, attention_mask=src != PAD_ID, decoder_input_ids=tgt).logits
-        torch.testing.assert_close(theirs, opus.model(src, tgt), atol=1e-4, rtol=0)
+        torch.testing.assert_close(theirs, case.model(src, tgt), atol=1e-4, rtol=0)
 
 
 def test_imported_model_exports_to_ctranslate2(opus, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     out = tmp_path / "ct2"
     assert export.main(["--checkpoint", str(opus.checkpoint), "--output", str(out), "--format", "ctranslate2"]) == 0
+    assert (out / "target_vocabulary.json").is_file() is not opus.tok.shared  # else shared_vocabulary.json
     translator = ctranslate2.Translator(str(out), device="cpu")
     sources = encode_sources(opus.tok, SOURCES, 64)
     pieces = [[opus.tok.id_to_piece(i) for i in s[:-1]] for s in sources]
     results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=12)
-    theirs = [[opus.tok.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+    theirs = [[opus.tok.piece_to_id(p, "tgt") for p in r.hypotheses[0]] for r in results]
     opts = DecodeOptions(beam=1, length_penalty=0.0, max_len_a=0.0, max_len_b=13)
     ours = decode(opus.model, pad_batch(sources), opts)
     assert_agree([raymt_scorer(opus.model)], sources, theirs, ours)
@@ -237,6 +258,55 @@ def test_bad_directories(tmp_path, capsys):
     assert "corrupt or truncated safetensors" in bad(tmp_path, capsys, weights)
 
 
+def test_bad_separate_vocabularies(tmp_path, capsys):
+    """A separate-vocabulary directory whose target_vocab.json, config.json or embeddings disagree:
+    one line, exit 2, before anything is written."""
+    import shutil
+
+    good = save_opus_mt(tmp_path / "good" / "opus-mt-en-de", separate=True)
+
+    def variant(name: str):
+        return shutil.copytree(good, tmp_path / name / "opus-mt-en-de")
+
+    short = variant("short")
+    target_vocab = json.loads((short / "target_vocab.json").read_text())
+    (short / "target_vocab.json").write_text(json.dumps(dict(list(target_vocab.items())[:-3])))
+    err = bad(tmp_path, capsys, short)
+    assert "decoder embedding has 300 rows" in err and "target_vocab.json has 297 pieces" in err
+    assert "must be equal" in err
+    missing = variant("missing")
+    (missing / "target_vocab.json").unlink()
+    assert "has no target_vocab.json" in bad(tmp_path, capsys, missing)
+    shares = variant("shares")
+    config = json.loads((shares / "config.json").read_text())
+    (shares / "config.json").write_text(json.dumps({**config, "share_encoder_decoder_embeddings": True}))
+    assert "different embeddings (model.decoder.embed_tokens.weight differs)" in bad(tmp_path, capsys, shares)
+    one = save_opus_mt(tmp_path / "one" / "opus-mt-en-de")  # one vocabulary and embedding
+    shutil.copy(good / "target_vocab.json", one / "target_vocab.json")
+    shutil.copy(good / "tokenizer_config.json", one / "tokenizer_config.json")  # separate_vocabs: true
+    assert "separate source and target vocabularies (separate_vocabs) but one embedding" in bad(tmp_path, capsys, one)
+    start = variant("start")
+    (start / "config.json").write_text(json.dumps({**config, "decoder_start_token_id": 300}))
+    assert "decoder_start_token_id 300 is not a target id (0..299)" in bad(tmp_path, capsys, start)
+
+
+def test_average_of_separate_vocabulary_models(tmp_path):
+    """`raymt average` of two imports of separate vocabularies: the mean of each tensor, the
+    target's embedding included, as a checkpoint that loads."""
+    from raymt import average
+
+    imported = []
+    for seed in (0, 1):
+        directory = save_opus_mt(tmp_path / f"s{seed}" / "opus-mt-en-de", separate=True, seed=seed)
+        imported.append(hf_import.import_model(directory, tmp_path / f"imported{seed}"))
+    out = tmp_path / "avg"
+    assert average.main(["--checkpoints", *map(str, imported), "--output", str(out)]) == 0
+    a, b = (load_weights(c) for c in imported)
+    model, tok, config = load_model(out)
+    assert not tok.shared and config.model.target_vocab_size == tok.target_vocab_size == 304
+    torch.testing.assert_close(model.target_embed.weight, (a["target_embed.weight"] + b["target_embed.weight"]) / 2)
+
+
 def test_a_pair_outside_the_builtin_languages(tmp_path, capsys):
     """Imported pairs are any languages (en-ro), not the built-in corpus's: the checkpoint loads."""
     from raymt import translate
@@ -294,3 +364,29 @@ def test_init_trains_an_imported_model_and_resumes_exactly(tmp_path, ray_address
     assert group_starts(run_dir) == [0, restart, latest]
     reference = final_weights(tmp_path / "ref", INIT_STEPS), trained_pairs(tmp_path / "ref")
     assert_same_as_reference(run_dir, reference, INIT_STEPS)
+
+
+@pytest.mark.slow
+@pytest.mark.ci  # ~45 s: a 2-worker Ray Train run (CI runs it)
+def test_init_trains_an_imported_separate_vocabulary_model(tmp_path, ray_address):
+    """`raymt train --init` an imported OPUS-MT model with separate vocabularies on 2 workers: the
+    corpus's targets tokenized by target.spm over target_vocab.json, both embeddings trained, the
+    output bias kept, the two-vocabulary tokenizer in every checkpoint."""
+    import subprocess
+    import sys
+
+    from raymt.compare import checkpoint_at
+
+    directory = save_opus_mt(tmp_path / "opus-mt-en-de", separate=True)
+    imported = hf_import.import_model(directory, tmp_path / "imported")
+    command = [sys.executable, "-m", "raymt.train", "--init", str(imported), "--storage-path", str(tmp_path)]
+    command += ["--name", "ft", "--num-workers", "2", "--max-steps", "6", "--set", "train.eval_every=6"]
+    command += ["--set", "data.builtin_train_size=400", "--set", "data.builtin_eval_size=8", "--set", "data.max_len=60"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    final = checkpoint_at(tmp_path / "ft", 6)
+    before, after = load_weights(imported), load_weights(final)
+    assert torch.equal(before["output_bias"], after["output_bias"])  # a buffer: not trained
+    for name in ("embed.weight", "target_embed.weight"):
+        assert not torch.equal(before[name], after[name])
+    assert (final / "spm.model").read_bytes() == (imported / "spm.model").read_bytes()

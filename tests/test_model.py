@@ -60,6 +60,20 @@ def test_one_tied_embedding_matrix():
     assert torch.all(model.embed.weight[PAD_ID] == 0)
 
 
+def test_a_target_vocabulary_of_its_own():
+    """model.target_vocab_size: the decoder's own embedding and output rows; a shared model's
+    state dict keeps its keys (checkpoints load unchanged)."""
+    model = Transformer(dataclasses.replace(tiny(), target_vocab_size=40, tie_output=False), vocab_size=72)
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters() if 72 in p.shape or 40 in p.shape}
+    assert shapes == {"embed.weight": (72, 32), "target_embed.weight": (40, 32), "output.weight": (40, 32)}
+    assert torch.all(model.target_embed.weight[PAD_ID] == 0)
+    src, tgt = mixed_batch([6, 4], vocab=72), mixed_batch([5, 3], vocab=40, seed=1)
+    assert model(src, tgt).shape == (2, 5, 40)
+    assert "target_embed.weight" not in Transformer(tiny(), vocab_size=72).state_dict()
+    with pytest.raises(ValueError, match="model.target_vocab_size=42 must be a positive multiple of 8"):
+        dataclasses.replace(tiny(), target_vocab_size=42)
+
+
 @pytest.mark.parametrize("pre_norm", [True, False])
 def test_norm_variants_train(pre_norm):
     torch.manual_seed(0)

@@ -73,3 +73,31 @@ def test_an_imported_vocabulary_bundle(tmp_path):
     with pytest.raises(ValueError, match="is not a SentencePiece model or raymt tokenizer"):
         (tmp_path / "bad.model").write_bytes(b"raymt-tokenizer\n{")
         Tokenizer.load(tmp_path / "bad.model")
+
+
+def test_a_bundle_of_separate_vocabularies(tmp_path):
+    """Separate source and target vocabularies (OPUS-MT's target_vocab.json): each side's ids come
+    from its own table, of its own size, with raymt's specials at PAD 0 .. EOS 3 on both."""
+    src, tgt = builtin.generate(300, "en", "de", seed=4)
+    source, target = train_tokenizer(src, 120), train_tokenizer(tgt, 160)
+    specials = ["<pad>", "<unk>", "<s>", "</s>"]
+    src_table = specials + [source.sp.id_to_piece(i) for i in range(4, source.sp.get_piece_size())]
+    tgt_table = specials + [">>x<<"] + [target.sp.id_to_piece(i) for i in range(4, target.sp.get_piece_size())]
+    shared = Tokenizer.bundle(source.model_proto, target.model_proto, src_table)
+    tok = Tokenizer.bundle(source.model_proto, target.model_proto, src_table, [], {}, tgt_table, [4])
+    assert shared.shared and b'"version": 1' in shared.model_proto and b"target_pieces" not in shared.model_proto
+    tok.save(tmp_path / "spm.model")
+    tok = Tokenizer.load(tmp_path / "spm.model")
+    assert not tok.shared and (tok.vocab_size, tok.target_vocab_size) == (
+        -(-len(src_table) // 8) * 8,
+        -(-len(tgt_table) // 8) * 8,
+    )
+    assert tok.pieces_of("src") == src_table and tok.pieces_of("tgt") == tgt_table
+    assert all(tok.id_to_piece(i, side) == specials[i] for i in range(4) for side in ("src", "tgt"))
+    assert tok.is_control(4, "tgt") and not tok.is_control(4) and tok.id_to_piece(4, "tgt") == ">>x<<"
+    for line in tgt[:20]:
+        ids = tok.encode(line, "tgt")
+        assert [tgt_table[i] for i in ids] == target.sp.encode(line, out_type=str)
+        assert [tok.piece_to_id(p, "tgt") for p in target.sp.encode(line, out_type=str)] == ids
+        assert tok.decode([4, *ids, EOS_ID, 7]) == line  # the target's ids, its control dropped
+    assert [src_table[i] for i in tok.encode(src[0])] == source.sp.encode(src[0], out_type=str)

@@ -55,6 +55,9 @@ class ModelConfig:
     output_bias: bool = False
     # The output projection is the embedding (tied); false: a separate (V, D) matrix.
     tie_output: bool = True
+    # The decoder's own embedding (and output) of this many rows, apart from the encoder's: an
+    # imported OPUS-MT with separate vocabularies (the tokenizer's target ids). None: one embedding.
+    target_vocab_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         positive(
@@ -76,6 +79,11 @@ class ModelConfig:
             self.positions in POSITIONS,
             f"model.positions={self.positions!r} must be one of {', '.join(POSITIONS)}",
         )
+        if self.target_vocab_size is not None:
+            check(
+                self.target_vocab_size > 0 and self.target_vocab_size % 8 == 0,
+                f"model.target_vocab_size={self.target_vocab_size!r} must be a positive multiple of 8 (or unset)",
+            )
 
 
 @dataclass
