@@ -30,6 +30,7 @@ EXPECTED = (
     "backtranslate",
     "average",
     "export",
+    "distill",
     "import",
     "plot",
     "serve",
