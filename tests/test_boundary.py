@@ -13,6 +13,7 @@ PLAIN = [
     "decoding",
     "ensemble",
     "tokenizer",
+    "langid",
     "batching",
     "checkpoint",
     "config",

@@ -140,7 +140,7 @@ def test_tables_round_trip_and_old_configs_load(tmp_path):
     assert {k: single["data"][k] for k in ("corpora", "temperature", "bt_tag")} == {
         "corpora": [
             {"src_lang": "en", "tgt_lang": "de", "train": (), "origin": "real", "weight": 1.0}
-            | {"valid": None, "test": (), "label": None}
+            | {"valid": None, "test": (), "label": None, "clean": {}}
         ],
         "temperature": 1.0,
         "bt_tag": True,

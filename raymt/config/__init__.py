@@ -17,6 +17,8 @@ The names below are the package's: `from raymt.config import Config` wherever it
 from raymt.config.commands import BT_ENGINES, BT_FORMATS, BacktranslateConfig, PrepareConfig, run_prepare_config
 from raymt.config.corpus import (
     BUILTIN_LANGS,
+    CLEAN_KEYS,
+    CONTENT_RULES,
     ORIGINS,
     TABLE_KEYS,
     CorpusSpec,
@@ -79,6 +81,8 @@ __all__ = [
     "SERVE_ENGINES",
     "SP_MODEL_TYPES",
     "TABLE_KEYS",
+    "CLEAN_KEYS",
+    "CONTENT_RULES",
     "BacktranslateConfig",
     "Config",
     "CorpusOptions",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Sequence
 
 from raymt.errors import check
@@ -18,6 +18,28 @@ LABEL = r"[A-Za-z][A-Za-z0-9_]*"
 
 # Languages of the built-in corpus (CLDR data through Babel, number words through num2words).
 BUILTIN_LANGS = ("en", "de", "fr", "es")
+
+# The content rules of prepare's cleaning (raymt.data.clean), each counted under its name.
+CONTENT_RULES = ("copy", "number_mismatch", "url_mismatch", "alpha_ratio", "repeats", "wrong_language")
+# The cleaning options a corpus may set for itself (CorpusSpec.clean: `clean = {wrong_language =
+# false}` in its [[data.corpora]] table); CorpusOptions holds their defaults, for every corpus.
+CLEAN_KEYS = (
+    "copy",
+    "copy_similarity",
+    "number_mismatch",
+    "url_mismatch",
+    "alpha_ratio",
+    "alpha_ratio_min",
+    "repeats",
+    "repeats_max",
+    "wrong_language",
+    "wrong_language_confidence",
+    "wrong_language_min_chars",
+    "max_len",
+    "max_chars",
+    "max_ratio",
+    "ratio_min_len",
+)
 
 # Where a training corpus's pairs come from: real pairs, or "bt", sources made by
 # back-translating real target-side text (issue 29).
@@ -54,6 +76,9 @@ class CorpusSpec:
     # corpus beside a general one, so that fine-tuning keeps the general quality); None: the
     # corpus is named by its pair and origin (`name`).
     label: Optional[str] = None
+    # Cleaning options of this corpus over the run's or prepare's (CLEAN_KEYS), e.g. wrong_language
+    # off for a language that language ID does not know; their values are checked with the rest.
+    clean: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"corpus {self.src_lang}-{self.tgt_lang}"
@@ -82,6 +107,10 @@ class CorpusSpec:
         check(
             self.label is None or (isinstance(self.label, str) and re.fullmatch(LABEL, self.label) is not None),
             f"{where}: label={self.label!r} must be a name of letters, digits and '_' starting with a letter",
+        )
+        check(
+            isinstance(self.clean, dict) and not set(self.clean) - set(CLEAN_KEYS),
+            f"{where}: clean={self.clean!r} must be a table of cleaning options: {', '.join(CLEAN_KEYS)}",
         )
         check(
             len(set(self.train)) == len(self.train),

@@ -105,6 +105,32 @@ class CorpusOptions:
     ratio_min_len: int = 3
     # Drop exact duplicate (src, tgt) pairs, keeping the first in input order.
     dedup: bool = False
+    # ... and near-duplicates: pairs equal after lower-casing, dropping punctuation and writing
+    # every number as 0 (counted as near_duplicate; the first in input order is kept).
+    near_dedup: bool = False
+    # The content rules (docs/data.md, "Cleaning rules"), each counted under its name; off for
+    # the generated built-in corpus, and a corpus may set them for itself (CorpusSpec.clean).
+    # copy: the target is (nearly) the source: word sets and characters in order alike >= copy_similarity.
+    copy: bool = True
+    copy_similarity: float = 0.8
+    # number_mismatch: both sides have numbers, and not the same (4.50 = 4,50; digits vs words pass).
+    number_mismatch: bool = True
+    # url_mismatch: the sides' URLs and e-mail addresses differ.
+    url_mismatch: bool = True
+    # alpha_ratio: letters are under alpha_ratio_min of a side's non-space characters.
+    alpha_ratio: bool = True
+    alpha_ratio_min: float = 0.5
+    # repeats: a word or word n-gram (n <= 3) more than repeats_max times in a row.
+    repeats: bool = True
+    repeats_max: int = 3
+    # wrong_language: language ID (raymt.langid) gives a side another language than the corpus
+    # names with probability >= wrong_language_confidence; sides under wrong_language_min_chars
+    # characters are not judged (names and numbers read as any language). Off by default: at the
+    # confidence that catches wrong languages it also judges text in no language (codes, made-up
+    # test sentences), and a corpus in a language lid.176 does not know would need it off.
+    wrong_language: bool = False
+    wrong_language_confidence: float = 0.5
+    wrong_language_min_chars: int = 20
     # Drop and count lines that are not valid UTF-8 instead of failing.
     skip_invalid: bool = False
     # Several corpora are mixed with p_i ~ (weight_i * n_i)^(1/temperature) (raymt.data.mixing),
@@ -131,6 +157,17 @@ class CorpusOptions:
         )
         check(self.max_ratio >= 1.0, f"{section}.max_ratio={self.max_ratio!r} must be >= 1")
         check(self.ratio_min_len >= 1, f"{section}.ratio_min_len={self.ratio_min_len} must be >= 1")
+        for name in ("copy_similarity", "alpha_ratio_min", "wrong_language_confidence"):
+            value = getattr(self, name)
+            check(
+                isinstance(value, (int, float)) and 0 < value <= 1,
+                f"{section}.{name}={value!r} must be a number in (0, 1]",
+            )
+        check(self.repeats_max >= 1, f"{section}.repeats_max={self.repeats_max} must be >= 1")
+        check(
+            self.wrong_language_min_chars >= 1,
+            f"{section}.wrong_language_min_chars={self.wrong_language_min_chars} must be >= 1",
+        )
 
 
 @dataclass

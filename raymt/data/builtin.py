@@ -143,4 +143,4 @@ def sources(src_lang: str, tgt_lang: str, train_size: int, eval_size: int, seed:
     from raymt.data.sources import Source
 
     splits = builtin_splits(src_lang, tgt_lang, train_size, eval_size, seed)
-    return {split: Source(kind="pairs", pairs=pairs) for split, pairs in splits.items()}
+    return {split: Source(kind="pairs", pairs=pairs, generated=True) for split, pairs in splits.items()}

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
 import heapq
 import json
+import re
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from raymt import langid
+from raymt.config import CONTENT_RULES
 from raymt.data.sources import pair_chunks
 from raymt.tokenizer import Tokenizer
 
 # Cleaning rules in the order they apply; each pair is counted by the first rule that drops it.
-DROP_RULES = ("invalid_utf8", "empty", "too_long_chars", "too_long", "ratio", "duplicate")
+# CONTENT_RULES run in pass 2 only, before tokenizing (pass 1's sample for SentencePiece keeps
+# such pairs: it needs no language ID, and a few copies do not change a vocabulary).
+DROP_RULES = (
+    ("invalid_utf8", "empty", "too_long_chars") + CONTENT_RULES + ("too_long", "ratio", "duplicate", "near_duplicate")
+)
 
 # Counts that both passes make (the second re-reads the inputs: they must not have changed).
 # Pass 2's "empty" adds pairs that tokenize to nothing, which it also counts as "empty_tokens".
@@ -33,6 +43,155 @@ def _clean(src: list[str], tgt: list[str], max_chars: int, counts: Counter) -> l
         else:
             keep.append(i)
     return keep
+
+
+_WORD = re.compile(r"\w+")
+_NUMBER = re.compile(r"\d+")
+_DIGIT = re.compile(r"\d")
+_URL = re.compile(r"(?:https?://|www\.)[^\s<>\"]+|[\w.+-]+@[\w-]+(?:\.[\w-]+)+", re.IGNORECASE)
+# Spaces, control and format characters (zero-width, byte-order mark): not counted by alpha_ratio.
+_INVISIBLE = re.compile(r"[\s\x00-\x1f\x7f-\x9f\xad\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
+
+
+@dataclass(frozen=True)
+class ContentRules:
+    """The content rules a corpus applies (CorpusOptions' fields of the same names, docs/data.md)."""
+
+    copy: bool = False
+    copy_similarity: float = 0.8
+    number_mismatch: bool = False
+    url_mismatch: bool = False
+    alpha_ratio: bool = False
+    alpha_ratio_min: float = 0.5
+    repeats: bool = False
+    repeats_max: int = 3
+    wrong_language: bool = False
+    wrong_language_confidence: float = 0.5
+    wrong_language_min_chars: int = 20
+    src_lang: str = ""
+    tgt_lang: str = ""
+
+    @classmethod
+    def of(cls, options: dict) -> "ContentRules":
+        """The rules of a prepare's options (`dataclasses.asdict` of its PrepareConfig); a rule they
+        do not name is off."""
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in options.items() if k in names})
+
+    @property
+    def any(self) -> bool:
+        """Whether any rule is on."""
+        return any(getattr(self, rule) for rule in CONTENT_RULES)
+
+    def repeated(self) -> re.Pattern:
+        """A word n-gram (n <= 3) repeated more than repeats_max times in a row."""
+        return _repeat_pattern(self.repeats_max)
+
+
+@functools.lru_cache(maxsize=8)
+def _repeat_pattern(most: int) -> re.Pattern:
+    """The compiled `repeats` pattern for at most `most` copies in a row."""
+    return re.compile(r"\b(\w+(?:\W+\w+){0,2})(?:\W+\1\b){%d,}" % most)
+
+
+def _is_copy(src: str, tgt: str, threshold: float) -> bool:
+    """Whether the target is (nearly) the source: equal but for case, or alike >= threshold both as
+    sets of lower-cased words (Jaccard; cheap, so it goes first) and as characters in order
+    (difflib's ratio: a target of the source's words reordered is not a copy)."""
+    src, tgt = src.casefold(), tgt.casefold()
+    if src == tgt:
+        return True
+    a, b = set(_WORD.findall(src)), set(_WORD.findall(tgt))
+    if not a or not b or len(a & b) < threshold * len(a | b):
+        return False
+    return difflib.SequenceMatcher(None, src, tgt, autojunk=False).ratio() >= threshold
+
+
+def _numbers(text: str) -> set[int]:
+    """The numbers of a text: its digit runs by value but 0, so 4.50, 4,50 and 4.5 or 07 and 7 agree."""
+    return {int(n) for n in _NUMBER.findall(text)} - {0}
+
+
+def _numbers_differ(src: str, tgt: str) -> bool:
+    """Whether both sides have numbers, and not the same (one side's digits against the other's
+    number words is how translations often differ: not judged)."""
+    if not (_DIGIT.search(src) and _DIGIT.search(tgt)):
+        return False
+    return _numbers(src) != _numbers(tgt)
+
+
+def _urls(text: str) -> set[str]:
+    """The URLs and e-mail addresses of a text, without trailing punctuation."""
+    if "//" not in text and "@" not in text and "www." not in text.lower():  # most texts: no regex
+        return set()
+    return {u.rstrip(".,;:!?)") for u in _URL.findall(text)}
+
+
+def _few_letters(text: str, least: float) -> bool:
+    """Whether letters are under `least` of the visible characters (a side without any is `empty`'s)."""
+    letters = sum(map(str.isalpha, text))
+    if letters >= least * len(text):  # most texts: no need to count the visible characters
+        return False
+    chars = len(_INVISIBLE.sub("", text))
+    return bool(chars) and letters < least * chars
+
+
+def _repeats(text: str, pattern: re.Pattern, most: int) -> bool:
+    """Whether a word n-gram comes more than `most` times in a row (`pattern`); the regular
+    expression only runs on texts with at least `most` repeated words."""
+    words = _WORD.findall(text)
+    return len(words) - len(set(words)) >= most and pattern.search(text) is not None
+
+
+def _text_rule(src: str, tgt: str, rules: ContentRules, repeated: Optional[re.Pattern]) -> Optional[str]:
+    """The first content rule but wrong_language that drops this pair, or None."""
+    if rules.copy and _is_copy(src, tgt, rules.copy_similarity):
+        return "copy"
+    if rules.number_mismatch and _numbers_differ(src, tgt):
+        return "number_mismatch"
+    if rules.url_mismatch and _urls(src) != _urls(tgt):
+        return "url_mismatch"
+    if rules.alpha_ratio and (_few_letters(src, rules.alpha_ratio_min) or _few_letters(tgt, rules.alpha_ratio_min)):
+        return "alpha_ratio"
+    if repeated is not None and (
+        _repeats(src, repeated, rules.repeats_max) or _repeats(tgt, repeated, rules.repeats_max)
+    ):
+        return "repeats"
+    return None
+
+
+def _content_rules(src: list[str], tgt: list[str], keep: list[int], rules: ContentRules, counts: Counter) -> list[int]:
+    """The indices of `keep` that pass the content rules, counting the others by rule; language ID
+    runs last, on the sides of at least wrong_language_min_chars characters, in one batch."""
+    repeated = rules.repeated() if rules.repeats else None
+    passed = []
+    for i in keep:
+        rule = _text_rule(src[i], tgt[i], rules, repeated)
+        if rule:
+            counts[rule] += 1
+        else:
+            passed.append(i)
+    if not rules.wrong_language:
+        return passed
+    texts, expected, owner = [], [], []
+    for i in passed:
+        for text, lang in ((src[i], rules.src_lang), (tgt[i], rules.tgt_lang)):
+            if len(text) >= rules.wrong_language_min_chars:
+                texts.append(text)
+                expected.append(langid.model_label(lang))
+                owner.append(i)
+    wrong = {
+        i
+        for i, want, (got, p) in zip(owner, expected, langid.identify(texts))
+        if got != want and p >= rules.wrong_language_confidence
+    }
+    counts["wrong_language"] += len(wrong)
+    return [i for i in passed if i not in wrong]
+
+
+def near_key(src: str, tgt: str) -> tuple[str, str]:
+    """A pair as near-duplicates share it: lower case, words only (punctuation gone), digits as 0."""
+    return tuple(" ".join(_WORD.findall(_NUMBER.sub("0", side.casefold()))) for side in (src, tgt))
 
 
 def _pair_hash(src: str, tgt: str, key: bytes) -> int:
@@ -155,12 +314,15 @@ def tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: An
     counts: Counter = Counter()
     src, tgt = table.column("src").to_pylist(), table.column("tgt").to_pylist()
     keep = _clean(src, tgt, options["max_chars"], counts)
+    rules = ContentRules.of(options)
+    if rules.any:
+        keep = _content_rules(src, tgt, keep, rules, counts)
     src_ids = tokenizer.encode_batch([src[i] for i in keep])
     prefix = options.get("prefix_ids") or []  # the corpus's tags (prepare_corpora), counted by the length rules
     if prefix:
         src_ids = [prefix + ids for ids in src_ids]
     tgt_ids = tokenizer.encode_batch([tgt[i] for i in keep], side="tgt")
-    out_src, out_tgt, hashes = [], [], []
+    out_src, out_tgt, hashes, near = [], [], [], []
     key = _hash_key(options["seed"])
     for i, s, t in zip(keep, src_ids, tgt_ids):
         rule = _token_rule(len(s), len(t), options)
@@ -171,16 +333,20 @@ def tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: An
             continue
         out_src.append(s)
         out_tgt.append(t)
-        if options["dedup"]:
+        if options["dedup"] or options.get("near_dedup"):
             hashes.append(_pair_hash(src[i], tgt[i], key))
+        if options.get("near_dedup"):
+            near.append(_pair_hash(*near_key(src[i], tgt[i]), key))
     counts["src_tokens"] += sum(map(len, out_src))
     counts["tgt_tokens"] += sum(map(len, out_tgt))
     if len(table):
         first = (table.column("source")[0].as_py(), table.column("line")[0].as_py())
         _report(tally, ("tokenize", *first, len(table)), counts)
     out = {"src_ids": pa.array(out_src, pa.list_(pa.int32())), "tgt_ids": pa.array(out_tgt, pa.list_(pa.int32()))}
-    if options["dedup"]:
+    if options["dedup"] or options.get("near_dedup"):
         out["h"] = pa.array(hashes, pa.uint64())
+    if options.get("near_dedup"):
+        out["nh"] = pa.array(near, pa.uint64())
     return pa.table(out)
 
 
@@ -197,27 +363,35 @@ def _token_rule(src_len: int, tgt_len: int, options: dict) -> Optional[str]:
 
 
 class Dedup:
-    """Ray Data UDF on a single actor: blocks arrive in input order, so the first copy is kept."""
+    """Ray Data UDF on a single actor: blocks arrive in input order, so the first copy is kept.
+    Exact duplicates count as `duplicate`, other near ones (the `nh` column of near_dedup) as `near_duplicate`."""
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
+        self.seen_near: set[int] = set()
         self.totals: Counter = Counter()
 
     def __call__(self, table: pa.Table, tally: Any) -> pa.Table:
         """Drop pairs whose hash was seen before; the running totals replace the last report."""
         keep = []
-        for i, h in enumerate(table.column("h").to_pylist()):
-            if h in self.seen:
+        exact = table.column("h").to_pylist()
+        near = table.column("nh").to_pylist() if "nh" in table.column_names else [None] * len(exact)
+        for i, (h, nh) in enumerate(zip(exact, near)):
+            if h in self.seen:  # exact copies count as duplicate under near_dedup too
                 self.totals["duplicate"] += 1
+            elif nh is not None and nh in self.seen_near:
+                self.totals["near_duplicate"] += 1
             else:
                 self.seen.add(h)
+                if nh is not None:
+                    self.seen_near.add(nh)
                 keep.append(i)
         dropped = sorted(set(range(len(table))) - set(keep))
         for col, name in (("src_ids", "src_tokens"), ("tgt_ids", "tgt_tokens")):
             lengths = pc.list_value_length(table.column(col)).to_pylist()
             self.totals[name] -= sum(lengths[i] for i in dropped)  # taken back from the tokenizer's
         _report(tally, ("duplicate",), self.totals)
-        return table.take(pa.array(keep, pa.int64())).drop_columns(["h"])
+        return table.take(pa.array(keep, pa.int64())).drop_columns([c for c in ("h", "nh") if c in table.column_names])
 
 
 def read_counts(counts: dict) -> dict:

@@ -49,7 +49,7 @@ class Layout:
 
     def fingerprint(self, inputs: list[dict], tokenizer: Optional[Tokenizer]) -> str:
         """The corpus's fingerprint (`fingerprint`)."""
-        keys = ("src_lang", "tgt_lang", "origin", "weight")
+        keys = ("src_lang", "tgt_lang", "origin", "weight", "clean")
         specs = [{k: getattr(c.spec, k) for k in keys} for c in self.corpora]
         if self.source_codes:  # only then: every other corpus's fingerprint stays as it was
             for spec in specs:

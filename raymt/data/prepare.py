@@ -25,13 +25,13 @@ from typing import Optional
 
 from raymt import storage
 from raymt.cluster import init_ray, machine_cpus
-from raymt.config import PrepareConfig
+from raymt.config import CONTENT_RULES, PrepareConfig
 from raymt.data.clean import READ_COUNTS, all_dropped
 from raymt.data.format import SPM_FILE
 from raymt.data.layout import Layout
 from raymt.data.mixing import reserved_pieces, sample_sizes, source_prefix, source_tags
 from raymt.data.shards import eval_split, first_pass, in_driver, ray_data_settings, write_split
-from raymt.data.sources import CorpusInput, corpus_config, task_spec
+from raymt.data.sources import CorpusInput, clean_config, corpus_config, task_spec
 from raymt.data.staging import build_staged, existing_corpus
 from raymt.errors import check
 from raymt.tokenizer import Tokenizer, train_tokenizer
@@ -162,8 +162,9 @@ def _build(layout: Layout, tmp: Path, reserved: list[str], tokenizer: Optional[T
             prefix = source_prefix(c.spec, ids, layout.source_codes)
             shown = " ".join(map(tokenizer.id_to_piece, prefix))  # <2de> <BT>; an imported NLLB's deu_Latn eng_Latn
             _progress(f"{layout.label(c)}tokenizing and writing training shards" + (f" ({shown})" * bool(prefix)))
+            ccfg = clean_config(cfg, c)
             train = write_split(
-                corpus_config(cfg, c.spec),
+                ccfg,
                 task_specs,
                 tokenizer.model_proto,
                 tmp,
@@ -181,6 +182,7 @@ def _build(layout: Layout, tmp: Path, reserved: list[str], tokenizer: Optional[T
                     "origin": c.spec.origin,
                     "weight": c.spec.weight,
                     "source_tags": tags,
+                    "content_rules": [rule for rule in CONTENT_RULES if getattr(ccfg, rule)],
                     "train": train,
                 }
             )

@@ -130,7 +130,7 @@ def _write_train(
         batch_format="pyarrow",
         fn_kwargs={"model_proto": model_proto, "options": options, "tally": tally},
     )
-    if cfg.dedup:
+    if cfg.dedup or cfg.near_dedup:
         # One actor, one call at a time: with preserve_order it sees the blocks in input order.
         # It reserves no CPU: set lookups are light, and a reserved share of a one-CPU machine
         # would leave the tokenizing tasks none.
@@ -173,7 +173,7 @@ def _write_train_here(
     inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
     read = list(read_inputs(inputs, specs, options, tally))
     read = pa.concat_tables(read) if read else pa.table({"src": [], "tgt": []})
-    dedup = Dedup() if cfg.dedup else None
+    dedup = Dedup() if cfg.dedup or cfg.near_dedup else None
     blocks = []
     for lo in range(0, len(read), BLOCK_ROWS):
         block = tokenize_block(read.slice(lo, BLOCK_ROWS), model_proto, options, tally)

@@ -16,8 +16,8 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import pyarrow.fs as pafs
 
-from raymt import storage
-from raymt.config import CorpusSpec, PrepareConfig, check_corpora
+from raymt import langid, storage
+from raymt.config import CONTENT_RULES, CorpusSpec, PrepareConfig, check_corpora
 from raymt.data.text import (
     COLUMNAR_SUFFIXES,
     TABLE_SUFFIXES,
@@ -55,6 +55,8 @@ class Source:
     src_col: Optional[str] = None
     tgt_col: Optional[str] = None
     pairs: Optional[tuple[list[str], list[str]]] = None  # kind "pairs": the built-in corpus
+    # Generated parallel text (the built-in corpus): the content rules do not apply (`clean_config`).
+    generated: bool = False
 
 
 # ---------------------------------------------------------------- reading pairs
@@ -337,6 +339,11 @@ class CorpusInput:
     valid: list[Source] = dataclasses.field(default_factory=list)
     test: dict[str, list[Source]] = dataclasses.field(default_factory=dict)
 
+    @property
+    def generated(self) -> bool:
+        """Whether every training source is generated text (the built-in corpus)."""
+        return bool(self.train) and all(s.generated for s in self.train)
+
 
 def pair_input(
     cfg: PrepareConfig, train: list[Source], valid: list[Source], test: Optional[dict[str, list[Source]]] = None
@@ -348,6 +355,23 @@ def pair_input(
 def corpus_config(cfg: PrepareConfig, spec: CorpusSpec) -> PrepareConfig:
     """`cfg` for one corpus: its languages name text files (PREFIX.<lang>) and default columns."""
     return dataclasses.replace(cfg, src_lang=spec.src_lang, tgt_lang=spec.tgt_lang)
+
+
+def clean_config(cfg: PrepareConfig, corpus: CorpusInput) -> PrepareConfig:
+    """How one corpus's training pairs are cleaned: `corpus_config` with its own cleaning options
+    (CorpusSpec.clean) over cfg's; the content rules off for generated text (the built-in corpus:
+    names are the same in both languages, 12- and 24-hour times differ in digits, amounts are
+    mostly digits) unless the corpus turns them on. A one-line error for a rule's bad value or a
+    language that language ID does not know."""
+    spec = corpus.spec
+    off = {rule: False for rule in CONTENT_RULES} if corpus.generated else {}
+    try:
+        ccfg = dataclasses.replace(corpus_config(cfg, spec), **{**off, **spec.clean})
+    except ValueError as e:
+        raise ValueError(f"corpus {spec.name}: clean: {e}") from None
+    if ccfg.wrong_language:
+        langid.check_langs([spec.src_lang, spec.tgt_lang], f"corpus {spec.name}")
+    return ccfg
 
 
 def corpus_inputs(
@@ -436,6 +460,7 @@ def check_corpus_inputs(cfg: PrepareConfig, corpora: list[CorpusInput]) -> list[
         ccfg = corpus_config(cfg, c.spec)
         if not c.train:
             raise ValueError(f"corpus {c.spec.name} has no training data: pass --train {c.spec.pair}:PATH")
+        clean_config(cfg, c)  # its cleaning options and languages, checked before Ray
         inputs += [{**check_source(s, ccfg, "train"), "corpus": c.spec.name} for s in c.train]
         inputs += [{**check_source(s, ccfg, f"valid:{c.spec.pair}")} for s in c.valid]
         for name, sources in c.test.items():

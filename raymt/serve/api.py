@@ -16,6 +16,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from raymt import langid
 from raymt.config import ServeConfig
 from raymt.config.serve import DEFAULT_MODEL
 from raymt.engines import Engine
@@ -52,6 +53,8 @@ class Service:
                 raise Refused(404, f"{method} {path}: no such route")
             fields = parse_body(content_type, body, self.cfg.max_body_bytes)
             self.check_key(fields.get("api_key") or authorization.removeprefix("Bearer ").strip())
+            if path == "/detect":
+                return self.detect(fields)
             return await (self.native if path == "/v1/translate" else self.libre)(fields)
         except Refused as refused:
             return refused.reply()
@@ -94,11 +97,9 @@ class Service:
         q = fields.get("q")
         source = fields.get("source")
         detected = None
-        if source == "auto":
-            sources = sorted({src for src, _ in self.info.pairs})
-            if len(sources) != 1:
-                raise Refused(400, f"source auto: this model reads {', '.join(sources)}; name one")
-            source, detected = sources[0], {"confidence": 100.0, "language": sources[0]}
+        if source == "auto":  # the language ID of /detect, over every text of the request, among the model's sources
+            detected = self.candidates(" ".join(self.texts(q)))[0]
+            source = detected["language"]
         job = self.job(q, source, fields.get("target"), None, fields.get("alternatives"))
         results = await self.run(job)
 
@@ -115,8 +116,8 @@ class Service:
             return Reply(200, merged)
         return Reply(200, one(results[0]))
 
-    def job(self, text: Any, source: Any, target: Any, beam: Any, alternatives: Any) -> Job:
-        """A checked request: texts within the limits, known languages, beam and alternatives."""
+    def texts(self, text: Any) -> list[str]:
+        """A request's text (q) as a list, within the server's limits."""
         cfg = self.cfg
         if text is None:
             raise Refused(400, "Invalid request: missing text (q) parameter")
@@ -128,6 +129,24 @@ class Service:
         longest = max((len(t) for t in texts), default=0)
         if longest > cfg.max_text_chars:
             raise Refused(413, f"a text of {longest} characters; the limit is {cfg.max_text_chars}", "max_text_chars")
+        return texts
+
+    def detect(self, fields: dict) -> Reply:
+        """LibreTranslate's POST /detect: q (a text, or a list: a list of answers) -> [{"confidence": 0-100,
+        "language"}], the languages this model translates from, most likely first."""
+        q = fields.get("q")
+        answers = [self.candidates(t) for t in self.texts(q)]
+        return Reply(200, answers if isinstance(q, list) else answers[0])
+
+    def candidates(self, text: str) -> list[dict]:
+        """The model's source languages by language ID (raymt.langid) of `text`, most likely first."""
+        ranked = langid.rank(text, sorted({src for src, _ in self.info.pairs}))
+        return [{"confidence": round(100 * p, 1), "language": code} for code, p in ranked]
+
+    def job(self, text: Any, source: Any, target: Any, beam: Any, alternatives: Any) -> Job:
+        """A checked request: texts within the limits, known languages, beam and alternatives."""
+        cfg = self.cfg
+        texts = self.texts(text)
         sources = {src for src, _ in self.info.pairs}
         if source not in (None, "") and source not in sources:
             raise Refused(400, f"{source} is not supported as a source language; use {', '.join(sorted(sources))}")

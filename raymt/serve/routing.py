@@ -15,7 +15,8 @@ from raymt.errors import first_line
 from raymt.serve.page import PAGE
 
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish"}
-TRANSLATE_ROUTES = ("/v1/translate", "/translate")
+# Answered by a model's Service (a translator replica): LibreTranslate's /detect reads its languages.
+TRANSLATE_ROUTES = ("/v1/translate", "/translate", "/detect")
 # Answered by a translator replica without a model (its counters, whether it is up).
 REPLICA_ROUTES = ("/health", "/ready", "/stats")
 FRONT_ROUTES = ("/", "/languages", "/v1/models")
