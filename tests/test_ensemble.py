@@ -158,6 +158,8 @@ def test_backtranslate_refuses_ctranslate2_for_an_ensemble(ckpts, monkeypatch, e
     assert "--engine ctranslate2 decodes one model, not an ensemble of 2" in line
 
 
+@pytest.mark.slow  # ~12 s quiet: Ray actors of evaluate and backtranslate (CI runs it: .ci/run)
+@pytest.mark.ci
 def test_evaluate_and_backtranslate_decode_the_ensemble(ray_cluster, ckpts):
     root, both = ckpts["root"], ["--checkpoint", ckpts["a"], "--checkpoint", ckpts["b"]]
     prefix = write_pairs(root / "test", 9, seed=5)
