@@ -225,8 +225,10 @@ def test_scores_that_do_not_match_the_corpus_are_one_line_before_ray(models, cas
 # ---------------------------------------------------------------- on Ray, an actor killed
 
 
+@pytest.mark.slow  # 11-23 s of call, ~16 s of Ray head setup on a busy 2-core machine (CI runs it: .ci/run)
+@pytest.mark.ci
 def test_each_line_scored_once_after_an_actor_kill(ray_cluster, ray_head, models, tmp_path, monkeypatch):
-    """SIGKILL one of two scoring actors mid-run: its shards go to the other (Ray Restarts it); every
+    """SIGKILL one of two scoring actors mid-run: its shards go to the other (Ray restarts it); every
     line is scored exactly once, as a run without Ray scores it; a rerun has nothing to do."""
     monkeypatch.setenv(shard_job.DELAY_ENV, "0.3")
     write_pairs(tmp_path / "train", 200, seed=10)
