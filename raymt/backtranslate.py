@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import os
 import random
 import sys
 import time
@@ -49,10 +48,8 @@ from raymt.bt_job import (
     count_inputs,
     find_done,
     shard_file,
-    shard_name,
     text_complete,
     write_info,
-    write_shard,
     write_text,
 )
 from raymt.checkpoint import load_weights, trained_sources
@@ -71,11 +68,8 @@ from raymt.engines import (
 )
 from raymt.errors import cli_error, user_error
 from raymt.flags import add_decode_flags, decode_options
+from raymt.shard_job import actor_delay_s, run_shards, shard_name, start_actors, write_shard
 
-# For tests of kills and restarts only: seconds each actor sleeps per shard (slows a run down).
-DELAY_ENV = "RAYMT_BT_TEST_DELAY_S"
-# Shards given to an actor at a time: the next one is there when it finishes one.
-QUEUE_PER_ACTOR = 2
 # The process title of a decoding actor (tests and the benchmark find actors by it).
 ACTOR_TITLE = "ray::BacktranslateActor"
 
@@ -242,7 +236,7 @@ class BacktranslateActor:
         """True once the actor is up (the driver's sign that a restarted actor takes shards again)."""
         return True
 
-    def translate_shard(self, shard: int, block: pa.Table) -> dict:
+    def run_shard(self, shard: int, block: pa.Table) -> dict:
         """Translate a whole shard and write its file; a small record back (shard, lines, counts),
         with the file's bytes only when this machine cannot write to --output."""
         table = translate_block(self.engine, block, self.opts, self.bt, self.tgt_lang, self.delay_s, self.src_lang)
@@ -389,22 +383,14 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def start_actors(job: Job) -> list:
-    """The decoding actors (no more than shards to do), restarted by Ray if one dies (its shards
-    go to the live ones: `ActorPool`); spread over the cluster's machines."""
+def backtranslate_actors(job: Job) -> list:
+    """The decoding actors (no more than shards to do), on `raymt.shard_job`'s pool."""
     import ray
 
     args = job.args
     num_actors = min(args.num_actors or default_actors(args.gpu), len(job.todo))
     # No Ray Data here (the driver reads the input): the actors may take every CPU.
     plan = actor_plan(num_actors, args.gpu, args.cpus_per_actor, keep_cpus=0)  # one line if they do not fit
-    actor = ray.remote(BacktranslateActor).options(
-        num_cpus=plan.cpus,
-        num_gpus=plan.gpus,
-        max_restarts=-1,
-        max_task_retries=0,  # a dead actor's shards fail at once and go to a live actor (ActorPool)
-        scheduling_strategy="SPREAD",
-    )
     kwargs = {
         "checkpoints": job.model.checkpoints,  # each actor loads them (several: an ensemble)
         "engine": job.engine,
@@ -416,87 +402,17 @@ def start_actors(job: Job) -> list:
         "output": job.output,
         "driver_node": ray.get_runtime_context().get_node_id(),
         "cache": str(storage.cache_root()),
-        "delay_s": float(os.environ.get(DELAY_ENV, "0") or 0),
+        "delay_s": actor_delay_s(),
         "src_lang": job.src_lang.split("+")[0],  # an imported NLLB's source code (ModelInfo.source_tag)
     }
-    return [actor.remote(**kwargs) for _ in range(num_actors)]
-
-
-class ActorPool:
-    """The decoding actors and the shards handed to each, at most QUEUE_PER_ACTOR per actor at a
-    time, so memory stays flat in the input's size. A shard of an actor that died goes to a live
-    actor at once rather than waiting for Ray to restart it (an engine's load: ~40 s); the
-    restarted actor takes shards again once it answers."""
-
-    def __init__(self, actors: list, progress: Progress):
-        self.actors, self.progress = actors, progress
-        self.queued = [0] * len(actors)
-        self.tasks: dict[Any, tuple[int, int, pa.Table]] = {}  # a shard's record (ObjectRef) -> actor, shard, block
-        self.restarting: dict[Any, int] = {}  # a dead actor's `ready` call (ObjectRef) -> its index
-        self.orphans: list[tuple[int, pa.Table]] = []  # dead actors' shards, for the next live slot
-
-    def full(self) -> bool:
-        """True while every live actor has QUEUE_PER_ACTOR shards (or none is live)."""
-        return len(self.tasks) >= QUEUE_PER_ACTOR * (len(self.actors) - len(self.restarting))
-
-    def put(self, shard: int, block: pa.Table) -> None:
-        """Hand a shard to the live actor with the fewest queued, once one has room."""
-        while self.full():
-            self.collect()
-        down = set(self.restarting.values())
-        i = min((j for j in range(len(self.actors)) if j not in down), key=lambda j: self.queued[j])
-        self.tasks[self.actors[i].translate_shard.remote(shard, block)] = (i, shard, block)
-        self.queued[i] += 1
-
-    def drain(self) -> None:
-        """Wait until every shard handed out is done (a dead actor's by a live one)."""
-        while self.tasks or self.orphans:
-            self.collect()
-
-    def collect(self) -> None:
-        """Take the shards finished within --progress-s, and the restarted actors."""
-        import ray
-        from ray.exceptions import RayActorError
-
-        ready, _ = ray.wait([*self.tasks, *self.restarting], num_returns=1, timeout=self.progress.job.bt.progress_s)
-        for ref in ready:
-            if ref in self.restarting:
-                i = self.restarting.pop(ref)
-                try:
-                    ray.get(ref)
-                except RayActorError:  # died again while restarting: wait for the next restart
-                    self.restarting[self.actors[i].ready.remote()] = i
-                continue
-            i, shard, block = self.tasks.pop(ref)
-            self.queued[i] -= 1
-            try:
-                self.progress.add(ray.get(ref))
-            except RayActorError:  # the actor died (Ray restarts it): its shards go elsewhere
-                if i not in self.restarting.values():
-                    self.restarting[self.actors[i].ready.remote()] = i
-                self.orphans.append((shard, block))
-        while self.orphans and not self.full():
-            self.put(*self.orphans.pop(0))
-        self.progress.show()
-
-    def close(self) -> None:
-        """Kill the actors at once: a failed run's actors must not hold the cluster's CPUs."""
-        import ray
-
-        for actor in self.actors:
-            ray.kill(actor)
+    return start_actors(BacktranslateActor, num_actors, plan, kwargs)
 
 
 def run_on_cluster(job: Job, progress: Progress) -> None:
     """Read the shards to do here and hand each to the actor pool, whose actors write their files."""
-    pool = ActorPool(start_actors(job), progress)
+    actors = backtranslate_actors(job)
     progress.started = progress.printed = time.time()  # the rate counts decoding, not Ray's start
-    try:
-        for shard, block in shard_inputs(job):
-            pool.put(shard, block)
-        pool.drain()
-    finally:
-        pool.close()
+    run_shards(actors, shard_inputs(job), progress, job.bt.progress_s)
 
 
 def summary(job: Job, seconds: float, progress: Progress) -> str:

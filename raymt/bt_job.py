@@ -14,24 +14,21 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import secrets
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raymt import storage
+from raymt import shard_job, storage
 from raymt.config import BacktranslateConfig, DecodeOptions
 from raymt.data.mono import InputFile, count_lines
 from raymt.engines import ModelInfo
+from raymt.shard_job import SHARD_PREFIX, shard_name
 
 INFO_FILE = "bt.json"
 INFO_FORMAT = "raymt-bt/1"
-SHARD_PREFIX = "part-"
 META_KEY = b"raymt.bt"  # Parquet schema metadata of a shard: its counts
 STATUS_OK, STATUS_EMPTY, STATUS_INVALID = 0, 1, 2
 NOISE_FIELDS = ("noise", "noise_delete", "noise_replace", "noise_swap", "noise_filler")
@@ -73,11 +70,6 @@ class Job:
         return min(self.bt.shard_lines, self.num_lines - shard * self.bt.shard_lines)
 
 
-def shard_name(first_line_id: int) -> str:
-    """`part-000000010000.parquet`: names sort in line-id order."""
-    return f"{SHARD_PREFIX}{first_line_id:012d}.parquet"
-
-
 def shard_file(table: pa.Table) -> tuple[bytes, dict]:
     """A translated shard's Parquet file (rows in line-id order, its counts in the schema's
     metadata) and its counts."""
@@ -92,22 +84,6 @@ def shard_file(table: pa.Table) -> tuple[bytes, dict]:
     buf = io.BytesIO()
     pq.write_table(out, buf)
     return buf.getvalue(), counts
-
-
-def write_shard(location: str, data: bytes) -> None:
-    """Write a shard file whole: locally under a temporary name of this writer's own, then renamed
-    (a retried task and a first try that is still running never mix); an object in one PUT."""
-    if storage.is_uri(location):
-        storage.write_bytes(location, data)
-        return
-    path = Path(location)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")  # find_done removes leftovers
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def settings(job: Job) -> dict:
@@ -187,34 +163,11 @@ def count_inputs(job: Job, old: Optional[dict]) -> None:
         raise ValueError(f"--input {job.args.input} has no lines")
 
 
-def shard_counts(location: str, expected_rows: int) -> Optional[dict]:
-    """A finished shard's counts, or None when it is missing, unreadable or has another row count."""
-    fs, path = storage.filesystem(location)
-    try:
-        with fs.open_input_file(path) as fh:
-            meta = pq.ParquetFile(fh).metadata
-            counts = json.loads((meta.metadata or {}).get(META_KEY, b"{}"))
-    except (OSError, pa.ArrowException, json.JSONDecodeError):
-        return None
-    if meta.num_rows != expected_rows or not isinstance(counts, dict) or "empty" not in counts:
-        return None
-    return counts
-
-
 def find_done(job: Job) -> None:
     """Verify the shard files already written (row counts); the rest, and broken ones, are to do."""
-    names = set(storage.listdir(job.output))
-    if not storage.is_uri(job.output):
-        for name in names:  # left by a driver killed while writing
-            if name.startswith(SHARD_PREFIX) and name.endswith(".tmp"):
-                os.remove(os.path.join(job.output, name))
-    for shard in range(job.num_shards):
-        name = shard_name(shard * job.bt.shard_lines)
-        counts = shard_counts(storage.join(job.output, name), job.shard_rows(shard)) if name in names else None
-        if counts is None:
-            job.todo.append(shard)
-        else:
-            job.done[shard] = counts
+    job.done, job.todo = shard_job.find_done(
+        job.output, job.num_shards, job.bt.shard_lines, job.num_lines, META_KEY, "empty"
+    )
 
 
 def write_info(job: Job, done: bool = False) -> None:

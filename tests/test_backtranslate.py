@@ -20,7 +20,7 @@ from agreement import assert_translations_agree
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 from raymt import backtranslate as bt
-from raymt import bt_job, engines
+from raymt import bt_job, engines, shard_job
 from raymt.checkpoint import languages_entry
 from raymt.config import BacktranslateConfig, DecodeOptions
 from raymt.data.builtin import generate
@@ -221,7 +221,7 @@ def decode_here(args: list[str]) -> None:
     bt_job.write_info(job)
     for shard, block in bt.shard_inputs(job):
         data, _ = bt_job.shard_file(bt.translate_block(UpperEngine(), block, job.opts, job.bt))
-        bt_job.write_shard(bt_job.storage.join(job.output, bt_job.shard_name(shard * job.bt.shard_lines)), data)
+        shard_job.write_shard(bt_job.storage.join(job.output, shard_job.shard_name(shard * job.bt.shard_lines)), data)
 
 
 @pytest.fixture
@@ -487,7 +487,7 @@ def test_killed_driver_then_actor_resume_each_line_once(ray_address, checkpoint,
     out = tmp_path / "out"
     args = ["--checkpoint", str(checkpoint), "--input", str(mono), "--output", str(out), *FLAGS]
     args += ["--shard-lines", "1000", "--num-actors", "2"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), bt.DELAY_ENV: "0.5"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), shard_job.DELAY_ENV: "0.5"}
 
     first = start(args, tmp_path / "first.log", env)
     wait_for_shards(out, 2, first)  # shard files while the driver still runs
@@ -545,7 +545,7 @@ def test_a_dead_actors_shards_go_to_a_live_actor_not_to_its_restart(
             super().__init__(**kwargs)
 
     monkeypatch.setattr(bt, "BacktranslateActor", BacktranslateActor)
-    monkeypatch.setenv(bt.DELAY_ENV, "0.3")
+    monkeypatch.setenv(shard_job.DELAY_ENV, "0.3")
     monkeypatch.setenv("RAYMT_CACHE", str(tmp_path / "cache"))
     mono, out = tmp_path / "mono.en", tmp_path / "out"
     mono.write_text("\n".join(sentences(200, 5)) + "\n")

@@ -54,6 +54,8 @@ PLAIN = [
     "errors",
     "engines",
     "bt_job",
+    "shard_job",
+    "data.scores",
     "flags",
     "rundir",
     "rundata",

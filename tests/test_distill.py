@@ -15,8 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from tiny_checkpoint import make_checkpoint, one_thread, write_pairs  # noqa: F401 (autouse fixture)
 
-from raymt import backtranslate as bt
-from raymt import distill
+from raymt import distill, shard_job
 from raymt.checkpoint import load_config, weights_file
 from raymt.config import preset
 from raymt.model import Transformer
@@ -148,7 +147,7 @@ def test_a_kill_during_the_teachers_translation_resumes_each_line_once(ray_addre
     training source translated once, the shards written before the kill kept."""
     out = tmp_path / "d"
     argv = ["--teacher", str(teacher), "--output", str(out), "--shard-lines", "50", *TINY]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), bt.DELAY_ENV: "0.5"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), shard_job.DELAY_ENV: "0.5"}
     cmd = [sys.executable, "-m", "raymt.distill", *argv]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     deadline = time.time() + 300

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from raymt.checkpoint import TrainState, save_checkpoint
-from raymt.config import Config, DataConfig, tiny
+from raymt.config import Config, CorpusSpec, DataConfig, tiny
 from raymt.data.builtin import generate
 from raymt.model import Transformer
 from raymt.tokenizer import Tokenizer, train_tokenizer
@@ -30,11 +30,15 @@ def tokenizer(vocab_size: int = 256) -> Tokenizer:
     return train_tokenizer(src + tgt, vocab_size)
 
 
-def make_checkpoint(directory: Path, seed: int = 0, vocab_size: int = 256, d_model: int = 32, step: int = 0) -> Path:
-    """A random tiny model saved as a raymt checkpoint (model.pt, config.json, spm.model, train_state.pt)."""
+def make_checkpoint(
+    directory: Path, seed: int = 0, vocab_size: int = 256, d_model: int = 32, step: int = 0, pair: str = "en-de"
+) -> Path:
+    """A random tiny model saved as a raymt checkpoint (model.pt, config.json, spm.model, train_state.pt)
+    translating `pair` (the tokenizer is joint en/de)."""
     torch.manual_seed(seed)
     tok = tokenizer(vocab_size)
-    config = Config(model=tiny(), data=DataConfig(vocab_size=vocab_size))
+    corpora = [CorpusSpec(*pair.split("-"))]
+    config = Config(model=tiny(), data=DataConfig(vocab_size=vocab_size, corpora=corpora))
     config.model.d_model = d_model
     model = Transformer(config.model, tok.vocab_size)
     return save_checkpoint(directory, model, config, tok, TrainState(step=step))

@@ -5,7 +5,7 @@
   `parse_pairs`), and the one reader of older configs' one-pair fields (`with_one_pair`: only
   `raymt.flags.build_config` and `Config.from_dict` read them, so it is not re-exported)
 - `sections`: the run's `Config` and its sections, `DecodeOptions`, `check_training`
-- `commands`: `PrepareConfig` (`raymt data prepare`) and `BacktranslateConfig`
+- `commands`: `PrepareConfig` (`raymt data prepare`), `ScoreConfig` (`raymt data score`) and `BacktranslateConfig`
 - `presets`: model presets as functions (tiny .. big)
 - `overrides`: config files, `--set` values and older configs' field names
 - `schedule`: the batch schedule and the defaults of GPU and compiled runs
@@ -14,12 +14,20 @@
 The names below are the package's: `from raymt.config import Config` wherever it is used.
 """
 
-from raymt.config.commands import BT_ENGINES, BT_FORMATS, BacktranslateConfig, PrepareConfig, run_prepare_config
+from raymt.config.commands import (
+    BT_ENGINES,
+    BT_FORMATS,
+    BacktranslateConfig,
+    PrepareConfig,
+    ScoreConfig,
+    run_prepare_config,
+)
 from raymt.config.corpus import (
     BUILTIN_LANGS,
     CLEAN_KEYS,
     CONTENT_RULES,
     ORIGINS,
+    SCORE_KEYS,
     TABLE_KEYS,
     CorpusSpec,
     check_corpora,
@@ -83,7 +91,9 @@ __all__ = [
     "TABLE_KEYS",
     "CLEAN_KEYS",
     "CONTENT_RULES",
+    "SCORE_KEYS",
     "BacktranslateConfig",
+    "ScoreConfig",
     "Config",
     "CorpusOptions",
     "CorpusSpec",

@@ -1,5 +1,6 @@
 """The options of the commands beside training: `raymt data prepare` (PrepareConfig, and the
-one a run that prepares its own corpus derives) and `raymt backtranslate` (BacktranslateConfig)."""
+one a run that prepares its own corpus derives), `raymt data score` (ScoreConfig) and
+`raymt backtranslate` (BacktranslateConfig)."""
 
 from __future__ import annotations
 
@@ -91,3 +92,19 @@ class BacktranslateConfig:
             check(0 <= p < 1, f"--{name.replace('_', '-')} {p} must be in [0, 1)")
         check(self.noise_swap >= 0, f"--noise-swap {self.noise_swap} must be >= 0 (0 = no swaps)")
         check(bool(self.noise_filler.strip()), "--noise-filler must not be blank")
+
+
+@dataclass
+class ScoreConfig:
+    """`raymt data score`: sharding and batching of a corpus's dual cross-entropy scoring job."""
+
+    # Corpus line ids [k * shard_lines, (k + 1) * shard_lines) are score shard k: the unit of restart.
+    shard_lines: int = 10_000
+    # Padded tokens per scoring batch (the longer of source and target; pairs sorted by length in a shard).
+    max_tokens: int = 4096
+    progress_s: float = 10.0  # seconds between progress lines
+
+    def __post_init__(self) -> None:
+        for name in ("shard_lines", "max_tokens", "progress_s"):
+            value = getattr(self, name)
+            check(value > 0, f"--{name.replace('_', '-')} {value} must be > 0")

@@ -131,6 +131,14 @@ class CorpusOptions:
     wrong_language: bool = False
     wrong_language_confidence: float = 0.5
     wrong_language_min_chars: int = 20
+    # score: the dual conditional cross-entropy filter (docs/data.md, "Scoring pairs"): a pair is
+    # dropped when its `raymt data score` score (exp(-dcce), in (0, 1], higher is better) is under
+    # min_score, or when it is not among the best keep_best fraction of its corpus's scored pairs;
+    # the scores are read from `scores` (a directory of `raymt data score`; None: SPEC.scores
+    # beside each training input). Off (None) by default.
+    min_score: Optional[float] = None
+    keep_best: Optional[float] = None
+    scores: Optional[str] = None
     # Drop and count lines that are not valid UTF-8 instead of failing.
     skip_invalid: bool = False
     # Several corpora are mixed with p_i ~ (weight_i * n_i)^(1/temperature) (raymt.data.mixing),
@@ -167,6 +175,20 @@ class CorpusOptions:
         check(
             self.wrong_language_min_chars >= 1,
             f"{section}.wrong_language_min_chars={self.wrong_language_min_chars} must be >= 1",
+        )
+        for name in ("min_score", "keep_best"):
+            value = getattr(self, name)
+            check(
+                value is None or (isinstance(value, (int, float)) and 0 < value <= 1),
+                f"{section}.{name}={value!r} must be a number in (0, 1]",
+            )
+        check(
+            self.min_score is None or self.keep_best is None,
+            f"{section}.min_score and {section}.keep_best are two ways of filtering by score: set one",
+        )
+        check(
+            self.scores is None or self.min_score is not None or self.keep_best is not None,
+            f"{section}.scores={self.scores!r} filters nothing without min_score or keep_best",
         )
 
 

@@ -1,4 +1,5 @@
-"""`python -m raymt.data prepare ...`: flags -> PrepareConfig and sources -> raymt.data.prepare."""
+"""`python -m raymt.data prepare ...`: flags -> PrepareConfig and sources -> raymt.data.prepare;
+`python -m raymt.data score ...`: raymt.data.score_job."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Optional
 
 from raymt import storage
 from raymt.config import DataConfig, PrepareConfig, parse_value, split_spec
+from raymt.data import score_job
+from raymt.data.score_job import add_score_parser
 from raymt.errors import cli_error
 from raymt.flags import add_input_flags, corpora_from_args
 
@@ -21,7 +24,7 @@ FLAG_NAMES = {"src_lang": "src", "tgt_lang": "tgt"}
 
 
 def prepare_parser() -> argparse.ArgumentParser:
-    """Flags of `python -m raymt.data prepare`; every option names a PrepareConfig field."""
+    """Flags of `python -m raymt.data prepare` (every option names a PrepareConfig field) and of `score`."""
     p = argparse.ArgumentParser(prog="python -m raymt.data", allow_abbrev=False, description="Corpus tools for raymt.")
     sub = p.add_subparsers(dest="command", required=True)
     q = sub.add_parser(
@@ -60,6 +63,7 @@ def prepare_parser() -> argparse.ArgumentParser:
         else:
             q.add_argument(flag, dest=f.name, help=f"{f.name} (default {f.default})")
     q.add_argument("--overwrite", action="store_true", help="replace a corpus already in --out")
+    add_score_parser(sub)
     return p
 
 
@@ -153,6 +157,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of `python -m raymt.data`; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = prepare_parser().parse_args(argv)
+    if args.command == "score":
+        return score_job.main(args)
     try:
         from raymt.data.prepare import prepare_corpora
 

@@ -17,14 +17,18 @@ import pyarrow.compute as pc
 
 from raymt import langid
 from raymt.config import CONTENT_RULES
+from raymt.data.scores import ScoreReader
 from raymt.data.sources import pair_chunks
 from raymt.tokenizer import Tokenizer
 
 # Cleaning rules in the order they apply; each pair is counted by the first rule that drops it.
-# CONTENT_RULES run in pass 2 only, before tokenizing (pass 1's sample for SentencePiece keeps
-# such pairs: it needs no language ID, and a few copies do not change a vocabulary).
+# CONTENT_RULES and `score` (raymt.data.scores) run in pass 2 only, before tokenizing (pass 1's
+# sample for SentencePiece keeps such pairs: it needs no language ID, and a few copies do not
+# change a vocabulary).
 DROP_RULES = (
-    ("invalid_utf8", "empty", "too_long_chars") + CONTENT_RULES + ("too_long", "ratio", "duplicate", "near_duplicate")
+    ("invalid_utf8", "empty", "too_long_chars")
+    + CONTENT_RULES
+    + ("score", "too_long", "ratio", "duplicate", "near_duplicate")
 )
 
 # Counts that both passes make (the second re-reads the inputs: they must not have changed).
@@ -293,18 +297,23 @@ def merge_samples(batches: Iterator[pa.Table], k: int) -> tuple[list[str], Count
 
 
 def read_inputs(batch: pa.Table, specs: list[dict], options: dict, tally: Any) -> Iterator[pa.Table]:
-    """Pass 2 reader (a generator): stripped pairs of each input with their provenance."""
+    """Pass 2 reader (a generator): stripped pairs of each input with their provenance; with
+    scores (the spec's "scores", `raymt.data.scores.score_entries`), whether each is under the threshold."""
     for idx in batch.column("idx").to_pylist():
         counts: Counter = Counter()
+        entry = specs[idx].get("scores")
+        reader = ScoreReader(entry, f"{specs[idx]['paths'][0]}") if entry else None
         for src, tgt, line_numbers in pair_chunks(specs[idx], _on_invalid(options), counts):
-            yield pa.table(
-                {
-                    "src": pa.array(src, pa.string()),
-                    "tgt": pa.array(tgt, pa.string()),
-                    "source": pa.array([idx] * len(src), pa.int32()),
-                    "line": pa.array(line_numbers, pa.int64()),
-                }
-            )
+            columns = {
+                "src": pa.array(src, pa.string()),
+                "tgt": pa.array(tgt, pa.string()),
+                "source": pa.array([idx] * len(src), pa.int32()),
+                "line": pa.array(line_numbers, pa.int64()),
+            }
+            if reader is not None:  # NaN (an unscored line) is under any threshold
+                below = [not score >= entry["threshold"] for score in reader.scores(line_numbers)]
+                columns["below"] = pa.array(below, pa.bool_())
+            yield pa.table(columns)
         _report(tally, ("read", idx), counts)
 
 
@@ -317,6 +326,10 @@ def tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: An
     rules = ContentRules.of(options)
     if rules.any:
         keep = _content_rules(src, tgt, keep, rules, counts)
+    if "below" in table.column_names:  # the score rule: under the corpus's threshold
+        below = table.column("below").to_pylist()
+        counts["score"] += sum(below[i] for i in keep)
+        keep = [i for i in keep if not below[i]]
     src_ids = tokenizer.encode_batch([src[i] for i in keep])
     prefix = options.get("prefix_ids") or []  # the corpus's tags (prepare_corpora), counted by the length rules
     if prefix:

@@ -8,7 +8,7 @@ import hashlib
 import json
 from typing import Optional
 
-from raymt.config import PrepareConfig
+from raymt.config import SCORE_KEYS, PrepareConfig
 from raymt.data.clean import drop_summary
 from raymt.data.format import FORMAT, TEST_DIR, TRAIN_DIR, VALID_DIR
 from raymt.data.mixing import target_langs
@@ -44,8 +44,13 @@ class Layout:
 
     def options(self) -> dict:
         """The manifest's options (each corpus names its own languages; a given tokenizer is
-        fingerprinted by its content, not by where it was read)."""
-        return {k: v for k, v in dataclasses.asdict(self.cfg).items() if k not in ("src_lang", "tgt_lang", "tokenizer")}
+        fingerprinted by its content, not by where it was read; the score options only when set, so
+        a corpus that filters by no score keeps the fingerprint it had before they existed)."""
+        return {
+            k: v
+            for k, v in dataclasses.asdict(self.cfg).items()
+            if k not in ("src_lang", "tgt_lang", "tokenizer") and not (k in SCORE_KEYS and v is None)
+        }
 
     def fingerprint(self, inputs: list[dict], tokenizer: Optional[Tokenizer]) -> str:
         """The corpus's fingerprint (`fingerprint`)."""

@@ -26,6 +26,7 @@ from typing import Optional
 from raymt import storage
 from raymt.cluster import init_ray, machine_cpus
 from raymt.config import CONTENT_RULES, PrepareConfig
+from raymt.data import scores
 from raymt.data.clean import READ_COUNTS, all_dropped
 from raymt.data.format import SPM_FILE
 from raymt.data.layout import Layout
@@ -150,7 +151,7 @@ def _build(layout: Layout, tmp: Path, reserved: list[str], tokenizer: Optional[T
     manifest without its bookkeeping."""
     cfg, corpora = layout.cfg, layout.corpora
     valid, tests = _eval_splits(layout, tmp)  # the small sets first: their errors come early
-    specs = [[task_spec(s, corpus_config(cfg, c.spec)) for s in c.train] for c in corpora]
+    specs = [_task_specs(layout, c) for c in corpora]
     with contextlib.nullcontext() if all(here) else ray_data_settings():
         firsts: list[Optional[dict]] = [None] * len(corpora)
         if tokenizer is None:
@@ -188,6 +189,17 @@ def _build(layout: Layout, tmp: Path, reserved: list[str], tokenizer: Optional[T
             )
     (tmp / SPM_FILE).write_bytes(tokenizer.model_proto)
     return layout.manifest(tokenizer, entries, valid, tests, ids)
+
+
+def _task_specs(layout: Layout, c: CorpusInput) -> list[dict]:
+    """Corpus `c`'s training inputs as its prepare tasks read them; with a score filter, each with
+    its scores and the corpus's threshold (`scores.score_entries`)."""
+    cfg = clean_config(layout.cfg, c)
+    specs = [task_spec(s, corpus_config(layout.cfg, c.spec)) for s in c.train]
+    if scores.filters(cfg):
+        for spec, entry in zip(specs, scores.score_entries(cfg, c, f"corpus {c.spec.name}")):
+            spec["scores"] = entry
+    return specs
 
 
 def joint_sample(samples: list[list[str]], shares: list[int]) -> tuple[list[str], list[int]]:

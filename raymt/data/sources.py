@@ -18,6 +18,7 @@ import pyarrow.fs as pafs
 
 from raymt import langid, storage
 from raymt.config import CONTENT_RULES, CorpusSpec, PrepareConfig, check_corpora
+from raymt.data import scores
 from raymt.data.text import (
     COLUMNAR_SUFFIXES,
     TABLE_SUFFIXES,
@@ -57,6 +58,8 @@ class Source:
     pairs: Optional[tuple[list[str], list[str]]] = None  # kind "pairs": the built-in corpus
     # Generated parallel text (the built-in corpus): the content rules do not apply (`clean_config`).
     generated: bool = False
+    # The SPEC it was read from (a --train PREFIX or file): its scores are SPEC.scores (raymt.data.scores).
+    location: Optional[str] = None
 
 
 # ---------------------------------------------------------------- reading pairs
@@ -315,11 +318,11 @@ def source_from_spec(
     """A Source from a command-line SPEC: a .tsv/.jsonl(.gz) file, .parquet/.arrow file(s), or a prefix."""
     kind = file_kind(spec)
     if kind in ("tsv", "jsonl"):
-        return Source(kind, (spec,), src_col, tgt_col)
+        return Source(kind, (spec,), src_col, tgt_col, location=spec)
     files = _table_files(spec)
     if files is not None:
-        return Source("parquet", files, src_col, tgt_col)
-    return _text_pair(spec, cfg)
+        return Source("parquet", files, src_col, tgt_col, location=spec)
+    return dataclasses.replace(_text_pair(spec, cfg), location=spec)
 
 
 # ---------------------------------------------------------------- several corpora
@@ -460,8 +463,12 @@ def check_corpus_inputs(cfg: PrepareConfig, corpora: list[CorpusInput]) -> list[
         ccfg = corpus_config(cfg, c.spec)
         if not c.train:
             raise ValueError(f"corpus {c.spec.name} has no training data: pass --train {c.spec.pair}:PATH")
-        clean_config(cfg, c)  # its cleaning options and languages, checked before Ray
-        inputs += [{**check_source(s, ccfg, "train"), "corpus": c.spec.name} for s in c.train]
+        cleaning = clean_config(cfg, c)  # its cleaning options and languages, checked before Ray
+        train = [{**check_source(s, ccfg, "train"), "corpus": c.spec.name} for s in c.train]
+        if scores.filters(cleaning):  # the score files, matched to the inputs (and in their fingerprint)
+            for entry, found in zip(train, scores.check_scores(cleaning, c, f"corpus {c.spec.name}")):
+                entry["scores"] = found
+        inputs += train
         inputs += [{**check_source(s, ccfg, f"valid:{c.spec.pair}")} for s in c.valid]
         for name, sources in c.test.items():
             if not TEST_NAME.match(name) or not sources:

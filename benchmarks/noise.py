@@ -1,0 +1,265 @@
+"""What cleaning removes of injected noise (issue 59, "Measure"): Multi30k en-de train with 30% of
+its pairs made noisy in six kinds, then `raymt data prepare`'s rules and language ID, and (with
+--forward/--backward) the dual cross-entropy filter of `raymt data score`, per kind.
+
+    python benchmarks/noise.py --data ../shared/data/multi30k --work-dir /tmp/noise --json noise.json
+    python benchmarks/noise.py ... --forward CK_EN_DE --backward CK_DE_EN          # + the score filter
+    python benchmarks/noise.py ... --forward CK --backward CK --train-steps 5400    # + BLEU (long)
+
+Kinds (each 1/6 of the noisy pairs; --seed fixes them): misaligned (targets shuffled among them),
+copy (target = source), wrong_language (a target from the built-in corpus's fr or es, or another
+pair's English source), truncated (the target cut to 30-60% of its words), numbers (an English
+number word of the source and the German one of the target written as two different digits),
+near_duplicate (an earlier clean pair lower-cased, its punctuation made spaces). Which pairs a
+prepare kept is read back from its shards (pieces decoded, matched to the noisy pairs' decoded
+pieces), so the figures are prepare's own. --train-steps trains the recipe for the same updates on
+clean, noisy and cleaned data and scores test_2016_flickr (hours on CPU: an option, not a default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from raymt.data.builtin import generate  # noqa: E402
+from raymt.tokenizer import Tokenizer  # noqa: E402
+
+KINDS = ("misaligned", "copy", "wrong_language", "truncated", "numbers", "near_duplicate")
+EN_NUMBERS = ("two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+DE_NUMBERS = ("zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun", "zehn")
+RULES = ["--wrong-language", "--near-dedup"]  # beside the default rules (copy, numbers, URLs, letters, repeats)
+NO_RULES = ["--no-copy", "--no-number-mismatch", "--no-url-mismatch", "--no-alpha-ratio", "--no-repeats"]
+
+
+def read(prefix: Path, lang: str) -> list[str]:
+    """One side of a gzipped Multi30k split."""
+    with gzip.open(f"{prefix}.{lang}.gz", "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def number_pair(src: str, tgt: str, rng: random.Random) -> tuple[str, str] | None:
+    """The pair with its English and German number word written as two different digits, or None."""
+    for k, (en, de) in enumerate(zip(EN_NUMBERS, DE_NUMBERS)):
+        s_match = re.search(rf"\b{en}\b", src, re.IGNORECASE)
+        t_match = re.search(rf"\b{de}\b", tgt, re.IGNORECASE)
+        if s_match and t_match:
+            wrong = rng.choice([d for d in range(2, 11) if d != k + 2])
+            return src.replace(s_match.group(0), str(k + 2), 1), tgt.replace(t_match.group(0), str(wrong), 1)
+    return None
+
+
+def inject(src: list[str], tgt: list[str], share: float, seed: int) -> tuple[list[str], list[str], list[str]]:
+    """The noisy corpus and each pair's kind ("clean" or one of KINDS)."""
+    rng = random.Random(seed)
+    n_each = round(share * len(src) / len(KINDS))
+    kinds = ["clean"] * len(src)
+    src, tgt = list(src), list(tgt)
+    numbered = [i for i in range(len(src)) if number_pair(src[i], tgt[i], random.Random(0))]
+    for i in rng.sample(numbered, min(n_each, len(numbered))):
+        src[i], tgt[i] = number_pair(src[i], tgt[i], rng)  # type: ignore[misc]
+        kinds[i] = "numbers"
+    free = [i for i in range(1, len(src)) if kinds[i] == "clean"]
+    chosen = rng.sample(free, n_each * (len(KINDS) - 1))
+    groups = {k: chosen[j * n_each : (j + 1) * n_each] for j, k in enumerate(k for k in KINDS if k != "numbers")}
+    moved = groups["misaligned"][1:] + groups["misaligned"][:1]
+    shuffled = [tgt[j] for j in moved]
+    for i, t in zip(groups["misaligned"], shuffled):
+        tgt[i] = t
+    for i in groups["copy"]:
+        tgt[i] = src[i]
+    third = n_each // 3
+    fr = generate(third, "en", "fr", seed)[1]
+    es = generate(third, "en", "es", seed + 1)[1]
+    english = [src[j] for j in rng.sample(range(len(src)), n_each - 2 * third)]
+    for i, t in zip(groups["wrong_language"], fr + es + english):
+        tgt[i] = t
+    for i in groups["truncated"]:
+        words = tgt[i].split()
+        tgt[i] = " ".join(words[: max(1, round(len(words) * rng.uniform(0.3, 0.6)))])
+    for k, idx in groups.items():  # before near-duplicates: each copies a pair that stays clean
+        for i in idx:
+            kinds[i] = k
+    clean = [j for j in range(len(src)) if kinds[j] == "clean"]
+    for i in groups["near_duplicate"]:
+        j = clean[rng.randrange(max(1, np.searchsorted(clean, i)))]  # an earlier clean pair
+        src[i] = " ".join(re.sub(r"[^\w\s]", " ", src[j]).lower().split())
+        tgt[i] = " ".join(re.sub(r"[^\w\s]", " ", tgt[j]).lower().split())
+    for i, lang in zip(groups["wrong_language"], ["fr"] * third + ["es"] * third + ["en"] * n_each):
+        kinds[i] = f"wrong_language.{lang}"  # reported as wrong_language, and per language
+    return src, tgt, kinds
+
+
+def write(prefix: Path, src: list[str], tgt: list[str]) -> None:
+    """PREFIX.en.gz and PREFIX.de.gz (gzipped: Multi30k-sized inputs are prepared in the driver)."""
+    for lang, lines in (("en", src), ("de", tgt)):
+        with gzip.open(f"{prefix}.{lang}.gz", "wt", encoding="utf-8") as f:
+            f.write("".join(line.replace("\n", " ") + "\n" for line in lines))
+
+
+def prepare(work: Path, name: str, args: argparse.Namespace, extra: list[str]) -> tuple[dict, float]:
+    """`raymt data prepare` of work/noisy into work/NAME; its manifest and seconds."""
+    cmd = [sys.executable, "-m", "raymt.data", "prepare", "--out", str(work / name), "--train", str(work / "noisy")]
+    cmd += ["--valid", str(Path(args.data) / "val"), "--overwrite", *extra]
+    print("$", " ".join(cmd[1:]), flush=True)
+    t0 = time.time()
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return json.loads((work / name / "manifest.json").read_text()), time.time() - t0
+
+
+def kept_by_kind(work: Path, name: str, src: list[str], tgt: list[str], kinds: list[str]) -> dict[str, float]:
+    """The share of each kind's pairs a prepared corpus dropped (its shards decoded and matched)."""
+    tok = Tokenizer.load(work / name / "spm.model")
+    files = sorted((work / name / "train").rglob("*.parquet"))
+    table = pq.read_table(files)
+    kept = Counter(
+        zip(map(tok.decode, table.column("src_ids").to_pylist()), map(tok.decode, table.column("tgt_ids").to_pylist()))
+    )
+    keys = zip(
+        map(tok.decode, tok.encode_batch([s.strip() for s in src])),
+        map(tok.decode, tok.encode_batch([t.strip() for t in tgt])),
+    )
+    dropped, total = Counter(), Counter()
+    for key, kind in zip(keys, kinds):
+        for name in {kind, kind.split(".")[0]}:
+            total[name] += 1
+            dropped[name] += kept[key] == 0
+        kept[key] -= kept[key] > 0
+    return {k: dropped[k] / total[k] for k in total}
+
+
+def score_filter(work: Path, args: argparse.Namespace, kinds: list[str]) -> dict:
+    """`raymt data score` of the noisy corpus; the threshold dropping --clean-drop of the clean pairs
+    and what it drops of each kind."""
+    cmd = [sys.executable, "-m", "raymt.data", "score", "--forward", args.forward, "--backward", args.backward]
+    cmd += ["--corpus", str(work / "noisy")] + (["--gpu"] if args.gpu else [])
+    print("$", " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    files = sorted((work / "noisy.scores").glob("part-*.parquet"))
+    scores = pq.read_table(files).column("score").to_numpy()
+    clean = scores[np.array([k == "clean" for k in kinds])]
+    threshold = float(np.quantile(clean[~np.isnan(clean)], args.clean_drop))
+    below = {
+        k: float(np.mean([s < threshold for s, kk in zip(scores, kinds) if kk.split(".")[0] == k]))
+        for k in ("clean", *KINDS)
+    }
+    return {"threshold": threshold, "dropped": below}
+
+
+def train_and_score(work: Path, args: argparse.Namespace, corpora: dict[str, str]) -> dict:
+    """The recipe trained for --train-steps on each corpus; test_2016_flickr BLEU from its summary."""
+    out = {}
+    for name, corpus in corpora.items():
+        run = work / f"run-{name}"
+        cmd = [sys.executable, "-m", "raymt", "train", "--config", args.recipe, "--corpus", corpus]
+        cmd += ["--output", str(run), "--set", f"train.max_steps={args.train_steps}"]
+        print("$", " ".join(cmd[1:]), flush=True)
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        summary = json.loads(next(run.rglob("summary.json")).read_text())
+        out[name] = summary.get("test_bleu", summary)
+    return out
+
+
+def main() -> int:
+    """Inject, clean, report."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"), help="Multi30k en-de")
+    p.add_argument("--work-dir", default="/tmp/raymt-noise")
+    p.add_argument("--noise", type=float, default=0.3, help="share of noisy pairs, split over six kinds")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--forward", help="an en->de raymt checkpoint: also the dual cross-entropy filter")
+    p.add_argument("--backward", help="a de->en raymt checkpoint (with --forward)")
+    p.add_argument(
+        "--clean-drop", type=float, default=0.05, help="the score filter's threshold drops this of clean pairs"
+    )
+    p.add_argument("--gpu", action="store_true", help="score on GPUs")
+    p.add_argument("--train-steps", type=int, help="also train the recipe on clean, noisy and cleaned data (long)")
+    p.add_argument("--recipe", default=str(ROOT / "recipes" / "multi30k-cpu.toml"))
+    p.add_argument("--json", help="write every figure here")
+    args = p.parse_args()
+    if bool(args.forward) != bool(args.backward):
+        p.error("--forward and --backward go together")
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    src, tgt = read(Path(args.data) / "train", "en"), read(Path(args.data) / "train", "de")
+    noisy_src, noisy_tgt, kinds = inject(src, tgt, args.noise, args.seed)
+    write(work / "noisy", noisy_src, noisy_tgt)
+    manifest, seconds = prepare(work, "rules", args, RULES)
+    report = {
+        "pairs": len(src),
+        "kinds": dict(Counter(k.split(".")[0] for k in kinds)),
+        "rules": {
+            "dropped": kept_by_kind(work, "rules", noisy_src, noisy_tgt, kinds),
+            "by_rule": {k: v for k, v in manifest["corpora"][0]["train"]["dropped"].items() if v},
+            "prepare_s": round(seconds, 1),
+            "pairs_per_s": round(len(src) / seconds),
+        },
+    }
+    if args.forward:
+        report["score"] = score_filter(work, args, kinds)
+        report["score"]["prepare"] = prepare(
+            work, "scored", args, [*NO_RULES, "--min-score", repr(report["score"]["threshold"])]
+        )[0]["corpora"][0]["train"]["dropped"]
+    if args.train_steps:
+        write(work / "clean", src, tgt)
+        cleaned = ["--min-score", repr(report["score"]["threshold"])] if args.forward else []
+        corpora = {"noisy": str(work / "rules-off"), "cleaned": str(work / "cleaned")}
+        prepare(work, "rules-off", args, NO_RULES)
+        prepare(work, "cleaned", args, [*RULES, *cleaned])
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "raymt.data",
+                "prepare",
+                "--out",
+                str(work / "clean-corpus"),
+                "--train",
+                str(work / "clean"),
+                "--valid",
+                str(Path(args.data) / "val"),
+                "--test",
+                str(Path(args.data) / "test_2016_flickr"),
+                "--overwrite",
+                *NO_RULES,
+            ],
+            check=True,
+            cwd=ROOT,
+        )
+        report["bleu"] = train_and_score(work, args, {"clean": str(work / "clean-corpus"), **corpora})
+    print_table(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def print_table(report: dict) -> None:
+    """One Markdown row per kind: its pairs, dropped by the rules and language ID, by the score filter."""
+    score = report.get("score", {}).get("dropped", {})
+    print("\n| kind | pairs | dropped by rules + language ID | dropped by the score filter |")
+    print("|---|---|---|---|")
+    for kind in ("clean", *KINDS):
+        by_score = f"{100 * score[kind]:.1f}%" if kind in score else "-"
+        rules = f"{100 * report['rules']['dropped'][kind]:.1f}%"
+        print(f"| {kind} | {report['kinds'].get(kind, 0):,} | {rules} | {by_score} |")
+    langs = {k: f"{100 * v:.1f}%" for k, v in report["rules"]["dropped"].items() if "." in k}
+    print(f"\nwrong_language by the target's language (rules + language ID): {langs}")
+    print(f"by rule: {report['rules']['by_rule']}")
+    print(f"prepare: {report['rules']['prepare_s']} s, {report['rules']['pairs_per_s']:,} pairs/s end to end")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
