@@ -148,7 +148,7 @@ def test_resume_of_a_trained_run_without_registered_checkpoint_is_an_error(prefi
 def test_prepare_out_uri(ray_cluster, prefix):
     """A corpus written to the bucket whole (manifest last); prepared again: found, or replaced."""
     pairs = generate(300, "en", "de", seed=5)
-    train_src = [sources.Source(kind="pairs", pairs=pairs)]
+    train_src = [sources.Source(kind="pairs", pairs=pairs, generated=True)]
     valid = [sources.Source(kind="pairs", pairs=(pairs[0][:20], pairs[1][:20]))]
     out = f"{prefix}/corpus"
     cfg = PrepareConfig(vocab_size=128, shard_pairs=100)
