@@ -23,6 +23,9 @@ APP_NAME = "raymt"
 DEPLOYMENT = "translator"
 # Serve's logs: warnings and errors only, no access line per request (request text is never logged).
 LOGGING = {"log_level": "WARNING", "enable_access_log": False}
+# A body declared over --max-body-bytes is read and dropped up to this many times the limit
+# before the 413 (memory stays flat: it is not kept), so that the client reads the answer.
+DISCARD_BODIES = 4
 # How often a stopping replica looks whether its requests are done (Serve's default: 2 s).
 SHUTDOWN_POLL_S = 0.25
 
@@ -90,6 +93,7 @@ class Replica:
 
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.cfg.max_body_bytes:
+            await discard(request, DISCARD_BODIES * self.cfg.max_body_bytes)
             message = f"a body of {declared} bytes; the limit is {self.cfg.max_body_bytes}"
             reply = Refused(413, message, "max_body_bytes").reply()
         else:
@@ -135,6 +139,17 @@ class Replica:
 
         forwarded = {"forwarded": self.forwarder.forwarded, "retried": self.forwarder.retried}
         return Stats.merged(list(self.stats_of.values())).as_dict() | forwarded
+
+
+async def discard(request: Any, limit: int) -> None:
+    """Read a refused body and drop it, up to `limit` bytes: a client that sends its whole body
+    before reading (urllib, requests) then gets the 413 instead of a broken pipe; beyond the
+    limit the answer goes out at once and the connection closes under the rest."""
+    seen = 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen > limit:
+            return
 
 
 class Forwarder:
