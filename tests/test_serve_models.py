@@ -6,8 +6,10 @@ translate`'s output for that checkpoint; the page at `/` in a headless Chromium 
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
+import urllib.request
 
 import pytest
 from conftest import free_port
@@ -78,6 +80,23 @@ def test_languages_and_models_list_what_each_model_serves(server):
         "models": [{"name": "multi", "pairs": [["en", "de"], ["en", "fr"]]}, {"name": "ende", "pairs": [["en", "de"]]}]
     }
     assert http(f"{server}/ready")[1]["ready"] is True
+
+
+def test_a_request_goes_on_to_another_replica_only_when_serve_did_not_route_it_by_its_model(server):
+    """One model a replica, two served: a request whose model Serve's header names was routed by
+    it and is answered where it lands (one hop); one naming it only in its body goes on to a
+    replica holding its model (Forwarder, one more hop)."""
+    body = json.dumps({"text": "Hello.", "target": "de", "model": "ende"}).encode()
+
+    def send(headers: dict) -> tuple[int, str, int]:
+        request = urllib.request.Request(f"{server}/v1/translate", body, {"Content-Type": "application/json"} | headers)
+        with urllib.request.urlopen(request, timeout=120) as response:
+            status, model = response.status, json.loads(response.read())["model"]
+        return status, model, http(f"{server}/stats")[1]["forwarded"]  # the one replica's
+
+    forwarded = http(f"{server}/stats")[1]["forwarded"]
+    assert send({"serve_multiplexed_model_id": "ende"}) == (200, "ende", forwarded)
+    assert send({}) == (200, "ende", forwarded + 1)
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

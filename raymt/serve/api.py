@@ -1,7 +1,8 @@
 """The HTTP API of one served model, apart from Ray and the web framework: `Service.handle(method,
 path, content type, body)` gives a `Reply` to native `POST /v1/translate` and LibreTranslate's
-`POST /translate` (JSON or form-encoded); `replica_reply` answers a replica's `GET /health`,
-`/ready` and `/stats` (`raymt.serve.routing` the page, `/languages` and which model answers).
+`POST /translate` (JSON or form-encoded), `Service.respond` to one already parsed; `replica_reply`
+answers a replica's `GET /health`, `/ready` and `/stats` (`raymt.serve.routing` the page,
+`/languages` and which model answers).
 Every error is JSON, `{"error": message}` (the LibreTranslate shape), with `"limit"` naming the
 server limit a request went over. Request text is never logged.
 """
@@ -20,7 +21,7 @@ from raymt import langid
 from raymt.config import ServeConfig
 from raymt.config.serve import DEFAULT_MODEL
 from raymt.engines import Engine
-from raymt.serve.batcher import Batcher, QueueFull, Stats
+from raymt.serve.batcher import Batcher, QueueFull
 from raymt.serve.routing import TRANSLATE_ROUTES, Refused, Reply, parse_body
 from raymt.serve.text import layout
 
@@ -52,6 +53,13 @@ class Service:
             if method != "POST" or path not in TRANSLATE_ROUTES:
                 raise Refused(404, f"{method} {path}: no such route")
             fields = parse_body(content_type, body, self.cfg.max_body_bytes)
+        except Refused as refused:
+            return refused.reply()
+        return await self.respond(path, fields, authorization)
+
+    async def respond(self, path: str, fields: dict, authorization: str = "") -> Reply:
+        """The reply to a translation request already parsed (a POST to one of TRANSLATE_ROUTES)."""
+        try:
             self.check_key(fields.get("api_key") or authorization.removeprefix("Bearer ").strip())
             if path == "/detect":
                 return self.detect(fields)
@@ -59,7 +67,7 @@ class Service:
         except Refused as refused:
             return refused.reply()
         except Exception as err:  # a JSON 500 naming the error's type only: its text may quote the request
-            log.error("%s %s failed: %s", method, path, type(err).__name__)
+            log.error("POST %s failed: %s", path, type(err).__name__)
             return Reply(500, {"error": f"internal error ({type(err).__name__}); see the server's log"})
 
     def check_key(self, key: Any) -> None:
@@ -218,13 +226,13 @@ def integer(value: Any, name: str, default: int) -> int:
         raise Refused(400, f"Invalid request: {name} must be an integer, not {value!r}") from None
 
 
-def replica_reply(path: str, stats: list[Stats], models: list[str]) -> Reply:
-    """A replica's GET /health, /ready or /stats: its models' counters summed, the models it holds."""
-    summed = Stats.merged(stats).as_dict()
+def replica_reply(path: str, summary: dict, models: list[str]) -> Reply:
+    """A replica's GET /health, /ready or /stats: its counters (`summary`, its models' summed), the
+    models it has loaded."""
     if path == "/health":
-        return Reply(200, {"status": "ok", "stats": summed})
+        return Reply(200, {"status": "ok", "stats": summary})
     if path == "/ready":
         return Reply(200, {"ready": True, "models": models})
     if path == "/stats":
-        return Reply(200, summed)
+        return Reply(200, summary)
     return Refused(404, f"GET {path}: no such route").reply()

@@ -1,7 +1,10 @@
-"""The Ray Serve side of `raymt serve`: a thin HTTP front (`Front`: body size, the model of each
-request, one retry when a translator replica dies, back pressure as a JSON 503) before the
-translator replicas (`Replica`: its models through Serve multiplexing, an engine, a `Service` and
-a `Batcher` each); their deployment options from a `ServeConfig` (`application`), the start on a
+"""The Ray Serve side of `raymt serve`: one deployment, `Replica` (the `translator`), that is both
+the HTTP ingress and the engine: Serve's proxy sends each request straight to a replica, which
+checks it, picks its model (`Router`), and batches and decodes it (its models through Serve
+multiplexing, an engine, a `Service` and a `Batcher` each): one hop a request. Only when a replica
+holds fewer models than the server serves (`--models-per-replica`) does a request whose model it
+was not routed by go on to a replica holding it (`Forwarder`: Serve multiplexing, one retry when
+that replica dies). Their deployment options from a `ServeConfig` (`application`), the start on a
 running Ray cluster (`start`) and the config file of `serve deploy` (`deploy_config`, `build`).
 `raymt.serve.api` answers the translations, `raymt.serve.routing` picks the model.
 """
@@ -10,16 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-from typing import Any
+from typing import Any, Callable
 
 from raymt.config import DecodeOptions, ServeConfig
 from raymt.errors import first_line
-from raymt.serve.routing import Refused, Router, parse_body
+from raymt.serve.routing import Refused, Reply, Router, parse_body
 
 APP_NAME = "raymt"
+DEPLOYMENT = "translator"
 # Serve's logs: warnings and errors only, no access line per request (request text is never logged).
 LOGGING = {"log_level": "WARNING", "enable_access_log": False}
+# A body declared over --max-body-bytes is read and dropped up to this many times the limit
+# before the 413 (memory stays flat: it is not kept), so that the client reads the answer.
+DISCARD_BODIES = 4
 # How often a stopping replica looks whether its requests are done (Serve's default: 2 s).
 SHUTDOWN_POLL_S = 0.25
 
@@ -35,24 +41,33 @@ def on_gpu(cfg: ServeConfig) -> bool:
 
 
 class Replica:
-    """One Serve replica: its models loaded on demand through Serve multiplexing (at most
-    `cfg.models_held()` at once, the first ones at start), each an engine and its `Service`,
-    decoding one batch at a time on one shared thread."""
+    """One Serve replica, the application's ingress: every HTTP request from Serve's proxy is
+    routed, checked and answered here (`__call__`); its models are loaded on demand through Serve
+    multiplexing (at most `cfg.models_held()` at once, the first ones at start), each an engine and
+    its `Service`, decoding one batch at a time on one shared thread. `routes`: every served
+    model's (source, target) pairs by name."""
 
-    async def __init__(self, cfg: dict):  # async: Serve awaits it, so the first models load through the multiplexer
+    async def __init__(self, cfg: dict, routes: dict):  # async: Serve awaits it, so the first models load here
         import torch
         from ray import serve
 
         from raymt.serve.batcher import decoding_thread
 
         self.cfg = config_from_dict(cfg)
+        self.router = Router(routes, self.cfg.max_body_bytes)
         self.threads = max(1, int(self.cfg.cpus_per_replica))
         torch.set_num_threads(self.threads)
         self.thread = decoding_thread()
         self.stats_of: dict = {}  # every model's counters, kept after it is unloaded
+        # When every replica may hold every model, a request is answered where it lands; else
+        # only when Serve's proxy routed it by its model (Serve's header), or it is forwarded.
+        self.holds_all = self.cfg.models_held() >= len(self.cfg.models)
+        self.forwarder = Forwarder(lambda: serve.get_deployment_handle(DEPLOYMENT), self.cfg.retry_after_s)
 
         async def load(name: str) -> Any:
-            return await asyncio.to_thread(self.service, name)
+            # On the decoding thread: the engine's own threads (CTranslate2's workers, OpenMP's)
+            # inherit its OS name, so that a profile can tell the engine's CPU from Serve's.
+            return await asyncio.get_running_loop().run_in_executor(self.thread, self.service, name)
 
         # Serve's multiplexer routes each model's requests to the replicas holding it and unloads
         # the least recently used beyond the limit (applied here: it is a ServeConfig option).
@@ -71,105 +86,102 @@ class Replica:
         self.stats_of[name] = service.batcher.stats
         return service
 
-    async def answer(self, method: str, path: str, content_type: str, body: bytes, authorization: str) -> tuple:
-        """One HTTP request's (status, body bytes, headers, media type), from the front: a
-        translation by the request's multiplexed model, else this replica's health or counters."""
-        from ray import serve
-
-        from raymt.serve.api import replica_reply
-
-        name = serve.get_multiplexed_model_id()
-        if name:
-            reply = await (await self.load(name)).handle(method, path, content_type, body, authorization)
-        else:
-            reply = replica_reply(path, list(self.stats_of.values()), list(self.stats_of))
-        return reply.status, reply.content(), reply.headers, reply.media_type
-
-    def stats(self) -> dict:
-        """This replica's counters, all its models' summed (the status line)."""
-        from raymt.serve.batcher import Stats
-
-        return Stats.merged(list(self.stats_of.values())).as_dict()
-
-
-def error(status: int, message: str, limit: str = "", retry_after_s: int = 0) -> Any:
-    """A JSON error response as raymt.serve.api's (the front does not import the model's modules)."""
-    from starlette.responses import Response
-
-    body = json.dumps({"error": message} | ({"limit": limit} if limit else {}))
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s else {}
-    return Response(body, status, headers, media_type="application/json")
-
-
-class Front:
-    """The HTTP ingress, thin: checks a body's declared size, answers the page, `/languages` and
-    `/v1/models` itself, picks the model of a translation request (`Router.pick`), passes the
-    request to a translator replica holding that model (Serve multiplexing), retries it once on
-    another when that replica dies, and turns Serve's back pressure (`max_queued_requests`) into
-    a JSON 503 with Retry-After. `models`: every model's (source, target) pairs by name."""
-
-    def __init__(self, translator: Any, models: dict, max_body_bytes: int, retry_after_s: int):
-        self.translator, self.max_body_bytes, self.retry_after_s = translator, max_body_bytes, retry_after_s
-        self.router = Router(models, max_body_bytes)
-        self.handles: dict[str, Any] = {}  # the translator's handle for each model
-        self.retried = 0
-
     async def __call__(self, request: Any) -> Any:
-        """One HTTP request (a Starlette Request), answered as a Starlette Response."""
+        """One HTTP request (a Starlette Request) from Serve's proxy, answered as a Starlette Response."""
+        from ray import serve
         from starlette.responses import Response
 
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
-            message = f"a body of {declared} bytes; the limit is {self.max_body_bytes}"
-            return error(413, message, "max_body_bytes")
-        method, path, content_type = request.method, request.url.path, request.headers.get("content-type", "")
-        body = await request.body()
+        if declared.isdigit() and int(declared) > self.cfg.max_body_bytes:
+            await discard(request, DISCARD_BODIES * self.cfg.max_body_bytes)
+            message = f"a body of {declared} bytes; the limit is {self.cfg.max_body_bytes}"
+            reply = Refused(413, message, "max_body_bytes").reply()
+        else:
+            args = (request.method, request.url.path, request.headers.get("content-type", ""), await request.body())
+            routed = serve.get_multiplexed_model_id()  # Serve's header named it: the proxy chose by it
+            reply = await self.route(*args, request.headers.get("authorization", ""), routed)
+        return Response(reply.content(), reply.status, reply.headers, media_type=reply.media_type)
+
+    async def route(
+        self, method: str, path: str, content_type: str, body: bytes, authorization: str, routed: str = ""
+    ) -> Reply:
+        """The reply to one request: the routes of every model's pairs, this replica's health and
+        counters, or a translation by the request's model, here when this replica may hold it
+        (every replica holds every model, or Serve routed the request by that model), else on a
+        replica holding it (`routed`: the model Serve's proxy routed the request by, if any)."""
+        from raymt.serve.api import replica_reply
+
         try:
             reply = self.router.local(method, path)
             if reply is not None:
-                return Response(reply.content(), reply.status, reply.headers, media_type=reply.media_type)
-            model = self.router.pick(parse_body(content_type, body, self.max_body_bytes)) if method == "POST" else ""
-            args = (method, path, content_type, body, request.headers.get("authorization", ""))
-            status, content, headers, media_type = await self.call(args, model)
+                return reply
+            if method == "GET":
+                return replica_reply(path, self.stats(), list(self.stats_of))
+            fields = parse_body(content_type, body, self.cfg.max_body_bytes)
+            name = self.router.pick(fields)
+            if self.holds_all or name == routed:
+                return await (await self.load(name)).respond(path, fields, authorization)
+            return await self.forwarder.call((method, path, content_type, body, authorization), name)
         except Refused as refused:
-            reply = refused.reply()
-            return Response(reply.content(), reply.status, reply.headers, media_type=reply.media_type)
-        except Busy as busy:
-            return error(503, f"the server is busy: {busy}", busy.limit, self.retry_after_s)
-        return Response(content, status, headers, media_type=media_type)
+            return refused.reply()
 
-    def handle(self, model: str) -> Any:
-        """The translator's handle for requests of `model` ("": any replica, e.g. GET /stats)."""
-        if model and model not in self.handles:
-            self.handles[model] = self.translator.options(multiplexed_model_id=model)
-        return self.handles[model] if model else self.translator
+    async def answer(self, method: str, path: str, content_type: str, body: bytes, authorization: str) -> Reply:
+        """A request another replica forwarded, by its multiplexed model: answered here."""
+        from ray import serve
 
-    async def call(self, args: tuple, model: str = "") -> tuple:
-        """The translator's answer; once more on another replica when the first one died."""
+        return await (await self.load(serve.get_multiplexed_model_id())).handle(
+            method, path, content_type, body, authorization
+        )
+
+    def stats(self) -> dict:
+        """This replica's counters, all its models' summed, and its forwarded requests (the status line)."""
+        from raymt.serve.batcher import Stats
+
+        forwarded = {"forwarded": self.forwarder.forwarded, "retried": self.forwarder.retried}
+        return Stats.merged(list(self.stats_of.values())).as_dict() | forwarded
+
+
+async def discard(request: Any, limit: int) -> None:
+    """Read a refused body and drop it, up to `limit` bytes: a client that sends its whole body
+    before reading (urllib, requests) then gets the 413 instead of a broken pipe; beyond the
+    limit the answer goes out at once and the connection closes under the rest."""
+    seen = 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen > limit:
+            return
+
+
+class Forwarder:
+    """Passes a request to a replica holding its model (Serve multiplexing, through `handle()`, the
+    translator deployment's handle), once more on another when that replica dies; Serve's back
+    pressure (`max_queued_requests`) or a second death is a JSON 503 with Retry-After."""
+
+    def __init__(self, handle: Callable[[], Any], retry_after_s: int):
+        self.handle, self.retry_after_s = handle, retry_after_s
+        self.handles: dict[str, Any] = {}  # the deployment's handle for each model
+        self.forwarded = self.retried = 0
+
+    async def call(self, args: tuple, model: str) -> Reply:
+        """The answer of a replica holding `model` to the request `args` (Replica.answer's)."""
         from ray.exceptions import RayActorError
         from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
+        if model not in self.handles:
+            self.handles[model] = self.handle().options(multiplexed_model_id=model)
+        self.forwarded += 1
+        retry = {"Retry-After": str(self.retry_after_s)}
         for attempt in (1, 2):
             try:
-                return await self.handle(model).answer.remote(*args)
+                return await self.handles[model].answer.remote(*args)
             except BackPressureError as err:
-                raise Busy(first_line(err), "max_queued_requests") from None
+                return Refused(503, f"the server is busy: {first_line(err)}", "max_queued_requests", retry).reply()
             except (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError) as err:
                 if attempt == 2:
-                    raise Busy(f"a translator replica failed twice ({type(err).__name__})") from None
+                    message = f"the server is busy: a translator replica failed twice ({type(err).__name__})"
+                    return Refused(503, message, None, retry).reply()
                 self.retried += 1
-
-    async def stats(self) -> dict:
-        """A translator replica's counters and this front's retries (the status line, GET /stats)."""
-        return await self.translator.stats.remote() | {"retried": self.retried}
-
-
-class Busy(Exception):
-    """No translator replica can take the request now: 503 (naming the limit, if one was hit)."""
-
-    def __init__(self, message: str, limit: str = ""):
-        super().__init__(message)
-        self.limit = limit
+        raise AssertionError("unreachable")  # for the type checker: the loop returns or raises
 
 
 def application(cfg: ServeConfig) -> Any:
@@ -189,23 +201,19 @@ def application(cfg: ServeConfig) -> Any:
             }
         }
     )
-    translator = serve.deployment(Replica, name="translator").options(
+    translator = serve.deployment(Replica, name=DEPLOYMENT).options(
         **replicas,
         # Requests must reach the replica's own queue to share its batches: Serve's default of
         # 5 ongoing requests a replica would cap a batch at 5 requests.
         max_ongoing_requests=cfg.max_queue_sentences,
         max_queued_requests=cfg.max_queued_requests,
+        # Serve's proxy answers its own back pressure (no replica can take a request): a 503
+        # with the Retry-After of the replicas' own 503s.
+        backpressure_config={"status_code": 503, "retry_after_s": cfg.retry_after_s},
         graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,
         ray_actor_options={"num_cpus": cfg.cpus_per_replica} | ({"num_gpus": 1} if on_gpu(cfg) else {}),
     )
-    front = serve.deployment(Front, name="front").options(
-        num_replicas=1,
-        max_ongoing_requests=cfg.max_queue_sentences,
-        ray_actor_options={"num_cpus": 0},
-        graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S,
-    )
-    routes = model_pairs(cfg)
-    return front.bind(translator.bind(dataclasses.asdict(cfg)), routes, cfg.max_body_bytes, cfg.retry_after_s)
+    return translator.bind(dataclasses.asdict(cfg), model_pairs(cfg))
 
 
 def model_pairs(cfg: ServeConfig) -> dict[str, list[list[str]]]:

@@ -46,10 +46,12 @@ async function load() {
 async function translate() {
   $("error").textContent = "";
   const body = { q: $("input").value, source: $("source").value, target: $("target").value, format: "text" };
-  if ($("model").value) body.model = $("model").value;
-  const response = await fetch("/translate", {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-  });
+  const headers = { "Content-Type": "application/json" };
+  if ($("model").value) {
+    body.model = $("model").value;
+    headers["serve_multiplexed_model_id"] = body.model;  // Serve routes it to a replica holding its model
+  }
+  const response = await fetch("/translate", { method: "POST", headers: headers, body: JSON.stringify(body) });
   const answer = await response.json();
   if (!response.ok) { $("error").textContent = answer.error; return; }
   $("output").textContent = answer.translatedText;

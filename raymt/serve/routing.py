@@ -1,6 +1,6 @@
-"""Which served model answers a request, apart from Ray and torch: `Router` (the front's routes:
-the page, `/languages` and `/v1/models` from every model's pairs, a translation request's model
-by its `model` field or by its language pair) and what the HTTP side shares: `Reply`, `Refused`
+"""Which served model answers a request, apart from Ray and torch: `Router` (each replica's
+ingress: the page, `/languages` and `/v1/models` from every model's pairs, a translation request's
+model by its `model` field or by its language pair) and what the HTTP side shares: `Reply`, `Refused`
 (a JSON error naming the limit), `parse_body` (JSON or form-encoded), `language_list`.
 """
 
@@ -19,7 +19,8 @@ LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanis
 TRANSLATE_ROUTES = ("/v1/translate", "/translate", "/detect")
 # Answered by a translator replica without a model (its counters, whether it is up).
 REPLICA_ROUTES = ("/health", "/ready", "/stats")
-FRONT_ROUTES = ("/", "/languages", "/v1/models")
+# Answered from every model's pairs, by whichever replica the request reaches.
+CATALOG_ROUTES = ("/", "/languages", "/v1/models")
 Pair = tuple[str, str]
 
 
@@ -85,15 +86,15 @@ def given(value: Any) -> Optional[str]:
 
 
 class Router:
-    """The front's view of the served models: their pairs by name, in order."""
+    """Every served model's pairs by name, in order, as each replica's ingress sees them."""
 
     def __init__(self, models: dict[str, list[Pair]], max_body_bytes: int):
         self.models = {name: [tuple(p) for p in pairs] for name, pairs in models.items()}
         self.max_body_bytes = max_body_bytes
 
     def local(self, method: str, path: str) -> Optional[Reply]:
-        """The front's own answer (the page, the languages, the models, an unknown route), or
-        None for a request a translator replica answers."""
+        """The answer from the models' pairs alone (the page, the languages, the models, an unknown
+        route), or None for a request a model (a translation) or the replica (its health) answers."""
         if method == "POST" and path in TRANSLATE_ROUTES or method == "GET" and path in REPLICA_ROUTES:
             return None
         if method == "GET" and path == "/":
@@ -104,7 +105,7 @@ class Router:
             return Reply(
                 200, {"models": [{"name": n, "pairs": [list(p) for p in ps]} for n, ps in self.models.items()]}
             )
-        known = path in TRANSLATE_ROUTES + REPLICA_ROUTES + FRONT_ROUTES
+        known = path in TRANSLATE_ROUTES + REPLICA_ROUTES + CATALOG_ROUTES
         return Refused(405 if known else 404, f"{method} {path}: no such route").reply()
 
     def pick(self, fields: dict) -> str:
