@@ -35,7 +35,7 @@ from typing import Optional
 
 from raymt import storage
 from raymt.checkpoint import RAYMT_CONFIG_FILE
-from raymt.config import PRESETS, CorpusSpec, DecodeOptions, apply_overrides, preset
+from raymt.config import CONTENT_RULES, PRESETS, CorpusSpec, DecodeOptions, apply_overrides, preset
 from raymt.errors import check, cli_error
 
 SETTINGS_FILE = "distill.json"
@@ -116,14 +116,15 @@ def _student_config(args: argparse.Namespace, plan: Plan, distilled: str) -> dic
         argv += ["--set", item]
     cfg = build_config(train_args(argv))
     common = {"valid": plan.valid, "test": (plan.test,) if plan.test else ()}
-    corpora = [CorpusSpec(plan.src_lang, plan.tgt_lang, train=(distilled,), label="distilled", **common)]
+    # The built-in corpus written as files stays generated text: its content rules off, as in a run.
+    rules = {} if args.train else {"clean": {rule: False for rule in CONTENT_RULES}}
+    weight = 1 - args.mix_original
+    corpora = [
+        CorpusSpec(plan.src_lang, plan.tgt_lang, (distilled,), label="distilled", weight=weight, **common, **rules)
+    ]
     if args.mix_original > 0:
-        corpora[0] = CorpusSpec(
-            plan.src_lang, plan.tgt_lang, train=(distilled,), label="distilled", weight=1 - args.mix_original, **common
-        )
-        corpora.append(
-            CorpusSpec(plan.src_lang, plan.tgt_lang, train=(plan.train,), label="original", weight=args.mix_original)
-        )
+        original = {"label": "original", "weight": args.mix_original, **rules}
+        corpora.append(CorpusSpec(plan.src_lang, plan.tgt_lang, (plan.train,), **original))
     tokenizer = storage.normalize(args.teacher[0])  # the teachers' one tokenizer (checked)
     return apply_overrides(cfg, {"data.corpora": corpora, "data.tokenizer": tokenizer}).to_dict()
 

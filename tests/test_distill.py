@@ -17,7 +17,7 @@ from tiny_checkpoint import make_checkpoint, one_thread, write_pairs  # noqa: F4
 
 from raymt import distill, shard_job
 from raymt.checkpoint import load_config, weights_file
-from raymt.config import preset
+from raymt.config import CONTENT_RULES, preset
 from raymt.model import Transformer
 
 # The student run of the end-to-end test: 400 built-in pairs, 10 updates of 2 workers.
@@ -78,6 +78,8 @@ def test_the_student_config_mixes_the_original_pairs_and_keeps_the_teachers_toke
     assert (distilled.label, distilled.weight, distilled.train) == ("distilled", 0.75, (str(d / "teacher/text"),))
     assert (original.label, original.weight, original.train) == ("original", 0.25, (str(d / "builtin/train"),))
     assert distilled.test == (str(tmp_path / "d/builtin/test"),)
+    # The built-in corpus written as files is still generated text: no content rules, as in a run.
+    assert distilled.clean == original.clean == {rule: False for rule in CONTENT_RULES}
     assert not (tmp_path / "d").exists()  # checks write nothing
 
 

@@ -222,7 +222,9 @@ def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
     for name in ("raymt_config.json", "spm.model", "corpus", "logs", "summary.json", "plots", RAY_SNAPSHOT_FILE):
         assert name in names, names
     assert rundir.registered_checkpoints(run_dir) == 2
-    assert corpus_format.open_corpus(f"{run_dir}/corpus").training_corpora[0].num_pairs > 300
+    # Built-in text read from files gets the content rules (12-hour vs 24-hour times, amounts in
+    # digits): about a third of it goes; what stays was read from the bucket.
+    assert corpus_format.open_corpus(f"{run_dir}/corpus").training_corpora[0].num_pairs > 200
     assert storage.listdir(f"{run_dir}/logs/tensorboard")[0].startswith("events.out.tfevents")
     steps = [
         int(row.split(",")[0])
