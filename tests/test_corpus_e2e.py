@@ -16,6 +16,8 @@ pytestmark = [
 ]
 
 
+@pytest.mark.slow  # ~5 s: a download and a run's preparation (CI runs it: .ci/run; the default suite stays under 5 min)
+@pytest.mark.ci
 def test_prepare_multi30k_over_http_for_a_run(ray_cluster, tmp_path, monkeypatch, capsys):
     # The local copy holds test_2016_flickr only; upstream also has the 2017 sets.
     spec = download.DATASETS["multi30k"]

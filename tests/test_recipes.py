@@ -110,6 +110,8 @@ def _batches(cfg: Config, seed: int):
             yield collate([src_ids[i] for i in rows], [tgt_ids[i] for i in rows])
 
 
+@pytest.mark.slow  # ~14 s: every recipe's model, 20 steps (CI runs it: .ci/run; the default suite stays under 5 min)
+@pytest.mark.ci
 def test_every_recipe_trains_twenty_steps():
     """Each recipe's optimizer, schedule, accumulation, batching and precision, on a tiny model."""
     for path in RECIPES:

@@ -95,6 +95,8 @@ def test_the_dummy_batch_of_an_idle_worker_has_a_shape_of_the_ladder():
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
 
 
+@pytest.mark.slow  # ~2 s: inductor (CI runs it: .ci/run; the default suite stays under 5 min)
+@pytest.mark.ci
 def test_a_compiled_model_compiles_nothing_new_for_the_dummy_batch(tmp_path):
     """The old one-token dummy batch (rows 1, a size torch.compile specializes) recompiled
     when a worker ran out at an epoch's end; on the ladder it is a shape already handled."""

@@ -103,6 +103,8 @@ def test_checkpoint_uris_for_translate_export_average(prefix, tmp_path, capsys):
     assert not marker.exists()
 
 
+@pytest.mark.slow  # ~7 s: evaluate's actors on the bucket (CI runs it: .ci/run; the default suite stays under 5 min)
+@pytest.mark.ci
 def test_evaluate_checkpoint_and_test_set_uris(prefix, tmp_path, ray_address):
     """evaluate --checkpoint s3://... --test s3://...: the driver and the decoding actor (on the
     session's head) each load the checkpoint from the bucket."""

@@ -164,6 +164,8 @@ def _two_process_worker(rank: int, init_file: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # ~5 s: two gloo processes (CI runs it: .ci/run; the default suite stays under 5 min)
+@pytest.mark.ci
 def test_two_gloo_processes_step_without_host_syncs(tmp_path):
     """The CPU all-reduce one update ahead, across processes: in step, in sync, no waits."""
     ctx = torch.multiprocessing.get_context("spawn")
@@ -203,6 +205,8 @@ def test_a_run_of_nonfinite_updates_stops_at_the_log_interval():
         torch.testing.assert_close(value, before[name], equal_nan=True)
 
 
+@pytest.mark.slow  # ~4 s: inductor (CI runs it: .ci/run; the default suite stays under 5 min)
+@pytest.mark.ci
 def test_compiled_model_does_not_recompile_per_batch():
     """Batches of many shapes (widths padded to multiples of 8): a few graphs, none per batch."""
     torch._dynamo.reset()

@@ -131,6 +131,8 @@ def _ddp_worker(rank: int, init_file: str, kwargs: dict, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # ~6 s: two gloo processes (CI runs it: .ci/run; the default suite stays under 5 min)
+@pytest.mark.ci
 def test_ddp_does_not_broadcast_buffers_before_forward(tmp_path):
     """A real 2-process gloo DDP with the worker's kwargs: rank 1's buffer survives a forward."""
     kwargs = ddp_kwargs(Config(model=tiny()).train)
