@@ -53,7 +53,7 @@ from raymt.bt_job import (
     write_text,
 )
 from raymt.checkpoint import load_weights, trained_sources
-from raymt.cluster import CPU_ACTORS, actor_plan, check_ray_address, default_actors, init_ray
+from raymt.cluster import actor_plan, check_ray_address, default_actors, init_ray
 from raymt.config import BT_FORMATS, BacktranslateConfig, DecodeOptions
 from raymt.data.mono import changed_error, check_columns, default_column, input_files, raw_items, text_of
 from raymt.engines import (
@@ -68,7 +68,7 @@ from raymt.engines import (
 )
 from raymt.errors import cli_error, user_error
 from raymt.flags import add_decode_flags, decode_options
-from raymt.shard_job import actor_delay_s, run_shards, shard_name, start_actors, write_shard
+from raymt.shard_job import actor_delay_s, add_actor_flags, run_shards, shard_name, start_actors, write_shard
 
 # The process title of a decoding actor (tests and the benchmark find actors by it).
 ACTOR_TITLE = "ray::BacktranslateActor"
@@ -107,12 +107,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--compute-type", default=b.compute_type, help="CTranslate2: auto = int8 on CPU, float16 on GPU")
     p.add_argument("--max-tokens", type=int, default=b.max_tokens, help="padded source tokens per batch")
     p.add_argument("--shard-lines", type=int, default=b.shard_lines, help="input lines per output shard")
-    p.add_argument("--num-actors", type=int, help=f"decoding actors; default {CPU_ACTORS}, with --gpu one per GPU")
-    p.add_argument("--gpu", action="store_true", help="one GPU per actor")
-    p.add_argument("--cpus-per-actor", type=float, help="CPUs per actor (default: the cluster's, split)")
-    p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray instance (not with RAY_ADDRESS)")
-    p.add_argument("--progress-s", type=float, default=b.progress_s, help="seconds between progress lines")
-    p.add_argument("--verbose", action="store_true", help="also print Ray's own INFO lines")
+    add_actor_flags(p, "decoding", b.progress_s)
     return p.parse_args(argv)
 
 

@@ -29,6 +29,19 @@ QUEUE_PER_ACTOR = 2
 DELAY_ENV = "RAYMT_BT_TEST_DELAY_S"
 
 
+def add_actor_flags(p: Any, what: str, progress_s: float) -> None:
+    """The flags of a shard job's actors and progress, shared by `raymt backtranslate` and `raymt data
+    score` (`what`: the actors' work, e.g. "decoding")."""
+    from raymt.cluster import CPU_ACTORS
+
+    p.add_argument("--num-actors", type=int, help=f"{what} actors; default {CPU_ACTORS}, with --gpu one per GPU")
+    p.add_argument("--gpu", action="store_true", help="one GPU per actor")
+    p.add_argument("--cpus-per-actor", type=float, help="CPUs per actor (default: the cluster's, split)")
+    p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray instance (not with RAY_ADDRESS)")
+    p.add_argument("--progress-s", type=float, default=progress_s, help="seconds between progress lines")
+    p.add_argument("--verbose", action="store_true", help="also print Ray's own INFO lines")
+
+
 def shard_name(first_line_id: int) -> str:
     """`part-000000010000.parquet`: names sort in line-id order."""
     return f"{SHARD_PREFIX}{first_line_id:012d}.parquet"

@@ -28,7 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raymt import shard_job, storage
-from raymt.cluster import CPU_ACTORS, actor_plan, check_ray_address, default_actors, init_ray
+from raymt.cluster import actor_plan, check_ray_address, default_actors, init_ray
 from raymt.config import PrepareConfig, ScoreConfig
 from raymt.data import scores
 from raymt.data.sources import ROW_READERS, Source, source_from_spec, task_spec
@@ -71,12 +71,7 @@ def add_score_parser(sub: Any) -> None:
     q.add_argument("--tgt-col", help="TSV column number, or JSONL key / Parquet column (default: --tgt)")
     q.add_argument("--shard-lines", type=int, default=c.shard_lines, help="corpus lines per score shard")
     q.add_argument("--max-tokens", type=int, default=c.max_tokens, help="padded tokens per batch")
-    q.add_argument("--num-actors", type=int, help=f"scoring actors; default {CPU_ACTORS}, with --gpu one per GPU")
-    q.add_argument("--gpu", action="store_true", help="one GPU per actor")
-    q.add_argument("--cpus-per-actor", type=float, help="CPUs per actor (default: the cluster's, split)")
-    q.add_argument("--num-cpus", type=int, help="CPUs of a local Ray instance (not with RAY_ADDRESS)")
-    q.add_argument("--progress-s", type=float, default=c.progress_s, help="seconds between progress lines")
-    q.add_argument("--verbose", action="store_true", help="also print Ray's own INFO lines")
+    shard_job.add_actor_flags(q, "scoring", c.progress_s)
 
 
 @dataclass
