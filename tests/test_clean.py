@@ -54,8 +54,9 @@ CASES = [
     ),
     (
         "wrong_language",
-        [(EN, DE), ("Kiribati", "Kiribati")],  # too short to judge
-        [(EN, "Un homme en chemise bleue descend la rue à vélo."), (DE, DE)],
+        [(EN, DE), ("Fiji", "Fiji")],  # too short to judge
+        # A short phrase: judged from 5 characters, by German's own probability (under 0.2).
+        [(EN, "Un homme en chemise bleue descend la rue à vélo."), (DE, DE), (EN, "urdu y martes")],
     ),
 ]
 

@@ -123,14 +123,14 @@ class CorpusOptions:
     # repeats: a word or word n-gram (n <= 3) more than repeats_max times in a row.
     repeats: bool = True
     repeats_max: int = 3
-    # wrong_language: language ID (raymt.langid) gives a side another language than the corpus
-    # names with probability >= wrong_language_confidence; sides under wrong_language_min_chars
-    # characters are not judged (names and numbers read as any language). Off by default: at the
-    # confidence that catches wrong languages it also judges text in no language (codes, made-up
-    # test sentences), and a corpus in a language lid.176 does not know would need it off.
+    # wrong_language: language ID (raymt.langid) is at least wrong_language_confidence sure that a
+    # side is not in the language the corpus names (it gives that language a probability under
+    # 1 - confidence); sides under wrong_language_min_chars characters are not judged (a name or a
+    # number reads as any language). Off by default: it also judges text in no language (codes,
+    # made-up test sentences), and a corpus in a language lid.176 does not know would need it off.
     wrong_language: bool = False
-    wrong_language_confidence: float = 0.5
-    wrong_language_min_chars: int = 20
+    wrong_language_confidence: float = 0.8
+    wrong_language_min_chars: int = 5
     # score: the dual conditional cross-entropy filter (docs/data.md, "Scoring pairs"): a pair is
     # dropped when its `raymt data score` score (exp(-dcce), in (0, 1], higher is better) is under
     # min_score, or when it is not among the best keep_best fraction of its corpus's scored pairs;
