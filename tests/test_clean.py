@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from test_prepare import write_prefix
@@ -19,12 +21,14 @@ from tiny_checkpoint import tokenizer
 from raymt import langid
 from raymt.checkpoint import languages_entry, save_checkpoint
 from raymt.config import CONTENT_RULES, Config, CorpusSpec, DataConfig, PrepareConfig, ServeConfig, tiny
-from raymt.data import clean
+from raymt.data import clean, scores, shards
 from raymt.data.__main__ import main as data_main
 from raymt.data.sources import CorpusInput, check_corpus_inputs, source_from_spec
 from raymt.engines import load_engine
 from raymt.model import Transformer
 from raymt.serve.api import Service
+from raymt.shard_job import shard_name
+from raymt.tokenizer import Tokenizer
 
 EN = "A man in a blue shirt is riding a bicycle down the street."
 DE = "Ein Mann in einem blauen Hemd fährt mit dem Fahrrad die Straße entlang."
@@ -91,6 +95,58 @@ def test_near_duplicates_after_case_punctuation_and_digits():
     assert out.column_names == ["src_ids", "tgt_ids"] and len(out) == 2
     counts = tally.total()
     assert (counts["near_duplicate"], counts["duplicate"]) == (1, 1)
+
+
+def write_scores(prefix: str, values: list[float]) -> None:
+    """PREFIX.scores as `raymt data score` writes it (one shard), with these scores line by line."""
+    out = Path(scores.default_location(prefix))
+    out.mkdir()
+    table = pa.table({"line_id": range(len(values)), "score": values, "h_fwd": values, "h_bwd": values})
+    pq.write_table(table.cast(scores.OUT_SCHEMA), out / shard_name(0))
+    files = [scores.file_fingerprint(f"{prefix}.{lang}") for lang in ("en", "de")]
+    info = {"format": scores.INFO_FORMAT, "src_lang": "en", "tgt_lang": "de", "files": files, "done": True}
+    info.update(num_lines=len(values), shard_lines=len(values), num_shards=1)
+    (out / scores.INFO_FILE).write_text(json.dumps(info))
+
+
+# Ray Data's run: 32 s with the Ray head's start on a busy 2-core machine (CI runs it: .ci/run).
+@pytest.mark.parametrize("where", ["driver", pytest.param("ray", marks=[pytest.mark.slow, pytest.mark.ci])])
+def test_near_duplicates_keep_the_best_scored_pair_that_passes_the_other_rules(request, tmp_path, monkeypatch, where):
+    """With scores, of each near-duplicate group the highest-scored pair stays wherever it is (ties:
+    the first); a best that another rule drops leaves the best of the rest."""
+    if where == "ray":  # Ray Data's tasks and Dedup actor, not the driver's loop
+        request.getfixturevalue("ray_cluster")
+        monkeypatch.setattr(shards, "DRIVER_BYTES", 0)
+    names = [chr(97 + i // 6) + chr(97 + i % 6) for i in range(30)]  # distinct words: no near-duplicates
+    good = [(f"{EN} Kim{n}", f"{DE} Kim{n}") for n in names]
+    rows = [
+        ("A man, 3 dogs.", "Ein Mann, 3 Hunde.", 0.3),
+        ("a man 3 dogs", "ein Mann 3 Hunde", 0.8),  # later and better: stays
+        ("a man 3 dogs", "ein Mann 3 Hunde", 0.8),  # its exact copy: duplicate
+        ("Room 12 is blue.", "Zimmer 12 ist blau.", 0.5),
+        ("room 12 is blue", "Zimmer 21 ist blau", 0.9),  # the best, but number_mismatch drops it ...
+        ("Room 12 is blue!", "Zimmer 12 ist blau!", 0.7),  # ... so the best of the rest stays
+        ("Two cats sleep.", "Zwei Katzen schlafen.", 0.6),  # a tie: the first stays
+        ("two cats sleep", "zwei Katzen schlafen", 0.6),
+    ]
+    train = write_prefix(tmp_path / "train", good + [(s, t) for s, t, _ in rows])
+    write_scores(train, [0.5] * len(good) + [x for _, _, x in rows])
+    valid = write_prefix(tmp_path / "valid", good[:3])
+    out = tmp_path / "corpus"
+    flags = ["--vocab-size", "96", "--sp-model-type", "bpe", "--near-dedup", "--keep-best", "1"]
+    assert data_main(["prepare", "--out", str(out), "--train", train, "--valid", valid, *flags]) == 0
+    dropped = json.loads((out / "manifest.json").read_text())["corpora"][0]["train"]["dropped"]
+    assert {r: n for r, n in dropped.items() if n} == {"number_mismatch": 1, "duplicate": 1, "near_duplicate": 3}
+    tok = Tokenizer.load(out / "spm.model")
+    kept = [tok.decode(ids) for ids in pq.read_table(out / "train" / "en-de").column("src_ids").to_pylist()]
+    assert kept == [s for s, _ in good] + ["a man 3 dogs", "Room 12 is blue!", "Two cats sleep."]
+
+
+def test_best_of_groups_ranks_by_score_and_an_unscored_pair_last():
+    nan = float("nan")
+    block = pa.table({"nh": [1, 2, 1, 2, 3, 3], "score": [nan, 0.2, 0.1, 0.2, 0.4, nan]})
+    block = block.append_column("source", pa.array([0] * 6, pa.int32())).append_column("line", pa.array(range(6)))
+    assert clean.best_of_groups([block]) == {1: (0, 2)}  # group 2 ties and group 3's first is scored: first
 
 
 SENTENCES = {

@@ -106,7 +106,8 @@ class CorpusOptions:
     # Drop exact duplicate (src, tgt) pairs, keeping the first in input order.
     dedup: bool = False
     # ... and near-duplicates: pairs equal after lower-casing, dropping punctuation and writing
-    # every number as 0 (counted as near_duplicate; the first in input order is kept).
+    # every number as 0 (counted as near_duplicate; the first in input order is kept, or with
+    # min_score/keep_best the highest-scored pair that passes the other rules).
     near_dedup: bool = False
     # The content rules (docs/data.md, "Cleaning rules"), each counted under its name; off for
     # the generated built-in corpus, and a corpus may set them for itself (CorpusSpec.clean).

@@ -7,16 +7,18 @@ import functools
 import hashlib
 import heapq
 import json
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from raymt import langid
 from raymt.config import CONTENT_RULES, CorpusOptions
+from raymt.data.format import COLUMNS
 from raymt.data.scores import ScoreReader
 from raymt.data.sources import pair_chunks
 from raymt.tokenizer import Tokenizer
@@ -297,8 +299,8 @@ def merge_samples(batches: Iterator[pa.Table], k: int) -> tuple[list[str], Count
 
 
 def read_inputs(batch: pa.Table, specs: list[dict], options: dict, tally: Any) -> Iterator[pa.Table]:
-    """Pass 2 reader (a generator): stripped pairs of each input with their provenance; with
-    scores (the spec's "scores", `raymt.data.scores.score_entries`), whether each is under the threshold."""
+    """Pass 2 reader (a generator): stripped pairs of each input with their provenance; with scores
+    (the spec's "scores", `raymt.data.scores.score_entries`), each one's and whether it is under the threshold."""
     for idx in batch.column("idx").to_pylist():
         counts: Counter = Counter()
         entry = specs[idx].get("scores")
@@ -311,8 +313,9 @@ def read_inputs(batch: pa.Table, specs: list[dict], options: dict, tally: Any) -
                 "line": pa.array(line_numbers, pa.int64()),
             }
             if reader is not None:  # NaN (an unscored line) is under any threshold
-                below = [not score >= entry["threshold"] for score in reader.scores(line_numbers)]
-                columns["below"] = pa.array(below, pa.bool_())
+                score = reader.scores(line_numbers)
+                columns["below"] = pa.array([not x >= entry["threshold"] for x in score], pa.bool_())
+                columns["score"] = pa.array(score, pa.float64())  # near_dedup's rank (best_of_groups)
             yield pa.table(columns)
         _report(tally, ("read", idx), counts)
 
@@ -335,7 +338,7 @@ def tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: An
     if prefix:
         src_ids = [prefix + ids for ids in src_ids]
     tgt_ids = tokenizer.encode_batch([tgt[i] for i in keep], side="tgt")
-    out_src, out_tgt, hashes, near = [], [], [], []
+    out_src, out_tgt, hashes, near, rows = [], [], [], [], []
     key = _hash_key(options["seed"])
     for i, s, t in zip(keep, src_ids, tgt_ids):
         rule = _token_rule(len(s), len(t), options)
@@ -346,6 +349,7 @@ def tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: An
             continue
         out_src.append(s)
         out_tgt.append(t)
+        rows.append(i)
         if options["dedup"] or options.get("near_dedup"):
             hashes.append(_pair_hash(src[i], tgt[i], key))
         if options.get("near_dedup"):
@@ -360,6 +364,8 @@ def tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: An
         out["h"] = pa.array(hashes, pa.uint64())
     if options.get("near_dedup"):
         out["nh"] = pa.array(near, pa.uint64())
+        if "score" in table.column_names:  # ranked near-duplicates: each kept pair's score and place
+            out.update({c: table.column(c).take(pa.array(rows, pa.int64())) for c in RANK_COLUMNS[1:]})
     return pa.table(out)
 
 
@@ -375,13 +381,34 @@ def _token_rule(src_len: int, tgt_len: int, options: dict) -> Optional[str]:
     return None
 
 
+# tokenize_block's columns for near_dedup with scores: the group, and each pair's score and place.
+RANK_COLUMNS = ("nh", "score", "source", "line")
+
+
+def best_of_groups(tables: Iterable[pa.Table]) -> dict[int, tuple[int, int]]:
+    """Of each near-duplicate group in tokenize_block's output (in input order), the (source, line)
+    of its highest-scored pair, for the groups where that is not the first pair (Dedup's default)."""
+    groups: dict[int, tuple[float, tuple[int, int], bool]] = {}  # nh -> best score, its place, not the first
+    for table in tables:
+        for nh, score, source, line in zip(*(table.column(c).to_pylist() for c in RANK_COLUMNS)):
+            score = -math.inf if math.isnan(score) else score  # an unscored line loses to any scored one
+            held = groups.get(nh)
+            if held is None:
+                groups[nh] = (score, (source, line), False)
+            elif score > held[0]:  # strictly: a tie keeps the earlier pair
+                groups[nh] = (score, (source, line), True)
+    return {nh: place for nh, (_, place, later) in groups.items() if later}
+
+
 class Dedup:
-    """Ray Data UDF on a single actor: blocks arrive in input order, so the first copy is kept.
+    """Ray Data UDF on a single actor: blocks arrive in input order, so the first copy is kept, or
+    of a near-duplicate group in `best` (`best_of_groups`) the pair at its (source, line).
     Exact duplicates count as `duplicate`, other near ones (the `nh` column of near_dedup) as `near_duplicate`."""
 
-    def __init__(self) -> None:
+    def __init__(self, best: Optional[dict[int, tuple[int, int]]] = None) -> None:
         self.seen: set[int] = set()
         self.seen_near: set[int] = set()
+        self.best = best or {}
         self.totals: Counter = Counter()
 
     def __call__(self, table: pa.Table, tally: Any) -> pa.Table:
@@ -389,10 +416,14 @@ class Dedup:
         keep = []
         exact = table.column("h").to_pylist()
         near = table.column("nh").to_pylist() if "nh" in table.column_names else [None] * len(exact)
-        for i, (h, nh) in enumerate(zip(exact, near)):
-            if h in self.seen:  # exact copies count as duplicate under near_dedup too
+        places = [None] * len(exact)
+        if "source" in table.column_names:
+            places = list(zip(table.column("source").to_pylist(), table.column("line").to_pylist()))
+        for i, (h, nh, place) in enumerate(zip(exact, near, places)):
+            if h in self.seen:  # exact copies (of a kept pair) count as duplicate under near_dedup too
                 self.totals["duplicate"] += 1
-            elif nh is not None and nh in self.seen_near:
+            # A group whose best comes later (`best`) keeps that pair only, the first otherwise.
+            elif nh is not None and (nh in self.seen_near or self.best.get(nh, place) != place):
                 self.totals["near_duplicate"] += 1
             else:
                 self.seen.add(h)
@@ -404,7 +435,7 @@ class Dedup:
             lengths = pc.list_value_length(table.column(col)).to_pylist()
             self.totals[name] -= sum(lengths[i] for i in dropped)  # taken back from the tokenizer's
         _report(tally, ("duplicate",), self.totals)
-        return table.take(pa.array(keep, pa.int64())).drop_columns([c for c in ("h", "nh") if c in table.column_names])
+        return table.take(pa.array(keep, pa.int64())).select(COLUMNS)
 
 
 def read_counts(counts: dict) -> dict:

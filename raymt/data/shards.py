@@ -19,9 +19,11 @@ import pyarrow.parquet as pq
 from raymt.config import PrepareConfig
 from raymt.data.clean import (
     DROP_RULES,
+    RANK_COLUMNS,
     Dedup,
     Tally,
     all_dropped,
+    best_of_groups,
     merge_samples,
     read_counts,
     read_inputs,
@@ -112,6 +114,51 @@ def _write_train(
     import ray.data
 
     options = {**dataclasses.asdict(cfg), "prefix_ids": list(prefix_ids)}
+    best = None
+    if _ranks_near(cfg, specs):
+        # The same read and tokenizing without output first (its counts are the same parts of the
+        # tally, put again below): Dedup writes a group's first pair before it sees a better one.
+        ranks = _tokenized(specs, model_proto, options, tally).select_columns(list(RANK_COLUMNS))
+        best = best_of_groups(ranks.iter_batches(batch_size=None, batch_format="pyarrow"))
+    ds = _tokenized(specs, model_proto, options, tally)
+    if cfg.dedup or cfg.near_dedup:
+        # One actor, one call at a time: with preserve_order it sees the blocks in input order.
+        # It reserves no CPU: set lookups are light, and a reserved share of a one-CPU machine
+        # would leave the tokenizing tasks none.
+        one_by_one = ray.data.ActorPoolStrategy(
+            size=1, max_tasks_in_flight_per_actor=1, max_concurrent_calls_per_actor=1
+        )
+        with warnings.catch_warnings():
+            # max_restarts has no named parameter yet, and it matters: a restarted actor
+            # would have forgotten the pairs it saw, so fail instead.
+            warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+            ds = ds.map_batches(
+                Dedup,
+                batch_size=None,
+                batch_format="pyarrow",
+                compute=one_by_one,
+                num_cpus=0,
+                fn_constructor_kwargs={"best": best},
+                fn_kwargs={"tally": tally},
+                max_restarts=0,
+            )
+    # The output directory is local: the shards are written on this machine too.
+    ds.write_parquet(
+        str(train_dir),
+        min_rows_per_file=cfg.shard_pairs,
+        max_rows_per_file=cfg.shard_pairs,
+        filename_provider=_shard_names(),
+        ray_remote_args={"label_selector": _driver_node()},
+    )
+
+
+def _ranks_near(cfg: PrepareConfig, specs: list[dict]) -> bool:
+    """Whether near-duplicates are ranked by score: near_dedup on a corpus that reads scores."""
+    return cfg.near_dedup and any("scores" in spec for spec in specs)
+
+
+def _tokenized(specs: list[dict], model_proto: bytes, options: dict, tally: Any):
+    """Pass 2's dataset of tokenized, filtered blocks in input order, before de-duplication."""
     # Read tasks run on this machine, where local inputs are; one task reads a whole input.
     ds = _inputs_dataset(specs).map_batches(
         read_inputs,
@@ -130,34 +177,7 @@ def _write_train(
         batch_format="pyarrow",
         fn_kwargs={"model_proto": model_proto, "options": options, "tally": tally},
     )
-    if cfg.dedup or cfg.near_dedup:
-        # One actor, one call at a time: with preserve_order it sees the blocks in input order.
-        # It reserves no CPU: set lookups are light, and a reserved share of a one-CPU machine
-        # would leave the tokenizing tasks none.
-        one_by_one = ray.data.ActorPoolStrategy(
-            size=1, max_tasks_in_flight_per_actor=1, max_concurrent_calls_per_actor=1
-        )
-        with warnings.catch_warnings():
-            # max_restarts has no named parameter yet, and it matters: a restarted actor
-            # would have forgotten the pairs it saw, so fail instead.
-            warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-            ds = ds.map_batches(
-                Dedup,
-                batch_size=None,
-                batch_format="pyarrow",
-                compute=one_by_one,
-                num_cpus=0,
-                fn_kwargs={"tally": tally},
-                max_restarts=0,
-            )
-    # The output directory is local: the shards are written on this machine too.
-    ds.write_parquet(
-        str(train_dir),
-        min_rows_per_file=cfg.shard_pairs,
-        max_rows_per_file=cfg.shard_pairs,
-        filename_provider=_shard_names(),
-        ray_remote_args={"label_selector": _driver_node()},
-    )
+    return ds
 
 
 def _write_train_here(
@@ -170,18 +190,23 @@ def _write_train_here(
 ) -> None:
     """Pass 2 in the driver (`in_driver` inputs): the pairs and files `_write_train` writes."""
     options = {**dataclasses.asdict(cfg), "prefix_ids": list(prefix_ids)}
-    inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
-    read = list(read_inputs(inputs, specs, options, tally))
-    read = pa.concat_tables(read) if read else pa.table({"src": [], "tgt": []})
-    dedup = Dedup() if cfg.dedup or cfg.near_dedup else None
-    blocks = []
-    for lo in range(0, len(read), BLOCK_ROWS):
-        block = tokenize_block(read.slice(lo, BLOCK_ROWS), model_proto, options, tally)
-        blocks.append(dedup(block, tally) if dedup else block)
+    # As in `_write_train`: with ranked near-duplicates, a run without output finds each group's best.
+    best = best_of_groups(_tokenized_here(specs, model_proto, options, tally)) if _ranks_near(cfg, specs) else None
+    dedup = Dedup(best) if cfg.dedup or cfg.near_dedup else None
+    blocks = [dedup(b, tally) if dedup else b for b in _tokenized_here(specs, model_proto, options, tally)]
     kept = pa.concat_tables(blocks) if blocks else pa.table({c: [] for c in COLUMNS})
     train_dir.mkdir(parents=True)
     for i, lo in enumerate(range(0, len(kept), cfg.shard_pairs)):  # named as _name_shards expects
         pq.write_table(kept.slice(lo, cfg.shard_pairs), train_dir / f"driver_000000-{i}.parquet")
+
+
+def _tokenized_here(specs: list[dict], model_proto: bytes, options: dict, tally: Tally) -> Iterator[pa.Table]:
+    """`_tokenized` in the driver: the tokenized, filtered blocks in input order."""
+    inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
+    read = list(read_inputs(inputs, specs, options, tally))
+    read = pa.concat_tables(read) if read else pa.table({"src": [], "tgt": []})
+    for lo in range(0, len(read), BLOCK_ROWS):
+        yield tokenize_block(read.slice(lo, BLOCK_ROWS), model_proto, options, tally)
 
 
 def _name_shards(train_dir: Path, shard_pairs: int, rel: str = TRAIN_DIR) -> list[dict]:
