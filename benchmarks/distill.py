@@ -13,6 +13,11 @@ table also has each teacher. Prints the table of docs/distill.md and writes OUT/
 
     python benchmarks/distill.py --teacher runs/m30k-cpu/avg5 --m30k ../shared/data/multi30k \
         --out /tmp/distill --steps 2000
+
+`--resume-to N` (after such a run in the same --out) continues both students to N updates
+(`raymt train --resume RUN --set train.max_steps=N`: the schedule does not depend on max_steps,
+so this trains what an N-update run would) and measures every row again in this one process:
+the teacher, each student's best checkpoint and, with `--average K`, the average of its last K.
 """
 
 from __future__ import annotations
@@ -48,7 +53,11 @@ def main() -> None:
     p.add_argument("--student-preset", default="student_mini")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--set", action="append", default=[], help="both students' runs")
+    p.add_argument("--resume-to", type=int, help="continue both students of --out to this many updates")
+    p.add_argument("--average", type=int, default=0, help="with --resume-to: also each student's last K averaged")
     args = p.parse_args()
+    if args.resume_to:
+        return resume_rows(args)
     out, m30k = Path(args.out).resolve(), Path(args.m30k)
     data = ["--train", str(m30k / "train"), "--valid", str(m30k / "val"), "--test", str(m30k / "test_2016_flickr")]
     extra = [flag for item in args.set for flag in ("--set", item)]
@@ -78,7 +87,60 @@ def main() -> None:
     report["seconds"] = {k: round(v, 1) for k, v in seconds.items()}
     report["steps"] = args.steps
     (out / "distill.json").write_text(json.dumps(report, indent=2))
-    print(f"\n{report['test']}: {report['num_sentences']} sentences, {report['engine']}, {args.steps} updates")
+    print_rows(report, seconds)
+
+
+def student_models(run: Path, steps: int, average: int, dtype: str) -> list[tuple[str, Path]]:
+    """A student run's best checkpoint and (average > 0) its last `average` averaged, each exported
+    to CTranslate2 at `dtype` (directories named by the updates: an earlier export is not reused)."""
+    from raymt.distill import ct2_export
+
+    checkpoints = [("", json.loads((run / "summary.json").read_text())["best_checkpoint"])]
+    if average:
+        raymt("average", str(run), "--last", str(average), "--output", str(run / f"avg{average}-{steps}"))
+        checkpoints.append((f", avg{average}", str(run / f"avg{average}-{steps}")))
+    return [(suffix, ct2_export(ck, run.parent / f"{run.name}-ct2-{dtype}-{steps}{suffix[2:]}", dtype))
+            for suffix, ck in checkpoints]  # fmt: skip
+
+
+def resume_rows(args: argparse.Namespace) -> None:
+    """--resume-to: both students continued to N updates, then every row measured again."""
+    from raymt.data.text import read_parallel
+    from raymt.distill import ct2_export, model_row
+
+    if len(args.teacher) != 1:
+        raise SystemExit("--resume-to measures one teacher")
+    out, m30k = Path(args.out).resolve(), Path(args.m30k)
+    runs = {"student": out / "distilled" / "student", "student, original pairs": out / "original"}
+    seconds = {}
+    for name, run in runs.items():
+        seconds[name] = raymt(
+            "train", "--resume", str(run), "--set", f"train.max_steps={args.resume_to}", "--set", "train.num_to_keep=10"
+        )
+    dtype = json.loads((out / "distilled" / "report.json").read_text())["export"]["dtype"]
+    test = read_parallel(str(m30k / "test_2016_flickr"), "en", "de")
+    teacher = model_row(
+        "teacher", ct2_export(args.teacher[0], out / f"teacher-ct2-{dtype}", dtype), dtype, args.beam, test, "de"
+    )
+    rows = [teacher]
+    for name, run in runs.items():
+        for suffix, model in student_models(run, args.resume_to, args.average, dtype):
+            for beam in dict.fromkeys((1, args.beam)):
+                row = model_row(name + suffix, model, dtype, beam, test, "de")
+                row["speed_vs_teacher"] = round(row["sentences_per_s"] / teacher["sentences_per_s"], 2)
+                row["bleu_vs_teacher"] = round(row["bleu"] - teacher["bleu"], 2)
+                rows.append(row)
+    teacher.update(speed_vs_teacher=1.0, bleu_vs_teacher=0.0)
+    report = {"test": str(m30k / "test_2016_flickr"), "num_sentences": len(test[0]), "rows": rows}
+    report.update(engine=f"ctranslate2 {dtype}, 1 thread", steps=args.resume_to)
+    report["seconds"] = {k: round(v, 1) for k, v in seconds.items()}
+    (out / f"distill-{args.resume_to}.json").write_text(json.dumps(report, indent=2))
+    print_rows(report, seconds)
+
+
+def print_rows(report: dict, seconds: dict) -> None:
+    """The table of docs/distill.md."""
+    print(f"\n{report['test']}: {report['num_sentences']} sentences, {report['engine']}, {report['steps']} updates")
     print("| model | beam | BLEU | papers' BLEU | chrF | MiB | sentences/s | vs teacher |")
     print("|---|---|---|---|---|---|---|---|")
     for r in report["rows"]:
