@@ -55,6 +55,9 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], help="both students' runs")
     p.add_argument("--resume-to", type=int, help="continue both students of --out to this many updates")
     p.add_argument("--average", type=int, default=0, help="with --resume-to: also each student's last K averaged")
+    p.add_argument(
+        "--also", action="append", default=[], metavar="NAME=RUN", help="with --resume-to: rows of another student run"
+    )
     args = p.parse_args()
     if args.resume_to:
         return resume_rows(args)
@@ -90,13 +93,19 @@ def main() -> None:
     print_rows(report, seconds)
 
 
+def updates(run: Path) -> int:
+    """The last update a run's metrics.csv records (0: none)."""
+    lines = (run / "logs" / "metrics.csv").read_text().splitlines()
+    return int(lines[-1].split(",")[0]) if len(lines) > 1 else 0
+
+
 def student_models(run: Path, steps: int, average: int, dtype: str) -> list[tuple[str, Path]]:
     """A student run's best checkpoint and (average > 0) its last `average` averaged, each exported
     to CTranslate2 at `dtype` (directories named by the updates: an earlier export is not reused)."""
     from raymt.distill import ct2_export
 
     checkpoints = [("", json.loads((run / "summary.json").read_text())["best_checkpoint"])]
-    if average:
+    if average and not (run / f"avg{average}-{steps}").exists():  # a rerun keeps its average
         raymt("average", str(run), "--last", str(average), "--output", str(run / f"avg{average}-{steps}"))
         checkpoints.append((f", avg{average}", str(run / f"avg{average}-{steps}")))
     return [(suffix, ct2_export(ck, run.parent / f"{run.name}-ct2-{dtype}-{steps}{suffix[2:]}", dtype))
@@ -112,8 +121,11 @@ def resume_rows(args: argparse.Namespace) -> None:
         raise SystemExit("--resume-to measures one teacher")
     out, m30k = Path(args.out).resolve(), Path(args.m30k)
     runs = {"student": out / "distilled" / "student", "student, original pairs": out / "original"}
+    runs.update((name, Path(run).resolve()) for name, run in (item.split("=", 1) for item in args.also))
     seconds = {}
     for name, run in runs.items():
+        if updates(run) >= args.resume_to:  # a rerun measures the rows again
+            continue
         seconds[name] = raymt(
             "train", "--resume", str(run), "--set", f"train.max_steps={args.resume_to}", "--set", "train.num_to_keep=10"
         )
