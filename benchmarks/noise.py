@@ -4,7 +4,7 @@ its pairs made noisy in six kinds, then `raymt data prepare`'s rules and languag
 
     python benchmarks/noise.py --data ../shared/data/multi30k --work-dir /tmp/noise --json noise.json
     python benchmarks/noise.py ... --forward CK_EN_DE --backward CK_DE_EN          # + the score filter
-    python benchmarks/noise.py ... --forward CK --backward CK --train-steps 5400    # + BLEU (long)
+    python benchmarks/noise.py ... --train-steps 1500 --train-scorers                 # + BLEU (hours)
 
 Kinds (each 1/6 of the noisy pairs; --seed fixes them): misaligned (targets shuffled among them),
 copy (target = source), wrong_language (a target from the built-in corpus's fr or es, or another
@@ -13,7 +13,10 @@ number word of the source and the German one of the target written as two differ
 near_duplicate (an earlier clean pair lower-cased, its punctuation made spaces). Which pairs a
 prepare kept is read back from its shards (pieces decoded, matched to the noisy pairs' decoded
 pieces), so the figures are prepare's own. --train-steps trains the recipe for the same updates on
-clean, noisy and cleaned data and scores test_2016_flickr (hours on CPU: an option, not a default).
+clean, noisy and cleaned data and scores test_2016_flickr (hours on CPU: an option, not a default);
+with --train-scorers the score filter's models are the noisy arm's en->de model and a de->en model
+trained on the noisy corpus for as many updates: what a pipeline without clean data has (models
+trained on clean Multi30k would have seen the very pairs they score).
 """
 
 from __future__ import annotations
@@ -110,10 +113,15 @@ def write(prefix: Path, src: list[str], tgt: list[str]) -> None:
             f.write("".join(line.replace("\n", " ") + "\n" for line in lines))
 
 
-def prepare(work: Path, name: str, args: argparse.Namespace, extra: list[str]) -> tuple[dict, float]:
-    """`raymt data prepare` of work/noisy into work/NAME; its manifest and seconds."""
-    cmd = [sys.executable, "-m", "raymt.data", "prepare", "--out", str(work / name), "--train", str(work / "noisy")]
-    cmd += ["--valid", str(Path(args.data) / "val"), "--overwrite", *extra]
+def prepare(
+    work: Path, name: str, args: argparse.Namespace, extra: list[str], pair: str = "en-de"
+) -> tuple[dict, float]:
+    """`raymt data prepare` of work/noisy (PAIR: its direction) into work/NAME, with Multi30k's val
+    and test_2016_flickr; its manifest and seconds."""
+    data = Path(args.data)
+    cmd = [sys.executable, "-m", "raymt.data", "prepare", "--out", str(work / name), "--overwrite"]
+    cmd += ["--train", f"{pair}:{work / 'noisy'}", "--valid", f"{pair}:{data / 'val'}"]
+    cmd += ["--test", f"{pair}:{data / 'test_2016_flickr'}", *extra]
     print("$", " ".join(cmd[1:]), flush=True)
     t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -147,7 +155,9 @@ def score_filter(work: Path, args: argparse.Namespace, kinds: list[str]) -> dict
     cmd = [sys.executable, "-m", "raymt.data", "score", "--forward", args.forward, "--backward", args.backward]
     cmd += ["--corpus", str(work / "noisy")] + (["--gpu"] if args.gpu else [])
     print("$", " ".join(cmd[1:]), flush=True)
+    t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT)
+    seconds = time.time() - t0
     files = sorted((work / "noisy.scores").glob("part-*.parquet"))
     scores = pq.read_table(files).column("score").to_numpy()
     clean = scores[np.array([k == "clean" for k in kinds])]
@@ -156,21 +166,58 @@ def score_filter(work: Path, args: argparse.Namespace, kinds: list[str]) -> dict
         k: float(np.mean([s < threshold for s, kk in zip(scores, kinds) if kk.split(".")[0] == k]))
         for k in ("clean", *KINDS)
     }
-    return {"threshold": threshold, "dropped": below}
+    return {"threshold": threshold, "dropped": below, "score_s": round(seconds, 1)}
 
 
-def train_and_score(work: Path, args: argparse.Namespace, corpora: dict[str, str]) -> dict:
-    """The recipe trained for --train-steps on each corpus; test_2016_flickr BLEU from its summary."""
-    out = {}
-    for name, corpus in corpora.items():
-        run = work / f"run-{name}"
+def train(work: Path, args: argparse.Namespace, name: str, corpus: str, pair: str = "en-de") -> dict:
+    """The recipe trained for --train-steps on a prepared corpus as work/run-NAME (a finished run is
+    kept: a rerun of the benchmark goes on where it stopped); its summary.json."""
+    run = work / f"run-{name}"
+    if not (run / "summary.json").exists():
+        src_lang, tgt_lang = pair.split("-")
         cmd = [sys.executable, "-m", "raymt", "train", "--config", args.recipe, "--corpus", corpus]
-        cmd += ["--output", str(run), "--set", f"train.max_steps={args.train_steps}"]
+        cmd += ["--storage-path", str(work), "--name", run.name, "--src-lang", src_lang, "--tgt-lang", tgt_lang]
+        cmd += ["--max-steps", str(args.train_steps)]
         print("$", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT)
-        summary = json.loads(next(run.rglob("summary.json")).read_text())
-        out[name] = summary.get("test_bleu", summary)
-    return out
+    return json.loads((run / "summary.json").read_text())
+
+
+def bleu_row(summary: dict) -> dict:
+    """A training's test_2016_flickr figures and time from its summary."""
+    test = summary["test"]
+    return {
+        "bleu": round(test["bleu"], 2),
+        "chrf": round(test["chrf"], 2),
+        "minutes": round(summary["wall_time_s"] / 60, 1),
+    }
+
+
+def train_scorers(work: Path, args: argparse.Namespace) -> None:
+    """The scorers a pipeline without clean data has: the noisy arm's en->de model (forward) and a
+    de->en model trained on the noisy corpus for as many updates (backward)."""
+    prepare(work, "rules-off", args, NO_RULES)
+    prepare(work, "rules-off-de-en", args, NO_RULES, pair="de-en")
+    args.forward = train(work, args, "noisy", str(work / "rules-off"))["best_checkpoint"]
+    args.backward = train(work, args, "noisy-de-en", str(work / "rules-off-de-en"), pair="de-en")["best_checkpoint"]
+
+
+def train_arms(work: Path, args: argparse.Namespace, src: list[str], tgt: list[str], report: dict) -> dict:
+    """test_2016_flickr BLEU of the recipe trained on clean, noisy and cleaned (rules, language ID
+    and, with scores, the score filter) Multi30k, and the share of the BLEU lost that cleaning won back."""
+    write(work / "clean", src, tgt)
+    prepare(work, "rules-off", args, NO_RULES)
+    if "score" not in report:  # else prepared with the score filter's threshold
+        prepare(work, "cleaned", args, RULES)
+    clean_cmd = [sys.executable, "-m", "raymt.data", "prepare", "--out", str(work / "clean-corpus"), "--overwrite"]
+    clean_cmd += ["--train", str(work / "clean"), "--valid", str(Path(args.data) / "val")]
+    clean_cmd += ["--test", str(Path(args.data) / "test_2016_flickr"), *NO_RULES]
+    subprocess.run(clean_cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    corpora = {"clean": "clean-corpus", "noisy": "rules-off", "cleaned": "cleaned"}
+    rows = {name: bleu_row(train(work, args, name, str(work / corpus))) for name, corpus in corpora.items()}
+    lost = rows["clean"]["bleu"] - rows["noisy"]["bleu"]
+    won = rows["cleaned"]["bleu"] - rows["noisy"]["bleu"]
+    return rows | {"recovered": round(won / lost, 3) if lost > 0 else None}
 
 
 def main() -> int:
@@ -187,11 +234,19 @@ def main() -> int:
     )
     p.add_argument("--gpu", action="store_true", help="score on GPUs")
     p.add_argument("--train-steps", type=int, help="also train the recipe on clean, noisy and cleaned data (long)")
+    p.add_argument(
+        "--train-scorers",
+        action="store_true",
+        help="with --train-steps: the scorers are the noisy arm's en->de model and a de->en one trained "
+        "on the noisy corpus for as many updates (no --forward/--backward)",
+    )
     p.add_argument("--recipe", default=str(ROOT / "recipes" / "multi30k-cpu.toml"))
     p.add_argument("--json", help="write every figure here")
     args = p.parse_args()
     if bool(args.forward) != bool(args.backward):
         p.error("--forward and --backward go together")
+    if args.train_scorers and (args.forward or not args.train_steps):
+        p.error("--train-scorers goes with --train-steps and without --forward/--backward")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     src, tgt = read(Path(args.data) / "train", "en"), read(Path(args.data) / "train", "de")
@@ -208,38 +263,18 @@ def main() -> int:
             "pairs_per_s": round(len(src) / seconds),
         },
     }
+    if args.train_steps and args.train_scorers:
+        train_scorers(work, args)
     if args.forward:
         report["score"] = score_filter(work, args, kinds)
         report["score"]["prepare"] = prepare(
             work, "scored", args, [*NO_RULES, "--min-score", repr(report["score"]["threshold"])]
         )[0]["corpora"][0]["train"]["dropped"]
+        report["score"] |= {"forward": args.forward, "backward": args.backward}
+        prepare(work, "cleaned", args, [*RULES, "--min-score", repr(report["score"]["threshold"])])
+        report["combined"] = kept_by_kind(work, "cleaned", noisy_src, noisy_tgt, kinds)
     if args.train_steps:
-        write(work / "clean", src, tgt)
-        cleaned = ["--min-score", repr(report["score"]["threshold"])] if args.forward else []
-        corpora = {"noisy": str(work / "rules-off"), "cleaned": str(work / "cleaned")}
-        prepare(work, "rules-off", args, NO_RULES)
-        prepare(work, "cleaned", args, [*RULES, *cleaned])
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "raymt.data",
-                "prepare",
-                "--out",
-                str(work / "clean-corpus"),
-                "--train",
-                str(work / "clean"),
-                "--valid",
-                str(Path(args.data) / "val"),
-                "--test",
-                str(Path(args.data) / "test_2016_flickr"),
-                "--overwrite",
-                *NO_RULES,
-            ],
-            check=True,
-            cwd=ROOT,
-        )
-        report["bleu"] = train_and_score(work, args, {"clean": str(work / "clean-corpus"), **corpora})
+        report["bleu"] = train_arms(work, args, src, tgt, report)
     print_table(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
@@ -248,17 +283,26 @@ def main() -> int:
 
 def print_table(report: dict) -> None:
     """One Markdown row per kind: its pairs, dropped by the rules and language ID, by the score filter."""
-    score = report.get("score", {}).get("dropped", {})
-    print("\n| kind | pairs | dropped by rules + language ID | dropped by the score filter |")
-    print("|---|---|---|---|")
+    score, both = report.get("score", {}).get("dropped", {}), report.get("combined", {})
+    print("\n| kind | pairs | dropped by rules + language ID | by the score filter | by both |")
+    print("|---|---|---|---|---|")
     for kind in ("clean", *KINDS):
         by_score = f"{100 * score[kind]:.1f}%" if kind in score else "-"
+        by_both = f"{100 * both[kind]:.1f}%" if kind in both else "-"
         rules = f"{100 * report['rules']['dropped'][kind]:.1f}%"
-        print(f"| {kind} | {report['kinds'].get(kind, 0):,} | {rules} | {by_score} |")
+        print(f"| {kind} | {report['kinds'].get(kind, 0):,} | {rules} | {by_score} | {by_both} |")
     langs = {k: f"{100 * v:.1f}%" for k, v in report["rules"]["dropped"].items() if "." in k}
     print(f"\nwrong_language by the target's language (rules + language ID): {langs}")
     print(f"by rule: {report['rules']['by_rule']}")
     print(f"prepare: {report['rules']['prepare_s']} s, {report['rules']['pairs_per_s']:,} pairs/s end to end")
+    if "score" in report:
+        print(f"score filter: threshold {report['score']['threshold']:.4f}, scoring {report['score']['score_s']} s")
+    if "bleu" in report:
+        print("\n| trained on | test_2016_flickr BLEU | chrF | minutes |\n|---|---|---|---|")
+        for name in ("clean", "noisy", "cleaned"):
+            row = report["bleu"][name]
+            print(f"| {name} | {row['bleu']:.2f} | {row['chrf']:.2f} | {row['minutes']} |")
+        print(f"BLEU lost to noise that cleaning won back: {report['bleu']['recovered']}")
 
 
 if __name__ == "__main__":
