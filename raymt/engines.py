@@ -300,7 +300,10 @@ def ct2_model_dir(checkpoint: str, cache: Optional[str] = None) -> Path:
 
 # CTranslate2 on a CPU: a server's batch of 64 Multi30k sentences in arrival order decodes ~1.1x as
 # fast cut by CTranslate2 into length-sorted sub-batches of 128-256 source tokens as in one batch
-# (1 thread, int8; benchmarks/NOTES.md), and `translate`'s length-sorted batches gain too.
+# (1 thread, int8; benchmarks/NOTES.md), and `translate`'s length-sorted batches gain too. With
+# 2 intra threads such sub-batches leave each thread too little work a step: offline 266
+# sentences/s against 435 for whole batches (1 thread: 355 against 330; issue 60), so only a
+# one-thread engine cuts them.
 CT2_CPU_SUB_BATCH_TOKENS = 256
 
 
@@ -422,7 +425,7 @@ class CT2Engine(Engine):
         )
         self.ct2 = ctranslate2
         self.max_src = info.config.model.max_positions - 1
-        self.sub_batch_tokens = CT2_CPU_SUB_BATCH_TOKENS if kind == "cpu" else 0
+        self.sub_batch_tokens = CT2_CPU_SUB_BATCH_TOKENS if kind == "cpu" and (threads or 1) == 1 else 0
 
     def length(self, source: Sequence[int]) -> int:
         """The tokens a source costs in a batch: its pieces (CTranslate2 appends EOS itself)."""

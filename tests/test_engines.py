@@ -156,7 +156,10 @@ def test_ctranslate2_engine_behind_the_same_interface(tagged, tmp_path):
         ours, theirs = ([nbest[i][0][1] for i in own] for nbest in (got, raymt))
         assert_translations_agree(tagged, [texts[i] for i in own], lang, ours, theirs)
     assert engine.translate(texts, opts, "de") != engine.translate(texts, opts, "fr")  # the tag counts
-    assert engine.sub_batch_tokens > 0
+    assert engine.sub_batch_tokens > 0  # one thread: length-sorted sub-batches
+    two = load_engine(str(tagged), "ctranslate2", threads=2, compute_type="float32", cache=cache)
+    assert two.sub_batch_tokens == 0  # two threads would starve on them: whole batches (issue 60)
+    torch.set_num_threads(1)  # load_engine set 2 for this process
     engine.sub_batch_tokens = 8  # cut by CTranslate2 into length-sorted sub-batches: the same output
     assert [h[0][1] for h in engine.translate(texts, opts, langs, batch_size=len(texts))] == [h[0][1] for h in got]
     encoded = engine.encode(texts[:1], "de")
