@@ -301,9 +301,9 @@ def ct2_model_dir(checkpoint: str, cache: Optional[str] = None) -> Path:
 # CTranslate2 on a CPU: a server's batch of 64 Multi30k sentences in arrival order decodes ~1.1x as
 # fast cut by CTranslate2 into length-sorted sub-batches of 128-256 source tokens as in one batch
 # (1 thread, int8; benchmarks/NOTES.md), and `translate`'s length-sorted batches gain too. With
-# 2 intra threads such sub-batches leave each thread too little work a step: offline 266
-# sentences/s against 435 for whole batches (1 thread: 355 against 330; issue 60), so only a
-# one-thread engine cuts them.
+# 2 intra threads such sub-batches leave each thread too little work a step: offline 270
+# sentences/s against 431 for whole batches (1 thread: 357 against 329; issue 60,
+# benchmarks/NOTES.md), so only a one-thread engine cuts them.
 CT2_CPU_SUB_BATCH_TOKENS = 256
 
 
