@@ -107,10 +107,13 @@ def inject(src: list[str], tgt: list[str], share: float, seed: int) -> tuple[lis
 
 
 def write(prefix: Path, src: list[str], tgt: list[str]) -> None:
-    """PREFIX.en.gz and PREFIX.de.gz (gzipped: Multi30k-sized inputs are prepared in the driver)."""
+    """PREFIX.en.gz and PREFIX.de.gz (gzipped: Multi30k-sized inputs are prepared in the driver); a
+    file that already holds these lines is left as it is, so a rerun keeps the scores made of it."""
     for lang, lines in (("en", src), ("de", tgt)):
-        with gzip.open(f"{prefix}.{lang}.gz", "wt", encoding="utf-8") as f:
-            f.write("".join(line.replace("\n", " ") + "\n" for line in lines))
+        path, text = Path(f"{prefix}.{lang}.gz"), "".join(line.replace("\n", " ") + "\n" for line in lines)
+        if path.exists() and gzip.decompress(path.read_bytes()).decode("utf-8") == text:
+            continue
+        path.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
 
 
 def prepare(
@@ -202,22 +205,40 @@ def train_scorers(work: Path, args: argparse.Namespace) -> None:
     args.backward = train(work, args, "noisy-de-en", str(work / "rules-off-de-en"), pair="de-en")["best_checkpoint"]
 
 
-def train_arms(work: Path, args: argparse.Namespace, src: list[str], tgt: list[str], report: dict) -> dict:
+def prepare_pairs(work: Path, name: str, args: argparse.Namespace, src: list[str], tgt: list[str]) -> str:
+    """Pairs written as work/NAME and prepared, rules off, into work/NAME-corpus (its path)."""
+    write(work / name, src, tgt)
+    cmd = [sys.executable, "-m", "raymt.data", "prepare", "--out", str(work / f"{name}-corpus"), "--overwrite"]
+    cmd += ["--train", str(work / name), "--valid", str(Path(args.data) / "val")]
+    cmd += ["--test", str(Path(args.data) / "test_2016_flickr"), *NO_RULES]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return str(work / f"{name}-corpus")
+
+
+def train_arms(work: Path, args: argparse.Namespace, clean: tuple, noisy: tuple, report: dict) -> dict:
     """test_2016_flickr BLEU of the recipe trained on clean, noisy and cleaned (rules, language ID
-    and, with scores, the score filter) Multi30k, and the share of the BLEU lost that cleaning won back."""
-    write(work / "clean", src, tgt)
+    and, with scores, the score filter) Multi30k, the share of the BLEU lost that cleaning won back,
+    and with --oracle on the noisy corpus's clean pairs alone (what a perfect filter would keep)."""
     prepare(work, "rules-off", args, NO_RULES)
     if "score" not in report:  # else prepared with the score filter's threshold
         prepare(work, "cleaned", args, RULES)
-    clean_cmd = [sys.executable, "-m", "raymt.data", "prepare", "--out", str(work / "clean-corpus"), "--overwrite"]
-    clean_cmd += ["--train", str(work / "clean"), "--valid", str(Path(args.data) / "val")]
-    clean_cmd += ["--test", str(Path(args.data) / "test_2016_flickr"), *NO_RULES]
-    subprocess.run(clean_cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    corpora = {"clean": "clean-corpus", "noisy": "rules-off", "cleaned": "cleaned"}
-    rows = {name: bleu_row(train(work, args, name, str(work / corpus))) for name, corpus in corpora.items()}
-    lost = rows["clean"]["bleu"] - rows["noisy"]["bleu"]
+    corpora = {"clean": prepare_pairs(work, "clean", args, *clean)}
+    corpora |= {"noisy": str(work / "rules-off"), "cleaned": str(work / "cleaned")}
+    if args.oracle:
+        src, tgt, kinds = noisy
+        kept = [(s, t) for s, t, k in zip(src, tgt, kinds) if k == "clean"]
+        corpora["oracle"] = prepare_pairs(work, "oracle", args, [s for s, _ in kept], [t for _, t in kept])
+    rows = {name: bleu_row(train(work, args, name, corpus)) for name, corpus in corpora.items()}
     won = rows["cleaned"]["bleu"] - rows["noisy"]["bleu"]
-    return rows | {"recovered": round(won / lost, 3) if lost > 0 else None}
+    out = rows | {"recovered": ratio(won, rows["clean"]["bleu"] - rows["noisy"]["bleu"])}
+    if args.oracle:
+        out["recovered_of_oracle"] = ratio(won, rows["oracle"]["bleu"] - rows["noisy"]["bleu"])
+    return out
+
+
+def ratio(won: float, lost: float) -> float | None:
+    """won / lost, rounded (None: nothing lost)."""
+    return round(won / lost, 3) if lost > 0 else None
 
 
 def main() -> int:
@@ -239,6 +260,9 @@ def main() -> int:
         action="store_true",
         help="with --train-steps: the scorers are the noisy arm's en->de model and a de->en one trained "
         "on the noisy corpus for as many updates (no --forward/--backward)",
+    )
+    p.add_argument(
+        "--oracle", action="store_true", help="with --train-steps: also train on the noisy corpus's clean pairs alone"
     )
     p.add_argument("--recipe", default=str(ROOT / "recipes" / "multi30k-cpu.toml"))
     p.add_argument("--json", help="write every figure here")
@@ -274,7 +298,7 @@ def main() -> int:
         prepare(work, "cleaned", args, [*RULES, "--min-score", repr(report["score"]["threshold"])])
         report["combined"] = kept_by_kind(work, "cleaned", noisy_src, noisy_tgt, kinds)
     if args.train_steps:
-        report["bleu"] = train_arms(work, args, src, tgt, report)
+        report["bleu"] = train_arms(work, args, (src, tgt), (noisy_src, noisy_tgt, kinds), report)
     print_table(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
@@ -299,10 +323,13 @@ def print_table(report: dict) -> None:
         print(f"score filter: threshold {report['score']['threshold']:.4f}, scoring {report['score']['score_s']} s")
     if "bleu" in report:
         print("\n| trained on | test_2016_flickr BLEU | chrF | minutes |\n|---|---|---|---|")
-        for name in ("clean", "noisy", "cleaned"):
-            row = report["bleu"][name]
-            print(f"| {name} | {row['bleu']:.2f} | {row['chrf']:.2f} | {row['minutes']} |")
+        for name in ("clean", "noisy", "cleaned", "oracle"):
+            if name in report["bleu"]:
+                row = report["bleu"][name]
+                print(f"| {name} | {row['bleu']:.2f} | {row['chrf']:.2f} | {row['minutes']} |")
         print(f"BLEU lost to noise that cleaning won back: {report['bleu']['recovered']}")
+        if "recovered_of_oracle" in report["bleu"]:
+            print(f"of what the noisy corpus's clean pairs alone win back: {report['bleu']['recovered_of_oracle']}")
 
 
 if __name__ == "__main__":
