@@ -118,7 +118,7 @@ def write(prefix: Path, src: list[str], tgt: list[str]) -> None:
 
 def prepare(
     work: Path, name: str, args: argparse.Namespace, extra: list[str], pair: str = "en-de"
-) -> tuple[dict, float]:
+) -> tuple[dict, float | None]:
     """`raymt data prepare` of work/noisy (PAIR: its direction) into work/NAME, with Multi30k's val
     and test_2016_flickr; its manifest and seconds."""
     data = Path(args.data)
@@ -127,8 +127,9 @@ def prepare(
     cmd += ["--test", f"{pair}:{data / 'test_2016_flickr'}", *extra]
     print("$", " ".join(cmd[1:]), flush=True)
     t0 = time.time()
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return json.loads((work / name / "manifest.json").read_text()), time.time() - t0
+    out = subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.PIPE, text=True).stdout
+    seconds = None if "already prepared" in out else time.time() - t0  # None: a rerun reused it
+    return json.loads((work / name / "manifest.json").read_text()), seconds
 
 
 def kept_by_kind(work: Path, name: str, src: list[str], tgt: list[str], kinds: list[str]) -> dict[str, float]:
@@ -283,8 +284,8 @@ def main() -> int:
         "rules": {
             "dropped": kept_by_kind(work, "rules", noisy_src, noisy_tgt, kinds),
             "by_rule": {k: v for k, v in manifest["corpora"][0]["train"]["dropped"].items() if v},
-            "prepare_s": round(seconds, 1),
-            "pairs_per_s": round(len(src) / seconds),
+            "prepare_s": round(seconds, 1) if seconds else None,
+            "pairs_per_s": round(len(src) / seconds) if seconds else None,
         },
     }
     if args.train_steps and args.train_scorers:
@@ -318,9 +319,13 @@ def print_table(report: dict) -> None:
     langs = {k: f"{100 * v:.1f}%" for k, v in report["rules"]["dropped"].items() if "." in k}
     print(f"\nwrong_language by the target's language (rules + language ID): {langs}")
     print(f"by rule: {report['rules']['by_rule']}")
-    print(f"prepare: {report['rules']['prepare_s']} s, {report['rules']['pairs_per_s']:,} pairs/s end to end")
+    if report["rules"]["prepare_s"] is None:
+        print("prepare: reused (prepared by an earlier run with the same inputs and options)")
+    else:
+        print(f"prepare: {report['rules']['prepare_s']} s, {report['rules']['pairs_per_s']:,} pairs/s end to end")
     if "score" in report:
-        print(f"score filter: threshold {report['score']['threshold']:.4f}, scoring {report['score']['score_s']} s")
+        threshold, seconds = report["score"]["threshold"], report["score"]["score_s"]
+        print(f"score filter: threshold {threshold:.4f}, scoring {seconds} s (a rerun's: what was missing)")
     if "bleu" in report:
         print("\n| trained on | test_2016_flickr BLEU | chrF | minutes |\n|---|---|---|---|")
         for name in ("clean", "noisy", "cleaned", "oracle"):
