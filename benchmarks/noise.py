@@ -4,7 +4,7 @@ its pairs made noisy in six kinds, then `raymt data prepare`'s rules and languag
 
     python benchmarks/noise.py --data ../shared/data/multi30k --work-dir /tmp/noise --json noise.json
     python benchmarks/noise.py ... --forward CK_EN_DE --backward CK_DE_EN          # + the score filter
-    python benchmarks/noise.py ... --train-steps 1500 --train-scorers                 # + BLEU (hours)
+    python benchmarks/noise.py ... --train-steps 1200 --train-scorers --oracle        # + BLEU (~85 min)
 
 Kinds (each 1/6 of the noisy pairs; --seed fixes them): misaligned (targets shuffled among them),
 copy (target = source), wrong_language (a target from the built-in corpus's fr or es, or another
