@@ -105,10 +105,11 @@ def student_models(run: Path, steps: int, average: int, dtype: str) -> list[tupl
     from raymt.distill import ct2_export
 
     checkpoints = [("", json.loads((run / "summary.json").read_text())["best_checkpoint"])]
-    if average and not (run / f"avg{average}-{steps}").exists():  # a rerun keeps its average
-        raymt("average", str(run), "--last", str(average), "--output", str(run / f"avg{average}-{steps}"))
     if average:
-        checkpoints.append((f", avg{average}", str(run / f"avg{average}-{steps}")))
+        averaged = run / f"avg{average}-{steps}"
+        if not averaged.exists():  # a rerun keeps its average
+            raymt("average", str(run), "--last", str(average), "--output", str(averaged))
+        checkpoints.append((f", avg{average}", str(averaged)))
     return [(suffix, ct2_export(ck, run.parent / f"{run.name}-ct2-{dtype}-{steps}{suffix[2:]}", dtype))
             for suffix, ck in checkpoints]  # fmt: skip
 

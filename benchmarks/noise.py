@@ -117,13 +117,13 @@ def write(prefix: Path, src: list[str], tgt: list[str]) -> None:
 
 
 def prepare(
-    work: Path, name: str, args: argparse.Namespace, extra: list[str], pair: str = "en-de"
+    work: Path, name: str, args: argparse.Namespace, extra: list[str], pair: str = "en-de", train: str = "noisy"
 ) -> tuple[dict, float | None]:
-    """`raymt data prepare` of work/noisy (PAIR: its direction) into work/NAME, with Multi30k's val
+    """`raymt data prepare` of work/TRAIN (PAIR: its direction) into work/NAME, with Multi30k's val
     and test_2016_flickr; its manifest and seconds."""
     data = Path(args.data)
     cmd = [sys.executable, "-m", "raymt.data", "prepare", "--out", str(work / name), "--overwrite"]
-    cmd += ["--train", f"{pair}:{work / 'noisy'}", "--valid", f"{pair}:{data / 'val'}"]
+    cmd += ["--train", f"{pair}:{work / train}", "--valid", f"{pair}:{data / 'val'}"]
     cmd += ["--test", f"{pair}:{data / 'test_2016_flickr'}", *extra]
     print("$", " ".join(cmd[1:]), flush=True)
     t0 = time.time()
@@ -209,10 +209,7 @@ def train_scorers(work: Path, args: argparse.Namespace) -> None:
 def prepare_pairs(work: Path, name: str, args: argparse.Namespace, src: list[str], tgt: list[str]) -> str:
     """Pairs written as work/NAME and prepared, rules off, into work/NAME-corpus (its path)."""
     write(work / name, src, tgt)
-    cmd = [sys.executable, "-m", "raymt.data", "prepare", "--out", str(work / f"{name}-corpus"), "--overwrite"]
-    cmd += ["--train", str(work / name), "--valid", str(Path(args.data) / "val")]
-    cmd += ["--test", str(Path(args.data) / "test_2016_flickr"), *NO_RULES]
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    prepare(work, f"{name}-corpus", args, NO_RULES, train=name)
     return str(work / f"{name}-corpus")
 
 
@@ -288,7 +285,7 @@ def main() -> int:
             "pairs_per_s": round(len(src) / seconds) if seconds else None,
         },
     }
-    if args.train_steps and args.train_scorers:
+    if args.train_scorers:  # with --train-steps (checked above)
         train_scorers(work, args)
     if args.forward:
         report["score"] = score_filter(work, args, kinds)
