@@ -16,6 +16,7 @@ PLAIN = [
     "langid",
     "batching",
     "checkpoint",
+    "command",
     "config",
     "config.corpus",
     "config.sections",

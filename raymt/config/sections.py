@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from raymt.command import flag
 from raymt.config.corpus import CorpusSpec, check_corpora, corpora_from_tables, read_one_pair
 from raymt.errors import check
 
@@ -454,18 +455,18 @@ class DecodeOptions:
     """How to search, the one home of decoding defaults: beam 1 is greedy; output length is at
     most a * src_len + b. `Config.decode` (test set, translate, evaluate, export)."""
 
-    beam: int = 5
+    beam: int = flag(5, "beam size (1 = greedy)")
     # GNMT length penalty alpha: scores are divided by ((5 + length) / 6) ** alpha.
-    length_penalty: float = 0.6
-    max_len_a: float = 1.2
-    max_len_b: int = 10
+    length_penalty: float = flag(0.6, "GNMT alpha")
+    max_len_a: float = flag(1.2, "max output = a * src_len + b")
+    max_len_b: int = flag(10, "")
     use_cache: bool = True
     # Sampling (beam 1 only) draws each token from softmax(log_probs / temperature) over
     # the top_k most likely tokens (0: all). Draws depend on the seed and on the batch.
-    sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    seed: Optional[int] = None
+    sample: bool = flag(False, "sample instead of searching (implies --beam 1)")
+    temperature: float = flag(1.0, "sampling temperature")
+    top_k: int = flag(0, "sample among the K most likely tokens (0 = all)")
+    seed: Optional[int] = flag(None, "seed for --sample (repeatable output)")
 
     def __post_init__(self) -> None:
         check(self.beam >= 1, f"beam={self.beam} must be >= 1 (1 = greedy)")
@@ -481,6 +482,11 @@ class DecodeOptions:
     def check(self) -> None:
         """Validate again (after fields were assigned one by one); raises a one-line ValueError."""
         self.__post_init__()
+
+    @classmethod
+    def from_flags(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """The decoding flags' values (raymt.command): --sample implies beam 1."""
+        return {**values, "beam": 1} if values.get("sample") else values
 
 
 @dataclass
