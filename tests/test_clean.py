@@ -89,8 +89,9 @@ def test_near_duplicates_after_case_punctuation_and_digits():
         {"src": [s for s, _ in rows], "tgt": [t for _, t in rows], "source": [0] * 4, "line": [1, 2, 3, 4]}
     )
     tally = clean.Tally()
-    options = {"max_chars": 100, "max_len": 50, "max_ratio": 10.0, "ratio_min_len": 3, "dedup": False, "seed": 1}
-    block = clean.tokenize_block(table, tokenizer().model_proto, {**options, "near_dedup": True}, tally)
+    off = dict.fromkeys(CONTENT_RULES, False)
+    cfg = PrepareConfig(max_chars=100, max_len=50, max_ratio=10.0, ratio_min_len=3, near_dedup=True, seed=1, **off)
+    block = clean.tokenize_block(table, tokenizer().model_proto, cfg, tally)
     out = clean.Dedup()(block, tally)
     assert out.column_names == ["src_ids", "tgt_ids"] and len(out) == 2
     counts = tally.total()

@@ -1,8 +1,8 @@
 """The layout of raymt/ (issue 43), read with ast (nothing is imported): no import cycle among
 raymt's modules, no private name imported across modules, no command module importing another
 (issue 56), no module over 700 lines and no function over 80; the worker's contracts typed (issue
-56): no `loop_config["` and the train state's keys named only in raymt/checkpoint.py. Run with -s
-to see the largest modules and functions."""
+56): no `loop_config["` and the train state's keys named only in raymt/checkpoint.py; settings read
+by attribute, not by string key (issue 66). Run with -s to see the largest modules and functions."""
 
 from __future__ import annotations
 
@@ -558,6 +558,153 @@ def test_the_key_checks_find_what_they_look_for(tmp_path):
     assert [u.split(":")[1] for u in text_uses(pkg, ('loop_config["', "loop_config['", "loop_config.get("))] == [
         "2",
         "2",
+    ]
+
+
+# Settings are typed (issue 66): the dataclasses of raymt/config/ are read by attribute, inside Ray
+# tasks and actors too (a dataclass pickles), and become a dict only on their way to JSON. A settings
+# field read by string key (`x["max_len"]`, `x.get("dedup")`, `x.pop(...)`) outside raymt/config/
+# (whose from_dict readers read stored configs) is a dict standing in for its dataclass. A field that
+# some module also writes as a key (`{"seed": ...}`, `dict(seed=...)`, `x["seed"] = ...`) names an
+# entry of a manifest, record or report too (src_lang, seed, temperature, beam, ...): reading it says
+# nothing, so the rule judges the other fields (max_len, dedup, skip_invalid, noise_swap, ...: most).
+SETTINGS_HOME = "config"  # under raymt/
+
+# The places that still read a settings field by key, as "raymt/x.py:function", each with why. A
+# listed place that reads none must be deleted.
+SETTINGS_READ_BY_KEY = {
+    # plan.student is the student's config as a dict (student.json, read by `raymt train --config`)
+    # until distill builds it typed (issue 66, item 1): delete this entry then.
+    "raymt/distill.py:start",
+}
+
+# Fields the rule must keep judging: prepare's options that data/clean.py read by key until issue 66.
+PREPARE_FIELDS = {"max_chars", "max_len", "max_ratio", "ratio_min_len", "dedup", "near_dedup", "skip_invalid"}
+
+
+def is_dataclass(node: ast.ClassDef) -> bool:
+    """Whether a class is decorated with `dataclass` (`@dataclass`, `@dataclasses.dataclass(...)`)."""
+    return any("dataclass" in identifiers(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list)
+
+
+def scoped(tree: ast.AST, scope: str = "<module>") -> Iterator[tuple[str, ast.AST]]:
+    """Every node under `tree` with the function or class it is in ("C.m"; "<module>" outside any)."""
+    for child in ast.iter_child_nodes(tree):
+        yield scope, child
+        inner = scope
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            inner = child.name if scope == "<module>" else f"{scope}.{child.name}"
+        yield from scoped(child, inner)
+
+
+def key_written(node: ast.AST) -> list[str]:
+    """The strings a node writes as keys: `{"k": ...}`, `dict(k=...)`, `x["k"] = ...` (`+=` too),
+    `x.setdefault("k")`."""
+    keys: list = []
+    if isinstance(node, ast.Dict):
+        keys = node.keys
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+        return [k.arg for k in node.keywords if k.arg]
+    elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+        keys = [node.slice]
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "setdefault":
+        keys = node.args[:1]
+    return [k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+
+
+def key_read(node: ast.AST) -> list[str]:
+    """The string a node reads as a key: `x["k"]`, `x.get("k")`, `x.pop("k")`."""
+    keys: list = []
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+        keys = [node.slice]
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "pop"):
+        keys = node.args[:1]
+    return [k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+
+
+def settings_fields(root: Path = ROOT) -> set[str]:
+    """The fields of the dataclasses in root/config/ that no module of `root` writes as a key."""
+    trees = [parse(path) for path in modules(root).values()]
+    fields = {
+        s.target.id
+        for path in (root / SETTINGS_HOME).rglob("*.py")
+        for node in ast.walk(parse(path))
+        if isinstance(node, ast.ClassDef) and is_dataclass(node)
+        for s in node.body
+        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+    }
+    return fields - {key for tree in trees for node in ast.walk(tree) for key in key_written(node)}
+
+
+def settings_read_by_key(root: Path, fields: set[str]) -> dict[str, list[str]]:
+    """ "raymt/x.py:function" -> ["'max_len' (line 12)", ...]: where a module outside root/config/
+    reads one of `fields` by string key."""
+    found: dict[str, list[str]] = {}
+    for path in modules(root).values():
+        if (root / SETTINGS_HOME) in path.parents:
+            continue
+        rel = path.relative_to(root.parent).as_posix()
+        for scope, node in scoped(parse(path)):
+            for key in key_read(node):
+                if key in fields:
+                    found.setdefault(f"{rel}:{scope}", []).append(f"{key!r} (line {node.lineno})")
+    return found
+
+
+def settings_key_problems(found: dict[str, list[str]], allowed: set[str]) -> list[str]:
+    """A settings key read outside `allowed` (SETTINGS_READ_BY_KEY), and an allowed place that reads none."""
+    problems = [f"{place} reads {', '.join(reads)}" for place, reads in sorted(found.items()) if place not in allowed]
+    problems += [
+        f"SETTINGS_READ_BY_KEY lists {place}, which reads no settings field by key: delete it"
+        for place in sorted(allowed - set(found))
+    ]
+    return problems
+
+
+def test_settings_are_read_by_attribute():
+    """No raymt module reads a settings dict by string key where a dataclass exists (issue 66):
+    prepare hands its Ray Data tasks and actors its PrepareConfig, not `dataclasses.asdict` of it."""
+    fields = settings_fields()
+    assert PREPARE_FIELDS <= fields, f"no longer judged (written as a key somewhere): {PREPARE_FIELDS - fields}"
+    problems = settings_key_problems(settings_read_by_key(ROOT, fields), SETTINGS_READ_BY_KEY)
+    assert not problems, "settings read by string key (read the dataclass's attribute):\n" + "\n".join(problems)
+
+
+def test_the_settings_check_finds_what_it_looks_for(tmp_path):
+    """On a made-up package: the fields of its config/ dataclasses read by key are found, in a
+    method too; a field also written as a key, a plain class's, an attribute and config/'s own
+    reads are not; an allowed place is not reported, and one that reads nothing is."""
+    pkg = tmp_path / "pkg"
+    (pkg / "config").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "config/__init__.py": "",
+        "config/s.py": (
+            "import dataclasses\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass S:\n"
+            "    max_len: int = 1\n    seed: int = 1\n    dedup: bool = False\n\n\n"
+            "@dataclasses.dataclass(frozen=True)\nclass T:\n    skip_invalid: bool = False\n\n\n"
+            "class Plain:\n    window: int = 1\n\n\ndef from_dict(d):\n    return S(max_len=d['max_len'])\n"
+        ),
+        "x.py": (
+            "def f(options, cfg):\n"
+            "    return options['max_len'], options.get('skip_invalid'), cfg.dedup, options['window']\n\n\n"
+            "class C:\n    def m(self, options):\n        return options.pop('dedup')\n\n\n"
+            "def record(cfg):\n    return {'seed': cfg.seed}\n"
+        ),
+        "y.py": "def g(manifest):\n    return manifest['seed']\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    fields = settings_fields(pkg)
+    assert fields == {"max_len", "dedup", "skip_invalid"}
+    found = settings_read_by_key(pkg, fields)
+    assert found == {
+        "pkg/x.py:f": ["'max_len' (line 2)", "'skip_invalid' (line 2)"],
+        "pkg/x.py:C.m": ["'dedup' (line 7)"],
+    }
+    assert settings_key_problems(found, {"pkg/x.py:C.m", "pkg/y.py:g"}) == [
+        "pkg/x.py:f reads 'max_len' (line 2), 'skip_invalid' (line 2)",
+        "SETTINGS_READ_BY_KEY lists pkg/y.py:g, which reads no settings field by key: delete it",
     ]
 
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raymt.config import PrepareConfig
+from raymt.config import CorpusOptions, PrepareConfig
 from raymt.data import format as corpus_format
 from raymt.data import mono, prepare, shards, sources, text
 from raymt.data.__main__ import main
@@ -641,7 +641,7 @@ def test_train_run_prepares_with_the_data_cleaning_options(ray_cluster, tmp_path
     assert (options["max_ratio"], options["dedup"], options["vocab_size"]) == (1.5, True, 80)
 
     def ratio_drops(max_ratio: float) -> int:
-        rule = {"max_len": cfg.data.max_len, "max_ratio": max_ratio, "ratio_min_len": cfg.data.ratio_min_len}
+        rule = CorpusOptions(max_len=cfg.data.max_len, max_ratio=max_ratio, ratio_min_len=cfg.data.ratio_min_len)
         return sum(_token_rule(len(tokenizer.encode(s)), len(tokenizer.encode(t)), rule) == "ratio" for s, t in pairs)
 
     dropped = manifest["corpora"][0]["train"]["dropped"]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tiny_checkpoint import tokenizer
 
 from raymt.batching import chunk_batches, collate
+from raymt.config import CONTENT_RULES, PrepareConfig
 from raymt.data import clean
 from raymt.data.epoch import Mix, epoch_slice
 from raymt.data.format import TOKEN_INDEX_ROWS, Shard, token_index
@@ -21,7 +22,10 @@ from raymt.tokenizer import EOS_ID
 from raymt.trainer import Collective, Done, lockstep
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-OPTIONS = {"max_chars": 40, "max_len": 12, "max_ratio": 3.0, "ratio_min_len": 3, "dedup": True, "seed": 1}
+# The length, ratio and duplicate rules only (their counts are checked below), no content rule.
+OPTIONS = PrepareConfig(
+    max_chars=40, max_len=12, max_ratio=3.0, ratio_min_len=3, dedup=True, seed=1, **dict.fromkeys(CONTENT_RULES, False)
+)
 
 
 @FAST
@@ -40,7 +44,7 @@ def test_cleaning_and_tokenizing_any_unicode_accounts_for_every_pair(rows):
     assert len(out) + dropped == len(rows)
     for column in ("src_ids", "tgt_ids"):
         for ids in out.column(column).to_pylist():
-            assert 0 < len(ids) <= OPTIONS["max_len"]
+            assert 0 < len(ids) <= OPTIONS.max_len
             assert all(0 <= i < tok.vocab_size for i in ids)
             assert isinstance(tok.decode(ids), str)
     assert len(out.column("h")) == len(out)  # every kept pair carries its dedup hash

@@ -11,13 +11,13 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from raymt import langid
-from raymt.config import CONTENT_RULES, CorpusOptions
+from raymt.config import CONTENT_RULES, CorpusOptions, PrepareConfig
 from raymt.data.format import COLUMNS
 from raymt.data.scores import ScoreReader
 from raymt.data.sources import pair_chunks
@@ -79,11 +79,9 @@ class ContentRules:
     tgt_lang: str = ""
 
     @classmethod
-    def of(cls, options: dict) -> "ContentRules":
-        """The rules of a prepare's options (`dataclasses.asdict` of its PrepareConfig); a rule they
-        do not name is off."""
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in options.items() if k in names})
+    def of(cls, cfg: PrepareConfig) -> "ContentRules":
+        """The rules of one corpus's prepare config (`raymt.data.sources.clean_config`)."""
+        return cls(**{name: getattr(cfg, name) for name in cls.__dataclass_fields__})
 
     @property
     def any(self) -> bool:
@@ -240,21 +238,21 @@ def _report(tally: Any, key: tuple, counts: dict) -> None:
     ray.get(tally.put.remote(key, dict(counts)))
 
 
-def _on_invalid(options: dict) -> str:
+def _on_invalid(cfg: CorpusOptions) -> str:
     """What readers do with invalid UTF-8 in training data."""
-    return "skip" if options["skip_invalid"] else "error"
+    return "skip" if cfg.skip_invalid else "error"
 
 
-def sample_inputs(batch: pa.Table, specs: list[dict], options: dict, k: int) -> pa.Table:
+def sample_inputs(batch: pa.Table, specs: list[dict], cfg: PrepareConfig, k: int) -> pa.Table:
     """Pass 1, one row per input: its counts and its k cleaned pairs with the smallest hashes."""
-    key = _hash_key(options["seed"])
+    key = _hash_key(cfg.seed)
     rows: dict[str, list] = {"counts": [], "h": [], "src": [], "tgt": []}
     for idx in batch.column("idx").to_pylist():
         counts: Counter = Counter()
         heap: list = []
         members: set[int] = set()
-        for src, tgt, _ in pair_chunks(specs[idx], _on_invalid(options), counts):
-            for i in _clean(src, tgt, options["max_chars"], counts):
+        for src, tgt, _ in pair_chunks(specs[idx], _on_invalid(cfg), counts):
+            for i in _clean(src, tgt, cfg.max_chars, counts):
                 _offer(heap, members, k, _pair_hash(src[i], tgt[i], key), (src[i], tgt[i]))
         kept = sorted((-neg, pair) for neg, pair in heap)
         rows["counts"].append(json.dumps(counts))
@@ -298,14 +296,14 @@ def merge_samples(batches: Iterator[pa.Table], k: int) -> tuple[list[str], Count
     return [s for s, _ in pairs] + [t for _, t in pairs], counts
 
 
-def read_inputs(batch: pa.Table, specs: list[dict], options: dict, tally: Any) -> Iterator[pa.Table]:
+def read_inputs(batch: pa.Table, specs: list[dict], cfg: PrepareConfig, tally: Any) -> Iterator[pa.Table]:
     """Pass 2 reader (a generator): stripped pairs of each input with their provenance; with scores
     (the spec's "scores", `raymt.data.scores.score_entries`), each one's and whether it is under the threshold."""
     for idx in batch.column("idx").to_pylist():
         counts: Counter = Counter()
         entry = specs[idx].get("scores")
         reader = ScoreReader(entry, f"{specs[idx]['paths'][0]}") if entry else None
-        for src, tgt, line_numbers in pair_chunks(specs[idx], _on_invalid(options), counts):
+        for src, tgt, line_numbers in pair_chunks(specs[idx], _on_invalid(cfg), counts):
             columns = {
                 "src": pa.array(src, pa.string()),
                 "tgt": pa.array(tgt, pa.string()),
@@ -320,13 +318,16 @@ def read_inputs(batch: pa.Table, specs: list[dict], options: dict, tally: Any) -
         _report(tally, ("read", idx), counts)
 
 
-def tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: Any) -> pa.Table:
-    """Pass 2: clean, tokenize, drop by length and ratio; hashes ride along for de-duplication."""
+def tokenize_block(
+    table: pa.Table, model_proto: bytes, cfg: PrepareConfig, tally: Any, prefix_ids: Sequence[int] = ()
+) -> pa.Table:
+    """Pass 2: clean, tokenize (`prefix_ids`, the corpus's tags, before every source), drop by
+    length and ratio; hashes ride along for de-duplication."""
     tokenizer = Tokenizer(model_proto)  # tens of ms per block of BLOCK_ROWS pairs
     counts: Counter = Counter()
     src, tgt = table.column("src").to_pylist(), table.column("tgt").to_pylist()
-    keep = _clean(src, tgt, options["max_chars"], counts)
-    rules = ContentRules.of(options)
+    keep = _clean(src, tgt, cfg.max_chars, counts)
+    rules = ContentRules.of(cfg)
     if rules.any:
         keep = _content_rules(src, tgt, keep, rules, counts)
     if "below" in table.column_names:  # the score rule: under the corpus's threshold
@@ -334,14 +335,14 @@ def tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: An
         counts["score"] += sum(below[i] for i in keep)
         keep = [i for i in keep if not below[i]]
     src_ids = tokenizer.encode_batch([src[i] for i in keep])
-    prefix = options.get("prefix_ids") or []  # the corpus's tags (prepare_corpora), counted by the length rules
+    prefix = list(prefix_ids)  # counted by the length rules
     if prefix:
         src_ids = [prefix + ids for ids in src_ids]
     tgt_ids = tokenizer.encode_batch([tgt[i] for i in keep], side="tgt")
     out_src, out_tgt, hashes, near, rows = [], [], [], [], []
-    key = _hash_key(options["seed"])
+    key = _hash_key(cfg.seed)
     for i, s, t in zip(keep, src_ids, tgt_ids):
-        rule = _token_rule(len(s), len(t), options)
+        rule = _token_rule(len(s), len(t), cfg)
         if rule:
             counts[rule] += 1
             if rule == "empty":  # also counted apart: pass 1 sees text only, not these
@@ -350,9 +351,9 @@ def tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: An
         out_src.append(s)
         out_tgt.append(t)
         rows.append(i)
-        if options["dedup"] or options.get("near_dedup"):
+        if cfg.dedup or cfg.near_dedup:
             hashes.append(_pair_hash(src[i], tgt[i], key))
-        if options.get("near_dedup"):
+        if cfg.near_dedup:
             near.append(_pair_hash(*near_key(src[i], tgt[i]), key))
     counts["src_tokens"] += sum(map(len, out_src))
     counts["tgt_tokens"] += sum(map(len, out_tgt))
@@ -360,23 +361,23 @@ def tokenize_block(table: pa.Table, model_proto: bytes, options: dict, tally: An
         first = (table.column("source")[0].as_py(), table.column("line")[0].as_py())
         _report(tally, ("tokenize", *first, len(table)), counts)
     out = {"src_ids": pa.array(out_src, pa.list_(pa.int32())), "tgt_ids": pa.array(out_tgt, pa.list_(pa.int32()))}
-    if options["dedup"] or options.get("near_dedup"):
+    if cfg.dedup or cfg.near_dedup:
         out["h"] = pa.array(hashes, pa.uint64())
-    if options.get("near_dedup"):
+    if cfg.near_dedup:
         out["nh"] = pa.array(near, pa.uint64())
         if "score" in table.column_names:  # ranked near-duplicates: each kept pair's score and place
             out.update({c: table.column(c).take(pa.array(rows, pa.int64())) for c in RANK_COLUMNS[1:]})
     return pa.table(out)
 
 
-def _token_rule(src_len: int, tgt_len: int, options: dict) -> Optional[str]:
+def _token_rule(src_len: int, tgt_len: int, cfg: CorpusOptions) -> Optional[str]:
     """The token-level rule that drops a pair of these lengths, or None to keep it."""
     if src_len == 0 or tgt_len == 0:  # e.g. only control characters: no token survives
         return "empty"
-    if src_len > options["max_len"] or tgt_len > options["max_len"]:
+    if src_len > cfg.max_len or tgt_len > cfg.max_len:
         return "too_long"
     longer, shorter = max(src_len, tgt_len), max(1, min(src_len, tgt_len))
-    if longer >= options["ratio_min_len"] and longer > options["max_ratio"] * shorter:
+    if longer >= cfg.ratio_min_len and longer > cfg.max_ratio * shorter:
         return "ratio"
     return None
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import re
@@ -62,7 +61,7 @@ def _sample(cfg: PrepareConfig, specs: list[dict]) -> tuple[list[str], Counter]:
         sample_inputs,
         batch_size=1,
         batch_format="pyarrow",
-        fn_kwargs={"specs": specs, "options": dataclasses.asdict(cfg), "k": k},
+        fn_kwargs={"specs": specs, "cfg": cfg, "k": k},
         label_selector=_driver_node(),
     )
     return merge_samples(ds.iter_batches(batch_size=None, batch_format="pyarrow"), k)
@@ -71,7 +70,7 @@ def _sample(cfg: PrepareConfig, specs: list[dict]) -> tuple[list[str], Counter]:
 def _sample_here(cfg: PrepareConfig, specs: list[dict]) -> tuple[list[str], Counter]:
     """Pass 1 in the driver (`in_driver` inputs): the same sample and counts as `_sample`."""
     inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
-    sampled = sample_inputs(inputs, specs, dataclasses.asdict(cfg), cfg.sp_sample_size)
+    sampled = sample_inputs(inputs, specs, cfg, cfg.sp_sample_size)
     return merge_samples(iter([sampled]), cfg.sp_sample_size)
 
 
@@ -113,14 +112,13 @@ def _write_train(
     (`prefix_ids` before every source)."""
     import ray.data
 
-    options = {**dataclasses.asdict(cfg), "prefix_ids": list(prefix_ids)}
     best = None
     if _ranks_near(cfg, specs):
         # The same read and tokenizing without output first (its counts are the same parts of the
         # tally, put again below): Dedup writes a group's first pair before it sees a better one.
-        ranks = _tokenized(specs, model_proto, options, tally).select_columns(list(RANK_COLUMNS))
+        ranks = _tokenized(cfg, specs, model_proto, tally, prefix_ids).select_columns(list(RANK_COLUMNS))
         best = best_of_groups(ranks.iter_batches(batch_size=None, batch_format="pyarrow"))
-    ds = _tokenized(specs, model_proto, options, tally)
+    ds = _tokenized(cfg, specs, model_proto, tally, prefix_ids)
     if cfg.dedup or cfg.near_dedup:
         # One actor, one call at a time: with preserve_order it sees the blocks in input order.
         # It reserves no CPU: set lookups are light, and a reserved share of a one-CPU machine
@@ -157,14 +155,14 @@ def _ranks_near(cfg: PrepareConfig, specs: list[dict]) -> bool:
     return cfg.near_dedup and any("scores" in spec for spec in specs)
 
 
-def _tokenized(specs: list[dict], model_proto: bytes, options: dict, tally: Any):
+def _tokenized(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, tally: Any, prefix_ids: Sequence[int]):
     """Pass 2's dataset of tokenized, filtered blocks in input order, before de-duplication."""
     # Read tasks run on this machine, where local inputs are; one task reads a whole input.
     ds = _inputs_dataset(specs).map_batches(
         read_inputs,
         batch_size=1,
         batch_format="pyarrow",
-        fn_kwargs={"specs": specs, "options": options, "tally": tally},
+        fn_kwargs={"specs": specs, "cfg": cfg, "tally": tally},
         label_selector=_driver_node(),
     )
     # Blocks of BLOCK_ROWS pairs are tokenized by tasks anywhere in the cluster. A strict
@@ -175,7 +173,7 @@ def _tokenized(specs: list[dict], model_proto: bytes, options: dict, tally: Any)
         tokenize_block,
         batch_size=None,
         batch_format="pyarrow",
-        fn_kwargs={"model_proto": model_proto, "options": options, "tally": tally},
+        fn_kwargs={"model_proto": model_proto, "cfg": cfg, "tally": tally, "prefix_ids": list(prefix_ids)},
     )
     return ds
 
@@ -189,24 +187,27 @@ def _write_train_here(
     prefix_ids: Sequence[int] = (),
 ) -> None:
     """Pass 2 in the driver (`in_driver` inputs): the pairs and files `_write_train` writes."""
-    options = {**dataclasses.asdict(cfg), "prefix_ids": list(prefix_ids)}
     # As in `_write_train`: with ranked near-duplicates, a run without output finds each group's best.
-    best = best_of_groups(_tokenized_here(specs, model_proto, options, tally)) if _ranks_near(cfg, specs) else None
+    best = (
+        best_of_groups(_tokenized_here(cfg, specs, model_proto, tally, prefix_ids)) if _ranks_near(cfg, specs) else None
+    )
     dedup = Dedup(best) if cfg.dedup or cfg.near_dedup else None
-    blocks = [dedup(b, tally) if dedup else b for b in _tokenized_here(specs, model_proto, options, tally)]
+    blocks = [dedup(b, tally) if dedup else b for b in _tokenized_here(cfg, specs, model_proto, tally, prefix_ids)]
     kept = pa.concat_tables(blocks) if blocks else pa.table({c: [] for c in COLUMNS})
     train_dir.mkdir(parents=True)
     for i, lo in enumerate(range(0, len(kept), cfg.shard_pairs)):  # named as _name_shards expects
         pq.write_table(kept.slice(lo, cfg.shard_pairs), train_dir / f"driver_000000-{i}.parquet")
 
 
-def _tokenized_here(specs: list[dict], model_proto: bytes, options: dict, tally: Tally) -> Iterator[pa.Table]:
+def _tokenized_here(
+    cfg: PrepareConfig, specs: list[dict], model_proto: bytes, tally: Tally, prefix_ids: Sequence[int]
+) -> Iterator[pa.Table]:
     """`_tokenized` in the driver: the tokenized, filtered blocks in input order."""
     inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
-    read = list(read_inputs(inputs, specs, options, tally))
+    read = list(read_inputs(inputs, specs, cfg, tally))
     read = pa.concat_tables(read) if read else pa.table({"src": [], "tgt": []})
     for lo in range(0, len(read), BLOCK_ROWS):
-        yield tokenize_block(read.slice(lo, BLOCK_ROWS), model_proto, options, tally)
+        yield tokenize_block(read.slice(lo, BLOCK_ROWS), model_proto, cfg, tally, prefix_ids)
 
 
 def _name_shards(train_dir: Path, shard_pairs: int, rel: str = TRAIN_DIR) -> list[dict]:
