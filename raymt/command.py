@@ -157,6 +157,8 @@ def add_flags(p: argparse.ArgumentParser, cls: type) -> None:
         if s.positional:
             p.add_argument(opt.dest, **kw)
             continue
+        if not (opt.kind is bool and not s.parse or s.choices or s.metavar):  # a group's flag too: --beam BEAM
+            kw["metavar"] = opt.path[-1].upper()
         kw["default"] = None  # "not given": the config's default stays (a repeated flag: [])
         if s.repeat:
             kw["default"] = []

@@ -1,5 +1,5 @@
-"""The flags shared by `raymt train` and `raymt tune`, the input flags `raymt data prepare` shares
-with them (`add_input_flags`, read by `corpora_from_args`), and the config they build: defaults <
+"""The flags shared by `raymt train` and `raymt tune` (`TrainFlags`), the input flags `raymt data
+prepare` shares with them (`InputFlags`, read by its `corpora`), and the config they build: defaults <
 device defaults < preset < config file < flags < --set (`build_config`, where the one-pair names
 of flags, config files and --set are read into data.corpora); the decoding flags of translate,
 evaluate, backtranslate and serve (`add_decode_flags`, `decode_options`)."""
@@ -7,8 +7,11 @@ evaluate, backtranslate and serve (`add_decode_flags`, `decode_options`)."""
 from __future__ import annotations
 
 import argparse
+import typing
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from raymt.command import flag, group
 from raymt.config import (
     PRESETS,
     SCHEDULE_FIELDS,
@@ -31,45 +34,6 @@ from raymt.config import (
 from raymt.config.corpus import ONE_PAIR_FIELDS, one_pair, read_one_pair
 from raymt.errors import check
 
-
-def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """The flags shared by train and tune; each one addresses a field of `Config`."""
-    p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--preset", help=f"model preset: {', '.join(PRESETS)} (default mini)")
-    p.add_argument("--config", help="JSON or TOML file with sections model/data/optim/train")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.FIELD=VALUE",
-        help="override any config field, e.g. --set optim.lr=5e-4 (repeatable)",
-    )
-    flag_fields = {
-        "num_workers": "train.num_workers",
-        "max_steps": "train.max_steps",
-        "epochs": "train.epochs",
-        "max_minutes": "train.max_minutes",
-        "corpus": "data.corpus",
-        "storage_path": "train.storage_path",
-        "name": "train.name",
-    }
-    for flag, field in flag_fields.items():
-        p.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"sets {field}")
-    for flag, side in (("--src-lang", "source"), ("--tgt-lang", "target")):
-        p.add_argument(
-            flag, help=f"the {side} language of a SPEC without SRC-TGT: and of the built-in corpus (sets data.corpora)"
-        )
-    add_input_flags(p)
-    p.add_argument("--gpu", action="store_true", help="one GPU per worker (sets train.use_gpu)")
-    p.add_argument(
-        "--verbose",
-        action="store_true",
-        help="also print Ray's own INFO lines and internal messages (else in Ray's log files)",
-    )
-    p.set_defaults(flag_fields=flag_fields)
-    return p
-
-
 INPUT_HELP = (
     "SPEC = [SRC-TGT:]LOCATION (a prefix, a .tsv/.jsonl/.parquet file or a URI); without "
     "SRC-TGT: for {bare}; repeatable"
@@ -77,64 +41,154 @@ INPUT_HELP = (
 TRAIN_BARE = "--src-lang-TGT (default: the pair of data.corpora, en-de)"
 
 
-def add_input_flags(p: argparse.ArgumentParser, bare: str = TRAIN_BARE, pairs_of: str = "the built-in corpus") -> None:
-    """--train/--valid/--test/--bt/--pairs/--real-weight: the corpora of a run or a prepare (read by
-    `corpora_from_args`); `bare` says whose pair a SPEC without SRC-TGT: is, `pairs_of` whose
-    pairs --pairs names."""
+def input_help(bare: str = TRAIN_BARE, pairs_of: str = "the built-in corpus") -> dict[str, str]:
+    """The input flags' help by field: `bare` says whose pair a SPEC without SRC-TGT: is,
+    `pairs_of` whose pairs --pairs names (train's by default)."""
     spec = INPUT_HELP.format(bare=bare)
-    p.add_argument("--train", action="append", default=[], metavar="SPEC", help=f"training pairs; {spec}")
-    p.add_argument("--valid", action="append", default=[], metavar="SPEC", help=f"one validation set per pair; {spec}")
-    p.add_argument("--test", action="append", default=[], metavar="SPEC", help=f"test set(s) of a pair; {spec}")
-    p.add_argument(
-        "--bt",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="back-translated pairs (a `raymt backtranslate` output directory, or files as --train) "
+    return {
+        "train": f"training pairs; {spec}",
+        "valid": f"one validation set per pair; {spec}",
+        "test": f"test set(s) of a pair; {spec}",
+        "bt": "back-translated pairs (a `raymt backtranslate` output directory, or files as --train) "
         f"for the direction SRC-TGT trained; {spec}",
-    )
-    p.add_argument("--pairs", metavar="SRC-TGT,...", help=f"pairs of {pairs_of}, e.g. en-de,en-fr,de-en")
-    p.add_argument(
-        "--real-weight", type=float, metavar="W", help="with --bt: the real pairs W times per epoch (default 1)"
-    )
+        "pairs": f"pairs of {pairs_of}, e.g. en-de,en-fr,de-en",
+        "real_weight": "with --bt: the real pairs W times per epoch (default 1)",
+    }
+
+
+TRAIN_INPUT_HELP = input_help()
+
+
+@dataclass
+class InputFlags:
+    """--train/--valid/--test/--bt/--pairs/--real-weight: the corpora of a run or a prepare (`corpora`)."""
+
+    train: list[str] = flag(help=TRAIN_INPUT_HELP["train"], metavar="SPEC", repeat=True)
+    valid: list[str] = flag(help=TRAIN_INPUT_HELP["valid"], metavar="SPEC", repeat=True)
+    test: list[str] = flag(help=TRAIN_INPUT_HELP["test"], metavar="SPEC", repeat=True)
+    bt: list[str] = flag(help=TRAIN_INPUT_HELP["bt"], metavar="SPEC", repeat=True)
+    pairs: Optional[str] = flag(None, TRAIN_INPUT_HELP["pairs"], metavar="SRC-TGT,...")
+    real_weight: Optional[float] = flag(None, TRAIN_INPUT_HELP["real_weight"], metavar="W")
+
+    def corpora(
+        self, pair: tuple[str, str], unnamed: Sequence[tuple[str, str]] = (), builtin_langs: bool = True
+    ) -> list[CorpusSpec]:
+        """The corpora of the input flags of `raymt train`, `raymt tune` and `raymt data prepare`, in
+        order; a SPEC without SRC-TGT: is `pair`'s. The pairs of --pairs, else `unnamed` (prepare's
+        --dataset or --src-file pair), come first without files: the built-in corpus's (checked
+        against its languages with `builtin_langs`) or the caller's."""
+        pairs = parse_pairs(self.pairs) if self.pairs is not None else list(unnamed)  # --pairs "" is an error there
+        return corpora_from_flags(
+            self.train, self.bt, self.valid, self.test, pair, pairs, self.real_weight, builtin_langs
+        )
+
+
+def add_input_flags(p: argparse.ArgumentParser, bare: str = TRAIN_BARE, pairs_of: str = "the built-in corpus") -> None:
+    """`InputFlags`' flags on a parser of its own (`raymt data prepare`'s, read by `corpora_from_args`),
+    with the help `input_help(bare, pairs_of)`."""
+    helps = input_help(bare, pairs_of)
+    for name in ("train", "valid", "test", "bt"):
+        p.add_argument(f"--{name}", action="append", default=[], metavar="SPEC", help=helps[name])
+    p.add_argument("--pairs", metavar="SRC-TGT,...", help=helps["pairs"])
+    p.add_argument("--real-weight", type=float, metavar="W", help=helps["real_weight"])
 
 
 def corpora_from_args(
     args: argparse.Namespace, pair: tuple[str, str], unnamed: Sequence[tuple[str, str]] = (), builtin_langs: bool = True
 ) -> list[CorpusSpec]:
-    """The corpora of the input flags (`add_input_flags`) of `raymt train`, `raymt tune` and `raymt data
-    prepare`, in order; a SPEC without SRC-TGT: is `pair`'s. The pairs of --pairs, else `unnamed`
-    (prepare's --dataset or --src-file pair), come first without files: the built-in corpus's
-    (checked against its languages with `builtin_langs`) or the caller's."""
-    pairs = parse_pairs(args.pairs) if args.pairs is not None else list(unnamed)  # --pairs "" is an error there
-    return corpora_from_flags(args.train, args.bt, args.valid, args.test, pair, pairs, args.real_weight, builtin_langs)
+    """`InputFlags.corpora` of the flags of `add_input_flags`."""
+    inputs = InputFlags(args.train, args.valid, args.test, args.bt, args.pairs, args.real_weight)
+    return inputs.corpora(pair, unnamed, builtin_langs)
 
 
-def data_flags(args: argparse.Namespace, sets: dict[str, str], current: Sequence[CorpusSpec]) -> dict[str, Any]:
+# The flags that set one config field each, as `--set FIELD=VALUE` would.
+FLAG_FIELDS = {
+    "num_workers": "train.num_workers",
+    "max_steps": "train.max_steps",
+    "epochs": "train.epochs",
+    "max_minutes": "train.max_minutes",
+    "corpus": "data.corpus",
+    "storage_path": "train.storage_path",
+    "name": "train.name",
+}
+
+
+def field_flag(name: str) -> Any:
+    """The flag `name` of `FLAG_FIELDS`, typed as its config field: `--max-steps 1e3` is 1000, a
+    bad value names the field as --set's does (`parse_value`)."""
+    key = FLAG_FIELDS[name]
+    section, _, field = key.partition(".")
+    kind = typing.get_type_hints(typing.get_type_hints(Config)[section])[field]
+    return flag(None, f"sets {key}", parse=lambda raw: parse_value(raw, kind, key))
+
+
+LANG_HELP = "the {} language of a SPEC without SRC-TGT: and of the built-in corpus (sets data.corpora)"
+
+
+@dataclass
+class TrainFlags:
+    """The flags of `raymt train` (all but --resume/--init those of `raymt tune` too); each one
+    addresses a field of `Config` (`build_config`). `raymt.command.to_argv` renders them back."""
+
+    preset: Optional[str] = flag(None, f"model preset: {', '.join(PRESETS)} (default mini)")
+    config: Optional[str] = flag(None, "JSON or TOML file with sections model/data/optim/train")
+    set: list[str] = flag(
+        help="override any config field, e.g. --set optim.lr=5e-4 (repeatable)",
+        metavar="SECTION.FIELD=VALUE",
+        repeat=True,
+    )
+    num_workers: Optional[int] = field_flag("num_workers")
+    max_steps: Optional[int] = field_flag("max_steps")
+    epochs: Optional[int] = field_flag("epochs")
+    max_minutes: Optional[float] = field_flag("max_minutes")
+    corpus: Optional[str] = field_flag("corpus")
+    storage_path: Optional[str] = field_flag("storage_path")
+    name: Optional[str] = field_flag("name")
+    src_lang: Optional[str] = flag(None, LANG_HELP.format("source"))
+    tgt_lang: Optional[str] = flag(None, LANG_HELP.format("target"))
+    inputs: InputFlags = group(InputFlags)
+    gpu: bool = flag(False, "one GPU per worker (sets train.use_gpu)")
+    verbose: bool = flag(False, "also print Ray's own INFO lines and internal messages (else in Ray's log files)")
+    resume: Optional[str] = flag(
+        None,
+        "a run directory to continue from its latest checkpoint (a local path or a URI such as s3://bucket/runs/NAME)",
+        metavar="RUN_DIR",
+    )
+    init: Optional[str] = flag(
+        None,
+        "start a new run from a checkpoint's weights (step 0, a new optimizer and schedule) with its "
+        "model and SentencePiece model: a run's checkpoint_*, `raymt average` or `raymt import` output",
+        metavar="CHECKPOINT_DIR",
+    )
+
+
+def data_flags(flags: TrainFlags, sets: dict[str, str], current: Sequence[CorpusSpec]) -> dict[str, Any]:
     """The flat map of the input flags: data.corpora of the corpora that --train/--bt/--pairs name,
     a bare SPEC for the pair that --src-lang/--tgt-lang or --set name, else of the `current`
     corpora's first; without them, the one-pair keys of the flags (`one_pair_flags`)."""
-    if not (args.train or args.bt) and args.pairs is None:
-        return one_pair_flags(args)
-    langs = {k: v for k in ONE_PAIR_FIELDS[:2] if (v := getattr(args, k) or sets.get(f"data.{k}")) is not None}
+    inputs = flags.inputs
+    if not (inputs.train or inputs.bt) and inputs.pairs is None:
+        return one_pair_flags(flags)
+    langs = {k: v for k in ONE_PAIR_FIELDS[:2] if (v := getattr(flags, k) or sets.get(f"data.{k}")) is not None}
     first = (current[0].src_lang, current[0].tgt_lang) if current else ("en", "de")
     pair = (langs.get("src_lang", first[0]), langs.get("tgt_lang", first[1]))
-    return {"data.corpora": corpora_from_args(args, pair)}
+    return {"data.corpora": inputs.corpora(pair)}
 
 
-def one_pair_flags(args: argparse.Namespace) -> dict[str, Optional[str]]:
+def one_pair_flags(flags: TrainFlags) -> dict[str, Optional[str]]:
     """--src-lang/--tgt-lang and a bare --valid/--test without --train/--bt/--pairs, as the one-pair
     keys (data.src_lang, ...) that change the config's one corpus (the built-in or a prepared
     (--corpus) corpus: its languages and sets)."""
-    check_real_weight(args.real_weight, args.bt)  # corpora_from_flags checks it on the other path
-    given = {f"data.{k}": getattr(args, k) for k in ONE_PAIR_FIELDS[:2] if getattr(args, k) is not None}
-    for flag in ("valid", "test"):
-        specs = getattr(args, flag)
-        check(len(specs) <= 1, f"--{flag} is given {len(specs)} times: one without --train (or use SRC-TGT:SPEC)")
+    inputs = flags.inputs
+    check_real_weight(inputs.real_weight, inputs.bt)  # corpora_from_flags checks it on the other path
+    given = {f"data.{k}": getattr(flags, k) for k in ONE_PAIR_FIELDS[:2] if getattr(flags, k) is not None}
+    for name in ("valid", "test"):
+        specs = getattr(inputs, name)
+        check(len(specs) <= 1, f"--{name} is given {len(specs)} times: one without --train (or use SRC-TGT:SPEC)")
         for spec in specs:
-            pair, location = split_spec(spec, f"--{flag}")
-            check(pair is None, f"--{flag} {spec} names a pair with no --train, --bt or --pairs data")
-            given[f"data.{flag}"] = location
+            pair, location = split_spec(spec, f"--{name}")
+            check(pair is None, f"--{name} {spec} names a pair with no --train, --bt or --pairs data")
+            given[f"data.{name}"] = location
     return given
 
 
@@ -160,7 +214,7 @@ def read_one_pair_keys(layer: dict[str, Any], corpora: Sequence[CorpusSpec]) -> 
 
 
 def build_config(
-    args: argparse.Namespace,
+    flags: TrainFlags,
     base: Optional[Config] = None,
     new_run: bool = True,
     cluster_gpus: Optional[Callable[[], int]] = None,
@@ -175,23 +229,23 @@ def build_config(
     the checkpoint's batch schedule (`SCHEDULE_FIELDS`) unless it is set here.
     """
     cfg = base or Config()
-    if args.preset:
-        cfg = apply_overrides(cfg, {f"model.{k}": v for k, v in preset(args.preset).__dict__.items()})
+    if flags.preset:
+        cfg = apply_overrides(cfg, {f"model.{k}": v for k, v in preset(flags.preset).__dict__.items()})
     # Each layer's one-pair names change the corpora of the layers before it (read once, here).
-    given = read_one_pair_keys(flatten(load_file(args.config)) if args.config else {}, cfg.data.corpora)
+    given = read_one_pair_keys(flatten(load_file(flags.config)) if flags.config else {}, cfg.data.corpora)
     cfg = apply_overrides(cfg, given)
-    flags = {field: getattr(args, flag) for flag, field in args.flag_fields.items() if getattr(args, flag) is not None}
-    if args.gpu:
-        flags["train.use_gpu"] = True
-    sets = parse_set_args(args.set)
-    flags = read_one_pair_keys({**flags, **data_flags(args, sets, cfg.data.corpora)}, cfg.data.corpora)
-    corpora = flags.get("data.corpora", cfg.data.corpora)
+    fields = {key: getattr(flags, name) for name, key in FLAG_FIELDS.items() if getattr(flags, name) is not None}
+    if flags.gpu:
+        fields["train.use_gpu"] = True
+    sets = parse_set_args(flags.set)
+    fields = read_one_pair_keys({**fields, **data_flags(flags, sets, cfg.data.corpora)}, cfg.data.corpora)
+    corpora = fields.get("data.corpora", cfg.data.corpora)
     check(
-        args.corpus is None or one_pair(corpora),
+        flags.corpus is None or one_pair(corpora),
         "data.corpora and data.corpus are both set: give every corpus and its valid/test sets in data.corpora "
         "(--train/--valid/--test SRC-TGT:SPEC), or drop data.corpora",
     )
-    given = {**given, **flags, **read_one_pair_keys(sets, corpora)}
+    given = {**given, **fields, **read_one_pair_keys(sets, corpora)}
     cfg = apply_overrides(cfg, given)
     check_training(cfg)
     if not new_run:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
@@ -14,13 +13,14 @@ from raymt import storage
 from raymt.autoscale import RayCluster, release_request
 from raymt.checkpoint import MODEL_FILE, SAFETENSORS_FILE, check_target_vocabulary, load_config
 from raymt.cluster import Plan, init_ray, plan
+from raymt.command import parse
 from raymt.config import Config, check_training, flatten, load_file, parse_set_args, schedule_line
 from raymt.curves import after_training as plot_learning_curves
 from raymt.data.format import TrainingCorpus, eval_rows
 from raymt.data.text import Pairs
 from raymt.errors import check, cli_error
 from raymt.evaluate import score_test_sets
-from raymt.flags import build_config, flag_parser
+from raymt.flags import TrainFlags, build_config
 from raymt.metrics import score_lines
 from raymt.ray_console import train_logging
 from raymt.rundata import PairTags, materialize, pair_tags, plan_data
@@ -44,51 +44,39 @@ from raymt.tokenizer import Tokenizer
 from raymt.worker_env import LoopConfig, ValidRows
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Command-line flags of `python -m raymt.train`."""
-    p = flag_parser("python -m raymt.train", __doc__)
-    p.add_argument(
-        "--resume",
-        metavar="RUN_DIR",
-        help="a run directory to continue from its latest checkpoint (a local path or a URI such as "
-        "s3://bucket/runs/NAME)",
-    )
-    p.add_argument(
-        "--init",
-        metavar="CHECKPOINT_DIR",
-        help="start a new run from a checkpoint's weights (step 0, a new optimizer and schedule) with its "
-        "model and SentencePiece model: a run's checkpoint_*, `raymt average` or `raymt import` output",
-    )
-    return p.parse_args(argv)
+def parse_args(argv: Optional[list[str]] = None) -> TrainFlags:
+    """Command-line flags of `python -m raymt.train` (a bad value: a ValueError naming its field)."""
+    return parse(TrainFlags, argv, "python -m raymt.train", __doc__)
 
 
 def resolve_resume(
-    args: argparse.Namespace,
+    flags: TrainFlags,
     cluster_gpus: Optional[Callable[[], int]] = None,
 ) -> tuple[Config, Optional[str], Optional[str]]:
     """(config, run directory to continue, checkpoint to initialize from) of the command line;
     locations are absolute local paths or URIs. `cluster_gpus` as in `build_config`. A run
     directory's config is its saved one with the flags given; `run` checks the resume."""
-    if args.init:
+    if flags.init:
         check(
-            not args.resume, f"--resume {args.resume} and --init {args.init}: give one (continue a run, or start one)"
+            not flags.resume,
+            f"--resume {flags.resume} and --init {flags.init}: give one (continue a run, or start one)",
         )
-        return init_run_config(args, cluster_gpus), None, storage.normalize(args.init)
-    if not args.resume:
-        return build_config(args, cluster_gpus=cluster_gpus), None, None
-    location = storage.normalize(args.resume)
+        return init_run_config(flags, cluster_gpus), None, storage.normalize(flags.init)
+    if not flags.resume:
+        return build_config(flags, cluster_gpus=cluster_gpus), None, None
+    location = storage.normalize(flags.resume)
     check(
         not is_checkpoint(location),
-        f"--resume {args.resume} is a checkpoint, not a run directory: start a new run from its weights "
-        f"with --init {args.resume}",
+        f"--resume {flags.resume} is a checkpoint, not a run directory: start a new run from its weights "
+        f"with --init {flags.resume}",
     )
     saved = saved_config(location)
     if saved is None:
         raise ValueError(
-            f"--resume {args.resume}: not a run directory (no {RUN_CONFIG}); a checkpoint starts a new run "
+            f"--resume {flags.resume}: not a run directory (no {RUN_CONFIG}); a checkpoint starts a new run "
             f"instead (--init CHECKPOINT_DIR)"
         )
-    return build_config(args, saved, new_run=False), location, None
+    return build_config(flags, saved, new_run=False), location, None
 
 
 def is_checkpoint(location: str) -> bool:
@@ -96,37 +84,37 @@ def is_checkpoint(location: str) -> bool:
     return any(storage.exists(storage.join(location, f)) for f in (MODEL_FILE, SAFETENSORS_FILE))
 
 
-def init_run_config(args: argparse.Namespace, cluster_gpus: Optional[Callable[[], int]] = None) -> Config:
+def init_run_config(flags: TrainFlags, cluster_gpus: Optional[Callable[[], int]] = None) -> Config:
     """The config of `--init CHECKPOINT_DIR`: the checkpoint's model, vocabulary and batch schedule
     (`rundir.init_config`) with the flags given; a flag that changes the model's shape or
     vocabulary is a one-line error naming it."""
-    location = storage.normalize(args.init)
+    location = storage.normalize(flags.init)
     check(
         is_checkpoint(location),
-        f"--init {args.init}: not a checkpoint (no {MODEL_FILE} or {SAFETENSORS_FILE}); continue a run "
-        f"directory with --resume {args.init}, or start from one of its checkpoint_* directories",
+        f"--init {flags.init}: not a checkpoint (no {MODEL_FILE} or {SAFETENSORS_FILE}); continue a run "
+        f"directory with --resume {flags.init}, or start from one of its checkpoint_* directories",
     )
     saved = load_config(location)[0]
-    cfg = build_config(args, init_config(saved), cluster_gpus=cluster_gpus, from_checkpoint=True)
+    cfg = build_config(flags, init_config(saved), cluster_gpus=cluster_gpus, from_checkpoint=True)
     changed = fixed_changes(saved, cfg)
     if changed:
         key, there, here = changed[0]
         raise ValueError(
-            f"{setting_flag(args, key)} changes {key} ({there} in --init {args.init}, {here} here): a run from "
+            f"{setting_flag(flags, key)} changes {key} ({there} in --init {flags.init}, {here} here): a run from "
             "a checkpoint keeps its model's shape and vocabulary (model.dropout and model.attention_dropout "
             "may change); drop it, or train from scratch without --init"
         )
     return cfg
 
 
-def setting_flag(args: argparse.Namespace, key: str) -> str:
+def setting_flag(flags: TrainFlags, key: str) -> str:
     """The flag that set a config field `key`: --set, the --config file or --preset, as written."""
-    sets, config = parse_set_args(args.set), flatten(load_file(args.config)) if args.config else {}
+    sets, config = parse_set_args(flags.set), flatten(load_file(flags.config)) if flags.config else {}
     if key in sets:
         return f"--set {key}={sets[key]}"
     if key in config:
-        return f"--config {args.config} ({key} = {config[key]!r})"
-    return f"--preset {args.preset}" if args.preset else "the flags"
+        return f"--config {flags.config} ({key} = {config[key]!r})"
+    return f"--preset {flags.preset}" if flags.preset else "the flags"
 
 
 def count_cluster_gpus(verbose: bool = False) -> int:
@@ -335,10 +323,10 @@ def worker_value_error(err: BaseException) -> Optional[ValueError]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
-    args = parse_args(argv)
     try:
-        cfg, resume_dir, init_checkpoint = resolve_resume(args, functools.partial(count_cluster_gpus, args.verbose))
-        summary = run(cfg, resume_dir, init_checkpoint, verbose=args.verbose)
+        flags = parse_args(argv)
+        cfg, resume_dir, init_checkpoint = resolve_resume(flags, functools.partial(count_cluster_gpus, flags.verbose))
+        summary = run(cfg, resume_dir, init_checkpoint, verbose=flags.verbose)
     except Exception as err:  # a worker's one-line error (CUDA out of memory) arrives wrapped by Ray
         user_error = err if isinstance(err, ValueError) else worker_value_error(err)
         if user_error is None:

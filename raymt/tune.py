@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import sys
 import threading
 import time
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from raymt import storage
 from raymt.cluster import init_ray, plan
+from raymt.command import flag, group, parse
 from raymt.config import Config, CorpusOptions, TrainConfig, apply_overrides
-from raymt.errors import cli_error
-from raymt.flags import build_config, flag_parser
+from raymt.errors import check, cli_error
+from raymt.flags import TrainFlags, build_config
 from raymt.ray_console import quiet_env
 from raymt.rundir import finalize, run_location
 from raymt.shared_dir import check_shared
@@ -29,33 +30,41 @@ DEFAULT_TRIAL = {"train.max_steps": 300, "train.eval_every": 100, "train.log_eve
 DEFAULT_LRS = "optim.lr=1e-3,2e-3,4e-3,8e-3"
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Training flags plus the sweep's own."""
-    p = flag_parser("python -m raymt.tune", __doc__)
-    p.add_argument(
-        "--search",
-        action="append",
-        default=[],
-        metavar="FIELD=DIST:ARGS",
+@dataclass
+class TuneFlags:
+    """The flags of `python -m raymt.tune`: training's (`TrainFlags`, all but --resume/--init) plus the sweep's own."""
+
+    train: TrainFlags = group(TrainFlags, skip=("resume", "init"))
+    search: list[str] = flag(
         help="sample a field: loguniform:1e-4:3e-3, uniform:0:0.3, randint:1:4, choice:a,b,c (repeatable)",
+        metavar="FIELD=DIST:ARGS",
+        repeat=True,
     )
-    p.add_argument(
-        "--grid",
-        action="append",
-        default=[],
-        metavar="FIELD=V1,V2,...",
-        help="try every value of a field (repeatable); default: " + DEFAULT_LRS,
+    grid: list[str] = flag(
+        help="try every value of a field (repeatable); default: " + DEFAULT_LRS, metavar="FIELD=V1,V2,...", repeat=True
     )
-    p.add_argument(
-        "--num-samples", type=int, default=1, help="samples of --search spaces (each repeats the whole grid)"
-    )
-    p.add_argument("--max-concurrent", type=int, help="trials at once (default: what fits)")
-    p.add_argument("--scheduler", default="asha", help=f"one of {', '.join(SCHEDULERS)}")
-    p.add_argument("--searcher", default="random", help=f"one of {', '.join(SEARCHERS)}")
-    p.add_argument("--metric", default="valid_bleu", help=f"one of {', '.join(METRICS)}")
-    p.add_argument("--sweep-name", help="sweep directory name under --storage-path")
-    p.add_argument("--resume-sweep", help="sweep directory to continue (Tuner.restore)")
-    return p.parse_args(argv)
+    num_samples: int = flag(1, "samples of --search spaces (each repeats the whole grid)")
+    max_concurrent: Optional[int] = flag(None, "trials at once (default: what fits)")
+    scheduler: str = flag("asha", f"one of {', '.join(SCHEDULERS)}")
+    searcher: str = flag("random", f"one of {', '.join(SEARCHERS)}")
+    metric: str = flag("valid_bleu", f"one of {', '.join(METRICS)}")
+    sweep_name: Optional[str] = flag(None, "sweep directory name under --storage-path")
+    resume_sweep: Optional[str] = flag(None, "sweep directory to continue (Tuner.restore)")
+
+    def __post_init__(self) -> None:
+        """One line for a scheduler, searcher or metric raymt does not know, or a count below 1."""
+        for name, allowed in (("scheduler", SCHEDULERS), ("searcher", SEARCHERS), ("metric", tuple(METRICS))):
+            value = getattr(self, name)
+            check(value in allowed, f"--{name} {value!r} must be one of {', '.join(allowed)}")
+        check(
+            self.num_samples >= 1 and (self.max_concurrent is None or self.max_concurrent >= 1),
+            "--num-samples and --max-concurrent must be >= 1",
+        )
+
+
+def parse_args(argv: Optional[list[str]] = None) -> TuneFlags:
+    """Training flags plus the sweep's own (a bad value: a ValueError naming its flag)."""
+    return parse(TuneFlags, argv, "python -m raymt.tune", __doc__)
 
 
 def _field_type(key: str) -> Any:
@@ -492,34 +501,30 @@ def shared_corpus(cfg: Config, sweep_dir: str) -> Config:
     return on_prepared(cfg, run_data)
 
 
+def sweep_config(flags: TuneFlags) -> tuple[Config, dict[str, Any]]:
+    """The trials' base config and the search space of a sweep's flags (`run_sweep`'s arguments)."""
+    cfg = build_config(flags.train, apply_overrides(Config(), DEFAULT_TRIAL))
+    # The default grid is for grid/random sweeps: Optuna samples --search fields only.
+    default = [] if flags.search or flags.searcher == "optuna" else [DEFAULT_LRS]
+    return cfg, parse_space(flags.search, flags.grid or default, cfg)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
-    args = parse_args(argv)
     try:
-        for flag, value, allowed in (
-            ("--scheduler", args.scheduler, SCHEDULERS),
-            ("--searcher", args.searcher, SEARCHERS),
-            ("--metric", args.metric, tuple(METRICS)),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{flag} {value!r} must be one of {', '.join(allowed)}")
-        if args.num_samples < 1 or (args.max_concurrent is not None and args.max_concurrent < 1):
-            raise ValueError("--num-samples and --max-concurrent must be >= 1")
-        cfg = build_config(args, apply_overrides(Config(), DEFAULT_TRIAL))
-        # The default grid is for grid/random sweeps: Optuna samples --search fields only.
-        default = [] if args.search or args.searcher == "optuna" else [DEFAULT_LRS]
-        space = parse_space(args.search, args.grid or default, cfg)
+        flags = parse_args(argv)
+        cfg, space = sweep_config(flags)
         summary = run_sweep(
             cfg,
             space,
-            args.scheduler,
-            args.searcher,
-            args.metric,
-            args.num_samples,
-            args.max_concurrent,
-            args.sweep_name,
-            args.resume_sweep,
-            args.verbose,
+            flags.scheduler,
+            flags.searcher,
+            flags.metric,
+            flags.num_samples,
+            flags.max_concurrent,
+            flags.sweep_name,
+            flags.resume_sweep,
+            flags.train.verbose,
         )
     except ValueError as err:
         return cli_error("raymt.tune", err)

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import pytest
 
-from raymt.command import command_line, flag, group, main_of, options, parse, to_argv
+from raymt.command import command_line, flag, group, main_of, options, parse, parser, to_argv
 from raymt.errors import check
 
 
@@ -95,3 +95,11 @@ def test_a_bad_value_is_one_line_and_status_2(capsys):
     assert ran == [Demo(checkpoint=("a",))]
     with pytest.raises(SystemExit):  # argparse's own errors: a required flag, a choice
         parse(Demo, ["--checkpoint", "a", "--engine", "other"], "demo")
+
+
+def test_a_flag_shows_its_field_s_name_in_help_a_group_s_too():
+    """--beam BEAM, not the parser's unique destination DECODE__BEAM; a switch, a choice and a
+    given metavar keep theirs."""
+    text = parser(Demo, "demo").format_help()
+    assert "--beam BEAM " in text and "--seed SEED " in text and "--timeout TIMEOUT_S " in text
+    assert "DECODE__" not in text and "--engine {auto,raymt}" in text and "--sample " in text
