@@ -74,6 +74,13 @@ def test_flags_build_the_config_and_the_config_renders_its_flags():
     assert "'run 1'" in command_line("demo", cfg)
 
 
+def test_help_names_a_flags_value_as_argparse_does(capsys):
+    with pytest.raises(SystemExit):
+        parse(Demo, ["--help"], "demo")
+    out = capsys.readouterr().out
+    assert "--beam BEAM " in out and "--timeout TIMEOUT " in out and "[--model MODEL]" in out and "DECODE__" not in out
+
+
 def test_a_group_builds_through_its_hook_and_skips_flags():
     assert parse(Demo, ["--checkpoint", "a", "--sample"], "demo").decode == Inner(beam=1, sample=True)
     assert [o.flag for o in options(Small)] == ["--beam"]
@@ -95,3 +102,37 @@ def test_a_bad_value_is_one_line_and_status_2(capsys):
     assert ran == [Demo(checkpoint=("a",))]
     with pytest.raises(SystemExit):  # argparse's own errors: a required flag, a choice
         parse(Demo, ["--checkpoint", "a", "--engine", "other"], "demo")
+
+
+def unpairs(models: dict[str, str]) -> list[str]:
+    """A dict into NAME=CKPT flags."""
+    return [f"{k}={v}" for k, v in models.items()]
+
+
+@dataclass
+class Served:
+    models: dict[str, str] = flag(default_factory=dict, name="--model", repeat=True, parse=pairs, render=unpairs)
+
+    def __post_init__(self) -> None:
+        check(bool(self.models), "--one X or --model NAME=X is required")
+
+
+@dataclass
+class Shorthand:
+    one: Optional[str] = flag(None, "the same as --model default=X")
+    served: Served = group(Served)
+
+    @classmethod
+    def from_flag_paths(cls, values: dict[tuple[str, ...], Any]) -> dict[tuple[str, ...], Any]:
+        """--one X is --model default=X."""
+        one = values.pop(("one",), None)
+        return values if one is None else {**values, ("served", "models"): {"default": one}}
+
+
+def test_a_shorthand_flag_sets_a_groups_field_before_the_group_is_built():
+    assert parse(Shorthand, ["--one", "x"], "s") == Shorthand(served=Served({"default": "x"}))
+    cfg = parse(Shorthand, ["--model", "a=x", "--model", "b=y"], "s")
+    assert cfg.served.models == {"a": "x", "b": "y"} and parse(Shorthand, to_argv(cfg), "s") == cfg
+    assert to_argv(parse(Shorthand, ["--one", "x"], "s")) == ["--model", "default=x"]
+    with pytest.raises(ValueError, match="is required"):
+        parse(Shorthand, [], "s")
