@@ -9,7 +9,11 @@ from typing import Any, Optional
 import pytest
 
 from raymt.command import command_line, flag, group, main_of, options, parse, to_argv
+from raymt.config import DecodeOptions, ServeConfig
 from raymt.errors import check
+from raymt.evaluate import EvaluateConfig
+from raymt.serve.__main__ import ServeCommand
+from raymt.translate import TranslateConfig
 
 
 @dataclass
@@ -136,3 +140,60 @@ def test_a_shorthand_flag_sets_a_groups_field_before_the_group_is_built():
     assert to_argv(parse(Shorthand, ["--one", "x"], "s")) == ["--model", "default=x"]
     with pytest.raises(ValueError, match="is required"):
         parse(Shorthand, [], "s")
+
+
+def test_the_commands_configs_round_trip():
+    """translate, evaluate and serve: a non-default config renders the flags that build it."""
+    served = ServeConfig(
+        models={"en-de": "runs/a/best", "de-en": "s3://b/c"},
+        engine="raymt",
+        port=9000,
+        autoscale="1:3",
+        request_timeout_s=5.0,
+        decode=DecodeOptions(beam=3, max_len_a=0.5),
+    )
+    configs = [
+        (ServeCommand(serve=served, api_keys="keys.txt", status_every_s=5.0, print_config=True), "raymt serve"),
+        (
+            TranslateConfig(
+                checkpoint=("a", "b"),
+                text=("Hello.", "-x"),
+                tgt_lang="de",
+                decode=DecodeOptions(beam=1, sample=True, temperature=0.5, top_k=5, seed=3),
+                batch_size=8,
+                ref="ref.txt",
+                device="cpu",
+            ),
+            "raymt translate",
+        ),
+        (
+            EvaluateConfig(
+                checkpoint=("a",),
+                test=("t1", "t2"),
+                src_lang="en",
+                tgt_lang="de",
+                output_dir="out",
+                num_actors=2,
+                gpu=True,
+                cpus_per_actor=1.5,
+                autoscale_timeout_s=10.0,
+                num_cpus=4,
+                decode=DecodeOptions(beam=2, length_penalty=1.0),
+                batch_size=8,
+                verbose=True,
+            ),
+            "raymt evaluate",
+        ),
+    ]
+    for cfg, prog in configs:
+        assert parse(type(cfg), to_argv(cfg), prog) == cfg, prog
+    assert "--request-timeout 5.0" in command_line("serve", configs[0][0])
+    assert not {"--sample", "--seed"} & {o.flag for o in options(ServeCommand) + options(EvaluateConfig)}
+
+
+def test_serves_checkpoint_flag_is_its_one_model():
+    one = parse(ServeCommand, ["--checkpoint", "ckpt"], "raymt serve")
+    assert one == parse(ServeCommand, ["--model", "default=ckpt"], "raymt serve") and one.checkpoint is None
+    assert to_argv(one) == ["--model", "default=ckpt"]
+    with pytest.raises(ValueError, match="--checkpoint and --model: give one of them"):
+        parse(ServeCommand, ["--checkpoint", "ckpt", "--model", "a=b"], "raymt serve")
