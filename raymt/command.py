@@ -18,7 +18,10 @@ repeated flag into a list or tuple; `parse`/`render` convert a field's value fro
 flag's strings where the two differ (`--model NAME=CKPT` into a dict). A field without `flag`
 is no flag (a default the command line does not set). A group's class may define
 `from_flags(values) -> values` to adjust its flags' values before it is built (sampling implies
-beam 1). This module imports nothing of raymt but its errors: every config may use it.
+beam 1); a command's config class may define `from_flag_paths(values) -> values` to map the
+values of all its flags, by path, before any group is built (a shorthand flag for a group's
+field: `raymt serve --checkpoint CKPT` is `--model default=CKPT`). This module imports nothing
+of raymt but its errors: every config may use it.
 """
 
 from __future__ import annotations
@@ -141,6 +144,9 @@ def add_flags(p: argparse.ArgumentParser, cls: type) -> None:
         s, kw = opt.spec, {"help": opt.spec.help}
         if s.metavar:
             kw["metavar"] = s.metavar
+        elif not (s.positional or (opt.kind is bool and not s.parse) or s.choices):
+            # as argparse names a flag's value: --max-len-a MAX_LEN_A (not the dest, decode__max_len_a)
+            kw["metavar"] = opt.flag[2:].replace("-", "_").upper()
         if s.choices:
             kw["choices"] = s.choices
         item = typing.get_args(opt.kind)[0] if typing.get_origin(opt.kind) in (list, tuple) else opt.kind
@@ -157,8 +163,6 @@ def add_flags(p: argparse.ArgumentParser, cls: type) -> None:
         if s.positional:
             p.add_argument(opt.dest, **kw)
             continue
-        if not (opt.kind is bool and not s.parse or s.choices or s.metavar):  # a group's flag too: --beam BEAM
-            kw["metavar"] = opt.path[-1].upper()
         kw["default"] = None  # "not given": the config's default stays (a repeated flag: [])
         if s.repeat:
             kw["default"] = []
@@ -192,6 +196,8 @@ def from_args(cls: type[T], args: argparse.Namespace) -> T:
         elif typing.get_origin(opt.kind) is tuple:
             value = tuple(value)
         values[opt.path] = value
+    if hasattr(cls, "from_flag_paths"):
+        values = cls.from_flag_paths(values)
     return _build(cls, values)
 
 

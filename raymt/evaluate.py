@@ -14,10 +14,10 @@ sacreBLEU equivalent of the tokenized, lowercased multi-bleu numbers of many pap
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -27,71 +27,85 @@ from raymt import metrics, storage
 from raymt.autoscale import RayCluster, release_request
 from raymt.checkpoint import default_src_lang
 from raymt.cluster import CPU_ACTORS, actor_plan, default_actors, init_ray
+from raymt.command import flag, group, parse
 from raymt.config import Config, DecodeOptions, TrainConfig
 from raymt.data.text import Pairs, read_parallel
 from raymt.decoding import length_batches
 from raymt.engines import load_engine, load_model_info
 from raymt.errors import check, cli_error
-from raymt.flags import add_decode_flags, decode_options
 from raymt.provenance import describe_checkpoint, describe_checkpoints
 
+PROG = "python -m raymt.evaluate"
 REPORT_FILE = "report.json"
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Command-line flags."""
-    p = argparse.ArgumentParser(prog="python -m raymt.evaluate", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--checkpoint",
-        action="append",
-        required=True,
+@dataclass
+class EvaluateConfig:
+    """`raymt evaluate`: the checkpoints (several: an ensemble), the test sets and their languages,
+    the actors that decode them, the search and where the hypotheses and report.json go."""
+
+    checkpoint: tuple[str, ...] = flag(
+        default_factory=tuple,
         help="checkpoint or exported model directory, or its URI (s3://...); repeated: an ensemble of models "
         "that share a tokenizer",
-    )
-    p.add_argument(
-        "--test",
-        action="append",
+        repeat=True,
         required=True,
-        metavar="PREFIX",
-        help="test set PREFIX.<src-lang> / PREFIX.<tgt-lang> (plain or .gz); repeatable",
     )
-    p.add_argument(
-        "--src-lang",
-        help="source language suffix (default: the source of the checkpoint's pair; a multilingual model's "
+    test: tuple[str, ...] = flag(
+        default_factory=tuple,
+        help="test set PREFIX.<src-lang> / PREFIX.<tgt-lang> (plain or .gz); repeatable",
+        metavar="PREFIX",
+        repeat=True,
+        required=True,
+    )
+    src_lang: Optional[str] = flag(
+        None,
+        "source language suffix (default: the source of the checkpoint's pair; a multilingual model's "
         "one source into --tgt-lang)",
     )
-    p.add_argument(
-        "--tgt-lang",
-        help="target language suffix (default: the target of the checkpoint's pair); for a multilingual "
+    tgt_lang: Optional[str] = flag(
+        None,
+        "target language suffix (default: the target of the checkpoint's pair); for a multilingual "
         "(tagged) model also the tag before each source, and required",
     )
-    p.add_argument("--output-dir", default="evaluation", help="hypotheses and report.json go here")
-    p.add_argument(
-        "--num-actors",
-        type=int,
-        help=f"decoding actors (model replicas); default {CPU_ACTORS}, with --gpu one per GPU of the cluster",
+    output_dir: str = flag("evaluation", "hypotheses and report.json go here")
+    num_actors: Optional[int] = flag(
+        None, f"decoding actors (model replicas); default {CPU_ACTORS}, with --gpu one per GPU of the cluster"
     )
-    p.add_argument("--gpu", action="store_true", help="one GPU per actor")
-    p.add_argument(
-        "--cpus-per-actor",
-        type=float,
-        help="CPUs reserved per actor (default: the CPUs Ray Data leaves, split among the actors; 1 with --gpu)",
+    gpu: bool = flag(False, "one GPU per actor")
+    cpus_per_actor: Optional[float] = flag(
+        None, "CPUs reserved per actor (default: the CPUs Ray Data leaves, split among the actors; 1 with --gpu)"
     )
-    p.add_argument(
-        "--autoscale-timeout",
-        type=float,
-        default=TrainConfig.autoscale_timeout_s,
-        help="seconds to wait for an autoscaling cluster to bring up the actors' GPUs or CPUs (0: never wait)",
+    autoscale_timeout_s: float = flag(
+        TrainConfig.autoscale_timeout_s,
+        "seconds to wait for an autoscaling cluster to bring up the actors' GPUs or CPUs (0: never wait)",
+        name="--autoscale-timeout",
     )
-    p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray instance (ignored with RAY_ADDRESS)")
-    add_decode_flags(p, sample=False)  # as raymt translate's
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (as raymt.translate)")
-    p.add_argument(
-        "--verbose",
-        action="store_true",
-        help="also print Ray's own INFO lines and internal messages (else in Ray's log files)",
-    )
-    return p.parse_args(argv)
+    num_cpus: Optional[int] = flag(None, "CPUs of the local Ray instance (ignored with RAY_ADDRESS)")
+    decode: DecodeOptions = group(DecodeOptions, skip=("sample", "temperature", "top_k", "seed"))  # searches
+    batch_size: int = flag(64, "sentences per batch (as raymt.translate)")
+    verbose: bool = flag(False, "also print Ray's own INFO lines and internal messages (else in Ray's log files)")
+
+    def __post_init__(self) -> None:
+        check(bool(self.checkpoint), "--checkpoint is required: a checkpoint directory or its URI")
+        check(bool(self.test), "--test PREFIX is required: a test set")
+        check(self.num_actors is None or self.num_actors >= 1, f"--num-actors {self.num_actors} must be >= 1")
+        check(self.batch_size >= 1, f"--batch-size {self.batch_size} must be >= 1")
+        check(
+            self.cpus_per_actor is None or self.cpus_per_actor > 0,
+            f"--cpus-per-actor {self.cpus_per_actor} must be > 0",
+        )
+
+
+@dataclass
+class Plan:
+    """What `run` decodes, checked before Ray starts: the config with its languages (the files'
+    suffixes) and output directory resolved, its test sets read, and a multilingual model's tags."""
+
+    cfg: EvaluateConfig
+    sets: dict[str, Pairs]
+    tag_lang: Optional[str] = None  # the target tag before each source (None: a one-pair model)
+    tag_src: Optional[str] = None  # the source language it reads (an imported NLLB's code)
 
 
 def read_test_sets(prefixes: Sequence[str], src_lang: str, tgt_lang: str) -> dict[str, Pairs]:
@@ -214,103 +228,94 @@ def print_table(report: dict) -> None:
     )
 
 
-def check_args(args: argparse.Namespace) -> tuple[dict[str, Pairs], DecodeOptions]:
-    """Everything that can be wrong with the command line, checked before Ray starts."""
-    if args.num_actors is not None and args.num_actors < 1:
-        raise ValueError(f"--num-actors {args.num_actors} must be >= 1")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
-    if args.cpus_per_actor is not None and args.cpus_per_actor <= 0:
-        raise ValueError(f"--cpus-per-actor {args.cpus_per_actor} must be > 0")
-    opts = decode_options(args)  # validates
-    info = load_model_info(args.checkpoint)  # several: an ensemble, checked (engines.check_ensemble)
+def check_inputs(cfg: EvaluateConfig) -> Plan:
+    """Everything that can be wrong with the command line, checked before Ray starts: the
+    checkpoints, the languages, the test sets and the output directory."""
+    info = load_model_info(cfg.checkpoint)  # several: an ensemble, checked (engines.check_ensemble)
     check(
         info.kind == "raymt",
         f"--checkpoint {info.location} is a CTranslate2 export; evaluate decodes with raymt's engine: "
         "pass the raymt checkpoint it came from",
     )
-    args.tag_lang = args.tag_src = None  # one-pair model: --src-lang/--tgt-lang name the files only
+    src_lang, tgt_lang = cfg.src_lang, cfg.tgt_lang
+    tag_lang = tag_src = None  # one-pair model: --src-lang/--tgt-lang name the files only
     if info.languages is not None:
-        info.prefix(args.tgt_lang)  # --tgt-lang checked (`ModelInfo.tags`) before Ray starts
-        args.tgt_lang = args.tgt_lang or info.languages["target_langs"][0]  # many-to-one: its one target
-        args.src_lang = args.src_lang or default_src_lang(info.languages, args.tgt_lang)
-        info.source_tag(args.src_lang)  # an imported NLLB's source code: checked too
-        args.tag_lang, args.tag_src = args.tgt_lang, args.src_lang  # the tags (`ModelInfo.encode`)
-    args.src_lang = args.src_lang or info.config.data.pair()[0]
-    args.tgt_lang = args.tgt_lang or info.config.data.pair()[1]
-    sets = read_test_sets(args.test, args.src_lang, args.tgt_lang)
-    args.output_dir = storage.output_location(args.output_dir, "--output-dir")  # never into a job's package
+        info.prefix(tgt_lang)  # --tgt-lang checked (`ModelInfo.tags`) before Ray starts
+        tgt_lang = tgt_lang or info.languages["target_langs"][0]  # many-to-one: its one target
+        src_lang = src_lang or default_src_lang(info.languages, tgt_lang)
+        info.source_tag(src_lang)  # an imported NLLB's source code: checked too
+        tag_lang, tag_src = tgt_lang, src_lang  # the tags (`ModelInfo.encode`)
+    src_lang = src_lang or info.config.data.pair()[0]
+    tgt_lang = tgt_lang or info.config.data.pair()[1]
+    sets = read_test_sets(cfg.test, src_lang, tgt_lang)
+    output_dir = storage.output_location(cfg.output_dir, "--output-dir")  # never into a job's package
     try:
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ValueError(f"cannot create --output-dir {args.output_dir}: {err.strerror}") from None
-    return sets, opts
+        raise ValueError(f"cannot create --output-dir {output_dir}: {err.strerror}") from None
+    resolved = replace(cfg, src_lang=src_lang, tgt_lang=tgt_lang, output_dir=output_dir)
+    return Plan(resolved, sets, tag_lang, tag_src)
 
 
-def write_report(
-    args: argparse.Namespace, sets: dict[str, Pairs], results: list, opts: DecodeOptions, wall_time_s: float
-) -> dict:
+def write_report(plan: Plan, results: list, num_actors: int, wall_time_s: float) -> dict:
     """Hypothesis and score files per test set, and report.json with every number."""
-    out_dir = Path(args.output_dir)
-    num_sentences = sum(len(pairs[0]) for pairs in sets.values())
-    checkpoints = [storage.normalize(c) for c in args.checkpoint]
+    cfg = plan.cfg
+    out_dir = Path(cfg.output_dir)
+    num_sentences = sum(len(pairs[0]) for pairs in plan.sets.values())
+    checkpoints = [storage.normalize(c) for c in cfg.checkpoint]
     report = {
         "checkpoint": checkpoints[0],
         "checkpoints": checkpoints,  # several: an ensemble
         "checkpoint_description": describe_checkpoints(checkpoints),  # each one's step, or what it averages
-        "src_lang": args.src_lang,
-        "tgt_lang": args.tgt_lang,
-        "decode": {**opts.__dict__, "batch_size": args.batch_size},
-        "num_actors": args.num_actors,
-        "device": "gpu" if args.gpu else "cpu",
+        "src_lang": cfg.src_lang,
+        "tgt_lang": cfg.tgt_lang,
+        "decode": {**cfg.decode.__dict__, "batch_size": cfg.batch_size},
+        "num_actors": num_actors,
+        "device": "gpu" if cfg.gpu else "cpu",
         "num_sentences": num_sentences,
         "wall_time_s": round(wall_time_s, 2),
         "sentences_per_s": round(num_sentences / max(wall_time_s, 1e-9), 2),
         "report": str(out_dir / REPORT_FILE),
         "test_sets": {},
     }
-    for (name, (_, refs)), scored in zip(sets.items(), results):
+    for (name, (_, refs)), scored in zip(plan.sets.items(), results):
         hyps = [hyp for _, hyp in scored]
-        hyp_path = out_dir / f"{name}.{args.tgt_lang}.hyp"
+        hyp_path = out_dir / f"{name}.{cfg.tgt_lang}.hyp"
         hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        (out_dir / f"{name}.{args.tgt_lang}.scores").write_text("".join(f"{s:.6f}\n" for s, _ in scored))
+        (out_dir / f"{name}.{cfg.tgt_lang}.scores").write_text("".join(f"{s:.6f}\n" for s, _ in scored))
         report["test_sets"][name] = {
             "num_sentences": len(hyps),
             "hypotheses": str(hyp_path),
-            **metrics.score(hyps, refs, extra=True, lang=args.tgt_lang),
+            **metrics.score(hyps, refs, extra=True, lang=cfg.tgt_lang),
         }
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
     return report
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point; returns the exit status."""
-    args = parse_args(argv)
-    try:
-        sets, opts = check_args(args)
-        started = init_ray(args.num_cpus, verbose=args.verbose)
-    except ValueError as err:
-        return cli_error("raymt.evaluate", err)
+def run(cfg: EvaluateConfig) -> dict:
+    """Decode cfg's test sets on the Ray cluster (started here unless RAY_ADDRESS names one) and
+    score them; writes each set's hypotheses and scores and report.json, and returns the report
+    (its "test_sets": each set's BLEU, chrF, TER and signatures). A ValueError is one line."""
+    plan = check_inputs(cfg)
+    started = init_ray(cfg.num_cpus, verbose=cfg.verbose)
     planned = None
     try:
-        args.num_actors = args.num_actors or default_actors(args.gpu)
+        num_actors = cfg.num_actors or default_actors(cfg.gpu)
         # one line if they cannot all be placed (an autoscaling cluster grows first, as for training)
-        planned = actor_plan(args.num_actors, args.gpu, args.cpus_per_actor, grow_timeout_s=args.autoscale_timeout)
+        planned = actor_plan(num_actors, cfg.gpu, cfg.cpus_per_actor, grow_timeout_s=cfg.autoscale_timeout_s)
         t0 = time.time()
         results = translate_on_cluster(
-            args.checkpoint,
-            [pairs[0] for pairs in sets.values()],
-            opts,
-            args.num_actors,
-            args.batch_size,
-            args.gpu,
-            args.cpus_per_actor,
-            args.tag_lang,
-            src_lang=args.tag_src,
+            cfg.checkpoint,
+            [pairs[0] for pairs in plan.sets.values()],
+            cfg.decode,
+            num_actors,
+            cfg.batch_size,
+            cfg.gpu,
+            cfg.cpus_per_actor,
+            plan.tag_lang,
+            src_lang=plan.tag_src,
         )
-        print_table(write_report(args, sets, results, opts, time.time() - t0))
-    except ValueError as err:
-        return cli_error("raymt.evaluate", err)
+        return write_report(plan, results, num_actors, time.time() - t0)
     finally:
         if planned is not None and planned.grew:
             release_request()  # nodes the plan asked for may go when idle
@@ -318,6 +323,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             import ray
 
             ray.shutdown()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point: prints each test set's scores; returns the exit status."""
+    try:
+        print_table(run(parse(EvaluateConfig, argv, PROG, description=__doc__.split("\n\n")[0])))
+    except ValueError as err:
+        return cli_error("raymt.evaluate", err)
     return 0
 
 

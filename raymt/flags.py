@@ -1,8 +1,8 @@
 """The flags shared by `raymt train` and `raymt tune` (`TrainFlags`), the input flags `raymt data
 prepare` shares with them (`InputFlags`, read by its `corpora`), and the config they build: defaults <
 device defaults < preset < config file < flags < --set (`build_config`, where the one-pair names
-of flags, config files and --set are read into data.corpora); the decoding flags of translate,
-evaluate, backtranslate and serve (`add_decode_flags`, `decode_options`)."""
+of flags, config files and --set are read into data.corpora); the decoding flags of backtranslate
+(`add_decode_flags`, `decode_options`; the other commands' are `DecodeOptions`' fields)."""
 
 from __future__ import annotations
 
@@ -266,7 +266,7 @@ def build_config(
 
 
 def add_decode_flags(p: argparse.ArgumentParser, sample: bool = True) -> None:
-    """The decoding flags of translate, evaluate, backtranslate and serve (`sample`: with the sampling ones)."""
+    """The decoding flags of backtranslate (`sample`: with the sampling ones)."""
     d = DecodeOptions()
     p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
     p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")

@@ -2,50 +2,74 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from raymt.command import flag, group, parse
+from raymt.config import DecodeOptions
 from raymt.data.text import read_lines
 from raymt.engines import check_device, load_engine, load_model_info
-from raymt.errors import cli_error
-from raymt.flags import add_decode_flags, decode_options
+from raymt.errors import check, cli_error
 from raymt.metrics import score
 
+PROG = "python -m raymt.translate"
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Command-line flags."""
-    p = argparse.ArgumentParser(prog="python -m raymt.translate", description=__doc__)
-    p.add_argument(
-        "--checkpoint",
-        action="append",
-        required=True,
+
+@dataclass
+class TranslateConfig:
+    """`raymt translate`: the checkpoints (several: an ensemble), the sentences, their languages,
+    the search and the batches; `run` translates them."""
+
+    checkpoint: tuple[str, ...] = flag(
+        default_factory=tuple,
         help="checkpoint directory (model.pt, config.json, spm.model), or its URI (s3://...); repeated: an "
         "ensemble of models that share a tokenizer (their log-probabilities averaged at each step)",
+        repeat=True,
+        required=True,
     )
-    p.add_argument("text", nargs="*", help="sentences to translate; stdin (one per line) when none")
-    p.add_argument(
-        "--tgt-lang",
-        help="target language: required for a multilingual (tagged) model, whose tag goes before each "
+    text: tuple[str, ...] = flag(
+        default_factory=tuple,
+        help="sentences to translate; stdin (one per line) when none",
+        positional=True,
+        repeat=True,
+    )
+    tgt_lang: Optional[str] = flag(
+        None,
+        "target language: required for a multilingual (tagged) model, whose tag goes before each "
         "source; a one-pair model's own target language, if given",
     )
-    p.add_argument(
-        "--src-lang",
-        help="source language, for a model that reads it first in each source (an imported NLLB or "
+    src_lang: Optional[str] = flag(
+        None,
+        "source language, for a model that reads it first in each source (an imported NLLB or "
         "M2M-100; default: the source of the pair config.json records)",
     )
-    add_decode_flags(p)
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
-    p.add_argument(
-        "--n-best", type=int, default=1, help="print the N best as 'i ||| hypothesis ||| score' lines (N <= beam)"
-    )
-    p.add_argument("--seed", type=int, help="seed for --sample (repeatable output)")
-    p.add_argument("--ref", help="reference file (one line per input): also print BLEU and chrF")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return p.parse_args(argv)
+    decode: DecodeOptions = group(DecodeOptions)
+    batch_size: int = flag(64, "sentences per batch")
+    n_best: int = flag(1, "print the N best as 'i ||| hypothesis ||| score' lines (N <= beam)")
+    ref: Optional[str] = flag(None, "reference file (one line per input): also print BLEU and chrF")
+    # auto: cuda when this machine has a GPU, else cpu (`run` resolves it).
+    device: str = flag("auto", "cpu, cuda or cuda:N (default auto: cuda when there is a GPU)")
+
+    def __post_init__(self) -> None:
+        check(bool(self.checkpoint), "--checkpoint is required: a checkpoint directory or its URI")
+        check(self.batch_size >= 1, f"--batch-size {self.batch_size} must be >= 1")
+        check(
+            1 <= self.n_best <= self.decode.beam,
+            f"--n-best {self.n_best} must be between 1 and the beam size {self.decode.beam}",
+        )
+
+
+@dataclass
+class Translations:
+    """What `run` translated: each sentence's n best (score, hypothesis), best first, in input
+    order; with --ref, the scores of the best ones (`raymt.metrics.score`: BLEU, chrF, signatures)."""
+
+    nbest: list[list[tuple[float, str]]]
+    scores: Optional[dict] = None
 
 
 def read_refs(ref: str, num_inputs: int) -> list[str]:
@@ -61,36 +85,39 @@ def read_refs(ref: str, num_inputs: int) -> list[str]:
     return refs
 
 
+def run(cfg: TranslateConfig) -> Translations:
+    """Translate cfg.text (stdin's lines when there is none) with raymt's engine, at the run's
+    precision; every user error is a one-line ValueError before the first sentence decodes."""
+    device = cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(device)
+    load_model_info(cfg.checkpoint).prefix(cfg.tgt_lang, cfg.src_lang)  # checked before the weights load
+    engine = load_engine(cfg.checkpoint, "raymt", device)
+    sentences = list(cfg.text) or [line.rstrip("\n") for line in sys.stdin]
+    refs = read_refs(cfg.ref, len(sentences)) if cfg.ref else None
+    nbest = engine.translate(sentences, cfg.decode, cfg.tgt_lang, cfg.n_best, cfg.batch_size, cfg.src_lang)
+    if refs is None:
+        return Translations(nbest)
+    hyps = [h[0][1] for h in nbest]
+    return Translations(nbest, score(hyps, refs, lang=cfg.tgt_lang or engine.info.config.data.pair()[1]))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point; returns the exit status."""
-    args = parse_args(argv)
+    """Entry point: prints the translations (Moses-style n-best lines with --n-best), then BLEU and
+    chrF on stderr with --ref; returns the exit status."""
     try:
-        if args.beam < 1:
-            raise ValueError(f"--beam {args.beam} must be >= 1")
-        if args.batch_size < 1:
-            raise ValueError(f"--batch-size {args.batch_size} must be >= 1")
-        check_device(args.device)
-        opts = decode_options(args, seed=args.seed)
-        if not 1 <= args.n_best <= opts.beam:
-            raise ValueError(f"--n-best {args.n_best} must be between 1 and the beam size {opts.beam}")
-        load_model_info(args.checkpoint).prefix(args.tgt_lang, args.src_lang)  # checked before the weights load
-        engine = load_engine(args.checkpoint, "raymt", args.device)  # decodes at the run's precision
-        sentences = args.text or [line.rstrip("\n") for line in sys.stdin]
-        refs = read_refs(args.ref, len(sentences)) if args.ref else None
+        cfg = parse(TranslateConfig, argv, PROG, description=__doc__)
+        done = run(cfg)
     except ValueError as err:
         return cli_error("raymt.translate", err)
-    nbest = engine.translate(sentences, opts, args.tgt_lang, args.n_best, args.batch_size, args.src_lang)
-    hyps = [h[0][1] for h in nbest]
-    for i, hyp_list in enumerate(nbest):
-        if args.n_best == 1:
+    for i, hyp_list in enumerate(done.nbest):
+        if cfg.n_best == 1:
             print(hyp_list[0][1])
         else:  # Moses-style n-best list
             for hyp_score, hyp in hyp_list:
                 print(f"{i} ||| {hyp} ||| {hyp_score:.4f}")
-    if refs is not None:
-        s = score(hyps, refs, lang=args.tgt_lang or engine.info.config.data.pair()[1])
-        print(f"BLEU {s['bleu']:.2f} ({s['bleu_signature']})", file=sys.stderr)
-        print(f"chrF {s['chrf']:.2f} ({s['chrf_signature']})", file=sys.stderr)
+    if done.scores is not None:
+        print(f"BLEU {done.scores['bleu']:.2f} ({done.scores['bleu_signature']})", file=sys.stderr)
+        print(f"chrF {done.scores['chrf']:.2f} ({done.scores['chrf_signature']})", file=sys.stderr)
     return 0
 
 

@@ -8,6 +8,7 @@ import pytest
 from raymt import train
 from raymt.autoscale import FIRST_REPORT_S, GROW_POLL_S, STALL_S, Growth, RayCluster, release_request
 from raymt.cluster import plan
+from raymt.command import parse
 from raymt.flags import build_config
 
 
@@ -356,7 +357,7 @@ def test_evaluate_asks_an_autoscaling_cluster_for_its_gpu_actors(monkeypatch, ca
     cluster = FakeCluster()
     monkeypatch.setattr(cluster_module, "RayCluster", lambda: cluster)  # the plan's cluster
     monkeypatch.setattr(autoscale, "RayCluster", lambda: cluster)  # release_request's
-    timeout = evaluate.parse_args(["--checkpoint", "c", "--test", "t", "--gpu"]).autoscale_timeout
+    timeout = parse(evaluate.EvaluateConfig, ["--checkpoint", "c", "--test", "t", "--gpu"], "e").autoscale_timeout_s
     planned = cluster_module.actor_plan(8, True, None, grow_timeout_s=timeout)
     assert timeout == 900 and planned.gpus == 1 and planned.grew
     assert "of at most 15:00 (--autoscale-timeout)" in capsys.readouterr().out  # evaluate's own flag

@@ -9,7 +9,11 @@ from typing import Any, Optional
 import pytest
 
 from raymt.command import command_line, flag, group, main_of, options, parse, parser, to_argv
+from raymt.config import DecodeOptions, ServeConfig
 from raymt.errors import check
+from raymt.evaluate import EvaluateConfig
+from raymt.serve.__main__ import ServeCommand
+from raymt.translate import TranslateConfig
 
 
 @dataclass
@@ -74,6 +78,13 @@ def test_flags_build_the_config_and_the_config_renders_its_flags():
     assert "'run 1'" in command_line("demo", cfg)
 
 
+def test_help_names_a_flags_value_as_argparse_does(capsys):
+    with pytest.raises(SystemExit):
+        parse(Demo, ["--help"], "demo")
+    out = capsys.readouterr().out
+    assert "--beam BEAM " in out and "--timeout TIMEOUT " in out and "[--model MODEL]" in out and "DECODE__" not in out
+
+
 def test_a_group_builds_through_its_hook_and_skips_flags():
     assert parse(Demo, ["--checkpoint", "a", "--sample"], "demo").decode == Inner(beam=1, sample=True)
     assert [o.flag for o in options(Small)] == ["--beam"]
@@ -101,5 +112,96 @@ def test_a_flag_shows_its_field_s_name_in_help_a_group_s_too():
     """--beam BEAM, not the parser's unique destination DECODE__BEAM; a switch, a choice and a
     given metavar keep theirs."""
     text = parser(Demo, "demo").format_help()
-    assert "--beam BEAM " in text and "--seed SEED " in text and "--timeout TIMEOUT_S " in text
+    assert "--beam BEAM " in text and "--seed SEED " in text and "--timeout TIMEOUT " in text
     assert "DECODE__" not in text and "--engine {auto,raymt}" in text and "--sample " in text
+
+
+def unpairs(models: dict[str, str]) -> list[str]:
+    """A dict into NAME=CKPT flags."""
+    return [f"{k}={v}" for k, v in models.items()]
+
+
+@dataclass
+class Served:
+    models: dict[str, str] = flag(default_factory=dict, name="--model", repeat=True, parse=pairs, render=unpairs)
+
+    def __post_init__(self) -> None:
+        check(bool(self.models), "--one X or --model NAME=X is required")
+
+
+@dataclass
+class Shorthand:
+    one: Optional[str] = flag(None, "the same as --model default=X")
+    served: Served = group(Served)
+
+    @classmethod
+    def from_flag_paths(cls, values: dict[tuple[str, ...], Any]) -> dict[tuple[str, ...], Any]:
+        """--one X is --model default=X."""
+        one = values.pop(("one",), None)
+        return values if one is None else {**values, ("served", "models"): {"default": one}}
+
+
+def test_a_shorthand_flag_sets_a_groups_field_before_the_group_is_built():
+    assert parse(Shorthand, ["--one", "x"], "s") == Shorthand(served=Served({"default": "x"}))
+    cfg = parse(Shorthand, ["--model", "a=x", "--model", "b=y"], "s")
+    assert cfg.served.models == {"a": "x", "b": "y"} and parse(Shorthand, to_argv(cfg), "s") == cfg
+    assert to_argv(parse(Shorthand, ["--one", "x"], "s")) == ["--model", "default=x"]
+    with pytest.raises(ValueError, match="is required"):
+        parse(Shorthand, [], "s")
+
+
+def test_the_commands_configs_round_trip():
+    """translate, evaluate and serve: a non-default config renders the flags that build it."""
+    served = ServeConfig(
+        models={"en-de": "runs/a/best", "de-en": "s3://b/c"},
+        engine="raymt",
+        port=9000,
+        autoscale="1:3",
+        request_timeout_s=5.0,
+        decode=DecodeOptions(beam=3, max_len_a=0.5),
+    )
+    configs = [
+        (ServeCommand(serve=served, api_keys="keys.txt", status_every_s=5.0, print_config=True), "raymt serve"),
+        (
+            TranslateConfig(
+                checkpoint=("a", "b"),
+                text=("Hello.", "-x"),
+                tgt_lang="de",
+                decode=DecodeOptions(beam=1, sample=True, temperature=0.5, top_k=5, seed=3),
+                batch_size=8,
+                ref="ref.txt",
+                device="cpu",
+            ),
+            "raymt translate",
+        ),
+        (
+            EvaluateConfig(
+                checkpoint=("a",),
+                test=("t1", "t2"),
+                src_lang="en",
+                tgt_lang="de",
+                output_dir="out",
+                num_actors=2,
+                gpu=True,
+                cpus_per_actor=1.5,
+                autoscale_timeout_s=10.0,
+                num_cpus=4,
+                decode=DecodeOptions(beam=2, length_penalty=1.0),
+                batch_size=8,
+                verbose=True,
+            ),
+            "raymt evaluate",
+        ),
+    ]
+    for cfg, prog in configs:
+        assert parse(type(cfg), to_argv(cfg), prog) == cfg, prog
+    assert "--request-timeout 5.0" in command_line("serve", configs[0][0])
+    assert not {"--sample", "--seed"} & {o.flag for o in options(ServeCommand) + options(EvaluateConfig)}
+
+
+def test_serves_checkpoint_flag_is_its_one_model():
+    one = parse(ServeCommand, ["--checkpoint", "ckpt"], "raymt serve")
+    assert one == parse(ServeCommand, ["--model", "default=ckpt"], "raymt serve") and one.checkpoint is None
+    assert to_argv(one) == ["--model", "default=ckpt"]
+    with pytest.raises(ValueError, match="--checkpoint and --model: give one of them"):
+        parse(ServeCommand, ["--checkpoint", "ckpt", "--model", "a=b"], "raymt serve")

@@ -70,9 +70,8 @@ def test_evaluate_and_backtranslate_outputs_of_a_job_go_under_home(job_cwd, tmp_
     """`raymt evaluate`'s default --output-dir and a relative `backtranslate --output`."""
     checkpoint = make_checkpoint(tmp_path / "checkpoint")
     pairs = write_pairs(tmp_path / "set", 3, seed=1)
-    args = evaluate.parse_args(["--checkpoint", str(checkpoint), "--test", str(pairs)])
-    evaluate.check_args(args)
-    assert args.output_dir == str(tmp_path / "home/raymt/evaluation") and Path(args.output_dir).is_dir()
+    cfg = evaluate.check_inputs(evaluate.EvaluateConfig((str(checkpoint),), (str(pairs),))).cfg
+    assert cfg.output_dir == str(tmp_path / "home/raymt/evaluation") and Path(cfg.output_dir).is_dir()
     (tmp_path / "mono.en").write_text("one two\nthree\n")
     flags = ["--checkpoint", str(checkpoint), "--input", str(tmp_path / "mono.en"), "--output", "bt"]
     job = backtranslate.check_args(backtranslate.parse_args([*flags, "--engine", "raymt"]))

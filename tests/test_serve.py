@@ -31,6 +31,7 @@ from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse f
 
 from raymt import translate as translate_cli
 from raymt.checkpoint import languages_entry, save_checkpoint
+from raymt.command import parse
 from raymt.config import Config, DataConfig, DecodeOptions, ServeConfig, tiny
 from raymt.engines import load_engine
 from raymt.model import Transformer
@@ -347,9 +348,9 @@ def test_cluster_yaml_has_a_cpu_serving_node_type_reached_only_from_a_load_balan
 def test_api_keys_are_checked_against_their_digests(engine, tagged, tmp_path, capsys):
     keys = tmp_path / "keys"
     keys.write_text(f"# the server's keys\n{hashlib.sha256(b'sesame').hexdigest()}  -\n")
-    args = serve_cli.parse_args(["--checkpoint", str(tagged), "--api-keys", str(keys)])
+    cmd = parse(serve_cli.ServeCommand, ["--checkpoint", str(tagged), "--api-keys", str(keys)], "raymt serve")
     service = Service(
-        engine, dataclasses.replace(serve_config(tagged), api_key_hashes=serve_cli.serve_config(args).api_key_hashes)
+        engine, dataclasses.replace(serve_config(tagged), api_key_hashes=serve_cli.serve_config(cmd).api_key_hashes)
     )
     body = {"q": "Good morning.", "source": "en", "target": "de"}
     assert call(service, "POST", "/translate", body)[:2] == (

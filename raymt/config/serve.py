@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from raymt.command import flag, group
 from raymt.config.sections import DecodeOptions
 from raymt.errors import check
 
@@ -16,41 +17,64 @@ DEFAULT_MODEL = "default"
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+def model_pairs(flags: list[str]) -> dict[str, str]:
+    """The served models by name of the repeated `--model NAME=CKPT` flags; one-line errors for a
+    bad form or a name given twice."""
+    out: dict[str, str] = {}
+    for given in flags:
+        name, sep, path = given.partition("=")
+        check(bool(sep and name and path), f"--model {given}: give NAME=CKPT, e.g. --model en-de=runs/en-de/best")
+        check(name not in out, f"--model {name}=... is given twice: one checkpoint a name")
+        out[name] = path
+    return out
+
+
 @dataclass
 class ServeConfig:
-    """The served models (name -> checkpoint), engine, replicas, batching, defaults and limits."""
+    """The served models (name -> checkpoint), engine, replicas, batching, defaults and limits;
+    each field with a flag is one of `raymt serve`'s (`raymt.command`)."""
 
     # Every served model by name, in order; `--checkpoint CKPT` is {DEFAULT_MODEL: CKPT}.
-    models: dict[str, str] = field(default_factory=dict)
-    engine: str = "auto"
-    device: str = "cpu"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    replicas: int = 1
-    cpus_per_replica: float = 1.0
+    models: dict[str, str] = flag(
+        default_factory=dict,
+        help="serve several models (repeat it): a request picks one by its model field or by its language pair",
+        name="--model",
+        metavar="NAME=CKPT",
+        repeat=True,
+        parse=model_pairs,
+        render=lambda models: [f"{name}={path}" for name, path in models.items()],
+    )
+    engine: str = flag("auto", f"decoding engine: {', '.join(SERVE_ENGINES)}")
+    device: str = flag("cpu", "cpu, cuda or cuda:N")
+    host: str = flag("127.0.0.1", "address to listen on")
+    port: int = flag(8000)
+    replicas: int = flag(1, "Serve replicas, one engine each")
+    cpus_per_replica: float = flag(1.0, "also its threads")
     # Models one replica holds at once (Serve multiplexing, least recently used out); 0: all.
-    models_per_replica: int = 0
+    models_per_replica: int = flag(0, "models a replica holds at once; 0: all")
     # "MIN:MAX" replicas, scaled by Serve on the requests each holds (instead of `replicas`).
-    autoscale: str = ""
+    autoscale: str = flag("", "replicas scaled by Serve (not --replicas)", metavar="MIN:MAX")
     # Ongoing requests per replica Serve's autoscaler aims at: about one token batch's worth.
-    target_ongoing_requests: int = 32
+    target_ongoing_requests: int = flag(32, "--autoscale's aim a replica")
     # One engine batch holds at most this many padded source tokens (sentences x longest).
-    max_batch_tokens: int = 2048
+    max_batch_tokens: int = flag(2048, "padded source tokens a batch")
     # Sentences waiting in one replica's queue; beyond it a request gets 503 with Retry-After.
-    max_queue_sentences: int = 4096
+    max_queue_sentences: int = flag(4096, "beyond: 503")
     # Requests Serve queues before a replica (`max_queued_requests`); beyond it Serve answers 503.
-    max_queued_requests: int = 512
+    max_queued_requests: int = flag(512, "Serve's; beyond: 503")
     # A request not answered within this many seconds gets 504 and its unstarted work is dropped.
-    request_timeout_s: float = 30.0
-    max_body_bytes: int = 1_000_000
-    max_text_chars: int = 20_000  # one text of a request
-    max_texts: int = 128  # texts in one request
-    max_beam: int = 8
-    max_alternatives: int = 3
+    request_timeout_s: float = flag(30.0, "seconds; beyond: 504", name="--request-timeout")
+    max_body_bytes: int = flag(1_000_000)
+    max_text_chars: int = flag(20_000, "characters in one text")
+    max_texts: int = flag(128, "texts in one request")
+    max_beam: int = flag(8, "the largest beam a request may ask for")
+    max_alternatives: int = flag(3)
     retry_after_s: int = 1
-    # SHA-256 hex digests of the API keys a translation request must carry; none: no key needed.
+    # SHA-256 hex digests of the API keys a translation request must carry; none: no key needed
+    # (`raymt serve --api-keys FILE` reads them).
     api_key_hashes: list[str] = field(default_factory=list)
-    decode: DecodeOptions = field(default_factory=DecodeOptions)
+    # Searches only (raymt translate's flags but the sampling ones).
+    decode: DecodeOptions = group(DecodeOptions, skip=("sample", "temperature", "top_k", "seed"))
 
     def __post_init__(self) -> None:
         check(

@@ -2,120 +2,60 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from raymt.config import SERVE_ENGINES, ServeConfig
+from raymt.command import flag, group, main_of
+from raymt.config import ServeConfig
 from raymt.config.serve import DEFAULT_MODEL
 from raymt.engines import check_device, load_model_info, resolve_engine
-from raymt.errors import cli_error, first_line
-from raymt.flags import add_decode_flags, decode_options
+from raymt.errors import check, first_line
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Command-line flags."""
-    s = ServeConfig(models={DEFAULT_MODEL: "-"})
-    p = argparse.ArgumentParser(prog="raymt serve", description=__doc__)
-    p.add_argument(
-        "--checkpoint",
-        help=f"raymt checkpoint or export directory, or its URI (the same as --model {DEFAULT_MODEL}=CKPT)",
+@dataclass
+class ServeCommand:
+    """`raymt serve`'s command line: the served `ServeConfig` (its fields' flags, a serve option's
+    one home) and what only the command uses."""
+
+    # Flag only: `from_flag_paths` makes it the one model of serve.models (then it is None).
+    checkpoint: Optional[str] = flag(
+        None, f"raymt checkpoint or export directory, or its URI (the same as --model {DEFAULT_MODEL}=CKPT)"
     )
-    p.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        metavar="NAME=CKPT",
-        help="serve several models (repeat it): a request picks one by its model field or by its language pair",
-    )
-    p.add_argument(
-        "--models-per-replica", type=int, default=s.models_per_replica, help="models a replica holds at once; 0: all"
-    )
-    p.add_argument("--engine", default=s.engine, help=f"decoding engine: {', '.join(SERVE_ENGINES)}")
-    p.add_argument("--device", default=s.device, help="cpu, cuda or cuda:N")
-    p.add_argument("--host", default=s.host, help="address to listen on")
-    p.add_argument("--port", type=int, default=s.port)
-    p.add_argument("--replicas", type=int, default=s.replicas, help="Serve replicas, one engine each")
-    p.add_argument("--autoscale", default="", metavar="MIN:MAX", help="replicas scaled by Serve (not --replicas)")
-    p.add_argument(
-        "--target-ongoing-requests", type=int, default=s.target_ongoing_requests, help="--autoscale's aim a replica"
-    )
-    p.add_argument("--cpus-per-replica", type=float, default=s.cpus_per_replica, help="also its threads")
-    p.add_argument("--max-batch-tokens", type=int, default=s.max_batch_tokens, help="padded source tokens a batch")
-    p.add_argument("--max-queue-sentences", type=int, default=s.max_queue_sentences, help="beyond: 503")
-    p.add_argument("--max-queued-requests", type=int, default=s.max_queued_requests, help="Serve's; beyond: 503")
-    p.add_argument("--request-timeout", type=float, default=s.request_timeout_s, help="seconds; beyond: 504")
-    p.add_argument("--max-body-bytes", type=int, default=s.max_body_bytes)
-    p.add_argument("--max-text-chars", type=int, default=s.max_text_chars, help="characters in one text")
-    p.add_argument("--max-texts", type=int, default=s.max_texts, help="texts in one request")
-    p.add_argument("--max-beam", type=int, default=s.max_beam, help="the largest beam a request may ask for")
-    p.add_argument("--max-alternatives", type=int, default=s.max_alternatives)
-    p.add_argument(
-        "--api-keys",
+    serve: ServeConfig = group(ServeConfig)
+    # Read where the command runs (`serve_config`) into serve.api_key_hashes.
+    api_keys: Optional[str] = flag(
+        None,
+        "require an API key: FILE lists the SHA-256 hex digest of each key, one a line (sha256sum)",
         metavar="FILE",
-        help="require an API key: FILE lists the SHA-256 hex digest of each key, one a line (sha256sum)",
     )
-    p.add_argument("--status-every", type=float, default=60.0, help="seconds between status lines")
-    p.add_argument(
-        "--print-config", action="store_true", help="print the Serve config file for `serve deploy` and exit"
-    )
-    add_decode_flags(p, sample=False)  # as raymt translate's
-    return p.parse_args(argv)
+    status_every_s: float = flag(60.0, "seconds between status lines", name="--status-every")
+    print_config: bool = flag(False, "print the Serve config file for `serve deploy` and exit")
 
+    def __post_init__(self) -> None:
+        check(self.status_every_s > 0, f"--status-every {self.status_every_s:g} must be > 0 seconds")
 
-def serve_config(args: argparse.Namespace) -> ServeConfig:
-    """The validated ServeConfig of the flags (one-line ValueErrors)."""
-    if args.status_every <= 0:
-        raise ValueError(f"--status-every {args.status_every:g} must be > 0 seconds")
-    decode = decode_options(args)
-    return ServeConfig(
-        models=model_flags(args.checkpoint, args.model),
-        models_per_replica=args.models_per_replica,
-        engine=args.engine,
-        device=args.device,
-        host=args.host,
-        port=args.port,
-        replicas=args.replicas,
-        autoscale=args.autoscale,
-        target_ongoing_requests=args.target_ongoing_requests,
-        cpus_per_replica=args.cpus_per_replica,
-        max_batch_tokens=args.max_batch_tokens,
-        max_queue_sentences=args.max_queue_sentences,
-        max_queued_requests=args.max_queued_requests,
-        request_timeout_s=args.request_timeout,
-        max_body_bytes=args.max_body_bytes,
-        max_text_chars=args.max_text_chars,
-        max_texts=args.max_texts,
-        max_beam=args.max_beam,
-        max_alternatives=args.max_alternatives,
-        decode=decode,
-        api_key_hashes=read_key_hashes(args.api_keys) if args.api_keys else [],
-    )
-
-
-def model_flags(checkpoint: Optional[str], models: list[str]) -> dict[str, str]:
-    """The served models by name: `--checkpoint CKPT` is one model named default, each `--model
-    NAME=CKPT` one more; one-line errors for a mix of both, a bad form or a name given twice."""
-    if checkpoint is not None and models:
-        raise ValueError(
-            f"--checkpoint and --model: give one of them (--checkpoint CKPT = --model {DEFAULT_MODEL}=CKPT)"
+    @classmethod
+    def from_flag_paths(cls, values: dict[tuple[str, ...], Any]) -> dict[tuple[str, ...], Any]:
+        """`--checkpoint CKPT` is `--model default=CKPT`; a one-line error for both."""
+        checkpoint = values.pop(("checkpoint",), None)
+        if checkpoint is None:
+            return values
+        check(
+            not values.get(("serve", "models")),
+            f"--checkpoint and --model: give one of them (--checkpoint CKPT = --model {DEFAULT_MODEL}=CKPT)",
         )
-    if checkpoint is not None:
-        return {DEFAULT_MODEL: checkpoint}
-    out: dict[str, str] = {}
-    for flag in models:
-        name, sep, path = flag.partition("=")
-        if not (sep and name and path):
-            raise ValueError(f"--model {flag}: give NAME=CKPT, e.g. --model en-de=runs/en-de/best")
-        if name in out:
-            raise ValueError(f"--model {name}=... is given twice: one checkpoint a name")
-        out[name] = path
-    return out
+        return {**values, ("serve", "models"): {DEFAULT_MODEL: checkpoint}}
+
+
+def serve_config(cmd: ServeCommand) -> ServeConfig:
+    """The ServeConfig served: the command's, with the digests of its --api-keys file."""
+    return replace(cmd.serve, api_key_hashes=read_key_hashes(cmd.api_keys)) if cmd.api_keys else cmd.serve
 
 
 def read_key_hashes(path: str) -> list[str]:
@@ -168,15 +108,14 @@ def check_models(cfg: ServeConfig) -> str:
     return ", ".join(sorted(set(engines)))
 
 
-def print_config(cfg: ServeConfig) -> int:
-    """Print the `serve deploy` config file of cfg (YAML) after checking the model; exit status 0."""
+def print_config(cfg: ServeConfig) -> None:
+    """Print the `serve deploy` config file of cfg (YAML) after checking every model."""
     import yaml
 
     from raymt.serve.app import deploy_config
 
     check_models(cfg)
     print(yaml.safe_dump(deploy_config(cfg), sort_keys=False), end="")
-    return 0
 
 
 def status_line(stats: dict, previous: dict, seconds: float) -> str:
@@ -206,16 +145,14 @@ def stop(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point; returns the exit status."""
-    args = parse_args(argv)
-    try:
-        cfg = serve_config(args)
-        if args.print_config:  # for another cluster: checked here without the port
-            return print_config(cfg)
-        engine = check_before_ray(cfg)
-    except ValueError as err:
-        return cli_error("raymt serve", err)
+def run(cmd: ServeCommand) -> None:
+    """Serve the models until Ctrl-C or SIGTERM, a status line every --status-every seconds, or
+    with --print-config print the `serve deploy` file; a ValueError (one line) before Ray starts."""
+    cfg = serve_config(cmd)
+    if cmd.print_config:  # for another cluster: checked here without the port
+        print_config(cfg)
+        return
+    engine = check_before_ray(cfg)
     from ray import serve
 
     from raymt.cluster import init_ray
@@ -227,12 +164,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         handle = start(cfg)
         served = ", ".join(f"{name}={path}" for name, path in cfg.models.items())
         print(f"raymt serve: {served} ({engine}) on http://{cfg.host}:{cfg.port}/ ; Ctrl-C stops it", flush=True)
-        block(handle, args.status_every)
+        block(handle, cmd.status_every_s)
     except KeyboardInterrupt:
         pass
     finally:
         serve.shutdown()
-    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    return main_of("raymt serve", ServeCommand, run, argv, description=__doc__)
 
 
 if __name__ == "__main__":
