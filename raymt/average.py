@@ -221,6 +221,11 @@ def select(cfg: AverageConfig) -> list[Path]:
     return best_checkpoints(run_dir, cfg.best, cfg.metric, cfg.mode)
 
 
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    return main_of("python -m raymt.average", AverageConfig, run, argv, __doc__.split("\n\n")[0])
+
+
 def run(cfg: AverageConfig) -> Path:
     """Average the checkpoints `cfg` names into `cfg.output`, saying which; returns the new checkpoint."""
     chosen = select(cfg)
@@ -229,11 +234,6 @@ def run(cfg: AverageConfig) -> Path:
         print(f"averaged {d}")
     print(f"wrote {output}")
     return output
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point; returns the exit status."""
-    return main_of("python -m raymt.average", AverageConfig, run, argv, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

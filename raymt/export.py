@@ -450,6 +450,11 @@ def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto", 
     return output
 
 
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    return main_of("python -m raymt.export", ExportConfig, run, argv, __doc__.split("\n\n")[0])
+
+
 def run(cfg: ExportConfig) -> Path:
     """Export `cfg.checkpoint` (`export_model`) and say how to translate with it; returns the output."""
     output = export_model(cfg.checkpoint, cfg.output, cfg.format, cfg.dtype)
@@ -478,11 +483,6 @@ def run(cfg: ExportConfig) -> Path:
     else:
         print(f'translate: python -m raymt.translate --checkpoint {output} "..."')
     return output
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point; returns the exit status."""
-    return main_of("python -m raymt.export", ExportConfig, run, argv, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

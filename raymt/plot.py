@@ -36,6 +36,11 @@ class PlotConfig:
         check(bool(self.runs), "no run directory: give one or more RUN")
 
 
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point; returns the exit status."""
+    return main_of("python -m raymt.plot", PlotConfig, run, argv, __doc__.split("\n")[0])
+
+
 def run(cfg: PlotConfig) -> list[Path]:
     """Draw the runs' curves into `cfg.out`, printing each file's path; returns them."""
     try:
@@ -45,11 +50,6 @@ def run(cfg: PlotConfig) -> list[Path]:
     for path in written:
         print(path)
     return written
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point; returns the exit status."""
-    return main_of("python -m raymt.plot", PlotConfig, run, argv, __doc__.split("\n")[0])
 
 
 if __name__ == "__main__":
