@@ -1,5 +1,5 @@
 """The flags shared by `raymt train` and `raymt tune`, the input flags `raymt data prepare` shares
-with them (`add_input_flags`, read by `corpora_from_args`), and the config they build: defaults <
+with them (`InputFlags`: `add_input_flags`, read by `corpora_from_args`), and the config they build: defaults <
 device defaults < preset < config file < flags < --set (`build_config`, where the one-pair names
 of flags, config files and --set are read into data.corpora); the decoding flags of translate,
 evaluate, backtranslate and serve (`add_decode_flags`, `decode_options`)."""
@@ -7,8 +7,10 @@ evaluate, backtranslate and serve (`add_decode_flags`, `decode_options`)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
+from raymt import command
 from raymt.config import (
     PRESETS,
     SCHEDULE_FIELDS,
@@ -70,44 +72,56 @@ def flag_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-INPUT_HELP = (
+SPEC_HELP = (
     "SPEC = [SRC-TGT:]LOCATION (a prefix, a .tsv/.jsonl/.parquet file or a URI); without "
     "SRC-TGT: for {bare}; repeatable"
 )
 TRAIN_BARE = "--src-lang-TGT (default: the pair of data.corpora, en-de)"
 
 
-def add_input_flags(p: argparse.ArgumentParser, bare: str = TRAIN_BARE, pairs_of: str = "the built-in corpus") -> None:
-    """--train/--valid/--test/--bt/--pairs/--real-weight: the corpora of a run or a prepare (read by
-    `corpora_from_args`); `bare` says whose pair a SPEC without SRC-TGT: is, `pairs_of` whose
-    pairs --pairs names."""
-    spec = INPUT_HELP.format(bare=bare)
-    p.add_argument("--train", action="append", default=[], metavar="SPEC", help=f"training pairs; {spec}")
-    p.add_argument("--valid", action="append", default=[], metavar="SPEC", help=f"one validation set per pair; {spec}")
-    p.add_argument("--test", action="append", default=[], metavar="SPEC", help=f"test set(s) of a pair; {spec}")
-    p.add_argument(
-        "--bt",
-        action="append",
-        default=[],
-        metavar="SPEC",
+@dataclass
+class InputFlags:
+    """--train/--valid/--test/--bt/--pairs/--real-weight: the corpora of a run or a prepare
+    (`corpora`). The help's {bare} says whose pair a SPEC without SRC-TGT: is, {pairs_of} whose
+    pairs --pairs names (train's here; `raymt data prepare` gives its own: `group(InputFlags, words=...)`)."""
+
+    HELP_WORDS: ClassVar[dict[str, str]] = {"bare": TRAIN_BARE, "pairs_of": "the built-in corpus"}
+
+    train: list[str] = command.flag(help="training pairs; " + SPEC_HELP, repeat=True, metavar="SPEC")
+    valid: list[str] = command.flag(help="one validation set per pair; " + SPEC_HELP, repeat=True, metavar="SPEC")
+    test: list[str] = command.flag(help="test set(s) of a pair; " + SPEC_HELP, repeat=True, metavar="SPEC")
+    bt: list[str] = command.flag(
         help="back-translated pairs (a `raymt backtranslate` output directory, or files as --train) "
-        f"for the direction SRC-TGT trained; {spec}",
+        "for the direction SRC-TGT trained; " + SPEC_HELP,
+        repeat=True,
+        metavar="SPEC",
     )
-    p.add_argument("--pairs", metavar="SRC-TGT,...", help=f"pairs of {pairs_of}, e.g. en-de,en-fr,de-en")
-    p.add_argument(
-        "--real-weight", type=float, metavar="W", help="with --bt: the real pairs W times per epoch (default 1)"
+    pairs: Optional[str] = command.flag(None, "pairs of {pairs_of}, e.g. en-de,en-fr,de-en", metavar="SRC-TGT,...")
+    real_weight: Optional[float] = command.flag(
+        None, "with --bt: the real pairs W times per epoch (default 1)", metavar="W"
     )
 
+    def corpora(
+        self, pair: tuple[str, str], unnamed: Sequence[tuple[str, str]] = (), builtin_langs: bool = True
+    ) -> list[CorpusSpec]:
+        """The corpora of the input flags of `raymt train`, `raymt tune` and `raymt data prepare`, in
+        order; a SPEC without SRC-TGT: is `pair`'s. The pairs of --pairs, else `unnamed` (prepare's
+        --dataset or --src-file pair), come first without files: the built-in corpus's (checked
+        against its languages with `builtin_langs`) or the caller's."""
+        pairs = parse_pairs(self.pairs) if self.pairs is not None else list(unnamed)  # --pairs "" is an error there
+        return corpora_from_flags(
+            self.train, self.bt, self.valid, self.test, pair, pairs, self.real_weight, builtin_langs
+        )
 
-def corpora_from_args(
-    args: argparse.Namespace, pair: tuple[str, str], unnamed: Sequence[tuple[str, str]] = (), builtin_langs: bool = True
-) -> list[CorpusSpec]:
-    """The corpora of the input flags (`add_input_flags`) of `raymt train`, `raymt tune` and `raymt data
-    prepare`, in order; a SPEC without SRC-TGT: is `pair`'s. The pairs of --pairs, else `unnamed`
-    (prepare's --dataset or --src-file pair), come first without files: the built-in corpus's
-    (checked against its languages with `builtin_langs`) or the caller's."""
-    pairs = parse_pairs(args.pairs) if args.pairs is not None else list(unnamed)  # --pairs "" is an error there
-    return corpora_from_flags(args.train, args.bt, args.valid, args.test, pair, pairs, args.real_weight, builtin_langs)
+
+def add_input_flags(p: argparse.ArgumentParser) -> None:
+    """The input flags (`InputFlags`, train's help) on a parser of train or tune, read by `corpora_from_args`."""
+    command.add_flags(p, InputFlags)
+
+
+def corpora_from_args(args: argparse.Namespace, pair: tuple[str, str]) -> list[CorpusSpec]:
+    """`InputFlags.corpora` of train's or tune's parsed input flags (`add_input_flags`)."""
+    return command.from_args(InputFlags, args).corpora(pair)
 
 
 def data_flags(args: argparse.Namespace, sets: dict[str, str], current: Sequence[CorpusSpec]) -> dict[str, Any]:
