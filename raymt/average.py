@@ -9,11 +9,11 @@ The result is a checkpoint directory (model.pt, config.json, spm.model, average.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -32,8 +32,9 @@ from raymt.checkpoint import (
     save_checkpoint,
     weights_file,
 )
+from raymt.command import flag, main_of
 from raymt.config import Config
-from raymt.errors import cli_error
+from raymt.errors import check
 from raymt.model import build_model
 from raymt.provenance import AVERAGE_FILE, checkpoint_metrics
 from raymt.tokenizer import Tokenizer
@@ -42,20 +43,35 @@ from raymt.tokenizer import Tokenizer
 DROPOUTS = ("dropout", "attention_dropout")
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Command-line flags."""
-    p = argparse.ArgumentParser(prog="python -m raymt.average", description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir", nargs="?", help="a raymt.train run directory or its URI (with --last or --best)")
-    pick = p.add_mutually_exclusive_group(required=True)
-    pick.add_argument("--last", type=int, metavar="N", help="the N checkpoints with the highest steps")
-    pick.add_argument("--best", type=int, metavar="N", help="the N checkpoints with the best --metric")
-    pick.add_argument("--checkpoints", nargs="+", metavar="DIR", help="these checkpoint directories (paths or URIs)")
-    p.add_argument("--metric", default="valid_bleu", help="reported metric that ranks --best (default valid_bleu)")
-    p.add_argument(
-        "--mode", choices=("max", "min"), help="higher or lower is better (default: min for *loss*, else max)"
+@dataclass(kw_only=True)
+class AverageConfig:
+    """`raymt average`: which checkpoints (one of --last, --best, --checkpoints) and where their
+    average goes."""
+
+    run_dir: Optional[str] = flag(
+        None, "a raymt.train run directory or its URI (with --last or --best)", positional=True
     )
-    p.add_argument("--output", required=True, help="new checkpoint directory to write")
-    return p.parse_args(argv)
+    last: Optional[int] = flag(None, "the N checkpoints with the highest steps", metavar="N")
+    best: Optional[int] = flag(None, "the N checkpoints with the best --metric", metavar="N")
+    checkpoints: list[str] = flag(
+        help="these checkpoint directories (paths or URIs)", repeat=True, many=True, metavar="DIR"
+    )
+    metric: str = flag("valid_bleu", "reported metric that ranks --best (default valid_bleu)")
+    mode: Optional[str] = flag(
+        None, "higher or lower is better (default: min for *loss*, else max)", choices=("max", "min")
+    )
+    output: str = flag(help="new checkpoint directory to write", required=True)
+
+    def __post_init__(self) -> None:
+        picks = [name for name in ("last", "best") if getattr(self, name) is not None]
+        picks += ["checkpoints"] if self.checkpoints else []
+        check(bool(picks), "which checkpoints? give --last N, --best N or --checkpoints DIR ...")
+        check(len(picks) == 1, f"{' and '.join('--' + p for p in picks)} each pick checkpoints: give one of them")
+        check(self.mode in (None, "max", "min"), f"--mode {self.mode}: max or min")
+        if self.checkpoints:
+            check(not self.run_dir, "give either a run directory (with --last/--best) or --checkpoints, not both")
+        else:
+            check(bool(self.run_dir), f"--{picks[0]} needs a run directory: python -m raymt.average RUN_DIR ...")
 
 
 def run_dir_on_disk(run_dir: str | Path) -> Path:
@@ -193,35 +209,31 @@ def average_checkpoints(directories: Sequence[str | Path], output: str | Path) -
     return output
 
 
-def select(args: argparse.Namespace) -> list[Path]:
-    """The checkpoint directories the flags ask for."""
-    if args.checkpoints:
-        if args.run_dir:
-            raise ValueError("give either a run directory (with --last/--best) or --checkpoints, not both")
-        return [local_checkpoint(d) for d in args.checkpoints]
-    if not args.run_dir:
-        raise ValueError(
-            f"--{'last' if args.last is not None else 'best'} needs a run directory: "
-            "python -m raymt.average RUN_DIR ..."
-        )
-    run_dir = run_dir_on_disk(args.run_dir)
-    if args.last is not None:
-        return last_checkpoints(run_dir, args.last)
-    return best_checkpoints(run_dir, args.best, args.metric, args.mode)
+def select(cfg: AverageConfig) -> list[Path]:
+    """The checkpoint directories the config asks for (downloaded when they are URIs)."""
+    if cfg.checkpoints:
+        return [local_checkpoint(d) for d in cfg.checkpoints]
+    assert cfg.run_dir is not None  # AverageConfig's check
+    run_dir = run_dir_on_disk(cfg.run_dir)
+    if cfg.last is not None:
+        return last_checkpoints(run_dir, cfg.last)
+    assert cfg.best is not None
+    return best_checkpoints(run_dir, cfg.best, cfg.metric, cfg.mode)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
-    args = parse_args(argv)
-    try:
-        chosen = select(args)
-        output = average_checkpoints(chosen, args.output)
-    except ValueError as err:
-        return cli_error("raymt.average", err)
+    return main_of("python -m raymt.average", AverageConfig, run, argv, __doc__.split("\n\n")[0])
+
+
+def run(cfg: AverageConfig) -> Path:
+    """Average the checkpoints `cfg` names into `cfg.output`, saying which; returns the new checkpoint."""
+    chosen = select(cfg)
+    output = average_checkpoints(chosen, cfg.output)
     for d in chosen:
         print(f"averaged {d}")
     print(f"wrote {output}")
-    return 0
+    return output
 
 
 if __name__ == "__main__":

@@ -13,15 +13,19 @@ line that builds it (`to_argv`, `command_line`): what a pipeline prints for a st
         return main_of("raymt.average", AverageConfig, run, argv, description=__doc__)
 
 Flags are the fields' names with dashes (`max_tokens` -> --max-tokens) unless `name` says
-otherwise; a bool is a switch (--no-NAME too when its default is True); `repeat` collects a
-repeated flag into a list or tuple; `parse`/`render` convert a field's value from and to its
-flag's strings where the two differ (`--model NAME=CKPT` into a dict). A field without `flag`
-is no flag (a default the command line does not set). A group's class may define
-`from_flags(values) -> values` to adjust its flags' values before it is built (sampling implies
-beam 1); a command's config class may define `from_flag_paths(values) -> values` to map the
-values of all its flags, by path, before any group is built (a shorthand flag for a group's
-field: `raymt serve --checkpoint CKPT` is `--model default=CKPT`). This module imports nothing
-of raymt but its errors: every config may use it.
+otherwise; a bool is a switch (--no-NAME too when its default is True; a switch named --no-NAME
+only turns it off); `repeat` collects a repeated flag into a list or tuple (`many`: one flag
+takes several values, --checkpoints A B); a positional argument with a default may be left out;
+`parse`/`render` convert a field's value from and to its flag's strings where the two differ
+(`--model NAME=CKPT` into a dict). A help's `%(default)s` is the field's default, and its
+`{word}`s are filled from the class's `HELP_WORDS` or its group's `words` (one group of flags,
+two commands' wording). A field without `flag` is no flag (a default the command line does not
+set). A group's class may define `from_flags(values) -> values` to adjust its flags' values
+before it is built (sampling implies beam 1); a command's config class may define
+`from_flag_paths(values) -> values` to map the values of all its flags, by path, before any
+group is built (a shorthand flag for a group's field: `raymt serve --checkpoint CKPT` is
+`--model default=CKPT`). This module imports nothing of raymt but its errors: every config may
+use it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class FlagSpec:
     name: Optional[str] = None  # --NAME; default: the field's name with dashes
     metavar: Optional[str] = None
     repeat: bool = False  # the flag may be repeated; its values collected in order
+    many: bool = False  # with repeat: one flag takes one or more values (--checkpoints A B)
     positional: bool = False  # an argument without a flag (a list of them with `repeat`)
     required: bool = False
     choices: Optional[tuple[str, ...]] = None
@@ -60,6 +65,7 @@ class GroupSpec:
     """A field holding another config whose flags are this command's too (`group`)."""
 
     skip: tuple[str, ...] = ()  # its fields that are no flag of this command
+    words: Optional[dict[str, str]] = None  # its flags' help `{word}`s here (default: the class's HELP_WORDS)
 
 
 def flag(
@@ -75,9 +81,10 @@ def flag(
     return dataclasses.field(default=default, default_factory=default_factory, metadata={FLAG: FlagSpec(help, **spec)})
 
 
-def group(cls: type, skip: Sequence[str] = ()) -> Any:
-    """A dataclass field holding a `cls` config, whose flags (all but `skip`) are this command's."""
-    return dataclasses.field(default_factory=cls, metadata={GROUP: GroupSpec(tuple(skip))})
+def group(cls: type, skip: Sequence[str] = (), words: Optional[dict[str, str]] = None) -> Any:
+    """A dataclass field holding a `cls` config, whose flags (all but `skip`) are this command's,
+    their help's `{word}`s filled from `words` (else `cls.HELP_WORDS`)."""
+    return dataclasses.field(default_factory=cls, metadata={GROUP: GroupSpec(tuple(skip), words)})
 
 
 # ---------------------------------------------------------------- the fields
@@ -121,17 +128,25 @@ def _default(f: dataclasses.Field) -> Any:
     return MISSING
 
 
-def options(cls: type, path: tuple[str, ...] = (), skip: Sequence[str] = ()) -> list[Option]:
-    """Every flag of config class `cls`, its groups' included, in field order."""
+def options(
+    cls: type, path: tuple[str, ...] = (), skip: Sequence[str] = (), words: Optional[dict[str, str]] = None
+) -> list[Option]:
+    """Every flag of config class `cls`, its groups' included, in field order; the `{word}`s of
+    its help filled from `words`, else from `cls.HELP_WORDS` (if it has them)."""
     hints = typing.get_type_hints(cls)
+    words = words if words is not None else getattr(cls, "HELP_WORDS", None)
     out: list[Option] = []
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         if GROUP in f.metadata:
-            out += options(hints[f.name], path + (f.name,), f.metadata[GROUP].skip)
+            spec = f.metadata[GROUP]
+            out += options(hints[f.name], path + (f.name,), spec.skip, spec.words)
         elif FLAG in f.metadata:
-            out.append(Option(path + (f.name,), f.metadata[FLAG], _unwrap(hints[f.name]), _default(f)))
+            spec = f.metadata[FLAG]
+            if words:
+                spec = dataclasses.replace(spec, help=spec.help.format(**words))
+            out.append(Option(path + (f.name,), spec, _unwrap(hints[f.name]), _default(f)))
     return out
 
 
@@ -141,26 +156,34 @@ def options(cls: type, path: tuple[str, ...] = (), skip: Sequence[str] = ()) -> 
 def add_flags(p: argparse.ArgumentParser, cls: type) -> None:
     """The flags of config class `cls` on parser `p`."""
     for opt in options(cls):
-        s, kw = opt.spec, {"help": opt.spec.help}
+        s = opt.spec
+        kw: dict[str, Any] = {"help": s.help.replace("%(default)s", str(opt.default).replace("%", "%%"))}
+        switch = opt.kind is bool and not s.parse
         if s.metavar:
             kw["metavar"] = s.metavar
-        elif not (s.positional or (opt.kind is bool and not s.parse) or s.choices):
+        elif not (s.choices or s.positional or switch):
             # as argparse names a flag's value: --max-len-a MAX_LEN_A (not the dest, decode__max_len_a)
             kw["metavar"] = opt.flag[2:].replace("-", "_").upper()
         if s.choices:
             kw["choices"] = s.choices
         item = typing.get_args(opt.kind)[0] if typing.get_origin(opt.kind) in (list, tuple) else opt.kind
-        if opt.kind is bool and not s.parse:
+        if switch and opt.flag.startswith("--no-"):
+            kw["action"] = "store_false"  # --no-copy: the one way to turn it off
+        elif switch:
             kw["action"] = argparse.BooleanOptionalAction if opt.default is True else "store_true"
         elif s.repeat:
             kw["type"] = item if item in (int, float) else str
             if s.positional:
-                kw["nargs"] = "*"
+                kw["nargs"] = "+" if s.required else "*"
+            elif s.many:
+                kw.update(action="extend", nargs="+")
             else:
                 kw["action"] = "append"
         elif opt.kind in (int, float) and not s.parse:
             kw["type"] = opt.kind
         if s.positional:
+            if not s.repeat and opt.default is not MISSING:  # may be left out: its default stays
+                kw.update(nargs="?", default=None)
             p.add_argument(opt.dest, **kw)
             continue
         kw["default"] = None  # "not given": the config's default stays (a repeated flag: [])
@@ -220,12 +243,13 @@ def main_of(
     argv: Optional[Sequence[str]] = None,
     description: Optional[str] = None,
 ) -> int:
-    """A command's `main`: its config parsed, then `run(config)`; a user error is one line, status 2."""
+    """A command's `main`: its config parsed, then `run(config)`; a user error is one line, status 2,
+    named as the module (`python -m raymt.average`'s errors: `raymt.average: error: ...`)."""
     try:
         cfg = parse(cls, argv, prog, description)
         run(cfg)
     except ValueError as err:
-        return cli_error(prog, err)
+        return cli_error(prog.removeprefix("python -m "), err)
     return 0
 
 
@@ -249,21 +273,27 @@ def to_argv(cfg: Any) -> list[str]:
     value differs from its default, positional arguments last."""
     argv: list[str] = []
     positional: list[str] = []
+    greedy = False  # a flag of several values before them would take the positional arguments
     for opt in options(type(cfg)):
         value = _get(cfg, opt.path)
         if value == opt.default and not opt.spec.required:
             continue
         raw = opt.spec.render(value) if opt.spec.render else value
         if opt.kind is bool and not opt.spec.parse:
-            argv.append(opt.flag if value else "--no-" + opt.flag[2:])
+            argv.append(opt.flag if value != opt.flag.startswith("--no-") else "--no-" + opt.flag[2:])
         elif opt.spec.positional:
             positional += [_text(v) for v in (raw if opt.spec.repeat else [raw])]
+        elif opt.spec.many:
+            argv += [opt.flag, *map(_text, raw)]
+            greedy = True
         elif opt.spec.repeat:
             for v in raw:
                 argv += [opt.flag, _text(v)]
         elif raw is not None:
             argv += [opt.flag, _text(raw)]
-    return argv + (["--", *positional] if any(p.startswith("-") for p in positional) else positional)
+    if positional and (greedy or any(p.startswith("-") for p in positional)):
+        return argv + ["--", *positional]
+    return argv + positional
 
 
 def command_line(command: str, cfg: Any) -> str:

@@ -30,11 +30,11 @@ sentence) and scores by its own length penalty (equal to raymt's at 0).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -53,8 +53,9 @@ from raymt.checkpoint import (
     save_config,
     tag_side,
 )
+from raymt.command import flag, main_of
 from raymt.config import Config, ModelConfig
-from raymt.errors import cli_error
+from raymt.errors import check
 from raymt.model import Attention, Transformer, build_model, halves_order
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
@@ -68,29 +69,29 @@ MARIAN_POST_NORM_ONLY = (
 )
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Command-line flags."""
-    p = argparse.ArgumentParser(prog="python -m raymt.export", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--checkpoint", required=True, help="checkpoint directory (of a run, or averaged), or its URI (s3://...)"
-    )
-    p.add_argument("--output", required=True, help="new directory for the exported model")
-    p.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="auto",
-        help="weights file: safetensors if installed (auto), safetensors, or torch; "
+@dataclass(kw_only=True)
+class ExportConfig:
+    """`raymt export`: a checkpoint, where its export goes, in which format and weight type."""
+
+    checkpoint: str = flag(help="checkpoint directory (of a run, or averaged), or its URI (s3://...)", required=True)
+    output: str = flag(help="new directory for the exported model", required=True)
+    format: str = flag(
+        "auto",
+        "weights file: safetensors if installed (auto), safetensors, or torch; "
         "or a CTranslate2 model directory (ctranslate2), or a Hugging Face "
         "MarianMTModel directory (marian, post-norm models only)",
+        choices=FORMATS,
     )
-    p.add_argument(
-        "--dtype",
-        choices=(*DTYPES, "int8"),
-        default="float32",
-        help="store floating-point weights in this dtype (loaded back as float32; "
+    dtype: str = flag(
+        "float32",
+        "store floating-point weights in this dtype (loaded back as float32; "
         "ctranslate2: its weight type, also int8; marian: the HF model's dtype)",
+        choices=(*DTYPES, "int8"),
     )
-    return p.parse_args(argv)
+
+    def __post_init__(self) -> None:
+        check(self.format in FORMATS, f"--format {self.format}: one of {', '.join(FORMATS)}")
+        check(self.dtype in (*DTYPES, "int8"), f"--dtype {self.dtype}: one of {', '.join(DTYPES)}, int8")
 
 
 def weights_format(requested: str) -> str:
@@ -451,15 +452,16 @@ def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto", 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
-    args = parse_args(argv)
-    try:
-        output = export_model(args.checkpoint, args.output, args.format, args.dtype)
-    except ValueError as err:
-        return cli_error("raymt.export", err)
+    return main_of("python -m raymt.export", ExportConfig, run, argv, __doc__.split("\n\n")[0])
+
+
+def run(cfg: ExportConfig) -> Path:
+    """Export `cfg.checkpoint` (`export_model`) and say how to translate with it; returns the output."""
+    output = export_model(cfg.checkpoint, cfg.output, cfg.format, cfg.dtype)
     files = sorted(p.name for p in output.iterdir())
     size = sum(os.path.getsize(output / f) for f in files) / 2**20
-    print(f"exported {args.checkpoint} -> {output} ({', '.join(files)}; {size:.1f} MiB)")
-    if args.format == "ctranslate2":
+    print(f"exported {cfg.checkpoint} -> {output} ({', '.join(files)}; {size:.1f} MiB)")
+    if cfg.format == "ctranslate2":
         print(
             f'translate: ctranslate2.Translator("{output}").translate_batch(pieces) '
             f"with pieces from {output / SPM_FILE}"
@@ -473,14 +475,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             )
         elif tags:
             print(f'multilingual: the target\'s tag goes first, ["{tags[0]}"] + pieces (tags: {", ".join(tags)})')
-    elif args.format == "marian":
+    elif cfg.format == "marian":
         print(
             f'translate: transformers.MarianMTModel.from_pretrained("{output}").generate(...) '
             f'with ids from MarianTokenizer.from_pretrained("{output}")'
         )
     else:
         print(f'translate: python -m raymt.translate --checkpoint {output} "..."')
-    return 0
+    return output
 
 
 if __name__ == "__main__":

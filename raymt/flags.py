@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 from raymt.command import flag, group
 from raymt.config import (
@@ -34,41 +34,32 @@ from raymt.config import (
 from raymt.config.corpus import ONE_PAIR_FIELDS, one_pair, read_one_pair
 from raymt.errors import check
 
-INPUT_HELP = (
+SPEC_HELP = (
     "SPEC = [SRC-TGT:]LOCATION (a prefix, a .tsv/.jsonl/.parquet file or a URI); without "
     "SRC-TGT: for {bare}; repeatable"
 )
 TRAIN_BARE = "--src-lang-TGT (default: the pair of data.corpora, en-de)"
 
 
-def input_help(bare: str = TRAIN_BARE, pairs_of: str = "the built-in corpus") -> dict[str, str]:
-    """The input flags' help by field: `bare` says whose pair a SPEC without SRC-TGT: is,
-    `pairs_of` whose pairs --pairs names (train's by default)."""
-    spec = INPUT_HELP.format(bare=bare)
-    return {
-        "train": f"training pairs; {spec}",
-        "valid": f"one validation set per pair; {spec}",
-        "test": f"test set(s) of a pair; {spec}",
-        "bt": "back-translated pairs (a `raymt backtranslate` output directory, or files as --train) "
-        f"for the direction SRC-TGT trained; {spec}",
-        "pairs": f"pairs of {pairs_of}, e.g. en-de,en-fr,de-en",
-        "real_weight": "with --bt: the real pairs W times per epoch (default 1)",
-    }
-
-
-TRAIN_INPUT_HELP = input_help()
-
-
 @dataclass
 class InputFlags:
-    """--train/--valid/--test/--bt/--pairs/--real-weight: the corpora of a run or a prepare (`corpora`)."""
+    """--train/--valid/--test/--bt/--pairs/--real-weight: the corpora of a run or a prepare
+    (`corpora`). The help's {bare} says whose pair a SPEC without SRC-TGT: is, {pairs_of} whose
+    pairs --pairs names (train's here; `raymt data prepare` gives its own: `group(InputFlags, words=...)`)."""
 
-    train: list[str] = flag(help=TRAIN_INPUT_HELP["train"], metavar="SPEC", repeat=True)
-    valid: list[str] = flag(help=TRAIN_INPUT_HELP["valid"], metavar="SPEC", repeat=True)
-    test: list[str] = flag(help=TRAIN_INPUT_HELP["test"], metavar="SPEC", repeat=True)
-    bt: list[str] = flag(help=TRAIN_INPUT_HELP["bt"], metavar="SPEC", repeat=True)
-    pairs: Optional[str] = flag(None, TRAIN_INPUT_HELP["pairs"], metavar="SRC-TGT,...")
-    real_weight: Optional[float] = flag(None, TRAIN_INPUT_HELP["real_weight"], metavar="W")
+    HELP_WORDS: ClassVar[dict[str, str]] = {"bare": TRAIN_BARE, "pairs_of": "the built-in corpus"}
+
+    train: list[str] = flag(help="training pairs; " + SPEC_HELP, repeat=True, metavar="SPEC")
+    valid: list[str] = flag(help="one validation set per pair; " + SPEC_HELP, repeat=True, metavar="SPEC")
+    test: list[str] = flag(help="test set(s) of a pair; " + SPEC_HELP, repeat=True, metavar="SPEC")
+    bt: list[str] = flag(
+        help="back-translated pairs (a `raymt backtranslate` output directory, or files as --train) "
+        "for the direction SRC-TGT trained; " + SPEC_HELP,
+        repeat=True,
+        metavar="SPEC",
+    )
+    pairs: Optional[str] = flag(None, "pairs of {pairs_of}, e.g. en-de,en-fr,de-en", metavar="SRC-TGT,...")
+    real_weight: Optional[float] = flag(None, "with --bt: the real pairs W times per epoch (default 1)", metavar="W")
 
     def corpora(
         self, pair: tuple[str, str], unnamed: Sequence[tuple[str, str]] = (), builtin_langs: bool = True
@@ -81,24 +72,6 @@ class InputFlags:
         return corpora_from_flags(
             self.train, self.bt, self.valid, self.test, pair, pairs, self.real_weight, builtin_langs
         )
-
-
-def add_input_flags(p: argparse.ArgumentParser, bare: str = TRAIN_BARE, pairs_of: str = "the built-in corpus") -> None:
-    """`InputFlags`' flags on a parser of its own (`raymt data prepare`'s, read by `corpora_from_args`),
-    with the help `input_help(bare, pairs_of)`."""
-    helps = input_help(bare, pairs_of)
-    for name in ("train", "valid", "test", "bt"):
-        p.add_argument(f"--{name}", action="append", default=[], metavar="SPEC", help=helps[name])
-    p.add_argument("--pairs", metavar="SRC-TGT,...", help=helps["pairs"])
-    p.add_argument("--real-weight", type=float, metavar="W", help=helps["real_weight"])
-
-
-def corpora_from_args(
-    args: argparse.Namespace, pair: tuple[str, str], unnamed: Sequence[tuple[str, str]] = (), builtin_langs: bool = True
-) -> list[CorpusSpec]:
-    """`InputFlags.corpora` of the flags of `add_input_flags`."""
-    inputs = InputFlags(args.train, args.valid, args.test, args.bt, args.pairs, args.real_weight)
-    return inputs.corpora(pair, unnamed, builtin_langs)
 
 
 # The flags that set one config field each, as `--set FIELD=VALUE` would.

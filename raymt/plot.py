@@ -9,38 +9,47 @@ Reads each run's `logs/metrics.csv` and writes `curves_step.png` and `curves_tim
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
+from raymt.command import flag, main_of
 from raymt.curves import plot_runs
-from raymt.errors import cli_error
+from raymt.errors import check
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """The command line: run directories and the output folder."""
-    parser = argparse.ArgumentParser(prog="python -m raymt.plot", description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "runs", nargs="+", metavar="RUN", help="a run directory (its logs/metrics.csv is read); several are overlaid"
+@dataclass(kw_only=True)
+class PlotConfig:
+    """`raymt plot`: the run directories and the output folder."""
+
+    runs: list[str] = flag(
+        help="a run directory (its logs/metrics.csv is read); several are overlaid",
+        positional=True,
+        repeat=True,
+        required=True,
+        metavar="RUN",
     )
-    parser.add_argument(
-        "--out", default="plots", help="folder for curves_step.png and curves_time.png (default ./plots)"
-    )
-    return parser.parse_args(argv)
+    out: str = flag("plots", "folder for curves_step.png and curves_time.png (default ./plots)")
+
+    def __post_init__(self) -> None:
+        check(bool(self.runs), "no run directory: give one or more RUN")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point; returns the exit status."""
-    args = parse_args(argv)
+    return main_of("python -m raymt.plot", PlotConfig, run, argv, __doc__.split("\n")[0])
+
+
+def run(cfg: PlotConfig) -> list[Path]:
+    """Draw the runs' curves into `cfg.out`, printing each file's path; returns them."""
     try:
-        written = plot_runs(args.runs, args.out)
+        written = plot_runs(cfg.runs, cfg.out)
     except OSError as err:  # an --out that cannot be written
-        return cli_error("raymt.plot", f"cannot write the plots to {args.out}: {err.strerror or err}")
-    except ValueError as err:
-        return cli_error("raymt.plot", err)
+        raise ValueError(f"cannot write the plots to {cfg.out}: {err.strerror or err}") from None
     for path in written:
         print(path)
-    return 0
+    return written
 
 
 if __name__ == "__main__":

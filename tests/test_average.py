@@ -134,3 +134,26 @@ def test_malicious_train_state_is_refused(tmp_path):
     with pytest.raises(ValueError, match="refusing to load .*train_state.pt: it would run posix.system"):
         average.last_checkpoints(tmp_path / "run", 1)
     assert not marker.exists()
+
+
+def test_the_config_renders_its_command_and_picks_one_way(tmp_path, err_lines):
+    """AverageConfig round-trips through its flags; --last, --best and --checkpoints exclude each
+    other and a run directory goes with --last/--best only: one-line errors, before anything is read."""
+    from raymt.average import AverageConfig
+    from raymt.command import parse, to_argv
+
+    for cfg in (
+        AverageConfig(run_dir="runs/x", best=2, metric="valid_loss", mode="min", output="avg"),
+        AverageConfig(checkpoints=["a", "b"], output="avg"),
+    ):
+        assert parse(AverageConfig, to_argv(cfg), "average") == cfg
+    out = ["--output", str(tmp_path / "out")]
+    for argv, message in [
+        (["runs/x"], "which checkpoints? give --last N, --best N or --checkpoints"),
+        (["runs/x", "--last", "1", "--best", "1"], "--last and --best each pick checkpoints"),
+        (["--last", "2"], "--last needs a run directory"),
+        (["runs/x", "--checkpoints", "a"], "not both"),
+    ]:
+        assert average.main([*argv, *out]) == 2
+        err = err_lines()
+        assert len(err) == 1 and err[0].startswith("raymt.average: error: ") and message in err[0], err

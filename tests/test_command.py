@@ -205,3 +205,49 @@ def test_serves_checkpoint_flag_is_its_one_model():
     assert to_argv(one) == ["--model", "default=ckpt"]
     with pytest.raises(ValueError, match="--checkpoint and --model: give one of them"):
         parse(ServeCommand, ["--checkpoint", "ckpt", "--model", "a=b"], "raymt serve")
+
+
+@dataclass
+class Words:
+    HELP_WORDS = {"whose": "the run's"}
+    train: list[str] = flag(help="pairs of {whose} corpus", repeat=True, metavar="SPEC")
+
+
+@dataclass(kw_only=True)
+class Picks:
+    """Positional arguments that may be left out, a flag of several values, a --no- switch,
+    defaults and words in the help, a group's flags named as the command's own."""
+
+    run_dir: Optional[str] = flag(None, "a run", positional=True)
+    checkpoints: list[str] = flag(help="these", repeat=True, many=True, metavar="DIR")
+    copy: bool = flag(True, "unsets copy", name="--no-copy")
+    max_len: int = flag(200, "max_len (default %(default)s)")
+    output: str = flag(help="where", required=True)
+    inputs: Words = group(Words, words={"whose": "the prepared"})
+    decode: Inner = group(Inner)
+
+
+def test_optional_positionals_many_values_and_no_switches_round_trip():
+    cfg = parse(Picks, ["--checkpoints", "a", "b", "--checkpoints", "c", "--no-copy", "--output", "o"], "picks")
+    assert cfg == Picks(checkpoints=["a", "b", "c"], copy=False, output="o")
+    assert to_argv(cfg) == ["--checkpoints", "a", "b", "c", "--no-copy", "--output", "o"]
+    with_run = Picks(run_dir="runs/x", checkpoints=["a"], output="o", max_len=9, decode=Inner(beam=2))
+    assert to_argv(with_run)[-2:] == ["--", "runs/x"]  # --checkpoints would take it
+    for each in (cfg, with_run, Picks(output="o", inputs=Words(train=["t"]))):
+        assert parse(Picks, to_argv(each), "picks") == each
+    assert parse(Picks, ["--output", "o", "r"], "picks").run_dir == "r"
+
+
+def test_help_shows_defaults_words_and_a_groups_flags_as_the_commands_own():
+    from raymt.command import parser
+
+    text = " ".join(parser(Picks, "picks").format_help().split())
+    assert "--max-len MAX_LEN max_len (default 200)" in text and "--no-copy unsets copy" in text
+    assert "--beam BEAM" in text and "--train SPEC pairs of the prepared corpus" in text
+    assert "--train SPEC pairs of the run's corpus" in " ".join(parser(Words, "w").format_help().split())
+    assert "[run_dir]" in text and "--checkpoints DIR [DIR ...]" in text
+
+
+def test_errors_are_named_as_the_module(capsys):
+    assert main_of("python -m raymt.demo", Demo, print, ["--checkpoint", "a", "--beam", "0"]) == 2
+    assert capsys.readouterr().err == "raymt.demo: error: --beam 0 must be >= 1\n"

@@ -100,3 +100,20 @@ def test_export_errors_are_one_line(checkpoint, tmp_path, case, err_lines):
     err = err_lines()
     assert len(err) == 1 and err[0].startswith("raymt.export: error: ")
     assert ("does not exist" if case == "missing" else "not empty") in err[0]
+
+
+def test_the_config_renders_its_command_and_run_returns_the_export(tmp_path, capsys):
+    from raymt.command import command_line, parse, to_argv
+
+    cfg = export.ExportConfig(checkpoint="s3://b/ckpt", output="out", format="ctranslate2", dtype="int8")
+    assert parse(export.ExportConfig, to_argv(cfg), "export") == cfg
+    assert (
+        command_line("export", cfg)
+        == "raymt export --checkpoint s3://b/ckpt --output out --format ctranslate2 --dtype int8"
+    )
+    with pytest.raises(ValueError, match="--dtype int4: one of"):
+        export.ExportConfig(checkpoint="c", output="o", dtype="int4")
+    checkpoint = make_checkpoint(tmp_path / "ckpt")
+    out = export.run(export.ExportConfig(checkpoint=str(checkpoint), output=str(tmp_path / "out"), format="torch"))
+    assert out == tmp_path / "out" and (out / "model.pt").is_file()
+    assert capsys.readouterr().out.startswith(f"exported {checkpoint} -> {out}")

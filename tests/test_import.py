@@ -390,3 +390,13 @@ def test_init_trains_an_imported_separate_vocabulary_model(tmp_path, ray_address
     for name in ("embed.weight", "target_embed.weight"):
         assert not torch.equal(before[name], after[name])
     assert (final / "spm.model").read_bytes() == (imported / "spm.model").read_bytes()
+
+
+def test_the_config_renders_its_command():
+    from raymt.command import command_line, parse, to_argv
+
+    cfg = hf_import.ImportConfig(directory="models/opus-mt-en-de", output="ckpt", src_lang="en", tgt_lang="de")
+    assert parse(hf_import.ImportConfig, to_argv(cfg), "raymt import") == cfg
+    assert command_line("import", cfg) == (
+        "raymt import --output ckpt --src-lang en --tgt-lang de models/opus-mt-en-de"
+    )

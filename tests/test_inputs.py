@@ -230,6 +230,28 @@ def test_flags_group_by_pair_and_origin():
     assert [(c.pair, c.train) for c in both] == [("en-de", ("m30k",)), ("de-en", ("m30k",))]
 
 
+def test_input_flags_are_one_group_for_train_and_prepare():
+    """InputFlags: the same flags in `raymt train`'s config (`TrainFlags`) and in `raymt data
+    prepare`'s (`PrepareCommand`), each a group with its own words in the help."""
+    from raymt.command import parse, parser
+    from raymt.data.__main__ import PrepareCommand
+    from raymt.flags import InputFlags, TrainFlags
+
+    argv = ["--train", "en-de:a", "--train", "b", "--bt", "en-de:bt", "--valid", "v", "--pairs", "en-fr"]
+    flags = InputFlags(train=["en-de:a", "b"], valid=["v"], bt=["en-de:bt"], pairs="en-fr")
+    assert parse(TrainFlags, argv, "train").inputs == flags
+    assert flags.corpora(("en", "de"))[0] == CorpusSpec("en", "fr")  # --pairs first, without files
+
+    def help_text(cls: type) -> str:
+        return " ".join(parser(cls, "x").format_help().split())
+
+    train, prepare = help_text(TrainFlags), help_text(PrepareCommand)
+    assert "without SRC-TGT: for --src-lang-TGT (default: the pair of data.corpora" in train
+    assert "--pairs SRC-TGT,... pairs of the built-in corpus, e.g." in train
+    assert "without SRC-TGT: for --src-(--tgt) (PREFIX.<src>" in prepare and "{" not in prepare
+    assert "--pairs SRC-TGT,... pairs of the built-in corpus or --dataset, e.g." in prepare
+
+
 def test_real_weight_upsamples_the_real_corpora_beside_back_translated_ones():
     corpora = corpora_from_flags(["a", "de-en:c"], ["bt/"], ["v", "de-en:w"], [], ("en", "de"), real_weight=3)
     assert [(c.name, c.weight) for c in corpora] == [("en-de", 3.0), ("de-en", 3.0), ("en-de.bt", 1.0)]

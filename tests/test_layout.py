@@ -736,7 +736,7 @@ def test_the_one_pair_names_are_read_in_at_most_three_modules():
     --src-lang/--tgt-lang pick a checkpoint's direction or its target tag), CorpusSpec's
     src_lang/tgt_lang and the keys of [[data.corpora]] tables, `raymt data prepare`'s --src/--tgt
     (PrepareConfig.src_lang/tgt_lang: the pair of a SPEC without SRC-TGT:, read by the same
-    `raymt.flags.corpora_from_args` as train's), and a prepared corpus's older format
+    `raymt.flags.InputFlags.corpora` as train's), and a prepared corpus's older format
     raymt-corpus/1 (ONE_PAIR_FORMAT). `one_pair_names` finds them by the names the code gives them.
     """
     found = {name: refs for name, path in modules().items() if (refs := one_pair_names(path))}

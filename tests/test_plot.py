@@ -121,3 +121,15 @@ def test_after_training_never_raises(tmp_path, capsys):
     run = write_run(tmp_path, "run-a")
     assert [p.name for p in curves.after_training(run)] == ["curves_step.png", "curves_time.png"]
     assert (run / "plots" / "curves_time.png").is_file()
+
+
+def test_the_config_renders_its_command():
+    from raymt.command import parse, to_argv
+
+    cfg = plot.PlotConfig(runs=["runs/a", "-odd"], out="compare")
+    assert to_argv(cfg) == ["--out", "compare", "--", "runs/a", "-odd"]
+    assert parse(plot.PlotConfig, to_argv(cfg), "plot") == cfg
+    with pytest.raises(SystemExit):  # argparse's usage error, as before: RUN is required
+        parse(plot.PlotConfig, [], "plot")
+    with pytest.raises(ValueError, match="no run directory"):
+        plot.PlotConfig(runs=[])

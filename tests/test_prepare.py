@@ -558,7 +558,8 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
     import sys
     import types
 
-    from raymt.data.__main__ import flag_corpora, prepare_config, prepare_parser
+    from raymt.command import parse
+    from raymt.data.__main__ import PrepareCommand, prepare_inputs
 
     calls = []
 
@@ -574,8 +575,8 @@ def test_dataset_flag_maps_splits(tmp_path, monkeypatch):
     extra = write_prefix(tmp_path / "extra", mirrored(2))
 
     def sources(*argv):
-        args = prepare_parser().parse_args(["prepare", "--out", str(tmp_path / "o"), *argv])
-        (corpus,) = flag_corpora(args, prepare_config(args))  # one pair: a list of one
+        cfg = parse(PrepareCommand, ["--out", str(tmp_path / "o"), *argv], "prepare")
+        (corpus,) = prepare_inputs(cfg)  # one pair: a list of one
         return corpus.train, corpus.valid, corpus.test
 
     train, valid, tests = sources(
@@ -647,3 +648,36 @@ def test_train_run_prepares_with_the_data_cleaning_options(ray_cluster, tmp_path
     dropped = manifest["corpora"][0]["train"]["dropped"]
     assert dropped["ratio"] == ratio_drops(1.5) > ratio_drops(3.0)
     assert dropped["duplicate"] == 4
+
+
+def test_the_prepare_command_renders_its_flags():
+    """PrepareCommand's flags (its own, the input flags train has, PrepareConfig's) round-trip, and
+    the command line a corpus records is the one that prepares it again."""
+    from raymt.command import parse, to_argv
+    from raymt.data.__main__ import PrepareCommand
+
+    argv = ["--out", "o", "--train", "en-de:a", "--valid", "en-de:v", "--test", "en-de:t", "--test-name", "news"]
+    argv += [
+        "--bt",
+        "de-en:b",
+        "--real-weight",
+        "2",
+        "--src-col",
+        "1",
+        "--no-copy",
+        "--dedup",
+        "--src",
+        "de",
+        "--tgt",
+        "en",
+    ]
+    argv += ["--vocab-size", "16", "--min-score", "0.25", "--tokenizer", "spm.model", "--overwrite"]
+    cfg = parse(PrepareCommand, argv, "prepare")
+    assert cfg.options == PrepareConfig(
+        copy=False, dedup=True, src_lang="de", tgt_lang="en", vocab_size=16, min_score=0.25, tokenizer="spm.model"
+    )
+    assert cfg.inputs.bt == ["de-en:b"] and cfg.inputs.real_weight == 2.0 and cfg.test_name == ["news"]
+    assert parse(PrepareCommand, to_argv(cfg), "prepare") == cfg
+    assert "--no-copy" in to_argv(cfg) and "--copy" not in to_argv(cfg)
+    with pytest.raises(ValueError, match="--mirror and --cache-dir only apply with --dataset"):
+        PrepareCommand(out="o", inputs=cfg.inputs, mirror="m")

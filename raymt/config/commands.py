@@ -7,21 +7,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from raymt.command import flag
 from raymt.config.sections import Config, CorpusOptions, positive
 from raymt.errors import check
 
 
 @dataclass
 class PrepareConfig(CorpusOptions):
-    """`python -m raymt.data prepare`: cleaning, tokenizer and sharding of a raw parallel corpus."""
+    """`python -m raymt.data prepare`: cleaning, tokenizer and sharding of a raw parallel corpus
+    (each field a flag of it: `raymt.data.__main__.PrepareCommand`)."""
 
-    src_lang: str = "en"
-    tgt_lang: str = "de"
+    src_lang: str = flag("en", "src_lang (default %(default)s)", name="--src")
+    tgt_lang: str = flag("de", "tgt_lang (default %(default)s)", name="--tgt")
     # Joint SentencePiece vocabulary (one model for both languages).
-    vocab_size: int = 8000
+    vocab_size: int = flag(8000, "vocab_size (default %(default)s)")
     # At most this many pairs per Parquet shard.
-    shard_pairs: int = 100_000
-    seed: int = 1
+    shard_pairs: int = flag(100_000, "shard_pairs (default %(default)s)")
+    seed: int = flag(1, "seed (default %(default)s)")
 
     def __post_init__(self) -> None:
         for name in ("src_lang", "tgt_lang"):

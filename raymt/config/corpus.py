@@ -1,6 +1,6 @@
 """Corpus specs: the built-in languages, the language-code check, `CorpusSpec`, the checks of a
 list of corpora, corpora from `[[data.corpora]]` tables and from the input flags' SPECs
-(`--train SRC-TGT:SPEC`: `corpora_from_flags`, which `raymt.flags.corpora_from_args` reads the
+(`--train SRC-TGT:SPEC`: `corpora_from_flags`, which `raymt.flags.InputFlags.corpora` reads the
 flags into), and the one reader of older configs' one-pair fields (`with_one_pair`,
 `read_one_pair`). Imports nothing of raymt.data, which builds on it."""
 

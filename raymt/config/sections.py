@@ -90,69 +90,69 @@ class ModelConfig:
 @dataclass
 class CorpusOptions:
     """How training pairs are tokenized and cleaned when a corpus is prepared: the same fields
-    for `python -m raymt.data prepare` (PrepareConfig) and for a run that prepares its own
-    corpus from --train files or the built-in corpus (DataConfig, as data.*)."""
+    for `python -m raymt.data prepare` (PrepareConfig, each field a flag of it) and for a run that
+    prepares its own corpus from --train files or the built-in corpus (DataConfig, as data.*)."""
 
-    sp_model_type: str = "unigram"
+    sp_model_type: str = flag("unigram", "sp_model_type (default %(default)s)")
     # Sentence pairs sampled to train SentencePiece: bounded, never the whole corpus.
-    sp_sample_size: int = 200_000
+    sp_sample_size: int = flag(200_000, "sp_sample_size (default %(default)s)")
     # Pairs with more tokens than this on either side are dropped.
-    max_len: int = 200
+    max_len: int = flag(200, "max_len (default %(default)s)")
     # Pairs longer than this in characters are dropped before tokenizing (cheap guard).
-    max_chars: int = 2000
+    max_chars: int = flag(2000, "max_chars (default %(default)s)")
     # Pairs whose token-length ratio exceeds max_ratio are dropped (misalignments) ...
-    max_ratio: float = 3.0
+    max_ratio: float = flag(3.0, "max_ratio (default %(default)s)")
     # ... when the longer side has at least this many tokens (short pairs vary a lot).
-    ratio_min_len: int = 3
+    ratio_min_len: int = flag(3, "ratio_min_len (default %(default)s)")
     # Drop exact duplicate (src, tgt) pairs, keeping the first in input order.
-    dedup: bool = False
+    dedup: bool = flag(False, "sets dedup")
     # ... and near-duplicates: pairs equal after lower-casing, dropping punctuation and writing
     # every number as 0 (counted as near_duplicate; the first in input order is kept, or with
     # min_score/keep_best the highest-scored pair that passes the other rules).
-    near_dedup: bool = False
+    near_dedup: bool = flag(False, "sets near_dedup")
     # The content rules (docs/data.md, "Cleaning rules"), each counted under its name; off for
     # the generated built-in corpus, and a corpus may set them for itself (CorpusSpec.clean).
     # copy: the target is (nearly) the source: word sets and characters in order alike >= copy_similarity.
-    copy: bool = True
-    copy_similarity: float = 0.8
+    copy: bool = flag(True, "unsets copy", name="--no-copy")
+    copy_similarity: float = flag(0.8, "copy_similarity (default %(default)s)")
     # number_mismatch: both sides have numbers, and not the same (4.50 = 4,50; digits vs words pass).
-    number_mismatch: bool = True
+    number_mismatch: bool = flag(True, "unsets number_mismatch", name="--no-number-mismatch")
     # url_mismatch: the sides' URLs and e-mail addresses differ.
-    url_mismatch: bool = True
+    url_mismatch: bool = flag(True, "unsets url_mismatch", name="--no-url-mismatch")
     # alpha_ratio: letters are under alpha_ratio_min of a side's non-space characters.
-    alpha_ratio: bool = True
-    alpha_ratio_min: float = 0.5
+    alpha_ratio: bool = flag(True, "unsets alpha_ratio", name="--no-alpha-ratio")
+    alpha_ratio_min: float = flag(0.5, "alpha_ratio_min (default %(default)s)")
     # repeats: a word or word n-gram (n <= 3) more than repeats_max times in a row.
-    repeats: bool = True
-    repeats_max: int = 3
+    repeats: bool = flag(True, "unsets repeats", name="--no-repeats")
+    repeats_max: int = flag(3, "repeats_max (default %(default)s)")
     # wrong_language: language ID (raymt.langid) is at least wrong_language_confidence sure that a
     # side is not in the language the corpus names (it gives that language a probability under
     # 1 - confidence); sides under wrong_language_min_chars characters are not judged (a name or a
     # number reads as any language). Off by default: it also judges text in no language (codes,
     # made-up test sentences), and a corpus in a language lid.176 does not know would need it off.
-    wrong_language: bool = False
-    wrong_language_confidence: float = 0.8
-    wrong_language_min_chars: int = 5
+    wrong_language: bool = flag(False, "sets wrong_language")
+    wrong_language_confidence: float = flag(0.8, "wrong_language_confidence (default %(default)s)")
+    wrong_language_min_chars: int = flag(5, "wrong_language_min_chars (default %(default)s)")
     # score: the dual conditional cross-entropy filter (docs/data.md, "Scoring pairs"): a pair is
     # dropped when its `raymt data score` score (exp(-dcce), in (0, 1], higher is better) is under
     # min_score, or when it is not among the best keep_best fraction of its corpus's scored pairs;
     # the scores are read from `scores` (a directory of `raymt data score`; None: SPEC.scores
     # beside each training input). Off (None) by default.
-    min_score: Optional[float] = None
-    keep_best: Optional[float] = None
-    scores: Optional[str] = None
+    min_score: Optional[float] = flag(None, "min_score (default %(default)s)")
+    keep_best: Optional[float] = flag(None, "keep_best (default %(default)s)")
+    scores: Optional[str] = flag(None, "scores (default %(default)s)")
     # Drop and count lines that are not valid UTF-8 instead of failing.
-    skip_invalid: bool = False
+    skip_invalid: bool = flag(False, "sets skip_invalid")
     # Several corpora are mixed with p_i ~ (weight_i * n_i)^(1/temperature) (raymt.data.mixing),
     # and the SentencePiece sample is balanced the same way: 1 = proportional to size (as
     # repeated --train files are concatenated), 5 as in M2M-100/XLM-R (small corpora up).
-    temperature: float = 1.0
+    temperature: float = flag(1.0, "temperature (default %(default)s)")
     # A reserved <BT> piece before every back-translated source (Caswell et al. 2019).
-    bt_tag: bool = True
+    bt_tag: bool = flag(True, "unsets bt_tag", name="--no-bt-tag")
     # Tokenize with this tokenizer instead of training a SentencePiece model: a checkpoint or
     # export directory (its spm.model), or a SentencePiece .model file. A student keeps its
     # teacher's vocabulary (`raymt distill`), as fairseq's --srcdict; None: train one.
-    tokenizer: Optional[str] = None
+    tokenizer: Optional[str] = flag(None, "tokenizer (default %(default)s)")
 
     def check_corpus_options(self, section: str) -> None:
         """Validate the shared fields; messages name them as `section.field`."""

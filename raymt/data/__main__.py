@@ -1,30 +1,61 @@
-"""`python -m raymt.data prepare ...`: flags -> PrepareConfig and sources -> raymt.data.prepare;
-`python -m raymt.data score ...`: raymt.data.score_job."""
+"""`python -m raymt.data prepare ...`: flags -> PrepareCommand (where, its inputs, PrepareConfig)
+and `run` -> raymt.data.prepare; `python -m raymt.data score ...`: raymt.data.score_job."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shlex
 import sys
-import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from raymt import storage
-from raymt.config import DataConfig, PrepareConfig, parse_value, split_spec
+from raymt.command import add_flags, flag, from_args, group, to_argv
+from raymt.config import DataConfig, PrepareConfig, split_spec
 from raymt.data import score_job
+from raymt.data.format import PreparedCorpus
 from raymt.data.score_job import add_score_parser
-from raymt.errors import cli_error
-from raymt.flags import add_input_flags, corpora_from_args
+from raymt.errors import check, cli_error
+from raymt.flags import InputFlags
 
-# Flags whose names differ from their PrepareConfig field.
-FLAG_NAMES = {"src_lang": "src", "tgt_lang": "tgt"}
+# What the input flags' help says of prepare (InputFlags.HELP_WORDS: train's).
+PREPARE_WORDS = {
+    "bare": "--src-(--tgt) (PREFIX.<src>, PREFIX.<tgt>, optionally .gz/.xz/.zst)",
+    "pairs_of": "the built-in corpus or --dataset",
+}
+
+
+@dataclass(kw_only=True)
+class PrepareCommand:
+    """`raymt data prepare`: where the corpus goes, its inputs (the input flags `raymt train` has,
+    and the files, columns and named dataset only prepare reads) and its settings (PrepareConfig);
+    the flags' checks (`check_prepare_flags`) before any input is read."""
+
+    out: str = flag(
+        help="output directory or URI such as s3://bucket/corpus (made whole, or not at all)", required=True
+    )
+    src_file: list[str] = flag(help="training source file (repeatable)", repeat=True)
+    tgt_file: list[str] = flag(help="training target file, paired in order", repeat=True)
+    inputs: InputFlags = group(InputFlags, words=PREPARE_WORDS)
+    test_name: list[str] = flag(
+        help="names of the test sets, in order (default: the basename of each SPEC)", repeat=True, metavar="NAME"
+    )
+    src_col: Optional[str] = flag(None, "TSV column number, or JSONL key / Parquet column (default: --src)")
+    tgt_col: Optional[str] = flag(None, "TSV column number, or JSONL key / Parquet column (default: --tgt)")
+    dataset: Optional[str] = flag(None, "a named public corpus (downloaded and cached), or 'builtin'")
+    mirror: Optional[str] = flag(None, "with --dataset: a mirror URL to download from")
+    cache_dir: Optional[str] = flag(None, "with --dataset: download cache (default $RAYMT_CACHE or ~/.cache/raymt)")
+    options: PrepareConfig = group(PrepareConfig)
+    overwrite: bool = flag(False, "replace a corpus already in --out")
+
+    def __post_init__(self) -> None:
+        check_prepare_flags(self)
 
 
 def prepare_parser() -> argparse.ArgumentParser:
-    """Flags of `python -m raymt.data prepare` (every option names a PrepareConfig field) and of `score`."""
+    """Flags of `python -m raymt.data prepare` (PrepareCommand's) and of `score`."""
     p = argparse.ArgumentParser(prog="python -m raymt.data", allow_abbrev=False, description="Corpus tools for raymt.")
     sub = p.add_subparsers(dest="command", required=True)
     q = sub.add_parser(
@@ -33,103 +64,67 @@ def prepare_parser() -> argparse.ArgumentParser:
         help="raw parallel corpora -> SentencePiece model and Parquet shards",
         description="Clean, tokenize and shard parallel corpora with Ray Data.",
     )
-    q.add_argument(
-        "--out", required=True, help="output directory or URI such as s3://bucket/corpus (made whole, or not at all)"
-    )
-    q.add_argument("--src-file", action="append", default=[], help="training source file (repeatable)")
-    q.add_argument("--tgt-file", action="append", default=[], help="training target file, paired in order")
-    add_input_flags(
-        q, "--src-(--tgt) (PREFIX.<src>, PREFIX.<tgt>, optionally .gz/.xz/.zst)", "the built-in corpus or --dataset"
-    )
-    q.add_argument(
-        "--test-name",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="names of the test sets, in order (default: the basename of each SPEC)",
-    )
-    q.add_argument("--src-col", help="TSV column number, or JSONL key / Parquet column (default: --src)")
-    q.add_argument("--tgt-col", help="TSV column number, or JSONL key / Parquet column (default: --tgt)")
-    q.add_argument("--dataset", help="a named public corpus (downloaded and cached), or 'builtin'")
-    q.add_argument("--mirror", help="with --dataset: a mirror URL to download from")
-    q.add_argument("--cache-dir", help="with --dataset: download cache (default $RAYMT_CACHE or ~/.cache/raymt)")
-    for f in dataclasses.fields(PrepareConfig):
-        flag = "--" + FLAG_NAMES.get(f.name, f.name).replace("_", "-")
-        if f.type in (bool, "bool") and f.default:
-            flag = "--no-" + flag[2:]
-            q.add_argument(flag, dest=f.name, action="store_false", default=None, help=f"unsets {f.name}")
-        elif f.type in (bool, "bool"):
-            q.add_argument(flag, dest=f.name, action="store_true", help=f"sets {f.name}")
-        else:
-            q.add_argument(flag, dest=f.name, help=f"{f.name} (default {f.default})")
-    q.add_argument("--overwrite", action="store_true", help="replace a corpus already in --out")
+    add_flags(q, PrepareCommand)
     add_score_parser(sub)
     return p
 
 
-def prepare_config(args: argparse.Namespace) -> PrepareConfig:
-    """PrepareConfig from the flags, typed and validated field by field."""
-    hints = typing.get_type_hints(PrepareConfig)
-    values = {}
-    for f in dataclasses.fields(PrepareConfig):
-        raw = getattr(args, f.name)
-        if raw is None or raw is f.default:
-            continue
-        flag = "--" + FLAG_NAMES.get(f.name, f.name).replace("_", "-")
-        values[f.name] = raw if isinstance(raw, bool) else parse_value(raw, hints[f.name], flag)
-    return PrepareConfig(**values)
-
-
-def flag_corpora(args: argparse.Namespace, cfg: PrepareConfig) -> list:
-    """The corpora the flags name, read as `raymt train` reads them (`raymt.flags.corpora_from_args`),
-    with their sources (`sources.CorpusInput`): the --src/--tgt pair without a --train SPEC takes
-    its pairs from --src-file/--tgt-file or --dataset, as --pairs takes the built-in corpus's."""
+def prepare_inputs(cfg: PrepareCommand) -> list:
+    """The corpora `cfg` names, read as `raymt train` reads them (`InputFlags.corpora`), with their
+    sources (`sources.CorpusInput`): the --src/--tgt pair without a --train SPEC takes its pairs
+    from --src-file/--tgt-file or --dataset, as --pairs takes the built-in corpus's."""
     from raymt.data.sources import Source, corpus_inputs
 
-    check_prepare_flags(args)
-    pair = (cfg.src_lang, cfg.tgt_lang)
-    files = [Source("text", p) for p in zip(args.src_file, args.tgt_file)]
-    unnamed = [pair] if (files or args.dataset is not None) and not args.train else []
-    corpora = corpora_from_args(args, pair, unnamed, builtin_langs=args.dataset in (None, "builtin") and not files)
-    names = {split_spec(s, "--test")[1]: name for s, name in zip(args.test, args.test_name)}
+    options, inputs = cfg.options, cfg.inputs
+    pair = (options.src_lang, options.tgt_lang)
+    files = [Source("text", p) for p in zip(cfg.src_file, cfg.tgt_file)]
+    unnamed = [pair] if (files or cfg.dataset is not None) and not inputs.train else []
+    corpora = inputs.corpora(pair, unnamed, builtin_langs=cfg.dataset in (None, "builtin") and not files)
+    names = {split_spec(s, "--test")[1]: name for s, name in zip(inputs.test, cfg.test_name)}
 
     def splits(spec, corpus_cfg: PrepareConfig) -> dict:
-        return dataset_sources(args.dataset or "builtin", corpus_cfg, args.cache_dir, args.mirror)
+        return dataset_sources(cfg.dataset or "builtin", corpus_cfg, cfg.cache_dir, cfg.mirror)
 
-    return corpus_inputs(corpora, cfg, splits, args.src_col, args.tgt_col, names, files)
+    return corpus_inputs(corpora, options, splits, cfg.src_col, cfg.tgt_col, names, files)
 
 
-def check_prepare_flags(args: argparse.Namespace) -> None:
+def check_prepare_flags(cfg: PrepareCommand) -> None:
     """One-line errors for the flags only `raymt data prepare` has (--src-file/--tgt-file,
     --test-name, --dataset), before any input is read."""
-    if (args.mirror or args.cache_dir) and args.dataset is None:
-        raise ValueError("--mirror and --cache-dir only apply with --dataset")
-    if len(args.test_name) > len(args.test):
-        raise ValueError(f"{len(args.test_name)} --test-name for {len(args.test)} --test: one name per test set")
-    if len(args.src_file) != len(args.tgt_file):
-        raise ValueError(
-            f"--src-file given {len(args.src_file)} time(s) but --tgt-file {len(args.tgt_file)}: pass them in pairs"
+    inputs = cfg.inputs
+    given = cfg.mirror or cfg.cache_dir
+    check(cfg.dataset is not None or not given, "--mirror and --cache-dir only apply with --dataset")
+    check(
+        len(cfg.test_name) <= len(inputs.test),
+        f"{len(cfg.test_name)} --test-name for {len(inputs.test)} --test: one name per test set",
+    )
+    check(
+        len(cfg.src_file) == len(cfg.tgt_file),
+        f"--src-file given {len(cfg.src_file)} time(s) but --tgt-file {len(cfg.tgt_file)}: pass them in pairs",
+    )
+    if labeled(inputs):
+        check(not cfg.src_file, "--src-file/--tgt-file name one pair: with several, pass --train SRC-TGT:PREFIX")
+        check(
+            cfg.dataset is None or bool(inputs.pairs),
+            "--dataset with several corpora: name its pairs with --pairs SRC-TGT,...",
         )
-    if labeled(args):
-        if args.src_file:
-            raise ValueError("--src-file/--tgt-file name one pair: with several, pass --train SRC-TGT:PREFIX")
-        if args.dataset is not None and not args.pairs:
-            raise ValueError("--dataset with several corpora: name its pairs with --pairs SRC-TGT,...")
-    elif args.dataset is not None:
-        if args.train or args.src_file:
-            raise ValueError("--dataset and --train/--src-file both name training data: pass one of them")
-    elif not (args.train or args.src_file):
+    elif cfg.dataset is not None:
+        check(
+            not (inputs.train or cfg.src_file),
+            "--dataset and --train/--src-file both name training data: pass one of them",
+        )
+    elif not (inputs.train or cfg.src_file):
         raise ValueError("no training data: pass --train PREFIX|FILE, --src-file/--tgt-file, or --dataset NAME")
-    elif not args.valid:
+    elif not inputs.valid:
         raise ValueError("--valid is missing: pass a validation prefix or file (all of it is scored)")
 
 
-def labeled(args: argparse.Namespace) -> bool:
-    """Whether the flags name corpora with their languages (--bt, --pairs, --real-weight or a
-    SRC-TGT: SPEC), not only the --src/--tgt pair."""
-    specs = [("--train", s) for s in args.train] + [("--valid", s) for s in args.valid]
-    specs += [("--test", s) for s in args.test]
-    many = bool(args.bt or args.pairs) or args.real_weight is not None  # --real-weight alone: its error
+def labeled(inputs: InputFlags) -> bool:
+    """Whether the input flags name corpora with their languages (--bt, --pairs, --real-weight or
+    a SRC-TGT: SPEC), not only the --src/--tgt pair."""
+    specs = [("--train", s) for s in inputs.train] + [("--valid", s) for s in inputs.valid]
+    specs += [("--test", s) for s in inputs.test]
+    many = bool(inputs.bt or inputs.pairs) or inputs.real_weight is not None  # --real-weight alone: its error
     return many or any(split_spec(s, flag)[0] is not None for flag, s in specs)
 
 
@@ -153,6 +148,17 @@ def dataset_sources(name: str, cfg: PrepareConfig, cache_dir: Optional[str], mir
     return {split: Source("text", tuple(map(str, paths))) for split, paths in files.items()}
 
 
+def run(cfg: PrepareCommand) -> PreparedCorpus:
+    """Prepare the corpora `cfg` names into `cfg.out` (`raymt.data.prepare.prepare_corpora`, which
+    records this command line); returns the prepared corpus."""
+    from raymt.data.prepare import prepare_corpora
+
+    out = storage.output_location(cfg.out, "--out")  # never into a `ray job submit` job's package
+    command = shlex.join(["python", "-m", "raymt.data", "prepare", *to_argv(cfg)])
+    manifest = prepare_corpora(cfg.options, out, prepare_inputs(cfg), overwrite=cfg.overwrite, command=command)
+    return PreparedCorpus(out, manifest)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of `python -m raymt.data`; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -160,12 +166,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.command == "score":
         return score_job.main(args)
     try:
-        from raymt.data.prepare import prepare_corpora
-
-        out = storage.output_location(args.out, "--out")  # never into a `ray job submit` job's package
-        cfg = prepare_config(args)
-        command = shlex.join(["python", "-m", "raymt.data", *argv])
-        prepare_corpora(cfg, out, flag_corpora(args, cfg), overwrite=args.overwrite, command=command)
+        run(from_args(PrepareCommand, args))
     except ValueError as err:
         return cli_error("raymt.data", " ".join(str(err).split("\n")))  # one line, whatever the source
     return 0

@@ -4,7 +4,7 @@ Groundwork for multilingual training (issue 30) and back-translation (issue 29),
 docs/design-inputs.md. Plain Python and numpy: the functions here are pure, so the driver,
 `raymt data prepare` and every worker compute the same mix from the same (seed, epoch). The
 corpora themselves are `CorpusSpec`s (raymt.config.corpus: tables, and the input flags' SPECs
-that raymt.flags.corpora_from_args reads).
+that raymt.flags.InputFlags.corpora reads).
 
 - Reserved tag pieces: `<2de>` target-language tags (Johnson et al. 2017) and `<BT>` on
   back-translated sources (Caswell et al. 2019). Shards and encoded sources hold the target tag
