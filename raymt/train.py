@@ -273,7 +273,7 @@ def run(
     scaling(cfg)  # more workers or GPUs than the cluster has (or grows to): one line, before any data work
     try:
         check_shared(run_dir)  # a node-local run directory on a multi-node cluster: one line
-        corpus = materialize(cfg, run_data)
+        corpus = materialize(run_data)
         tokenizer, tags = corpus.tokenizer(), pair_tags(corpus, cfg.data.tag_side)
         check_target_vocabulary(cfg, tokenizer, "the run")  # a hand-set model.target_vocab_size
         write_run_files(cfg, run_dir, tokenizer, str(init_checkpoint) if init_checkpoint else None)

@@ -52,7 +52,7 @@ def prepared(tmp_path_factory):
     (config, RunData, the corpora with WEIGHTS, tokenizer)."""
     cfg = build_config(parse_args(["--pairs", ",".join(PAIRS), *SIZES, *SMALL_VOCAB]))
     cfg, run_data = plan_data(cfg, tmp_path_factory.mktemp("run"), None, None)
-    corpus = materialize(cfg, run_data)
+    corpus = materialize(run_data)
     weighted = [c._replace(weight=w) for c, w in zip(corpus.training_corpora, WEIGHTS)]
     return cfg, run_data, weighted, corpus.tokenizer()
 
@@ -324,7 +324,7 @@ def test_a_sweep_may_vary_the_temperature_of_its_shared_corpus(prepared, tmp_pat
         note = f"(its SentencePiece sample); this run mixes its corpora at data.temperature={temperature:g}"
         assert (note in capsys.readouterr().out) == (temperature != 1.0)
         assert run_data.corpus_dir == base.data.corpus
-        corpora = materialize(trial, run_data).training_corpora
+        corpora = materialize(run_data).training_corpora
         rows[temperature] = mix_record(corpora, trial.data.temperature)["rows"]
     assert rows[1.0] == [300, 300, 300] and rows[5.0] == rows[1.0]  # equal corpora: any T, the same
     weighted = [c._replace(weight=w) for c, w in zip(corpora, WEIGHTS)]
