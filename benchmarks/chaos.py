@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 from raymt import compare  # noqa: E402
 from raymt.backtranslate import ACTOR_TITLE  # noqa: E402
 from raymt.data import format as corpus_format  # noqa: E402
-from raymt.rundir import latest_checkpoint, registered_checkpoints  # noqa: E402
+from raymt.rundir import RunDir  # noqa: E402
 
 WORKER_TITLE = "ray::RayTrainWorker"
 STEP_LINE = re.compile(r"step (\d+)/\d+ \|")
@@ -281,7 +281,7 @@ def train_chaos(args: argparse.Namespace, work: Path, env: dict, timeout: float)
             cmd.kill()
             raise RuntimeError(f"the chaos run took over {timeout:.0f} s: {cmd.tail()}")
         due = driver_step is not None and step_now() >= driver_step and chaos.recovered()
-        if due and registered_checkpoints(str(run_dir)):
+        if due and RunDir(run_dir).registered_checkpoints():
             chaos.kill_driver(cmd)
             driver_step = None
             cmd = Command(["raymt.train", "--resume", str(run_dir)], work / "chaos.log", steps, env)
@@ -406,7 +406,7 @@ def elastic_run(args: argparse.Namespace, work: Path, name: str, resize: bool) -
         cmd = Command(elastic_argv(args, work, name), work / f"{name}.log", [], env)
         if resize:
             text = lambda: cmd.log.read_text() if cmd.log.exists() else ""  # noqa: E731
-            wait_for(lambda: registered_checkpoints(str(work / name)) >= 2, "two checkpoints", cmd)
+            wait_for(lambda: RunDir(work / name).registered_checkpoints() >= 2, "two checkpoints", cmd)
             cluster.remove_node(nodes[1], allow_graceful=False)  # the node is lost
             print("chaos: removed a node", flush=True)
             wait_for(lambda: "resized from 2 to 1" in text(), "shrink to 1 worker", cmd)
@@ -476,7 +476,7 @@ def bt_model(args: argparse.Namespace, work: Path, env: dict) -> str:
         return args.checkpoint
     short = argparse.Namespace(**{**vars(args), "steps": 100, "eval_every": 100})
     reference(train_argv(short, work, "bt-model"), work / "bt-model.log", env, timeout=1200)
-    return latest_checkpoint(str(work / "bt-model"))
+    return RunDir(work / "bt-model").latest_checkpoint()
 
 
 def bt_input(args: argparse.Namespace, work: Path) -> Path:

@@ -15,7 +15,7 @@ from typing import Optional
 
 from raymt import storage
 from raymt.checkpoint import SPM_FILE
-from raymt.config import Config, CorpusSpec, apply_overrides
+from raymt.config import Config, CorpusSpec, PrepareConfig, apply_overrides, run_prepare_config
 from raymt.data import builtin
 from raymt.data.format import MANIFEST_FILE, PreparedCorpus, open_corpus
 from raymt.data.text import Pairs
@@ -61,6 +61,8 @@ class RunData:
     eval_sets: dict[str, dict[str, Pairs]]
     tokenizer: Optional[Tokenizer]  # known up front (corpus, resumed run, checkpoint) or None
     corpora: Optional[list] = None  # sources.CorpusInput list still to prepare into `corpus`
+    # the settings `corpora` are prepared with (the run's data.* options): None for a prepared corpus
+    prepare_config: Optional[PrepareConfig] = None
     # language -> id of the code its model reads first in each source (an imported NLLB's
     # languages "source_tags"), put after the target tag of every source; {} for other models
     source_codes: dict[str, int] = field(default_factory=dict)
@@ -110,7 +112,6 @@ def plan_inputs(
     """plan_data for a run that prepares its own corpus into `corpus_dir`: each corpus's sources,
     each pair's validation and (first) test set read into memory, checked before Ray starts;
     `codes`: the starting model's source language codes (a resumed run's: its corpus's)."""
-    from raymt.config import run_prepare_config
     from raymt.data import mixing, prepare, sources
 
     specs = cfg.data.corpora
@@ -133,7 +134,7 @@ def plan_inputs(
         c.valid = [sources.Source(kind="pairs", pairs=valid[c.spec.pair])] if c.valid else []
     if resumed:
         corpora = None  # prepared when the run started
-    return cfg, RunData(corpus_dir, {"valid": valid, "test": test}, known, corpora, codes)
+    return cfg, RunData(corpus_dir, {"valid": valid, "test": test}, known, corpora, options, codes)
 
 
 def plan_prepared(
@@ -166,12 +167,14 @@ def plan_prepared(
         f"{'with other ids for them' if theirs else 'without them'}: let the run prepare its corpus (--train, --pairs)",
     )
     _temperature_note(cfg, corpus)
+    # How a given valid/test set is read (built only then: a corpus's vocabulary may be no prepare's).
+    options = run_prepare_config(cfg) if valid_given or test_given else None
     valid, test = {}, {}
     for pair in corpus.pairs:
-        valid[pair] = _read_set(cfg, valid_given) if valid_given else corpus.eval_set("valid", pair)
+        valid[pair] = _read_set(options, valid_given) if valid_given else corpus.eval_set("valid", pair)
         names = corpus.test_names(pair)
         if test_given:
-            test[pair] = _read_set(cfg, test_given[0])
+            test[pair] = _read_set(options, test_given[0])
         elif names:
             test[pair] = corpus.eval_set(names[0], pair)
     return cfg, RunData(corpus.location, {"valid": valid, "test": test}, tokenizer, source_codes=theirs)
@@ -184,12 +187,11 @@ def on_prepared(cfg: Config, run_data: RunData) -> Config:
     return apply_overrides(cfg, {"data.corpus": run_data.corpus_dir, "data.corpora": specs})
 
 
-def _read_set(cfg: Config, location: str) -> Pairs:
+def _read_set(options: Optional[PrepareConfig], location: str) -> Pairs:
     """A valid/test set that replaces a one-pair corpus's, read whole (stripped, nothing dropped)."""
-    from raymt.config import run_prepare_config
     from raymt.data import sources
 
-    options = run_prepare_config(cfg)
+    assert options is not None, "plan_prepared builds the settings where a set is given"
     return sources.read_eval(options, [sources.source_from_spec(location, options)])
 
 
@@ -232,15 +234,16 @@ def _known_codes(init_checkpoint: Optional[str | Path]) -> dict[str, int]:
     return dict((model_languages(init_checkpoint) or {}).get("source_tags", {}))
 
 
-def materialize(cfg: Config, run_data: RunData) -> PreparedCorpus:
+def materialize(run_data: RunData) -> PreparedCorpus:
     """Prepare the corpus if the run makes its own (Ray Data, or the driver for small inputs),
-    then open it: its training corpora (shards, tags, weight) and tokenizer."""
-    from raymt.config import run_prepare_config
+    with the settings planned (`RunData.prepare_config`), then open it: its training corpora
+    (shards, tags, weight) and tokenizer."""
     from raymt.data import prepare
 
     if run_data.corpora is not None:
+        assert run_data.prepare_config is not None, "plan_inputs plans the corpora with their settings"
         prepare.prepare_corpora(
-            run_prepare_config(cfg),
+            run_data.prepare_config,
             run_data.corpus_dir,
             run_data.corpora,
             tokenizer=run_data.tokenizer,

@@ -1,14 +1,16 @@
-"""The run directory: its layout, continuing it (`resume_config`, the one door of `train.run`'s
-resume_dir and `--resume`; Ray Train's snapshot of its checkpoints), what a new run from a
-checkpoint's weights keeps (`init_config`: its model and vocabulary), the checks before a run
-starts or continues there (a checkpoint to continue, same mix, same tag side, same model shape
-and vocabulary, writable) and the files a run writes for a resume and for people. Plain values
-only: the command line's flags are read in raymt.train."""
+"""The run directory: its layout, a run directory opened once (`RunDir`: its saved config and
+Ray Train's snapshot of its checkpoints, read once), continuing it (`RunDir.resume_config`, the
+one door of `train.run`'s resume_dir and `--resume`), what a new run from a checkpoint's weights
+keeps (`init_config`: its model and vocabulary), the checks before a run starts or continues there
+(a checkpoint to continue, same mix, same tag side, same model shape and vocabulary, writable) and
+the files a run writes for a resume and for people. Plain values only: the command line's flags
+are read in raymt.train."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -28,65 +30,6 @@ METRICS_CSV = "logs/metrics.csv"
 CORPUS_DIR = "corpus"  # a run's own prepared corpus, on the run's storage: every node reads it
 
 
-def saved_config(run_dir: str) -> Optional[Config]:
-    """The config a run directory (path or URI) saved when it started; None where there is none."""
-    saved = storage.optional_bytes(storage.join(run_dir, RUN_CONFIG))
-    return None if saved is None else Config.from_dict(json.loads(saved))
-
-
-def resume_config(cfg: Config, run_dir: str) -> Config:
-    """`cfg` placed in the run directory it continues (train.storage_path and train.name), after
-    the checks before Ray starts: a run directory, with a registered checkpoint if it trained, the
-    same mix of corpora and the same tag side as its saved config. `run_dir`: an absolute path or URI."""
-    saved = saved_config(run_dir)
-    if saved is None:
-        raise ValueError(
-            f"--resume {run_dir}: not a run directory (no {RUN_CONFIG}); a checkpoint starts a new run "
-            "instead (--init CHECKPOINT_DIR, or train.run(cfg, init_checkpoint=CHECKPOINT_DIR))"
-        )
-    check_resumable(run_dir)
-    check_same_mix(saved, cfg, run_dir)
-    check_tag_side(saved, cfg, f"--resume {run_dir}: the run")
-    parent, name = storage.split(run_dir)
-    return apply_overrides(cfg, {"train.storage_path": parent, "train.name": name})
-
-
-def registered_checkpoints(run_dir: str) -> int:
-    """How many checkpoints Ray Train registered in a run directory (0 when none)."""
-    snapshot = storage.optional_bytes(storage.join(run_dir, RAY_SNAPSHOT_FILE))
-    try:
-        return len(json.loads(snapshot)["checkpoint_results"]) if snapshot else 0
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return 0
-
-
-def check_resumable(run_dir: str) -> None:
-    """A one-line error when a run that trained has no registered checkpoint to continue from
-    (it would silently start again at step 0)."""
-    if registered_checkpoints(run_dir):
-        return
-    last = _last_step(storage.optional_bytes(storage.join(run_dir, METRICS_CSV)))
-    found = [n for n in storage.listdir(run_dir) if n.startswith("checkpoint_")]
-    if last is not None or found:
-        trained = f"logged step {last}" if last is not None else f"has {len(found)} checkpoint_* directories"
-        raise ValueError(
-            f"--resume {run_dir}: the run {trained} but Ray Train registered no checkpoint "
-            f"there (no {RAY_SNAPSHOT_FILE} listing one), so it would start again at step 0; "
-            f"start a new run from one of its checkpoint_* directories (--init {run_dir}/checkpoint_... "
-            "--name NEW) or from scratch"
-        )
-
-
-def latest_checkpoint(run_dir: str) -> Optional[str]:
-    """The checkpoint Ray Train would continue a run from (its latest registered one), if any."""
-    snapshot = storage.optional_bytes(storage.join(run_dir, RAY_SNAPSHOT_FILE))
-    try:
-        name = json.loads(snapshot)["latest_checkpoint_result"]["checkpoint_dir_name"] if snapshot else None
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return None
-    return storage.join(run_dir, name) if name else None
-
-
 def mixes_corpora(cfg: Config) -> bool:
     """Whether a run mixes corpora (several, or a back-translated one: data.corpora, or a --corpus
     prepared from them)."""
@@ -103,31 +46,138 @@ def mixes_corpora(cfg: Config) -> bool:
 MIX_FIELDS = ("corpora", "corpus", "temperature")
 
 
-def check_same_mix(saved: Config, cfg: Config, run_dir: str) -> None:
-    """A one-line error, before Ray starts, when a resumed multi-corpus run is given other corpora
-    or another data.temperature: its checkpoints' data positions are positions in its mix (the
-    workers check the checkpoint's `data_mix` too). One-pair runs resume as they always have."""
-    changed = [f for f in MIX_FIELDS if getattr(saved.data, f) != getattr(cfg.data, f)]
-    if not changed or not (mixes_corpora(saved) or mixes_corpora(cfg)):
-        return
-    diff = "; ".join(
-        f"data.{f} {_mix_field(saved, f)} there, {_mix_field(cfg, f)} here"
-        if _mix_field(saved, f) != _mix_field(cfg, f)
-        else f"data.{f}: other files, weights or sets"
-        for f in changed
-    )
-    start = latest_checkpoint(run_dir) or f"{run_dir}/checkpoint_..."
-    raise ValueError(
-        f"--resume {run_dir}: the run's mix of corpora cannot change ({diff}); "
-        f"start a new run from its checkpoint instead: --init {start} --name NEW"
-    )
-
-
 def _mix_field(cfg: Config, field: str) -> str:
     """data.corpora (its corpora's names), data.corpus or data.temperature, in words."""
     if field == "corpora":
         return "[" + ", ".join(c.name for c in cfg.data.corpora) + "]"
     return f"{getattr(cfg.data, field)}" if field == "corpus" else f"{cfg.data.temperature:g}"
+
+
+class RunDir:
+    """A run directory (a local path or a URI), opened once: its location, and what it holds as
+    first read (the config the run saved when it started, Ray Train's snapshot of its checkpoints);
+    the checks before a run starts or continues there, and the files it writes there."""
+
+    def __init__(self, location: str | Path):
+        self.location = storage.normalize(location)
+
+    def path(self, *parts: str) -> str:
+        """`location/part/...`: a file or directory of the run."""
+        return storage.join(self.location, *parts)
+
+    @functools.cached_property
+    def saved(self) -> Optional[Config]:
+        """The config the run saved when it started; None where there is none (read once)."""
+        saved = storage.optional_bytes(self.path(RUN_CONFIG))
+        return None if saved is None else Config.from_dict(json.loads(saved))
+
+    @functools.cached_property
+    def snapshot(self) -> Optional[bytes]:
+        """Ray Train's snapshot of the run's checkpoints as first read; None when there is none."""
+        return storage.optional_bytes(self.path(RAY_SNAPSHOT_FILE))
+
+    def registered_checkpoints(self) -> int:
+        """How many checkpoints Ray Train registered in the run (0 when none)."""
+        try:
+            return len(json.loads(self.snapshot)["checkpoint_results"]) if self.snapshot else 0
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return 0
+
+    def latest_checkpoint(self) -> Optional[str]:
+        """The checkpoint Ray Train would continue the run from (its latest registered one), if any."""
+        try:
+            snapshot = json.loads(self.snapshot) if self.snapshot else None
+            name = snapshot["latest_checkpoint_result"]["checkpoint_dir_name"] if snapshot else None
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return None
+        return self.path(name) if name else None
+
+    def resume_config(self, cfg: Config) -> Config:
+        """`cfg` placed in the run directory it continues (train.storage_path and train.name), after
+        the checks before Ray starts: a run directory, with a registered checkpoint if it trained,
+        the same mix of corpora and the same tag side as its saved config."""
+        if self.saved is None:
+            raise ValueError(
+                f"--resume {self.location}: not a run directory (no {RUN_CONFIG}); a checkpoint starts a new run "
+                "instead (--init CHECKPOINT_DIR, or train.run(cfg, init_checkpoint=CHECKPOINT_DIR))"
+            )
+        self.check_resumable()
+        self.check_same_mix(cfg)
+        check_tag_side(self.saved, cfg, f"--resume {self.location}: the run")
+        parent, name = storage.split(self.location)
+        return apply_overrides(cfg, {"train.storage_path": parent, "train.name": name})
+
+    def check_resumable(self) -> None:
+        """A one-line error when a run that trained has no registered checkpoint to continue from
+        (it would silently start again at step 0)."""
+        if self.registered_checkpoints():
+            return
+        last = _last_step(storage.optional_bytes(self.path(METRICS_CSV)))
+        found = [n for n in storage.listdir(self.location) if n.startswith("checkpoint_")]
+        if last is not None or found:
+            trained = f"logged step {last}" if last is not None else f"has {len(found)} checkpoint_* directories"
+            raise ValueError(
+                f"--resume {self.location}: the run {trained} but Ray Train registered no checkpoint "
+                f"there (no {RAY_SNAPSHOT_FILE} listing one), so it would start again at step 0; "
+                f"start a new run from one of its checkpoint_* directories (--init {self.location}/checkpoint_... "
+                "--name NEW) or from scratch"
+            )
+
+    def check_same_mix(self, cfg: Config) -> None:
+        """A one-line error, before Ray starts, when a resumed multi-corpus run is given other
+        corpora or another data.temperature than it saved: its checkpoints' data positions are
+        positions in its mix (the workers check the checkpoint's `data_mix` too). One-pair runs
+        resume as they always have."""
+        saved = self.saved
+        assert saved is not None, "resume_config checks that it is a run directory"
+        changed = [f for f in MIX_FIELDS if getattr(saved.data, f) != getattr(cfg.data, f)]
+        if not changed or not (mixes_corpora(saved) or mixes_corpora(cfg)):
+            return
+        diff = "; ".join(
+            f"data.{f} {_mix_field(saved, f)} there, {_mix_field(cfg, f)} here"
+            if _mix_field(saved, f) != _mix_field(cfg, f)
+            else f"data.{f}: other files, weights or sets"
+            for f in changed
+        )
+        start = self.latest_checkpoint() or f"{self.location}/checkpoint_..."
+        raise ValueError(
+            f"--resume {self.location}: the run's mix of corpora cannot change ({diff}); "
+            f"start a new run from its checkpoint instead: --init {start} --name NEW"
+        )
+
+    def start_checkpoint(self) -> Optional[str]:
+        """The checkpoint the run started from (--init) while it has none of its own registered:
+        a resume then starts from those weights again, as the run did."""
+        record = storage.optional_bytes(self.path(INIT_FILE))
+        if record is None or self.registered_checkpoints():
+            return None
+        return json.loads(record)["init_checkpoint"]
+
+    def check_writable(self) -> None:
+        """A one-line error, before Ray starts and without leaving anything behind, if a local run
+        directory cannot be written (Ray Train checks remote storage itself)."""
+        if storage.is_uri(self.location):
+            return
+        directory = existing = Path(self.location)
+        while not existing.exists():
+            existing = existing.parent
+        try:
+            if not existing.is_dir():
+                raise NotADirectoryError(f"{existing} is a file, not a directory")
+            tempfile.TemporaryFile(dir=existing).close()
+        except OSError as err:
+            raise ValueError(
+                f"cannot write the run directory {directory} ({err.strerror or err}): pass a writable --storage-path"
+            ) from None
+
+    def write_run_files(self, cfg: Config, tokenizer: Tokenizer, init_checkpoint: Optional[str] = None) -> None:
+        """The run's config and SentencePiece model, and the checkpoint it started from, for
+        --resume and for people."""
+        storage.write_bytes(self.path(SPM_FILE), tokenizer.model_proto)
+        storage.write_bytes(self.path(RUN_CONFIG), json.dumps(cfg.to_dict(), indent=2).encode())
+        if init_checkpoint is not None:
+            record = {"init_checkpoint": init_checkpoint}
+            storage.write_bytes(self.path(INIT_FILE), json.dumps(record, indent=2).encode())
 
 
 # What a run started from a checkpoint's weights keeps: the model's shape (every model.* field but
@@ -191,42 +241,6 @@ def check_tag_side(saved: Config, cfg: Config, what: str) -> None:
             f"{what} trained with data.tag_side={saved.data.tag_side!r}, this run sets "
             f"{cfg.data.tag_side!r}: drop --set data.tag_side to continue it, or train a new model from scratch"
         )
-
-
-def check_writable(run_dir: str) -> None:
-    """A one-line error, before Ray starts and without leaving anything behind, if a local run
-    directory cannot be written (Ray Train checks remote storage itself)."""
-    if storage.is_uri(run_dir):
-        return
-    directory = existing = Path(run_dir)
-    while not existing.exists():
-        existing = existing.parent
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(f"{existing} is a file, not a directory")
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as err:
-        raise ValueError(
-            f"cannot write the run directory {directory} ({err.strerror or err}): pass a writable --storage-path"
-        ) from None
-
-
-def write_run_files(cfg: Config, run_dir: str, tokenizer: Tokenizer, init_checkpoint: Optional[str] = None) -> None:
-    """The run's config and SentencePiece model, and the checkpoint it started from, for --resume and for people."""
-    storage.write_bytes(storage.join(run_dir, SPM_FILE), tokenizer.model_proto)
-    storage.write_bytes(storage.join(run_dir, RUN_CONFIG), json.dumps(cfg.to_dict(), indent=2).encode())
-    if init_checkpoint is not None:
-        record = {"init_checkpoint": init_checkpoint}
-        storage.write_bytes(storage.join(run_dir, INIT_FILE), json.dumps(record, indent=2).encode())
-
-
-def start_checkpoint(run_dir: str) -> Optional[str]:
-    """The checkpoint a run started from (--init) while the run has none of its own registered:
-    a resume then starts from those weights again, as the run did."""
-    record = storage.optional_bytes(storage.join(run_dir, INIT_FILE))
-    if record is None or registered_checkpoints(run_dir):
-        return None
-    return json.loads(record)["init_checkpoint"]
 
 
 def run_pairs(cfg: Config) -> list[str]:

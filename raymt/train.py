@@ -27,17 +27,13 @@ from raymt.rundata import PairTags, materialize, pair_tags, plan_data
 from raymt.rundir import (
     METRICS_CSV,
     RUN_CONFIG,
+    RunDir,
     check_shape,
-    check_writable,
     finalize,
     first_step,
     fixed_changes,
     init_config,
-    resume_config,
     run_location,
-    saved_config,
-    start_checkpoint,
-    write_run_files,
 )
 from raymt.shared_dir import check_shared
 from raymt.tokenizer import Tokenizer
@@ -70,7 +66,7 @@ def resolve_resume(
         f"--resume {flags.resume} is a checkpoint, not a run directory: start a new run from its weights "
         f"with --init {flags.resume}",
     )
-    saved = saved_config(location)
+    saved = RunDir(location).saved
     if saved is None:
         raise ValueError(
             f"--resume {flags.resume}: not a run directory (no {RUN_CONFIG}); a checkpoint starts a new run "
@@ -238,7 +234,7 @@ def run(
 ) -> dict:
     """Train with Ray Train, score the best checkpoint on the test set, return the summary.
 
-    `resume_dir` continues the run there (checked first: `rundir.resume_config`; from the
+    `resume_dir` continues the run there (checked first: `RunDir.resume_config`; from the
     checkpoint it started from while it has none of its own); `init_checkpoint` starts a new run
     from a checkpoint's weights, or with `init_full_state` also from its optimizer, scheduler and
     step (a Tune trial continuing another's work).
@@ -246,26 +242,26 @@ def run(
     t0 = time.time()
     check_training(cfg)  # a Config built in code (the notebook, a sweep's trial) skips build_config
     if resume_dir is not None:  # the one door of a resume, the command line's and the notebook's
-        resume_dir = storage.normalize(resume_dir)
-        cfg = resume_config(cfg, resume_dir)
-        init_checkpoint = init_checkpoint or start_checkpoint(resume_dir)  # killed before its first checkpoint
+        resumed = RunDir(resume_dir)
+        cfg, resume_dir = resumed.resume_config(cfg), resumed.location
+        init_checkpoint = init_checkpoint or resumed.start_checkpoint()  # killed before its first checkpoint
     cfg = finalize(cfg)
     if cfg.train.use_gpu:
         print(schedule_line(cfg), flush=True)
-    run_dir = run_location(cfg)
+    run_dir = RunDir(run_location(cfg))
     if init_checkpoint is not None:  # before plan_data, which may generate the built-in corpus
         check_shape(cfg, init_checkpoint)
-    cfg, run_data = plan_data(cfg, run_dir, resume_dir, init_checkpoint)
-    check_writable(run_dir)
+    cfg, run_data = plan_data(cfg, run_dir.location, resume_dir, init_checkpoint)
+    run_dir.check_writable()
     init_ray(dashboard=True, verbose=verbose)
     scaling(cfg)  # more workers or GPUs than the cluster has (or grows to): one line, before any data work
     try:
-        check_shared(run_dir)  # a node-local run directory on a multi-node cluster: one line
-        corpus = materialize(cfg, run_data)
+        check_shared(run_dir.location)  # a node-local run directory on a multi-node cluster: one line
+        corpus = materialize(run_data)
         tokenizer, tags = corpus.tokenizer(), pair_tags(corpus, cfg.data.tag_side)
         check_target_vocabulary(cfg, tokenizer, "the run")  # a hand-set model.target_vocab_size
-        write_run_files(cfg, run_dir, tokenizer, str(init_checkpoint) if init_checkpoint else None)
-        valid, logs = run_data.eval_sets["valid"], storage.join(run_dir, "logs")
+        run_dir.write_run_files(cfg, tokenizer, str(init_checkpoint) if init_checkpoint else None)
+        valid, logs = run_data.eval_sets["valid"], run_dir.path("logs")
         result = fit(
             cfg,
             corpus.training_corpora,
@@ -280,15 +276,15 @@ def run(
         )
     finally:
         release_request()  # nodes the plan asked for may go when idle
-    summary = run_summary(run_dir, result, init_checkpoint, tags)
+    summary = run_summary(run_dir.location, result, init_checkpoint, tags)
     if score_test and run_data.eval_sets["test"]:
         with best_checkpoint(result).as_directory() as directory:  # downloads from remote storage if needed
             scored = score_test_sets(directory, run_data.eval_sets["test"], cfg, summary["best_checkpoint"])
         summary["test"] = scored if "pairs" in summary else next(iter(scored.values()))
     summary["wall_time_s"] = round(time.time() - t0, 1)
     # Plots and summary.json are made in a local mirror of the run directory (itself when local).
-    files = storage.MirroredDir(run_dir, fetch=(METRICS_CSV,))
-    plot_learning_curves(files.path, run_dir)  # RUN/plots/*.png from logs/metrics.csv; never raises
+    files = storage.MirroredDir(run_dir.location, fetch=(METRICS_CSV,))
+    plot_learning_curves(files.path, run_dir.location)  # RUN/plots/*.png from logs/metrics.csv; never raises
     # summary.json last: it marks a finished run (a Tune sweep interrupted after it reruns nothing).
     (files.path / "summary.json").write_text(json.dumps(summary, indent=2))
     files.close()

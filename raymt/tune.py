@@ -497,7 +497,7 @@ def shared_corpus(cfg: Config, sweep_dir: str) -> Config:
     if cfg.data.corpus is not None:
         return cfg
     cfg, run_data = plan_data(cfg, sweep_dir, None, None)
-    materialize(cfg, run_data)
+    materialize(run_data)
     return on_prepared(cfg, run_data)
 
 

@@ -362,7 +362,7 @@ def test_a_run_prepares_its_corpora_per_pair(tmp_path, no_ray):
     cfg, run_data = plan_data(cfg, tmp_path / "run", None, None)
     assert sorted(run_data.eval_sets["valid"]) == ["de-en", "en-de", "en-fr"]
     assert run_data.eval_sets["test"]["en-fr"] == builtin.builtin_splits("en", "fr", 300, 20, 1)["test"]
-    prepared = materialize(cfg, run_data)
+    prepared = materialize(run_data)
     corpora, tokenizer = prepared.training_corpora, prepared.tokenizer()
     assert [(c.name, c.source_tags, c.num_pairs) for c in corpora] == [
         ("en-de", ("<2de>",), 300),
@@ -400,7 +400,7 @@ def test_labeled_corpora_of_one_pair_mix_by_weight(tmp_path, no_ray):
     cfg = build_config(parse_args(["--config", str(config), "--set=data.vocab_size=200"]))
     assert [c.name for c in cfg.data.corpora] == ["general", "domain"] and cfg.data.pairs() == [("en", "de")]
     cfg, run_data = plan_data(cfg, tmp_path / "run", None, None)
-    prepared = materialize(cfg, run_data)
+    prepared = materialize(run_data)
     corpora = prepared.training_corpora
     assert [(c.name, c.weight, c.num_pairs, c.source_tags) for c in corpora] == [
         ("general", 1.0, 60, ()),
@@ -425,7 +425,7 @@ def test_a_run_on_one_tsv_corpus_is_a_one_pair_run(tmp_path, no_ray):
         "valid": {"en-fr": tuple(map(list, zip(*mirrored(4, 500))))},
         "test": {"en-fr": tuple(map(list, zip(*mirrored(3, 600))))},
     }
-    prepared = materialize(cfg, run_data)
+    prepared = materialize(run_data)
     (corpus,) = prepared.training_corpora
     assert prepared.manifest["format"] == corpus_format.FORMAT and prepared.reserved == {}
     assert (corpus.name, corpus.source_tags, corpus.num_pairs) == ("en-fr", (), 60)

@@ -16,7 +16,7 @@ import pytest
 from raymt.compare import pairs_per_epoch, trained_pairs
 from raymt.data import format as corpus_format
 from raymt.data.stream import flat, pair_hashes
-from raymt.rundir import registered_checkpoints
+from raymt.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -123,7 +123,7 @@ def test_a_run_shrinks_after_a_lost_node_and_grows_back(tmp_path):
                 # counted) gives up in 15 s, not 60, and restarts smaller.
                 env=dict(os.environ, RAY_ADDRESS=cluster.address, RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="15"),
             )
-            wait_for(lambda: registered_checkpoints(str(run_dir)) >= 2, "two checkpoints", proc, tail)
+            wait_for(lambda: RunDir(run_dir).registered_checkpoints() >= 2, "two checkpoints", proc, tail)
             cluster.remove_node(nodes[1], allow_graceful=False)  # the node is lost
             wait_for(lambda: "resized from 2 to 1" in log.read_text(), "the shrink to 1 worker", proc, tail)
             after_shrink = lambda: log.read_text().split("resized from 2 to 1", 1)[1]  # noqa: E731

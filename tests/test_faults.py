@@ -23,7 +23,7 @@ from raymt.compare import checkpoint_at, trained_pairs
 from raymt.config import Config, tiny
 from raymt.model import Transformer
 from raymt.optim import make_optimizer
-from raymt.rundir import finalize, write_run_files
+from raymt.rundir import RunDir, finalize
 from raymt.trainer import train_step
 
 
@@ -176,7 +176,7 @@ def test_a_resume_before_the_first_checkpoint_starts_from_the_init_checkpoint_ag
     checkpoint = make_checkpoint(tmp_path / "ckpt")
     argv = ["--init", str(checkpoint), "--storage-path", str(tmp_path), "--name", "run", "--preset", "tiny"]
     cfg, _, start = train.resolve_resume(train.parse_args(argv))
-    write_run_files(finalize(cfg), str(tmp_path / "run"), tokenizer(), start)
+    RunDir(tmp_path / "run").write_run_files(finalize(cfg), tokenizer(), start)
     handed = []
 
     def stop(cfg, run_dir, resume_dir, init_checkpoint):

@@ -338,7 +338,7 @@ def test_init_puts_the_source_code_before_every_training_source(nllb, tmp_path):
     from raymt.rundata import materialize, pair_tags, plan_data
 
     cfg, run_data = init_plan(nllb.checkpoint, tmp_path, "en-de,en-fr,fr-de")
-    corpus = materialize(cfg, run_data)
+    corpus = materialize(run_data)
     assert corpus.tokenizer().model_proto == nllb.tok.model_proto
     for name, ids in first_ids(corpus).items():
         src, tgt = name.split("-")
@@ -350,7 +350,7 @@ def test_init_puts_the_source_code_before_every_training_source(nllb, tmp_path):
     assert tags.languages["reserved"] == {t: imported["reserved"][t] for t in ("<2de>", "<2fr>")}
     assert all(tags.prefixes[f"{s}-{t}"] == nllb.info.prefix(t, s) for s, t in (("en", "de"), ("fr", "de")))
     cfg, run_data = init_plan(nllb.checkpoint, tmp_path, "en-de")  # one pair: still both codes
-    assert first_ids(materialize(cfg, run_data))["en-de"][:2] == nllb.info.prefix("de", "en")
+    assert first_ids(materialize(run_data))["en-de"][:2] == nllb.info.prefix("de", "en")
     # Resumed (no --init): the codes are its prepared corpus's, the corpus is not prepared again.
     _, resumed = plan_data(cfg, tmp_path / "en-de", str(tmp_path / "en-de"), None)
     assert resumed.corpora is None and resumed.source_codes == {"en": nllb.info.prefix("de", "en")[1]}

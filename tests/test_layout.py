@@ -445,14 +445,14 @@ CORPUS_USERS = ("raymt/rundata.py", "raymt/rundir.py", "raymt/train.py")
 ONE_PAIR_FORMAT_NAMES = {"ONE_PAIR_FORMAT", "raymt-corpus/1"}
 
 
-def manifest_functions(path: Path) -> list[str]:
-    """The module-level public functions of `path` that take a `manifest` parameter."""
+def free_functions_taking(path: Path, param: str) -> list[str]:
+    """The module-level public functions of `path` that take a parameter named `param`."""
     return [
         f"{node.name} (line {node.lineno})"
         for node in parse(path).body
         if isinstance(node, ast.FunctionDef)
         and not private(node.name)
-        and any(a.arg == "manifest" for a in node.args.args + node.args.kwonlyargs)
+        and any(a.arg == param for a in node.args.args + node.args.kwonlyargs)
     ]
 
 
@@ -475,7 +475,7 @@ def test_a_prepared_corpus_is_read_through_its_object():
     module outside it names the one-pair format, and run data, the run directory and training
     hold no manifest."""
     home = ROOT.parent / CORPUS_HOME
-    assert not manifest_functions(home), manifest_functions(home)
+    assert not free_functions_taking(home, "manifest"), free_functions_taking(home, "manifest")
     bad = [
         f"{name}: {', '.join(refs)}"
         for name, path in modules().items()
@@ -485,15 +485,32 @@ def test_a_prepared_corpus_is_read_through_its_object():
     assert not bad, "a prepared corpus read beside open_corpus (use its PreparedCorpus):\n" + "\n".join(bad)
 
 
+# A run directory is opened once (issue 66): `RunDir` holds its location and what was read there
+# (its saved config, Ray Train's snapshot), with a method for each check and file; no free function
+# of raymt/rundir.py takes a run directory.
+RUN_DIR_FUNCTIONS_LEFT: set[str] = set()
+
+
+def test_a_run_directory_is_read_through_its_object():
+    """raymt/rundir.py has no free function taking a `run_dir` (`RunDir` holds it), but those left."""
+    found = free_functions_taking(ROOT / "rundir.py", "run_dir")
+    bad = [f for f in found if f.split()[0] not in RUN_DIR_FUNCTIONS_LEFT]
+    assert not bad, "free functions taking a run directory (make them methods of raymt.rundir.RunDir): " + ", ".join(
+        bad
+    )
+
+
 def test_the_corpus_checks_find_what_they_look_for(tmp_path):
-    """On made-up modules: a free function taking a manifest, a manifest read by key and the
-    one-pair format are found; a method taking one and MANIFEST_FILE are not."""
+    """On made-up modules: a free function taking a manifest or a run directory, a manifest read
+    by key and the one-pair format are found; a method taking one and MANIFEST_FILE are not."""
     (tmp_path / "a.py").write_text(
         "def pairs(manifest):\n    return manifest['corpora']\n\n\n"
-        "class C:\n    def f(self, manifest):\n        return MANIFEST_FILE\n"
+        "class C:\n    def f(self, manifest):\n        return MANIFEST_FILE\n\n\n"
+        "def resumable(run_dir):\n    pass\n"
     )
     (tmp_path / "b.py").write_text("X = 'raymt-corpus/1'\nY = ONE_PAIR_FORMAT\n")
-    assert manifest_functions(tmp_path / "a.py") == ["pairs (line 1)"]
+    assert free_functions_taking(tmp_path / "a.py", "manifest") == ["pairs (line 1)"]
+    assert free_functions_taking(tmp_path / "a.py", "run_dir") == ["resumable (line 10)"]
     assert corpus_reads(tmp_path / "b.py") == ["raymt-corpus/1 (line 1)", "ONE_PAIR_FORMAT (line 2)"]
     assert [r for r in corpus_reads(tmp_path / "a.py") if "MANIFEST" in r] == []
 

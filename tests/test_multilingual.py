@@ -35,7 +35,7 @@ from raymt.flags import build_config
 from raymt.metrics import pair_columns
 from raymt.model import build_model
 from raymt.rundata import PairTags, materialize, pair_tags, plan_data
-from raymt.rundir import RUN_CONFIG, finalize, resume_config
+from raymt.rundir import RUN_CONFIG, RunDir, finalize
 from raymt.train import parse_args, resolve_resume, valid_rows
 from raymt.trainer import Collective, collate_eval, evaluate
 from raymt.worker_env import ValidRows
@@ -52,7 +52,7 @@ def prepared(tmp_path_factory):
     (config, RunData, the corpora with WEIGHTS, tokenizer)."""
     cfg = build_config(parse_args(["--pairs", ",".join(PAIRS), *SIZES, *SMALL_VOCAB]))
     cfg, run_data = plan_data(cfg, tmp_path_factory.mktemp("run"), None, None)
-    corpus = materialize(cfg, run_data)
+    corpus = materialize(run_data)
     weighted = [c._replace(weight=w) for c, w in zip(corpus.training_corpora, WEIGHTS)]
     return cfg, run_data, weighted, corpus.tokenizer()
 
@@ -241,11 +241,11 @@ def test_resuming_with_another_mix_fails_before_ray(tmp_path, flags, message):
     cfg, resume_dir, _ = resolve_resume(parse_args(["--resume", run_dir, *flags]))
     assert resume_dir == run_dir
     if message is None:  # the same corpora again (as a repeated command line gives them)
-        placed = resume_config(cfg, run_dir).train
+        placed = RunDir(run_dir).resume_config(cfg).train
         assert (placed.storage_path, placed.name) == (str(tmp_path), "run")
         return
     with pytest.raises(ValueError) as err:
-        resume_config(cfg, run_dir)
+        RunDir(run_dir).resume_config(cfg)
     line = str(err.value)
     assert "\n" not in line and message in line, line
     assert line.endswith(f"start a new run from its checkpoint instead: --init {run_dir}/checkpoint_x --name NEW")
@@ -253,10 +253,10 @@ def test_resuming_with_another_mix_fails_before_ray(tmp_path, flags, message):
 
 def test_resuming_a_tagged_run_with_its_tag_on_the_other_side_fails_before_ray(tmp_path):
     run_dir = saved_run(tmp_path, ["--pairs", ",".join(PAIRS), "--set", "data.tag_side=tgt"])
-    assert resume_config(resolve_resume(parse_args(["--resume", run_dir]))[0], run_dir).data.tag_side == "tgt"
+    assert RunDir(run_dir).resume_config(resolve_resume(parse_args(["--resume", run_dir]))[0]).data.tag_side == "tgt"
     cfg, _, _ = resolve_resume(parse_args(["--resume", run_dir, "--set", "data.tag_side=src"]))
     with pytest.raises(ValueError) as err:
-        resume_config(cfg, run_dir)
+        RunDir(run_dir).resume_config(cfg)
     line = str(err.value)
     assert "\n" not in line and "data.tag_side='tgt', this run sets 'src'" in line, line
 
@@ -264,12 +264,12 @@ def test_resuming_a_tagged_run_with_its_tag_on_the_other_side_fails_before_ray(t
 def test_one_pair_runs_resume_as_before_whatever_the_temperature(tmp_path):
     run_dir = saved_run(tmp_path, [])
     cfg, resumed, _ = resolve_resume(parse_args(["--resume", run_dir, "--set", "data.temperature=5"]))
-    assert resumed == run_dir and resume_config(cfg, run_dir).data.temperature == 5
+    assert resumed == run_dir and RunDir(run_dir).resume_config(cfg).data.temperature == 5
     # A one-pair run whose --corpus is gone, given another: no manifest is needed to let it go on.
     (tmp_path / "run").rename(tmp_path / "old")
     run_dir = saved_run(tmp_path, ["--corpus", str(tmp_path / "gone")])
     cfg, resumed, _ = resolve_resume(parse_args(["--resume", run_dir, "--corpus", str(tmp_path / "new")]))
-    assert resumed == run_dir and resume_config(cfg, run_dir).data.corpus == str(tmp_path / "new")
+    assert resumed == run_dir and RunDir(run_dir).resume_config(cfg).data.corpus == str(tmp_path / "new")
 
 
 def test_train_run_given_a_run_directory_checks_the_resume_before_ray(tmp_path, monkeypatch):
@@ -324,7 +324,7 @@ def test_a_sweep_may_vary_the_temperature_of_its_shared_corpus(prepared, tmp_pat
         note = f"(its SentencePiece sample); this run mixes its corpora at data.temperature={temperature:g}"
         assert (note in capsys.readouterr().out) == (temperature != 1.0)
         assert run_data.corpus_dir == base.data.corpus
-        corpora = materialize(trial, run_data).training_corpora
+        corpora = materialize(run_data).training_corpora
         rows[temperature] = mix_record(corpora, trial.data.temperature)["rows"]
     assert rows[1.0] == [300, 300, 300] and rows[5.0] == rows[1.0]  # equal corpora: any T, the same
     weighted = [c._replace(weight=w) for c, w in zip(corpora, WEIGHTS)]

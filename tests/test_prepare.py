@@ -637,7 +637,7 @@ def test_train_run_prepares_with_the_data_cleaning_options(ray_cluster, tmp_path
         ]
     )
     cfg, run_data = plan_data(build_config(args), tmp_path / "run", None, None)
-    prepared = materialize(cfg, run_data)
+    prepared = materialize(run_data)
     tokenizer, manifest, options = prepared.tokenizer(), prepared.manifest, prepared.options
     assert (options["max_ratio"], options["dedup"], options["vocab_size"]) == (1.5, True, 80)
 

@@ -223,7 +223,7 @@ def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
     names = storage.listdir(run_dir)
     for name in ("raymt_config.json", "spm.model", "corpus", "logs", "summary.json", "plots", RAY_SNAPSHOT_FILE):
         assert name in names, names
-    assert rundir.registered_checkpoints(run_dir) == 2
+    assert rundir.RunDir(run_dir).registered_checkpoints() == 2
     # Built-in text read from files gets the content rules (12-hour vs 24-hour times, amounts in
     # digits): about a third of it goes; what stays was read from the bucket.
     assert corpus_format.open_corpus(f"{run_dir}/corpus").training_corpora[0].num_pairs > 200
@@ -236,7 +236,7 @@ def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
     assert list(cwd.iterdir()) == []
 
     cfg, resume_dir, _ = train.resolve_resume(train.parse_args(["--resume", run_dir]))
-    cfg = rundir.resume_config(cfg, resume_dir)  # what train.run does first
+    cfg = rundir.RunDir(resume_dir).resume_config(cfg)  # what train.run does first
     assert resume_dir == run_dir and cfg.train.storage_path == f"{prefix}/runs" and cfg.train.name == "quick"
     assert plan_data(cfg, run_dir, resume_dir, None)[1].corpora is None  # corpus reused
     summary = json.loads(storage.read_bytes(f"{run_dir}/summary.json"))
@@ -250,7 +250,7 @@ def test_run_on_s3_from_uri_inputs(prefix, tmp_path, capsys, ray_address):
 def wait_for_remote_checkpoints(run_dir: str, count: int, proc, timeout: float = 600) -> None:
     """Block until Ray Train has registered `count` checkpoints in the run's snapshot in the bucket."""
     deadline = time.time() + timeout
-    while rundir.registered_checkpoints(run_dir) < count:
+    while rundir.RunDir(run_dir).registered_checkpoints() < count:
         assert time.time() < deadline and proc.poll() is None, "no checkpoint before the kill"
         time.sleep(0.5)
 
