@@ -53,12 +53,12 @@ from raymt.checkpoint import (
     weights_file,
 )
 from raymt.config import Config, DecodeOptions
-from raymt.data.mixing import decode_tags
 from raymt.decoding import decode_ids, encode_sources, length_batches
 from raymt.ensemble import Decoder, Ensemble
 from raymt.errors import check, first_line
-from raymt.export import CT2_RAYMT_CONFIG
+from raymt.export import CT2_RAYMT_CONFIG, export_model
 from raymt.precision import for_inference
+from raymt.tags import decode_tags
 from raymt.tokenizer import Tokenizer
 
 ENGINE_CHOICES = ("auto", "raymt", "ctranslate2")
@@ -275,8 +275,6 @@ def resolve_engine(requested: str, model: ModelInfo) -> str:
 def ct2_model_dir(checkpoint: str, cache: Optional[str] = None) -> Path:
     """A local CTranslate2 directory of the model: the export itself, or the checkpoint exported once
     into raymt's cache (keyed by its location and weights), renamed into place whole."""
-    from raymt.export import export_model
-
     local = local_checkpoint(checkpoint)
     if is_ct2_export(local):
         return local

@@ -56,6 +56,7 @@ from raymt.checkpoint import (
 from raymt.config import Config, ModelConfig
 from raymt.errors import cli_error
 from raymt.model import Attention, Transformer, build_model, halves_order
+from raymt.tags import tag_lang
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -465,7 +466,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"with pieces from {output / SPM_FILE}"
         )
         languages = model_languages(output)
-        tags = [piece for piece in (languages or {}).get("reserved", {}) if piece.startswith("<2")]
+        tags = [piece for piece in (languages or {}).get("reserved", {}) if tag_lang(piece) is not None]
         if tags and tag_side(languages) == "tgt":  # docs/translate.md, "Multilingual models"
             print(
                 f"multilingual: the target's tag is the decoder's prefix, target_prefix=[[\"{tags[0]}\"]] "

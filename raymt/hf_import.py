@@ -61,6 +61,7 @@ from raymt.config.corpus import CorpusSpec
 from raymt.config.sections import DataConfig
 from raymt.errors import cli_error
 from raymt.model import build_model, halves_order
+from raymt.tags import lang_tag
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, round_up
 
 FAMILIES = ("marian", "m2m_100")
@@ -414,7 +415,7 @@ def marian_tokenizer(
     target_spm = hf.file("target.spm", "OPUS-MT's target SentencePiece model").read_bytes()
     codes = {r: LANGUAGE_CODE.match(p).group(1) for r, p in enumerate(pieces) if LANGUAGE_CODE.match(p)}
     target_codes = [r for r, p in enumerate(target_pieces or []) if LANGUAGE_CODE.match(p)]
-    aliases = {f"<2{c}>": r for r, c in codes.items()}
+    aliases = {lang_tag(c): r for r, c in codes.items()}
     try:
         tokenizer = Tokenizer.bundle(source_spm, target_spm, pieces, codes, aliases, target_pieces, target_codes)
     except RuntimeError as err:
@@ -444,10 +445,10 @@ def marian_languages(hf: HFModel, tokenizer: Tokenizer, src: str) -> Optional[di
     if saved.is_file():
         return _json(saved).get("languages")
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.num_pieces)]
-    tags = {f"<2{m.group(1)}>": i for i, m in enumerate(map(LANGUAGE_CODE.match, pieces)) if m}
-    if not tags:
+    codes = {m.group(1): i for i, m in enumerate(map(LANGUAGE_CODE.match, pieces)) if m}
+    if not codes:
         return None
-    return languages_entry([(src, tag[2:-1]) for tag in tags if tag[2:-1] != src], tags)
+    return languages_entry([(src, lang) for lang in codes if lang != src], {lang_tag(c): i for c, i in codes.items()})
 
 
 def import_marian(hf: HFModel, src_lang: Optional[str], tgt_lang: Optional[str]) -> tuple:
@@ -587,13 +588,14 @@ def import_m2m(hf: HFModel, src_lang: Optional[str], tgt_lang: Optional[str]) ->
     row_of, names = {p: r for r, p in enumerate(pieces)}, language_names(list(codes))
     tags = {names[c]: row_of[c] for c in codes}
     controls = [r for r, p in enumerate(pieces) if r > EOS_ID and vocab.get(p, 0) <= 3]  # codes, <s>, <mask>
-    tokenizer = Tokenizer.bundle(proto, None, pieces, controls, {f"<2{n}>": r for n, r in tags.items()})
+    aliases = {lang_tag(n): r for n, r in tags.items()}
+    tokenizer = Tokenizer.bundle(proto, None, pieces, controls, aliases)
     cfg = model_shape(hf, True)
     state = hf_weights(hf, rows, cfg)
     state["output_bias"] = output_bias(None, rows)  # BOS, a second </s>, takes no probability
     langs = sorted(tags)
     pairs = [(s, t) for s in langs for t in langs if s != t]
-    languages = languages_entry(pairs, {f"<2{n}>": r for n, r in tags.items()}, "tgt", source_tags=tags)
+    languages = languages_entry(pairs, aliases, "tgt", source_tags=tags)
     return cfg, state, tokenizer, languages, [m2m_pair(hf, names, src_lang, tgt_lang)]
 
 

@@ -18,6 +18,8 @@ from raymt import storage
 from raymt.checkpoint import RAY_SNAPSHOT_FILE, SPM_FILE, load_config
 from raymt.config import BUILTIN_LANGS, SCHEDULE_FIELDS, Config, CorpusSpec, apply_overrides
 from raymt.data.format import open_corpus
+from raymt.data.mixing import mixed
+from raymt.tags import check_tag_side
 from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
@@ -46,7 +48,7 @@ def resume_config(cfg: Config, run_dir: str) -> Config:
         )
     check_resumable(run_dir)
     check_same_mix(saved, cfg, run_dir)
-    check_tag_side(saved, cfg, f"--resume {run_dir}: the run")
+    check_tag_side(cfg.data.tag_side, trained=saved.data.tag_side, model=f"--resume {run_dir}: the run")
     parent, name = storage.split(run_dir)
     return apply_overrides(cfg, {"train.storage_path": parent, "train.name": name})
 
@@ -90,8 +92,6 @@ def latest_checkpoint(run_dir: str) -> Optional[str]:
 def mixes_corpora(cfg: Config) -> bool:
     """Whether a run mixes corpora (several, or a back-translated one: data.corpora, or a --corpus
     prepared from them)."""
-    from raymt.data.mixing import mixed
-
     if cfg.data.corpus is None:
         return mixed(cfg.data.corpora)
     try:
@@ -160,7 +160,7 @@ def check_shape(cfg: Config, checkpoint: str | Path) -> None:
     tag side) from the config's."""
     saved, _ = load_config(checkpoint)
     diff = [f"{key} {there} there, {here} here" for key, there, here in fixed_changes(saved, cfg)]
-    check_tag_side(saved, cfg, str(checkpoint))
+    check_tag_side(cfg.data.tag_side, trained=saved.data.tag_side, model=str(checkpoint))
     if diff:
         raise ValueError(
             f"{checkpoint} holds a model of another shape or vocabulary ({'; '.join(diff)}): a run from its "
@@ -181,16 +181,6 @@ def init_config(saved: Config) -> Config:
         kept["data.corpora"] = [CorpusSpec(*pairs[0])]
     fresh = dataclasses.replace(Config(), model=saved.model, decode=saved.decode)
     return apply_overrides(fresh, kept)
-
-
-def check_tag_side(saved: Config, cfg: Config, what: str) -> None:
-    """A one-line error when a model trained with its language tag on one side (data.tag_side)
-    would go on training with it on the other: its weights learned where the tag is."""
-    if saved.data.tag_side != cfg.data.tag_side:
-        raise ValueError(
-            f"{what} trained with data.tag_side={saved.data.tag_side!r}, this run sets "
-            f"{cfg.data.tag_side!r}: drop --set data.tag_side to continue it, or train a new model from scratch"
-        )
 
 
 def check_writable(run_dir: str) -> None:

@@ -50,6 +50,7 @@ PLAIN = [
     "plot",
     "curves",
     "data.mixing",
+    "tags",
     "precision",
     "errors",
     "engines",

@@ -36,11 +36,11 @@ from raymt.checkpoint import (
 )
 from raymt.config import Config, CorpusSpec, DataConfig, DecodeOptions, tiny
 from raymt.data.builtin import generate
-from raymt.data.mixing import check_tag_side
 from raymt.decoding import decode_nbest, encode_sources, split_tags, translate_nbest
 from raymt.engines import load_engine
 from raymt.metrics import score
 from raymt.model import Transformer
+from raymt.tags import check_tag_side
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from raymt.trainer import collate_eval
 from raymt.trainer import evaluate as validate

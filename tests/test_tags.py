@@ -37,9 +37,9 @@ from raymt.checkpoint import (
 )
 from raymt.config import Config, CorpusSpec, DataConfig, tiny
 from raymt.data.builtin import generate
-from raymt.data.mixing import reserved_pieces
 from raymt.decoding import DecodeOptions, decode_nbest, encode_sources, pad_batch, translate_nbest
 from raymt.model import Transformer
+from raymt.tags import reserved_pieces
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 pytestmark = pytest.mark.hosts  # decoded outputs across engines or hosts: ./run.sh test --hosts

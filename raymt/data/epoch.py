@@ -483,7 +483,8 @@ def restore_position(saved: Optional[list], rank: int, world_size: int, epoch: i
 
 
 # The data fields that cut a worker's chunks into batches: a saved position counts batches cut
-# with them, so checkpoints record them (`batching_record`) and a resume given others re-cuts.
+# with them, so checkpoints record them (`batching_record`; read back by
+# raymt.checkpoint.saved_batching) and a resume given others re-cuts.
 # data.shuffle_block_rows orders the rows the chunks are cut from: positions count in that order.
 BATCHING_FIELDS = (
     "max_len",
@@ -494,16 +495,8 @@ BATCHING_FIELDS = (
     "shape_buckets",
     "shuffle_block_rows",
 )
-# What a checkpoint whose record lacks a field (written before it existed) cut its batches with.
-BATCHING_BEFORE = {"shuffle_block_rows": 0}  # shards read whole, in order
 
 
 def batching_record(cfg: DataConfig) -> dict:
     """The fields of `cfg` that cut chunks into batches, as a checkpoint records them."""
     return {name: getattr(cfg, name) for name in BATCHING_FIELDS}
-
-
-def saved_batching(record: Optional[dict]) -> dict:
-    """The batching fields a checkpoint's positions were counted with: its record, a field it
-    lacks at what that meant before the field existed (`BATCHING_BEFORE`)."""
-    return {**BATCHING_BEFORE, **(record or {})}
