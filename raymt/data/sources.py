@@ -348,13 +348,6 @@ class CorpusInput:
         return bool(self.train) and all(s.generated for s in self.train)
 
 
-def pair_input(
-    cfg: PrepareConfig, train: list[Source], valid: list[Source], test: Optional[dict[str, list[Source]]] = None
-) -> CorpusInput:
-    """cfg's one pair (src_lang -> tgt_lang) as a corpus of these sources: one pair is a list of one."""
-    return CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), train, valid, test or {})
-
-
 def corpus_config(cfg: PrepareConfig, spec: CorpusSpec) -> PrepareConfig:
     """`cfg` for one corpus: its languages name text files (PREFIX.<lang>) and default columns."""
     return dataclasses.replace(cfg, src_lang=spec.src_lang, tgt_lang=spec.tgt_lang)

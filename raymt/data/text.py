@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import lzma
-import os
 import zlib
 from typing import Any, Iterator, Optional, Sequence, Union
 
@@ -223,11 +222,3 @@ def check_text_column(uri: str, schema: pa.Schema, column: str, flag: str) -> No
     tp = schema.field(column).type
     if not is_text_type(tp):
         raise InputError(f"{uri}: column {column!r} has type {tp}, not string: pass {flag} to name a text column")
-
-
-def text_prefix(spec: str) -> bool:
-    """Whether a SPEC's location names PREFIX.<src> and PREFIX.<tgt> text files, not a
-    .tsv/.jsonl/Parquet file or a directory."""
-    lower = strip_compression(spec).lower()
-    local_dir = "://" not in spec and os.path.isdir(spec)
-    return not (lower.endswith(TABLE_SUFFIXES) or spec.endswith("/") or local_dir)
