@@ -61,8 +61,6 @@ from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FORMATS = ("auto", "safetensors", "torch", "ctranslate2", "marian")
-# CTranslate2 and HF Marian write their own config.json; raymt's goes next to it under this name.
-CT2_RAYMT_CONFIG = RAYMT_CONFIG_FILE
 MARIAN_POST_NORM_ONLY = (
     "--format marian needs a post-norm model (model.pre_norm=false): HF Marian "
     "has no pre-norm layers; export this one with --format safetensors or ctranslate2"
@@ -228,7 +226,7 @@ def save_ctranslate2(
     spec.validate()
     spec.optimize(quantization=dtype)  # also stores the tied embedding once
     spec.save(str(output))
-    (output / CT2_RAYMT_CONFIG).write_text(json.dumps(config_meta(config, vocab_size, languages), indent=2))
+    (output / RAYMT_CONFIG_FILE).write_text(json.dumps(config_meta(config, vocab_size, languages), indent=2))
 
 
 # ---------------------------------------------------------------- Hugging Face Marian
@@ -396,7 +394,7 @@ def save_marian(
     marian.save_pretrained(str(output))
     save_marian_tokenizer(tokenizer, output, None if languages else config.data.pair())
     meta = config_meta(config, tokenizer.vocab_size, languages)
-    (output / CT2_RAYMT_CONFIG).write_text(json.dumps(meta, indent=2))
+    (output / RAYMT_CONFIG_FILE).write_text(json.dumps(meta, indent=2))
 
 
 def save_weights(state: dict, directory: Path, fmt: str) -> Path:
