@@ -22,6 +22,7 @@ from raymt.data import scores
 from raymt.data.text import (
     COLUMNAR_SUFFIXES,
     TABLE_SUFFIXES,
+    check_aligned,
     check_text_column,
     decode,
     file_kind,
@@ -250,13 +251,8 @@ def _check_pairs(source: Source, split: str) -> dict:
     if source.pairs is None:
         raise ValueError(f"{split}: a pairs source needs pairs=(src_list, tgt_list)")
     src, tgt = source.pairs
-    if len(src) != len(tgt):
-        raise ValueError(
-            f"{split}: in-memory pairs have {len(src)} source but {len(tgt)} target "
-            "sentences: the lists must be aligned"
-        )
-    if not src:
-        raise ValueError(f"{split}: in-memory pairs are empty")
+    misaligned = f"{split}: in-memory pairs have {len(src)} source but {len(tgt)} target sentences"
+    check_aligned(src, tgt, f"{misaligned}: the lists must be aligned", f"{split}: in-memory pairs are empty")
     digest = hashlib.sha256(json.dumps([list(src), list(tgt)]).encode()).hexdigest()
     return {"split": split, "kind": "pairs", "num_pairs": len(src), "sha256": digest}
 
