@@ -182,7 +182,7 @@ class PeakMemory:
 
 def prepare(src: Path, tgt: Path, out: Path, vocab_size: int, base: str) -> dict:
     """Prepare the generated corpus; returns its manifest and the seconds it took."""
-    from raymt.config import PrepareConfig
+    from raymt.config import CorpusSpec, PrepareConfig
     from raymt.data import prepare as prep
     from raymt.data import sources
 
@@ -190,7 +190,9 @@ def prepare(src: Path, tgt: Path, out: Path, vocab_size: int, base: str) -> dict
     t0 = time.perf_counter()
     cfg = PrepareConfig(vocab_size=vocab_size)
     train = [sources.Source(kind="text", paths=(str(src), str(tgt)))]
-    manifest = prep.prepare_corpora(cfg, str(out), [sources.pair_input(cfg, train, [valid])])
+    manifest = prep.prepare_corpora(
+        cfg, str(out), [sources.CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), train, [valid])]
+    )
     return {"manifest": manifest, "seconds": time.perf_counter() - t0}
 
 

@@ -126,7 +126,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def prepare_multi30k(data: Path, out: Path, vocab_size: int = 8000) -> Path:
     """Multi30k train (and 100 validation pairs) as a prepared corpus with an 8k joint vocabulary."""
-    from raymt.config import PrepareConfig
+    from raymt.config import CorpusSpec, PrepareConfig
     from raymt.data import prepare as prep
     from raymt.data import sources
     from raymt.data.text import read_parallel
@@ -139,7 +139,7 @@ def prepare_multi30k(data: Path, out: Path, vocab_size: int = 8000) -> Path:
     cfg = PrepareConfig(vocab_size=vocab_size)
     train = [sources.Source(kind="text", paths=(str(data / "train.en.gz"), str(data / "train.de.gz")))]
     valid = [sources.Source(kind="pairs", pairs=(src[:100], tgt[:100]))]
-    prep.prepare_corpora(cfg, str(out), [sources.pair_input(cfg, train, valid)])
+    prep.prepare_corpora(cfg, str(out), [sources.CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), train, valid)])
     return out
 
 

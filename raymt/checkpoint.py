@@ -23,9 +23,9 @@ import torch
 
 from raymt import storage
 from raymt.config import Config
-from raymt.data.epoch import saved_batching
 from raymt.errors import first_line
 from raymt.model import Transformer, build_model
+from raymt.tags import lang_tag
 from raymt.tokenizer import Tokenizer
 
 MODEL_FILE = "model.pt"
@@ -38,6 +38,9 @@ RAYMT_CONFIG_FILE = "raymt_config.json"
 # Written by Ray Train (2.60: train/v2 CheckpointManager) in a run directory: the checkpoints it
 # registered, with their metrics; a run of that name started again restores from the latest.
 RAY_SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
+# The batching fields (raymt.data.epoch.BATCHING_FIELDS) that a checkpoint whose record lacks them
+# (written before they existed) cut its batches with.
+BATCHING_BEFORE = {"shuffle_block_rows": 0}  # shards read whole, in order
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,12 @@ class TrainState:
                 "raymt, or start a new run from the checkpoint's weights: --init CHECKPOINT_DIR --name NEW"
             )
         return cls(**{**saved, "data_batching": saved_batching(saved.get("data_batching"))})
+
+
+def saved_batching(record: Optional[dict]) -> dict:
+    """The batching fields a checkpoint's positions were counted with: its record, a field it
+    lacks at what that meant before the field existed (`BATCHING_BEFORE`)."""
+    return {**BATCHING_BEFORE, **(record or {})}
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -180,7 +189,7 @@ def check_languages(entry: Any, where: str) -> dict:
     reserved = entry.get("reserved") if ok else None
     ok = ok and isinstance(reserved, dict) and all(isinstance(i, int) for i in reserved.values())
     # A decoder-side tag needs one for every target language (what decoding forces first).
-    ok = ok and ("tag_side" not in entry or all(f"<2{t}>" in reserved for t in entry["target_langs"]))
+    ok = ok and ("tag_side" not in entry or all(lang_tag(t) in reserved for t in entry["target_langs"]))
     sources = entry.get("source_tags", {}) if ok else None
     ok = ok and isinstance(sources, dict) and all(isinstance(i, int) for i in sources.values())
     ok = ok and ("source_tags" not in entry or all(src in sources for src, _ in pairs))

@@ -44,6 +44,7 @@ import torch
 from raymt import storage
 from raymt.checkpoint import (
     CONFIG_FILE,
+    RAYMT_CONFIG_FILE,
     SPM_FILE,
     check_checkpoint,
     check_languages,
@@ -53,12 +54,12 @@ from raymt.checkpoint import (
     weights_file,
 )
 from raymt.config import Config, DecodeOptions
-from raymt.data.mixing import decode_tags
 from raymt.decoding import decode_ids, encode_sources, length_batches
 from raymt.ensemble import Decoder, Ensemble
 from raymt.errors import check, first_line
-from raymt.export import CT2_RAYMT_CONFIG
+from raymt.export import export_model
 from raymt.precision import for_inference
+from raymt.tags import decode_tags
 from raymt.tokenizer import Tokenizer
 
 ENGINE_CHOICES = ("auto", "raymt", "ctranslate2")
@@ -74,7 +75,7 @@ Checkpoints = Union[str, Path, Sequence[Union[str, Path]]]
 
 def is_ct2_export(directory: Path) -> bool:
     """Whether a local directory is a `raymt export --format ctranslate2` output."""
-    return (directory / "model.bin").is_file() and (directory / CT2_RAYMT_CONFIG).is_file()
+    return (directory / "model.bin").is_file() and (directory / RAYMT_CONFIG_FILE).is_file()
 
 
 def _json(path: Path) -> dict:
@@ -227,7 +228,7 @@ def _model_info(checkpoint: str) -> ModelInfo:
     """One checkpoint's or export's kind, config, tokenizer and languages."""
     directory = local_checkpoint(checkpoint)
     if is_ct2_export(directory):
-        path = directory / CT2_RAYMT_CONFIG
+        path = directory / RAYMT_CONFIG_FILE
         meta = _json(path)
         try:
             config = Config.from_dict(meta["config"])
@@ -275,8 +276,6 @@ def resolve_engine(requested: str, model: ModelInfo) -> str:
 def ct2_model_dir(checkpoint: str, cache: Optional[str] = None) -> Path:
     """A local CTranslate2 directory of the model: the export itself, or the checkpoint exported once
     into raymt's cache (keyed by its location and weights), renamed into place whole."""
-    from raymt.export import export_model
-
     local = local_checkpoint(checkpoint)
     if is_ct2_export(local):
         return local

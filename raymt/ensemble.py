@@ -61,25 +61,6 @@ class Ensemble:
         bounds = [sum(self.layers[:i]) for i in range(len(self.layers) + 1)]
         return [{"length": cache["length"], "layers": cache["layers"][a:b]} for a, b in zip(bounds, bounds[1:])]
 
-    def log_probs(
-        self,
-        tgt: torch.Tensor,
-        memory: torch.Tensor,
-        src_mask: torch.Tensor,
-        cache: Optional[Cache] = None,
-        last: bool = False,
-    ) -> torch.Tensor:
-        """(N, T) target ids -> (N, T, V) (`last`: (N, V) of the last position) mean of the
-        members' log-probabilities; with a cache, only new tokens are passed."""
-        views = self._member_caches(cache)
-        memories = memory.split(self.dims, dim=-1)  # (N, S, Di) each
-        parts = [
-            model_log_probs(m, tgt, mem, src_mask, view, last) for m, mem, view in zip(self.models, memories, views)
-        ]
-        if cache is not None:  # every member advanced by the same new tokens
-            cache["length"] = views[0]["length"]  # type: ignore[index]
-        return torch.stack(parts).mean(0)
-
 
 Decoder = Union[Transformer, Ensemble]
 
@@ -93,8 +74,16 @@ def model_log_probs(
     last: bool = False,
 ) -> torch.Tensor:
     """(N, T) target ids -> (N, T, V) float log-probabilities of each next token (`last`: (N, V)
-    of the last position only): a model's log-softmax, an ensemble's mean of its members'."""
+    of the last position only): a model's log-softmax, an ensemble's mean of its members' (each
+    on its own slice of the memory and its own cache layers); with a cache, only new tokens."""
     if isinstance(model, Ensemble):
-        return model.log_probs(tgt, memory, src_mask, cache, last)
+        views = model._member_caches(cache)
+        memories = memory.split(model.dims, dim=-1)  # (N, S, Di) each
+        parts = [
+            model_log_probs(m, tgt, mem, src_mask, view, last) for m, mem, view in zip(model.models, memories, views)
+        ]
+        if cache is not None:  # every member advanced by the same new tokens
+            cache["length"] = views[0]["length"]  # type: ignore[index]
+        return torch.stack(parts).mean(0)
     logits = model.decode(tgt, memory, src_mask, cache)  # (N, T, V)
     return torch.log_softmax((logits[:, -1] if last else logits).float(), dim=-1)

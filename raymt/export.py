@@ -57,12 +57,11 @@ from raymt.command import flag, main_of
 from raymt.config import Config, ModelConfig
 from raymt.errors import check
 from raymt.model import Attention, Transformer, build_model, halves_order
+from raymt.tags import tag_lang
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FORMATS = ("auto", "safetensors", "torch", "ctranslate2", "marian")
-# CTranslate2 and HF Marian write their own config.json; raymt's goes next to it under this name.
-CT2_RAYMT_CONFIG = RAYMT_CONFIG_FILE
 MARIAN_POST_NORM_ONLY = (
     "--format marian needs a post-norm model (model.pre_norm=false): HF Marian "
     "has no pre-norm layers; export this one with --format safetensors or ctranslate2"
@@ -228,7 +227,7 @@ def save_ctranslate2(
     spec.validate()
     spec.optimize(quantization=dtype)  # also stores the tied embedding once
     spec.save(str(output))
-    (output / CT2_RAYMT_CONFIG).write_text(json.dumps(config_meta(config, vocab_size, languages), indent=2))
+    (output / RAYMT_CONFIG_FILE).write_text(json.dumps(config_meta(config, vocab_size, languages), indent=2))
 
 
 # ---------------------------------------------------------------- Hugging Face Marian
@@ -396,7 +395,7 @@ def save_marian(
     marian.save_pretrained(str(output))
     save_marian_tokenizer(tokenizer, output, None if languages else config.data.pair())
     meta = config_meta(config, tokenizer.vocab_size, languages)
-    (output / CT2_RAYMT_CONFIG).write_text(json.dumps(meta, indent=2))
+    (output / RAYMT_CONFIG_FILE).write_text(json.dumps(meta, indent=2))
 
 
 def save_weights(state: dict, directory: Path, fmt: str) -> Path:
@@ -467,7 +466,7 @@ def run(cfg: ExportConfig) -> Path:
             f"with pieces from {output / SPM_FILE}"
         )
         languages = model_languages(output)
-        tags = [piece for piece in (languages or {}).get("reserved", {}) if piece.startswith("<2")]
+        tags = [piece for piece in (languages or {}).get("reserved", {}) if tag_lang(piece) is not None]
         if tags and tag_side(languages) == "tgt":  # docs/translate.md, "Multilingual models"
             print(
                 f"multilingual: the target's tag is the decoder's prefix, target_prefix=[[\"{tags[0]}\"]] "

@@ -30,6 +30,7 @@ from raymt.hf_model import (
     row_order,
     shared_embedding,
 )
+from raymt.tags import lang_tag
 from raymt.tokenizer import EOS_ID, Tokenizer
 
 NLLB_CODE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")  # NLLB's language codes: deu_Latn, zho_Hant
@@ -173,11 +174,12 @@ def import_m2m(hf: HFModel, src_lang: Optional[str], tgt_lang: Optional[str]) ->
     row_of, names = {p: r for r, p in enumerate(pieces)}, language_names(list(codes))
     tags = {names[c]: row_of[c] for c in codes}
     controls = [r for r, p in enumerate(pieces) if r > EOS_ID and vocab.get(p, 0) <= 3]  # codes, <s>, <mask>
-    tokenizer = Tokenizer.bundle(proto, None, pieces, controls, {f"<2{n}>": r for n, r in tags.items()})
+    aliases = {lang_tag(n): r for n, r in tags.items()}
+    tokenizer = Tokenizer.bundle(proto, None, pieces, controls, aliases)
     cfg = model_shape(hf, True)
     state = hf_weights(hf, rows, cfg)
     state["output_bias"] = output_bias(None, rows)  # BOS, a second </s>, takes no probability
     langs = sorted(tags)
     pairs = [(s, t) for s in langs for t in langs if s != t]
-    languages = languages_entry(pairs, {f"<2{n}>": r for n, r in tags.items()}, "tgt", source_tags=tags)
+    languages = languages_entry(pairs, aliases, "tgt", source_tags=tags)
     return Imported(cfg, state, tokenizer, languages, [m2m_pair(hf, names, src_lang, tgt_lang)])

@@ -27,6 +27,7 @@ from raymt.hf_model import (
     row_order,
 )
 from raymt.model import halves_order
+from raymt.tags import lang_tag
 from raymt.tokenizer import UNK_ID, Tokenizer
 
 LANGUAGE_CODE = re.compile(r"^>>([A-Za-z_]+)<<$")  # OPUS-MT's multi-target codes, >>fr<<, >>por<<
@@ -93,7 +94,7 @@ def marian_tokenizer(
     target_spm = hf.file("target.spm", "OPUS-MT's target SentencePiece model").read_bytes()
     codes = {r: LANGUAGE_CODE.match(p).group(1) for r, p in enumerate(pieces) if LANGUAGE_CODE.match(p)}
     target_codes = [r for r, p in enumerate(target_pieces or []) if LANGUAGE_CODE.match(p)]
-    aliases = {f"<2{c}>": r for r, c in codes.items()}
+    aliases = {lang_tag(c): r for r, c in codes.items()}
     try:
         tokenizer = Tokenizer.bundle(source_spm, target_spm, pieces, codes, aliases, target_pieces, target_codes)
     except RuntimeError as err:
@@ -123,10 +124,10 @@ def marian_languages(hf: HFModel, tokenizer: Tokenizer, src: str) -> Optional[di
     if saved.is_file():
         return hf.json(RAYMT_CONFIG_FILE).get("languages")
     pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.num_pieces)]
-    tags = {f"<2{m.group(1)}>": i for i, m in enumerate(map(LANGUAGE_CODE.match, pieces)) if m}
-    if not tags:
+    codes = {m.group(1): i for i, m in enumerate(map(LANGUAGE_CODE.match, pieces)) if m}
+    if not codes:
         return None
-    return languages_entry([(src, tag[2:-1]) for tag in tags if tag[2:-1] != src], tags)
+    return languages_entry([(src, lang) for lang in codes if lang != src], {lang_tag(c): i for c, i in codes.items()})
 
 
 def import_marian(hf: HFModel, src_lang: Optional[str], tgt_lang: Optional[str]) -> Imported:

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Optional
 
 from raymt import storage
-from raymt.checkpoint import SPM_FILE
+from raymt.checkpoint import CONFIG_FILE, SPM_FILE, languages_entry, model_languages
 from raymt.config import Config, CorpusSpec, PrepareConfig, apply_overrides, run_prepare_config
-from raymt.data import builtin
+from raymt.data import builtin, sources
 from raymt.data.format import MANIFEST_FILE, PreparedCorpus, open_corpus
 from raymt.data.text import Pairs
 from raymt.errors import check
 from raymt.rundir import CORPUS_DIR
+from raymt.tags import check_source_codes, check_tag_side, check_tags, reserved_pieces
 from raymt.tokenizer import Tokenizer
 
 
@@ -37,15 +38,9 @@ def pair_tags(corpus: PreparedCorpus, tag_side: str = "src") -> PairTags:
     """The PairTags of a prepared corpus: its pairs in the order of its training corpora, and
     where the model reads its target tag (data.tag_side: "tgt" needs a tag per target language);
     a corpus with source language codes (an imported NLLB's) keeps them as `source_tags`."""
-    from raymt.checkpoint import languages_entry
-
     pairs = list(dict.fromkeys((c.src_lang, c.tgt_lang) for c in corpus.training_corpora))
     prefixes = {f"{s}-{t}": corpus.prefix_ids(f"{s}-{t}") for s, t in pairs}
-    check(
-        tag_side == "src" or all(prefixes.values()),
-        f"data.tag_side=tgt puts a target-language tag first in the decoder, but {corpus.location} has none "
-        "(one target language): leave data.tag_side at src, or train into several target languages",
-    )
+    check_tag_side(tag_side, corpus.training_corpora, every_target=bool(corpus.source_codes))
     if len(pairs) == 1 and not corpus.reserved:  # one untagged pair: its checkpoints name no languages
         return PairTags(None, prefixes)
     return PairTags(languages_entry(pairs, corpus.reserved, tag_side, corpus.source_codes), prefixes)
@@ -87,8 +82,6 @@ def plan_data(
     else:
         corpus_dir = storage.join(str(run_dir), CORPUS_DIR)
         cfg, run_data = plan_inputs(cfg, corpus_dir, resume_dir, known, given, codes)
-    from raymt.data.mixing import check_tag_side
-
     # A prepared corpus's pairs are in corpora now; a model that reads language codes tags every target.
     check_tag_side(cfg.data.tag_side, cfg.data.corpora, every_target=bool(run_data.source_codes))
     return cfg, run_data
@@ -112,13 +105,11 @@ def plan_inputs(
     """plan_data for a run that prepares its own corpus into `corpus_dir`: each corpus's sources,
     each pair's validation and (first) test set read into memory, checked before Ray starts;
     `codes`: the starting model's source language codes (a resumed run's: its corpus's)."""
-    from raymt.data import mixing, prepare, sources
-
     specs = cfg.data.corpora
     resumed = resume_dir is not None and storage.exists(storage.join(corpus_dir, MANIFEST_FILE))
     codes = codes or (open_corpus(corpus_dir).source_codes if resumed else {})
     if codes:
-        prepare.check_source_codes(specs, codes, given)
+        check_source_codes(specs, codes, given)
     options = run_prepare_config(cfg)
     corpora = sources.corpus_inputs(specs, options, builtin_sources(cfg))
     valid, test = {}, {}
@@ -129,7 +120,7 @@ def plan_inputs(
         if c.test:
             test[c.spec.pair] = sources.read_eval(corpus_cfg, next(iter(c.test.values())))
     if known is not None:
-        prepare.check_tags(known, mixing.reserved_pieces(specs, cfg.data.bt_tag, every_target=bool(codes)), given)
+        check_tags(known, reserved_pieces(specs, cfg.data.bt_tag, every_target=bool(codes)), given)
     for c in corpora:  # validation sets are prepared from memory (read once)
         c.valid = [sources.Source(kind="pairs", pairs=valid[c.spec.pair])] if c.valid else []
     if resumed:
@@ -189,8 +180,6 @@ def on_prepared(cfg: Config, run_data: RunData) -> Config:
 
 def _read_set(options: Optional[PrepareConfig], location: str) -> Pairs:
     """A valid/test set that replaces a one-pair corpus's, read whole (stripped, nothing dropped)."""
-    from raymt.data import sources
-
     assert options is not None, "plan_prepared builds the settings where a set is given"
     return sources.read_eval(options, [sources.source_from_spec(location, options)])
 
@@ -217,7 +206,7 @@ def _known_tokenizer(
         if proto is not None:
             return Tokenizer(proto)
     if given is not None:
-        from raymt.data.prepare import read_tokenizer
+        from raymt.data.prepare import read_tokenizer  # prepare starts Ray: rundata stays plain (test_boundary)
 
         return read_tokenizer(given)
     return None
@@ -226,8 +215,6 @@ def _known_tokenizer(
 def _known_codes(init_checkpoint: Optional[str | Path]) -> dict[str, int]:
     """The id of each language's code that a starting checkpoint reads first in its sources (an
     imported NLLB's or M2M-100's languages "source_tags"); {} for other models."""
-    from raymt.checkpoint import CONFIG_FILE, model_languages
-
     if init_checkpoint is None or not storage.exists(storage.join(str(init_checkpoint), CONFIG_FILE)):
         return {}  # no config.json: no languages (`run` refuses such a checkpoint earlier: rundir.check_shape)
 
@@ -238,7 +225,7 @@ def materialize(run_data: RunData) -> PreparedCorpus:
     """Prepare the corpus if the run makes its own (Ray Data, or the driver for small inputs),
     with the settings planned (`RunData.prepare_config`), then open it: its training corpora
     (shards, tags, weight) and tokenizer."""
-    from raymt.data import prepare
+    from raymt.data import prepare  # prepare starts Ray: rundata stays plain (test_boundary)
 
     if run_data.corpora is not None:
         assert run_data.prepare_config is not None, "plan_inputs plans the corpora with their settings"

@@ -20,6 +20,8 @@ from raymt import storage
 from raymt.checkpoint import RAY_SNAPSHOT_FILE, SPM_FILE, load_config
 from raymt.config import BUILTIN_LANGS, SCHEDULE_FIELDS, Config, CorpusSpec, apply_overrides
 from raymt.data.format import open_corpus
+from raymt.data.mixing import mixed
+from raymt.tags import check_tag_side
 from raymt.tokenizer import Tokenizer
 
 RUN_CONFIG = "raymt_config.json"
@@ -33,8 +35,6 @@ CORPUS_DIR = "corpus"  # a run's own prepared corpus, on the run's storage: ever
 def mixes_corpora(cfg: Config) -> bool:
     """Whether a run mixes corpora (several, or a back-translated one: data.corpora, or a --corpus
     prepared from them)."""
-    from raymt.data.mixing import mixed
-
     if cfg.data.corpus is None:
         return mixed(cfg.data.corpora)
     try:
@@ -103,7 +103,7 @@ class RunDir:
             )
         self.check_resumable()
         self.check_same_mix(cfg)
-        check_tag_side(self.saved, cfg, f"--resume {self.location}: the run")
+        check_tag_side(cfg.data.tag_side, trained=self.saved.data.tag_side, model=f"--resume {self.location}: the run")
         parent, name = storage.split(self.location)
         return apply_overrides(cfg, {"train.storage_path": parent, "train.name": name})
 
@@ -210,7 +210,7 @@ def check_shape(cfg: Config, checkpoint: str | Path) -> None:
     tag side) from the config's."""
     saved, _ = load_config(checkpoint)
     diff = [f"{key} {there} there, {here} here" for key, there, here in fixed_changes(saved, cfg)]
-    check_tag_side(saved, cfg, str(checkpoint))
+    check_tag_side(cfg.data.tag_side, trained=saved.data.tag_side, model=str(checkpoint))
     if diff:
         raise ValueError(
             f"{checkpoint} holds a model of another shape or vocabulary ({'; '.join(diff)}): a run from its "
@@ -231,16 +231,6 @@ def init_config(saved: Config) -> Config:
         kept["data.corpora"] = [CorpusSpec(*pairs[0])]
     fresh = dataclasses.replace(Config(), model=saved.model, decode=saved.decode)
     return apply_overrides(fresh, kept)
-
-
-def check_tag_side(saved: Config, cfg: Config, what: str) -> None:
-    """A one-line error when a model trained with its language tag on one side (data.tag_side)
-    would go on training with it on the other: its weights learned where the tag is."""
-    if saved.data.tag_side != cfg.data.tag_side:
-        raise ValueError(
-            f"{what} trained with data.tag_side={saved.data.tag_side!r}, this run sets "
-            f"{cfg.data.tag_side!r}: drop --set data.tag_side to continue it, or train a new model from scratch"
-        )
 
 
 def run_pairs(cfg: Config) -> list[str]:

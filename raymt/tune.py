@@ -286,8 +286,6 @@ class _Janitor:
 
     def on_step_begin(self, iteration: int, trials: list, **info) -> None:
         """Called by Tune on every loop; checks every `every_s` seconds."""
-        import time
-
         now = time.monotonic()
         if now - self.last_check < self.every_s:
             return

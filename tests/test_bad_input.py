@@ -9,7 +9,7 @@ from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401
 
 from raymt import train, translate
 from raymt.checkpoint import load_config
-from raymt.config import PrepareConfig
+from raymt.config import CorpusSpec, PrepareConfig
 from raymt.data import prepare, sources
 
 pytestmark = pytest.mark.timeout(300)
@@ -108,7 +108,9 @@ def test_checkpoint_of_another_vocabulary(ray_cluster, checkpoint, tmp_path, cap
     pairs = (["a b c", "d e f"] * 20, ["g h i", "j k l"] * 20)
     one = [sources.Source(kind="pairs", pairs=pairs)]
     cfg = PrepareConfig(vocab_size=128)
-    prepare.prepare_corpora(cfg, str(corpus), [sources.pair_input(cfg, one, one)], tokenizer=other)
+    prepare.prepare_corpora(
+        cfg, str(corpus), [sources.CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), one, one)], tokenizer=other
+    )
     argv = ["--init", str(checkpoint), "--corpus", str(corpus), "--storage-path", str(tmp_path / "runs")]
     assert train.main(argv) == 2
     assert "has a different SentencePiece model than the corpus" in error_line(capsys, "raymt.train")

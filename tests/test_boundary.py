@@ -55,6 +55,7 @@ PLAIN = [
     "plot",
     "curves",
     "data.mixing",
+    "tags",
     "precision",
     "errors",
     "engines",

@@ -178,7 +178,8 @@ def test_config_loads_nothing_of_raymt_data():
 
 def test_parse_value_and_check_lang_are_public():
     """`raymt data prepare` parses its flags with the --set parser; tags check codes as corpora do."""
-    from raymt.config import check_lang, parse_value
+    from raymt.config import parse_value
+    from raymt.tags import check_lang
 
     assert parse_value("2e3", int, "data.max_tokens") == 2000 and parse_value("none", Optional[str], "k") is None
     with pytest.raises(ValueError, match="data.max_len='x' is not a valid int"):

@@ -17,9 +17,9 @@ from raymt.config import Config, CorpusSpec, DataConfig, PrepareConfig
 from raymt.data import builtin, layout, prepare, shards, sources
 from raymt.data import format as corpus_format
 from raymt.data.__main__ import main as data_main
-from raymt.data.mixing import BT_TAG
 from raymt.flags import build_config
 from raymt.rundata import materialize, pair_tags, plan_data
+from raymt.tags import BT_TAG
 from raymt.tokenizer import train_tokenizer
 from raymt.train import parse_args
 

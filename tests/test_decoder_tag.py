@@ -36,11 +36,11 @@ from raymt.checkpoint import (
 )
 from raymt.config import Config, CorpusSpec, DataConfig, DecodeOptions, tiny
 from raymt.data.builtin import generate
-from raymt.data.mixing import check_tag_side
 from raymt.decoding import decode_nbest, encode_sources, split_tags, translate_nbest
 from raymt.engines import load_engine
 from raymt.metrics import score
 from raymt.model import Transformer
+from raymt.tags import check_tag_side
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from raymt.trainer import collate_eval
 from raymt.trainer import evaluate as validate
@@ -275,6 +275,10 @@ def test_the_option_is_checked_and_recorded():
     with pytest.raises(ValueError, match="data.tag_side=tgt puts the target-language tag first in the decoder"):
         check_tag_side("tgt", [CorpusSpec("en", "de"), CorpusSpec("en", "de", ("bt.",), "bt")])
     check_tag_side("tgt", [CorpusSpec("en", "de"), CorpusSpec("de", "en")])
+    # A model trained with its tag on one side goes on with it there (--resume, --init).
+    with pytest.raises(ValueError, match="ckpt trained with data.tag_side='tgt', this run sets 'src': drop --set"):
+        check_tag_side("src", trained="tgt", model="ckpt")
+    check_tag_side("tgt", trained="tgt")
     reserved = {"<2de>": 4, "<2fr>": 5}
     assert "tag_side" not in languages_entry(PAIRS, reserved)  # src: config.json as before
     assert languages_entry(PAIRS, reserved, "tgt")["tag_side"] == "tgt"

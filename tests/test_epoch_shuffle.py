@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_stream import batch_pairs, take
 
-from raymt.checkpoint import TrainState
+from raymt.checkpoint import TrainState, saved_batching
 from raymt.config import Config, DataConfig
 from raymt.data import stream as stream_module
 from raymt.data.epoch import (
@@ -23,7 +23,6 @@ from raymt.data.epoch import (
     epoch_reads,
     epoch_slice,
     restore_position,
-    saved_batching,
 )
 from raymt.data.format import Shard, TrainingCorpus, token_index
 from raymt.data.stream import TrainStream, read_plan, resume_point

@@ -1,4 +1,4 @@
-"""Inputs that carry their languages (raymt.data.mixing): specs, tags and temperature mixing.
+"""Inputs that carry their languages: specs, tags (raymt.tags) and temperature mixing (raymt.data.mixing).
 
 Fast unit tests, no Ray: the functions are pure (docs/design-inputs.md).
 """
@@ -19,18 +19,9 @@ from raymt.config import (
     split_spec,
 )
 from raymt.config.corpus import one_pair, with_one_pair
-from raymt.data.epoch import Piece, epoch_pieces, iter_pieces, stream_ranges
-from raymt.data.mixing import (
-    BT_TAG,
-    allocate,
-    decode_tags,
-    epoch_rows,
-    lang_tag,
-    reserved_pieces,
-    sample_sizes,
-    sampling_probs,
-    source_tags,
-)
+from raymt.data.epoch import Piece, epoch_pieces, stream_ranges
+from raymt.data.mixing import allocate, epoch_rows, sample_sizes, sampling_probs
+from raymt.tags import BT_TAG, decode_tags, lang_tag, reserved_pieces, source_tags
 
 SIZES = [100_003, 9_001, 517]  # awkward sizes: floats of n_i / N are not exact
 
@@ -124,12 +115,14 @@ def test_one_corpus_reads_its_rows_in_order_at_any_seed():
 
 
 def test_resume_from_any_position_continues_the_same_schedule():
+    """An epoch's schedule is drawn from (seed, epoch) only: a run resumed in any epoch, after
+    whatever else drew, reads that epoch's pieces as an uninterrupted run does."""
     rows = epoch_rows([5000, 1200, 300], 5.0)
-    full = list(iter_pieces(rows, seed=4, num_epochs=3, piece_rows=256))
-    for at in (1, 17, len(full) // 2, len(full) - 1):
-        epoch, piece, _ = full[at]
-        resumed = list(iter_pieces(rows, seed=4, epoch=epoch, piece=piece, num_epochs=3 - epoch, piece_rows=256))
-        assert resumed == full[at:]
+    full = [epoch_pieces(rows, 4, epoch, 256) for epoch in range(3)]
+    for epoch in (2, 0, 1):
+        epoch_pieces(rows, 5, epoch, 256)  # another run's draws in between
+        assert epoch_pieces(rows, 4, epoch, 256) == full[epoch]
+    assert full[0] != full[1] != full[2]
 
 
 def test_each_pair_once_per_epoch_of_its_corpus():
@@ -137,7 +130,7 @@ def test_each_pair_once_per_epoch_of_its_corpus():
     rows = epoch_rows(sizes, 5.0)  # the big corpus takes several epochs per pass, the small ones fewer
     assert rows[0] < sizes[0] and rows[2] > sizes[2]
     seen = [dict() for _ in sizes]  # corpus epoch -> times each row was read
-    for _, _, piece in iter_pieces(rows, seed=1, num_epochs=7, piece_rows=256):
+    for piece in (p for epoch in range(7) for p in epoch_pieces(rows, 1, epoch, 256)):
         for k, lo, hi in stream_ranges(sizes[piece.corpus], piece.lo, piece.hi):
             seen[piece.corpus].setdefault(k, np.zeros(sizes[piece.corpus], int))[lo:hi] += 1
     for i, n in enumerate(sizes):

@@ -2,13 +2,14 @@
 raymt's modules, no private name imported across modules, no command module importing another
 (issue 56), no module over 700 lines and no function over 80; the worker's contracts typed (issue
 56): no `loop_config["` and the train state's keys named only in raymt/checkpoint.py; settings read
-by attribute, not by string key (issue 66). Run with -s to see the largest modules and functions."""
+by attribute, not by string key, and no import running up the floors (issue 66: `FLOORS`). Run with
+-s to see the largest modules and functions."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Collection, Iterator, Optional
 
 import raymt
 
@@ -56,6 +57,88 @@ ONE_PAIR_HOMES = {"raymt.config.corpus", "raymt.config.sections", "raymt.flags"}
 TRAIN_STATE_HOME = "raymt/checkpoint.py"
 TRAIN_STATE_CLASS = "TrainState"
 KEYS_NAMED_ELSEWHERE_TOO = {"step", "epoch"}
+
+
+# The floors of raymt (issue 66): a module imports modules of its own floor or below, never above
+# (module-level and function-level imports alike), so that each floor can be read, tested and
+# reused without the ones above it. A module's floor is that of the longest entry naming it or a
+# package above it ("raymt.data" holds raymt.data.*, "raymt.data.__main__" is a command's); the
+# entry "raymt" is the package's own __init__ only. A module on no floor fails until it is placed,
+# an entry naming no module fails until deleted. UPWARD_IMPORTS lists the one import still
+# running up, and why: it may only go.
+FLOORS: dict[str, int] = {
+    # 0, the ground every module stands on: user errors, language tags, typed configs, storage.
+    "raymt": 0,
+    "raymt.errors": 0,
+    "raymt.command": 0,
+    "raymt.tags": 0,
+    "raymt.config": 0,
+    "raymt.storage": 0,
+    # 1, one model and the machinery under a run: tokenizer, model, batching, decoding, the
+    # training step and its precision, checkpoints, the inference engines, metrics, language ID;
+    # Ray's start-up and the shard-job actor pool, which the data floor's jobs run on.
+    "raymt.tokenizer": 1,
+    "raymt.model": 1,
+    "raymt.ensemble": 1,
+    "raymt.batching": 1,
+    "raymt.decoding": 1,
+    "raymt.optim": 1,
+    "raymt.trainer": 1,
+    "raymt.precision": 1,
+    "raymt.profiling": 1,
+    "raymt.checkpoint": 1,
+    "raymt.provenance": 1,
+    "raymt.engines": 1,
+    "raymt.metrics": 1,
+    "raymt.langid": 1,
+    "raymt.autoscale": 1,
+    "raymt.ray_console": 1,
+    "raymt.cluster": 1,
+    "raymt.shard_job": 1,
+    # 2, corpora: reading, cleaning, preparing, mixing, streaming and scoring them.
+    "raymt.data": 2,
+    # 3, runs and commands: the run directory and a run's data plan, the workers, the command line,
+    # every other command's module, serving, plots and sweep reports.
+    "raymt.data.__main__": 3,
+    "raymt.__main__": 3,
+    "raymt.flags": 3,
+    "raymt.rundir": 3,
+    "raymt.rundata": 3,
+    "raymt.shared_dir": 3,
+    "raymt.distributed": 3,
+    "raymt.worker": 3,
+    "raymt.worker_env": 3,
+    "raymt.worker_state": 3,
+    "raymt.worker_data": 3,
+    "raymt.worker_logs": 3,
+    "raymt.train": 3,
+    "raymt.tune": 3,
+    "raymt.sweep_report": 3,
+    "raymt.evaluate": 3,
+    "raymt.translate": 3,
+    "raymt.backtranslate": 3,
+    "raymt.bt_job": 3,
+    "raymt.distill": 3,
+    "raymt.average": 3,
+    "raymt.export": 3,
+    "raymt.hf_import": 3,
+    "raymt.hf_model": 3,
+    "raymt.hf_marian": 3,
+    "raymt.hf_m2m": 3,
+    "raymt.compare": 3,
+    "raymt.curves": 3,
+    "raymt.plot": 3,
+    "raymt.serve": 3,
+}
+
+# Imports that still run up the floors, (importer, imported) -> why; one that no longer runs up
+# must be deleted.
+UPWARD_IMPORTS: dict[tuple[str, str], str] = {
+    # To go: the CTranslate2 writer (export.py's ctranslate2_spec and save_ctranslate2, with the
+    # checkpoint loading they share with export_model) moves to a module of floor 1 both use.
+    ("raymt.engines", "raymt.export"): "the CTranslate2 engine exports a raymt checkpoint once into "
+    "raymt's cache (engines.ct2_model_dir) with the `raymt export` command's export_model",
+}
 
 
 # ---------------------------------------------------------------- reading raymt/
@@ -240,6 +323,44 @@ def command_import_problems(
     ]
 
 
+def floor_of(module: str, floors: dict[str, int]) -> Optional[int]:
+    """The floor of `module`: that of the longest entry naming it or a package above it (the
+    root package's entry names its __init__ only); None when none does."""
+    parts = module.split(".")
+    for n in range(len(parts), 1, -1):
+        if ".".join(parts[:n]) in floors:
+            return floors[".".join(parts[:n])]
+    return floors.get(module)
+
+
+def floor_problems(
+    graph: dict[str, set[str]], floors: dict[str, int], allowed: Collection[tuple[str, str]] = ()
+) -> list[str]:
+    """Modules on no floor, entries naming no module, each import of a module on a higher floor
+    that `allowed` does not list, and each listed one that no longer runs up."""
+    problems = [f"{m} is on no floor: add it to FLOORS" for m in sorted(graph) if floor_of(m, floors) is None]
+    problems += [
+        f"FLOORS names {name}, which is no module: delete it"
+        for name in sorted(floors)
+        if not any(m == name or m.startswith(name + ".") for m in graph)
+    ]
+
+    def rises(module: str, other: str) -> bool:
+        here, there = floor_of(module, floors), floor_of(other, floors)
+        return here is not None and there is not None and here < there
+
+    upward = {(module, other) for module in graph for other in graph[module] if rises(module, other)}
+    problems += [
+        f"{module} (floor {floor_of(module, floors)}) imports {other} (floor {floor_of(other, floors)}): an import "
+        "runs up the floors; move what it takes down to its floor or below"
+        for module, other in sorted(upward - set(allowed))
+    ]
+    problems += [
+        f"UPWARD_IMPORTS lists {edge}, which no longer runs up: delete it" for edge in sorted(set(allowed) - upward)
+    ]
+    return problems
+
+
 def functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, int]]:
     """(qualname, lines) of each function and method; a nested function counts inside its parent."""
     for child in ast.iter_child_nodes(tree):
@@ -409,6 +530,45 @@ def test_no_module_over_700_lines_and_no_function_over_80():
     gone = sorted(set(STILL_TOO_LARGE) - set(by_module) - set(by_function))
     problems += [f"STILL_TOO_LARGE lists {key}, which is gone: delete it" for key in gone]
     assert not problems, "\n".join(problems)
+
+
+def test_no_import_runs_up_the_floors():
+    """Ground (errors, tags, config, storage) < one model and its machinery < corpora < runs and
+    commands (FLOORS): checkpoint.py no longer reaches into raymt.data for a saved batching
+    record, nor engines.py for the tags, nor anything below for what a floor above holds."""
+    graph, _ = import_graph()
+    problems = floor_problems(graph, FLOORS, UPWARD_IMPORTS)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_floor_check_finds_what_it_looks_for(tmp_path):
+    """On a made-up package: an import up a floor inside a function, a module on no floor, an
+    entry naming no module, a listed upward import that is none; a package's entry holds its
+    modules, the root's only its __init__; a listed upward import passes."""
+    pkg = tmp_path / "pkg"
+    (pkg / "low").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "low/__init__.py": "",
+        "low/a.py": "def f():\n    from pkg import top\n    return top\n",
+        "low/b.py": "from pkg.low import a\n",
+        "top.py": "from pkg.low import b\nimport pkg\n",
+        "mid.py": "from pkg import top\n",
+        "loose.py": "",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    floors = {"pkg": 0, "pkg.low": 1, "pkg.mid": 1, "pkg.top": 2, "pkg.gone": 1}
+    graph, _ = import_graph(pkg)
+    assert floor_of("pkg.low.a", floors) == 1 and floor_of("pkg", floors) == 0 and floor_of("pkg.loose", floors) is None
+    allowed = {("pkg.mid", "pkg.top"), ("pkg.top", "pkg.low.b")}
+    assert [p.split(":")[0] for p in floor_problems(graph, floors, allowed)] == [
+        "pkg.loose is on no floor",
+        "FLOORS names pkg.gone, which is no module",
+        "pkg.low.a (floor 1) imports pkg.top (floor 2)",
+        "UPWARD_IMPORTS lists ('pkg.top', 'pkg.low.b'), which no longer runs up",
+    ]
+    assert "pkg.mid (floor 1) imports pkg.top (floor 2)" in floor_problems(graph, floors)[-1]
 
 
 def test_the_loop_config_is_typed():

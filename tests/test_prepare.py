@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raymt.config import CorpusOptions, PrepareConfig
+from raymt.config import CorpusOptions, CorpusSpec, PrepareConfig
 from raymt.data import format as corpus_format
 from raymt.data import mono, prepare, shards, sources, text
 from raymt.data.__main__ import main
@@ -54,7 +54,7 @@ def write_prefix(prefix: Path, pairs: list[tuple], compress: str = "") -> str:
 
 def check_inputs(cfg: PrepareConfig, train: list, valid: list) -> list[dict]:
     """The driver's check of one pair's inputs (`check_corpus_inputs` of a corpus of one)."""
-    return sources.check_corpus_inputs(cfg, [sources.pair_input(cfg, train, valid)])
+    return sources.check_corpus_inputs(cfg, [sources.CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), train, valid)])
 
 
 def decoded_train(out: Path) -> Counter:
@@ -395,7 +395,9 @@ def test_pairs_source_with_a_given_tokenizer(ray_cluster, tmp_path):
     src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
     cfg = PrepareConfig(vocab_size=80, shard_pairs=20)
     train, valid = [sources.Source("pairs", pairs=(src, tgt))], [sources.Source("pairs", pairs=(src[:5], tgt[:5]))]
-    manifest = prepare.prepare_corpora(cfg, str(tmp_path / "c"), [sources.pair_input(cfg, train, valid)], tokenizer)
+    manifest = prepare.prepare_corpora(
+        cfg, str(tmp_path / "c"), [sources.CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), train, valid)], tokenizer
+    )
     prepared = corpus_format.open_corpus(str(tmp_path / "c"))
     assert prepared.manifest == manifest and prepared.tokenizer().model_proto == tokenizer.model_proto
     assert [f.num_pairs for f in prepared.shards()] == [20, 20, 10]
@@ -431,7 +433,9 @@ def test_small_inputs_prepared_in_the_driver_equal_ray_datas(ray_cluster, tmp_pa
     train, valid = equivalence_inputs(tmp_path, kind), [sources.Source("pairs", pairs=(["a"], ["b"]))]
 
     def prepared(out: Path) -> tuple:
-        manifest = prepare.prepare_corpora(cfg, str(out), [sources.pair_input(cfg, train, valid)])
+        manifest = prepare.prepare_corpora(
+            cfg, str(out), [sources.CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), train, valid)]
+        )
         rows = [pq.read_table(path).to_pylist() for path, _, _ in corpus_format.open_corpus(str(out)).shards()]
         return {**manifest["corpora"][0], "splits": manifest["splits"]}, manifest["sp_model_sha256"], rows
 
@@ -491,17 +495,18 @@ def test_file_kinds_are_one_table_for_every_reader(tmp_path):
     }
     assert {name: text.file_kind(name) for name in cases} == cases
     assert text.strip_compression("News.TSV.GZ") == "News.TSV" and text.strip_compression("a.en") == "a.en"
-    assert [text.text_prefix(n) for n in ("data/train", "t.tsv.gz", "t.parquet", "s3://b/dir/")] == [
-        True,
-        False,
-        False,
-        False,
-    ]
-    assert text.text_prefix(str(tmp_path / "nothing")) and not text.text_prefix(str(tmp_path))
+    # A SPEC names a file of a kind, Parquet/Arrow files (a directory of them), or PREFIX.<src>/<tgt>.
+    cfg, prefix = PrepareConfig(), write_prefix(tmp_path / "train", mirrored(3))
+    specs = (prefix, "t.tsv.gz", "t.parquet", "s3://b/t.jsonl")
+    assert [sources.source_from_spec(s, cfg).kind for s in specs] == ["text", "tsv", "parquet", "jsonl"]
+    with pytest.raises(ValueError, match="missing file .*nothing.en"):
+        sources.source_from_spec(str(tmp_path / "nothing"), cfg)
+    with pytest.raises(ValueError, match="is a directory without .parquet or .arrow files"):
+        sources.source_from_spec(str(tmp_path), cfg)
 
 
 def test_one_pair_is_a_corpus_of_one(tmp_path, capsys):
-    """One pair goes through the corpora pipeline as a list of one (`pair_input`): a
+    """One pair goes through the corpora pipeline as a list of one (a `CorpusInput`): a
     raymt-corpus/2 corpus of one real, untagged corpus whose shards, sets and SentencePiece model
     are the one pair's; its progress lines and errors name no corpus."""
     cfg = PrepareConfig(vocab_size=96, shard_pairs=50, dedup=True)
@@ -511,7 +516,9 @@ def test_one_pair_is_a_corpus_of_one(tmp_path, capsys):
         return sources.Source("pairs", pairs=([s for s, _ in pairs[:n]], [t for _, t in pairs[:n]]))
 
     one = prepare.prepare_corpora(
-        cfg, str(tmp_path / "one"), [sources.pair_input(cfg, [mem(200)], [mem(5)], {"t": [mem(3)]})]
+        cfg,
+        str(tmp_path / "one"),
+        [sources.CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), [mem(200)], [mem(5)], {"t": [mem(3)]})],
     )
     assert one["format"] == corpus_format.FORMAT and one["tags"] == {"target_langs": ["de"], "reserved": {}}
     assert [(c["name"], c["origin"], c["source_tags"]) for c in one["corpora"]] == [("en-de", "real", [])]

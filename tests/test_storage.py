@@ -23,7 +23,7 @@ from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse f
 
 from raymt import average, export, rundir, storage, train, translate
 from raymt.checkpoint import RAY_SNAPSHOT_FILE
-from raymt.config import Config, PrepareConfig
+from raymt.config import Config, CorpusSpec, PrepareConfig
 from raymt.data import format as corpus_format
 from raymt.data import prepare, sources
 from raymt.data.builtin import generate
@@ -154,18 +154,29 @@ def test_prepare_out_uri(ray_cluster, prefix):
     valid = [sources.Source(kind="pairs", pairs=(pairs[0][:20], pairs[1][:20]))]
     out = f"{prefix}/corpus"
     cfg = PrepareConfig(vocab_size=128, shard_pairs=100)
-    manifest = prepare.prepare_corpora(cfg, out, [sources.pair_input(cfg, train_src, valid)])
+    manifest = prepare.prepare_corpora(
+        cfg, out, [sources.CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), train_src, valid)]
+    )
     assert {"manifest.json", "spm.model", "train", "valid"} <= set(storage.listdir(out))
     prepared = corpus_format.open_corpus(out)
     assert prepared.manifest == manifest
     assert len(prepared.shards()) == 3
     assert prepared.eval_set("valid")[0] == pairs[0][:20]
     assert prepared.tokenizer().vocab_size == 128
-    assert prepare.prepare_corpora(cfg, out, [sources.pair_input(cfg, train_src, valid)]) == manifest  # already
+    assert (
+        prepare.prepare_corpora(
+            cfg, out, [sources.CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), train_src, valid)]
+        )
+        == manifest
+    )  # already
     other = PrepareConfig(vocab_size=120, shard_pairs=100)
     with pytest.raises(ValueError, match="already holds a corpus prepared from other inputs"):
-        prepare.prepare_corpora(other, out, [sources.pair_input(other, train_src, valid)])
-    again = prepare.prepare_corpora(other, out, [sources.pair_input(other, train_src, valid)], overwrite=True)
+        prepare.prepare_corpora(
+            other, out, [sources.CorpusInput(CorpusSpec(other.src_lang, other.tgt_lang), train_src, valid)]
+        )
+    again = prepare.prepare_corpora(
+        other, out, [sources.CorpusInput(CorpusSpec(other.src_lang, other.tgt_lang), train_src, valid)], overwrite=True
+    )
     assert again["vocab_size"] == 120
     assert corpus_format.open_corpus(out).manifest["fingerprint"] != manifest["fingerprint"]
 

@@ -35,11 +35,12 @@ from raymt.checkpoint import (
     model_languages,
     save_checkpoint,
 )
+from raymt.command import parse
 from raymt.config import Config, CorpusSpec, DataConfig, tiny
 from raymt.data.builtin import generate
-from raymt.data.mixing import reserved_pieces
 from raymt.decoding import DecodeOptions, decode_nbest, encode_sources, pad_batch, translate_nbest
 from raymt.model import Transformer
+from raymt.tags import reserved_pieces
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 pytestmark = pytest.mark.hosts  # decoded outputs across engines or hosts: ./run.sh test --hosts
@@ -291,13 +292,13 @@ def test_evaluate_decodes_with_the_tag(tagged, tmp_path):
     """check_args (before Ray) finds the tag and the source suffix; the planned batches start with
     the tag, and an actor decodes them as `raymt translate --tgt-lang fr` does."""
     prefix = write_set(tmp_path / "test", "fr")
-    args = evaluate.parse_args(["--checkpoint", str(tagged), "--test", str(prefix), "--tgt-lang", "fr"])
-    args.output_dir, args.beam = str(tmp_path / "out"), 1
-    sets, opts = evaluate.check_args(args)
-    assert (args.src_lang, args.tgt_lang, args.tag_lang) == ("en", "fr", "fr")
-    sources = sets["test"][0]
-    rows = evaluate.plan_batches([engines.load_model_info(str(tagged)).encode(sources, args.tag_lang)], 4)
-    actor = evaluate.BatchTranslator(str(tagged), dict(opts.__dict__), "cpu", 1)
+    argv = ["--checkpoint", str(tagged), "--test", str(prefix), "--tgt-lang", "fr", "--beam", "1"]
+    cfg = parse(evaluate.EvaluateConfig, [*argv, "--output-dir", str(tmp_path / "out")], "raymt evaluate")
+    plan = evaluate.check_inputs(cfg)
+    assert (plan.cfg.src_lang, plan.cfg.tgt_lang, plan.tag_lang) == ("en", "fr", "fr")
+    sources = plan.sets["test"][0]
+    rows = evaluate.plan_batches([engines.load_model_info(str(tagged)).encode(sources, plan.tag_lang)], 4)
+    actor = evaluate.BatchTranslator(str(tagged), dict(plan.cfg.decode.__dict__), "cpu", 1)
     hyps: dict[int, str] = {}
     for row in rows:
         starts = np.cumsum(np.r_[0, row["lengths"][:-1]])
@@ -355,10 +356,10 @@ def test_evaluate_bad_languages_are_one_line_before_ray(tagged, case, tmp_path, 
 def test_evaluate_keeps_one_pair_suffixes_as_file_names(untagged, tmp_path):
     """A one-pair model's --src-lang/--tgt-lang only name the files, as before: no tag, no check."""
     prefix = write_set(tmp_path / "test", "fr")
-    args = evaluate.parse_args(["--checkpoint", str(untagged), "--test", str(prefix), "--tgt-lang", "fr"])
-    args.output_dir = str(tmp_path / "out")
-    sets, _ = evaluate.check_args(args)
-    assert (args.src_lang, args.tgt_lang, args.tag_lang) == ("en", "fr", None) and len(sets["test"][0]) == 9
+    argv = ["--checkpoint", str(untagged), "--test", str(prefix), "--tgt-lang", "fr"]
+    plan = evaluate.check_inputs(parse(evaluate.EvaluateConfig, [*argv, "--output-dir", str(tmp_path / "out")], "e"))
+    assert (plan.cfg.src_lang, plan.cfg.tgt_lang, plan.tag_lang) == ("en", "fr", None)
+    assert len(plan.sets["test"][0]) == 9
 
 
 # ---------------------------------------------------------------- average and export

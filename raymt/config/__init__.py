@@ -1,6 +1,6 @@
 """Typed configuration: the one home of every default, presets and `--set` overrides.
 
-- `corpus`: the built-in languages, `check_lang`, `CorpusSpec`, the checks of a corpus list,
+- `corpus`: the built-in languages, `CorpusSpec`, the checks of a corpus list,
   corpora from tables and from the input flags' SPECs (`corpora_from_flags`, `split_spec`,
   `parse_pairs`), and the one reader of older configs' one-pair fields (`with_one_pair`: only
   `raymt.flags.build_config` and `Config.from_dict` read them, so it is not re-exported)
@@ -31,7 +31,6 @@ from raymt.config.corpus import (
     TABLE_KEYS,
     CorpusSpec,
     check_corpora,
-    check_lang,
     check_real_weight,
     corpora_from_flags,
     corpora_from_tables,
@@ -109,7 +108,6 @@ __all__ = [
     "batch_schedule",
     "big",
     "check_corpora",
-    "check_lang",
     "check_real_weight",
     "check_training",
     "corpora_from_flags",

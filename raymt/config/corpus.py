@@ -1,4 +1,4 @@
-"""Corpus specs: the built-in languages, the language-code check, `CorpusSpec`, the checks of a
+"""Corpus specs: the built-in languages, `CorpusSpec` (its codes checked by raymt.tags), the checks of a
 list of corpora, corpora from `[[data.corpora]]` tables and from the input flags' SPECs
 (`--train SRC-TGT:SPEC`: `corpora_from_flags`, which `raymt.flags.InputFlags.corpora` reads the
 flags into), and the one reader of older configs' one-pair fields (`with_one_pair`,
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Sequence
 
 from raymt.errors import check
+from raymt.tags import check_lang
 
 # A corpus's label (CorpusSpec.label): never "-" or ".", so never a pair's name (en-de, en-de.bt).
 LABEL = r"[A-Za-z][A-Za-z0-9_]*"
@@ -49,16 +50,6 @@ CLEAN_KEYS = (
 # Where a training corpus's pairs come from: real pairs, or "bt", sources made by
 # back-translating real target-side text (issue 29).
 ORIGINS = ("real", "bt")
-
-
-def check_lang(lang: Any, where: str) -> None:
-    """A language code of a corpus or tag: letters, digits or '_'. Not '-': pairs are named
-    "SRC-TGT" (metrics columns, manifests, tags), which a code with '-' would make ambiguous."""
-    check(
-        isinstance(lang, str) and bool(lang) and lang.replace("_", "").isalnum(),
-        f"{where}={lang!r} must be a language code of letters, digits or '_' such as en or pt_BR "
-        "(not pt-BR: '-' separates a pair's two languages)",
-    )
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,12 @@ from typing import Any, Optional
 from raymt.command import flag
 from raymt.config.corpus import CorpusSpec, check_corpora, corpora_from_tables, read_one_pair
 from raymt.errors import check
+from raymt.tags import TAG_SIDES
 
 ACTIVATIONS = ("relu", "gelu", "swish")
 # model.positions: raymt's sinusoids (Vaswani et al.), or fairseq's (M2M-100, NLLB; see raymt.model).
 POSITIONS = ("sinusoidal", "fairseq")
 SP_MODEL_TYPES = ("unigram", "bpe")
-# data.tag_side: a tagged model's target-language tag before the source, or first in the decoder.
-TAG_SIDES = ("src", "tgt")
 # Widths in the batch shape ladder of GPU and compiled runs (data.shape_buckets): on WMT-like
 # lengths (max_len 200, 32k-token batches, widths 8..208) 11 rungs, each one (B, S, T).
 GPU_SHAPE_BUCKETS = 12

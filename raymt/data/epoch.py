@@ -34,7 +34,7 @@ import math
 import re
 import threading
 from dataclasses import asdict, dataclass
-from typing import Iterator, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -156,17 +156,6 @@ def _runs(rows: Sequence[int], seed: int, epoch: int, piece_rows: int) -> list[P
     first = np.flatnonzero(np.r_[True, (corpus[1:] != corpus[:-1]) | (lo[1:] != hi[:-1])])
     last = np.r_[first[1:], len(corpus)] - 1
     return [Piece(*p) for p in zip(corpus[first].tolist(), lo[first].tolist(), hi[last].tolist())]
-
-
-def iter_pieces(
-    rows: Sequence[int], seed: int, epoch: int = 0, piece: int = 0, num_epochs: int = 1, piece_rows: int = PIECE_ROWS
-) -> Iterator[tuple[int, int, Piece]]:
-    """(epoch, index, piece) from piece `piece` of `epoch` on, for `num_epochs` epochs: a run
-    resumed at any (epoch, piece) continues exactly where an uninterrupted one would."""
-    for e in range(epoch, epoch + num_epochs):
-        schedule = epoch_pieces(rows, seed, e, piece_rows)
-        for k in range(piece if e == epoch else 0, len(schedule)):
-            yield e, k, schedule[k]
 
 
 def stream_ranges(num_pairs: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
@@ -483,7 +472,8 @@ def restore_position(saved: Optional[list], rank: int, world_size: int, epoch: i
 
 
 # The data fields that cut a worker's chunks into batches: a saved position counts batches cut
-# with them, so checkpoints record them (`batching_record`) and a resume given others re-cuts.
+# with them, so checkpoints record them (`batching_record`; read back by
+# raymt.checkpoint.saved_batching) and a resume given others re-cuts.
 # data.shuffle_block_rows orders the rows the chunks are cut from: positions count in that order.
 BATCHING_FIELDS = (
     "max_len",
@@ -494,16 +484,8 @@ BATCHING_FIELDS = (
     "shape_buckets",
     "shuffle_block_rows",
 )
-# What a checkpoint whose record lacks a field (written before it existed) cut its batches with.
-BATCHING_BEFORE = {"shuffle_block_rows": 0}  # shards read whole, in order
 
 
 def batching_record(cfg: DataConfig) -> dict:
     """The fields of `cfg` that cut chunks into batches, as a checkpoint records them."""
     return {name: getattr(cfg, name) for name in BATCHING_FIELDS}
-
-
-def saved_batching(record: Optional[dict]) -> dict:
-    """The batching fields a checkpoint's positions were counted with: its record, a field it
-    lacks at what that meant before the field existed (`BATCHING_BEFORE`)."""
-    return {**BATCHING_BEFORE, **(record or {})}

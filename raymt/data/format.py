@@ -12,7 +12,7 @@ docs/design-inputs.md, section 3); one pair is a corpus of one, with no tags:
     train/<name>/part-00000.parquet    per corpus (name en-de, or en-de.bt): src_ids, tgt_ids,
                                        list<int32> SentencePiece ids (no BOS/EOS), src_ids
                                        starting with the corpus's source tags (and source
-                                       language code: `raymt.data.mixing.source_prefix`)
+                                       language code: `raymt.tags.source_prefix`)
     valid/<pair>.parquet               one per pair: src, tgt stripped text, every row scored
     test/<pair>/<name>.parquet         the pair's test sets
 
@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from raymt import storage
 from raymt.data.text import Pairs
 from raymt.storage import filesystem, read_bytes
+from raymt.tags import lang_tag
 from raymt.tokenizer import EOS_ID, Tokenizer
 
 # One corpus or several, with their languages and tags (raymt.data.prepare.prepare_corpora).
@@ -212,7 +213,7 @@ class PreparedCorpus:
         reserves one (never <BT>), then its source language's code when it has those (as its
         training sources); none for a one-pair corpus."""
         src, tgt = pair.split("-", 1)
-        tag, codes = f"<2{tgt}>", self.source_codes
+        tag, codes = lang_tag(tgt), self.source_codes
         return ([self.reserved[tag]] if tag in self.reserved else []) + ([codes[src]] if src in codes else [])
 
     def test_names(self, pair: str) -> list[str]:

@@ -11,8 +11,8 @@ from typing import Optional
 from raymt.config import SCORE_KEYS, PrepareConfig
 from raymt.data.clean import drop_summary
 from raymt.data.format import FORMAT, TEST_DIR, TRAIN_DIR, VALID_DIR
-from raymt.data.mixing import target_langs
 from raymt.data.sources import CorpusInput, check_corpus_inputs
+from raymt.tags import target_langs
 from raymt.tokenizer import Tokenizer
 
 

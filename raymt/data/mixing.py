@@ -1,4 +1,4 @@
-"""Several corpora in one model: the tags that tell them apart and the temperature that mixes them.
+"""Several corpora in one model: whether they need a mix, and the temperature that mixes them.
 
 Groundwork for multilingual training (issue 30) and back-translation (issue 29), designed in
 docs/design-inputs.md. Plain Python and numpy: the functions here are pure, so the driver,
@@ -6,10 +6,7 @@ docs/design-inputs.md. Plain Python and numpy: the functions here are pure, so t
 corpora themselves are `CorpusSpec`s (raymt.config.corpus: tables, and the input flags' SPECs
 that raymt.flags.InputFlags.corpora reads).
 
-- Reserved tag pieces: `<2de>` target-language tags (Johnson et al. 2017) and `<BT>` on
-  back-translated sources (Caswell et al. 2019). Shards and encoded sources hold the target tag
-  first; a model with data.tag_side "tgt" reads it as its decoder's first token instead (moved
-  at collation and decoding: raymt.batching.tag_to_decoder, raymt.decoding.split_tags).
+- The tags that tell corpora apart (`<2de>`, `<BT>`) live in raymt.tags.
 - Temperature mixing: p_i ~ (w_i n_i)^(1/T) and each epoch's rows per corpus (the epoch's
   schedule of pieces, drawn from (seed, epoch) only, is `raymt.data.epoch.epoch_pieces`).
 """
@@ -20,81 +17,14 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from raymt.config import CorpusSpec, check_lang
+from raymt.config import CorpusSpec
 from raymt.errors import check
-
-BT_TAG = "<BT>"
 
 
 def mixed(corpora: Sequence[CorpusSpec]) -> bool:
     """Whether corpora need tags, a mix and the `raymt-corpus/2` format: several corpora, or a
     back-translated one (one real corpus is today's single pair, whatever its files)."""
     return len(corpora) > 1 or any(c.origin != "real" for c in corpora)
-
-
-# ---------------------------------------------------------------- tags
-
-
-def lang_tag(lang: str) -> str:
-    """The target-language tag piece: "<2de>" for "de" (Johnson et al. 2017)."""
-    check_lang(lang, "tag language")
-    return f"<2{lang}>"
-
-
-def target_langs(corpora: Sequence[CorpusSpec]) -> list[str]:
-    """The languages the corpora translate into, sorted."""
-    return sorted({c.tgt_lang for c in corpora})
-
-
-def reserved_pieces(corpora: Sequence[CorpusSpec], bt_tag: bool = True, every_target: bool = False) -> list[str]:
-    """The tag pieces to reserve in SentencePiece (control symbols, never split, never made from
-    text), in id order: a `<2xx>` tag per target language when there are several (or always:
-    `every_target`, a model that reads language codes), then `<BT>` when a corpus is
-    back-translated and `bt_tag`. A single real pair reserves none."""
-    langs = target_langs(corpora)
-    pieces = [lang_tag(lang) for lang in langs] if len(langs) > 1 or every_target else []
-    return pieces + ([BT_TAG] if bt_tag and any(c.origin == "bt" for c in corpora) else [])
-
-
-def source_tags(corpus: CorpusSpec, reserved: Sequence[str]) -> list[str]:
-    """The pieces put before each source of `corpus`: its target tag, then `<BT>`, where reserved."""
-    tags = [lang_tag(corpus.tgt_lang)] if lang_tag(corpus.tgt_lang) in reserved else []
-    return tags + ([BT_TAG] if corpus.origin == "bt" and BT_TAG in reserved else [])
-
-
-def source_prefix(corpus: CorpusSpec, ids: dict[str, int], codes: Optional[dict[str, int]] = None) -> list[int]:
-    """The ids before each training source of `corpus`: its `source_tags` (`ids`: the reserved
-    pieces' ids) with, for a model that reads its source's language code (`codes`: an imported
-    NLLB's languages "source_tags", every target tagged), that code after the target tag: the tag
-    moves to the decoder (data.tag_side "tgt") and the code starts the source, as
-    raymt.engines.ModelInfo.prefix puts them at inference."""
-    tags = [ids[piece] for piece in source_tags(corpus, list(ids))]
-    return tags[:1] + [codes[corpus.src_lang]] + tags[1:] if codes else tags
-
-
-def check_tag_side(tag_side: str, corpora: Sequence[CorpusSpec], every_target: bool = False) -> None:
-    """data.tag_side "tgt" (the tag first in the decoder) needs tags: several target languages,
-    or `every_target` (a model that reads language codes tags every target)."""
-    check(
-        tag_side == "src" or len(target_langs(corpora)) > 1 or every_target,
-        f"data.tag_side=tgt puts the target-language tag first in the decoder, but these corpora translate "
-        f"into {', '.join(target_langs(corpora))} only (no tags): leave data.tag_side at src",
-    )
-
-
-def decode_tags(tgt_lang: Optional[str], trained: Sequence[str], reserved: Sequence[str]) -> list[str]:
-    """The pieces before a source at inference (translate, evaluate, backtranslate): the model's
-    tag for `tgt_lang` (--tgt-lang); one-line errors when it is missing or not trained. A model
-    with data.tag_side "tgt" takes it from there as its decoder's prefix (raymt.decoding.split_tags)."""
-    tagged = any(p.startswith("<2") for p in reserved)
-    if tgt_lang is None:
-        check(not tagged, f"this model translates into {', '.join(trained)}: pass --tgt-lang")
-        return []
-    check(
-        tgt_lang in trained,
-        f"--tgt-lang {tgt_lang}: this model was trained to translate into {', '.join(trained)}; pick one of them",
-    )
-    return [lang_tag(tgt_lang)] if tagged else []
 
 
 # ---------------------------------------------------------------- temperature mixing

@@ -30,40 +30,18 @@ from raymt.data import scores
 from raymt.data.clean import READ_COUNTS, all_dropped
 from raymt.data.format import SPM_FILE
 from raymt.data.layout import Layout
-from raymt.data.mixing import reserved_pieces, sample_sizes, source_prefix, source_tags
+from raymt.data.mixing import sample_sizes
 from raymt.data.shards import eval_split, first_pass, in_driver, ray_data_settings, write_split
 from raymt.data.sources import CorpusInput, clean_config, corpus_config, task_spec
 from raymt.data.staging import build_staged, existing_corpus
 from raymt.errors import check
+from raymt.tags import check_source_codes, check_tags, reserved_pieces, source_prefix, source_tags
 from raymt.tokenizer import Tokenizer, train_tokenizer
 
 
 def _progress(message: str) -> None:
     """A progress line on stdout."""
     print(f"prepare: {message}", flush=True)
-
-
-def check_tags(tokenizer: Tokenizer, reserved: list[str], where: str) -> None:
-    """A given model (a checkpoint's, a run's) must have the corpora's tags as control symbols:
-    a SentencePiece model's reserved pieces (ids 4, 5, ... where raymt trained it), an imported
-    vocabulary's aliases (<2de> of NLLB's deu_Latn, at the model's id); a one-line error otherwise."""
-    wrong = [p for p in reserved if not tokenizer.is_control(tokenizer.piece_to_id(p))]
-    if wrong:
-        raise ValueError(
-            f"{where}: its vocabulary does not reserve the tag(s) {', '.join(wrong)} that these "
-            "corpora need: train on corpora of its languages and origins, or from scratch"
-        )
-
-
-def check_source_codes(specs: list, codes: dict[str, int], where: str) -> None:
-    """A given model that reads its source's language code (an imported NLLB's or M2M-100's
-    `source_tags`) must have one for every corpus's source language; a one-line error otherwise."""
-    missing = sorted({c.src_lang for c in specs} - set(codes))
-    if missing:
-        raise ValueError(
-            f"{where} reads the source's language code first in each source and has none for "
-            f"{', '.join(missing)} (it has {', '.join(sorted(codes))}): train on pairs of its languages"
-        )
 
 
 def read_tokenizer(location: str) -> Tokenizer:
@@ -95,7 +73,7 @@ def prepare_corpora(
     """Prepare corpora into one directory (one joint SentencePiece model with the tags reserved,
     shards per corpus, sets per pair: `raymt-corpus/2`, `raymt.data.layout`); returns the manifest.
     `source_codes`: the given `tokenizer`'s model reads its source's language code (language ->
-    id), put after the target tag of every source (`mixing.source_prefix`). Starts Ray (ray.init)
+    id), put after the target tag of every source (`raymt.tags.source_prefix`). Starts Ray (ray.init)
     for inputs too large to prepare in the driver (`in_driver`)."""
     t0 = time.time()
     out = storage.normalize(out)

@@ -22,6 +22,7 @@ from raymt.data import scores
 from raymt.data.text import (
     COLUMNAR_SUFFIXES,
     TABLE_SUFFIXES,
+    check_aligned,
     check_text_column,
     decode,
     file_kind,
@@ -250,13 +251,8 @@ def _check_pairs(source: Source, split: str) -> dict:
     if source.pairs is None:
         raise ValueError(f"{split}: a pairs source needs pairs=(src_list, tgt_list)")
     src, tgt = source.pairs
-    if len(src) != len(tgt):
-        raise ValueError(
-            f"{split}: in-memory pairs have {len(src)} source but {len(tgt)} target "
-            "sentences: the lists must be aligned"
-        )
-    if not src:
-        raise ValueError(f"{split}: in-memory pairs are empty")
+    misaligned = f"{split}: in-memory pairs have {len(src)} source but {len(tgt)} target sentences"
+    check_aligned(src, tgt, f"{misaligned}: the lists must be aligned", f"{split}: in-memory pairs are empty")
     digest = hashlib.sha256(json.dumps([list(src), list(tgt)]).encode()).hexdigest()
     return {"split": split, "kind": "pairs", "num_pairs": len(src), "sha256": digest}
 
@@ -346,13 +342,6 @@ class CorpusInput:
     def generated(self) -> bool:
         """Whether every training source is generated text (the built-in corpus)."""
         return bool(self.train) and all(s.generated for s in self.train)
-
-
-def pair_input(
-    cfg: PrepareConfig, train: list[Source], valid: list[Source], test: Optional[dict[str, list[Source]]] = None
-) -> CorpusInput:
-    """cfg's one pair (src_lang -> tgt_lang) as a corpus of these sources: one pair is a list of one."""
-    return CorpusInput(CorpusSpec(cfg.src_lang, cfg.tgt_lang), train, valid, test or {})
 
 
 def corpus_config(cfg: PrepareConfig, spec: CorpusSpec) -> PrepareConfig:

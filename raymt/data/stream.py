@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raymt.batching import Batch, ShapeLadder, collate_flat
+from raymt.checkpoint import saved_batching
 from raymt.config import DataConfig
 from raymt.data.epoch import (
     Mix,
@@ -53,7 +54,6 @@ from raymt.data.epoch import (
     epoch_reads,
     epoch_slice,
     restore_position,
-    saved_batching,
     skip_rows,
     slice_bounds,
     sub_plan,

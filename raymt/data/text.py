@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import lzma
-import os
 import zlib
 from typing import Any, Iterator, Optional, Sequence, Union
 
@@ -16,7 +15,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raymt.errors import InputError, first_line
+from raymt.errors import InputError, check, first_line
 from raymt.storage import exists, filesystem
 
 Pairs = tuple[list[str], list[str]]
@@ -124,14 +123,16 @@ def read_parallel(prefix: str, src_lang: str, tgt_lang: str) -> Pairs:
     """Read PREFIX.src and PREFIX.tgt, checking that line i of one translates line i of the other."""
     src_uri, tgt_uri = resolve(prefix, src_lang), resolve(prefix, tgt_lang)
     src, tgt = read_lines(src_uri), read_lines(tgt_uri)
-    if len(src) != len(tgt):
-        raise ValueError(
-            f"{src_uri} has {len(src)} lines but {tgt_uri} has {len(tgt)}: "
-            "line i of one must translate line i of the other"
-        )
-    if not src:
-        raise ValueError(f"{src_uri} is empty")
+    misaligned = f"{src_uri} has {len(src)} lines but {tgt_uri} has {len(tgt)}"
+    check_aligned(src, tgt, f"{misaligned}: line i of one must translate line i of the other", f"{src_uri} is empty")
     return src, tgt
+
+
+def check_aligned(src: Sequence[str], tgt: Sequence[str], misaligned: str, empty: str) -> None:
+    """The two sides of parallel text: as many sentences each (sentence i of one translates
+    sentence i of the other) and some; else the one-line error `misaligned` or `empty`."""
+    check(len(src) == len(tgt), misaligned)
+    check(len(src) > 0, empty)
 
 
 # ---------------------------------------------------------------- file kinds
@@ -223,11 +224,3 @@ def check_text_column(uri: str, schema: pa.Schema, column: str, flag: str) -> No
     tp = schema.field(column).type
     if not is_text_type(tp):
         raise InputError(f"{uri}: column {column!r} has type {tp}, not string: pass {flag} to name a text column")
-
-
-def text_prefix(spec: str) -> bool:
-    """Whether a SPEC's location names PREFIX.<src> and PREFIX.<tgt> text files, not a
-    .tsv/.jsonl/Parquet file or a directory."""
-    lower = strip_compression(spec).lower()
-    local_dir = "://" not in spec and os.path.isdir(spec)
-    return not (lower.endswith(TABLE_SUFFIXES) or spec.endswith("/") or local_dir)
