@@ -57,6 +57,7 @@ class GroupSpec:
     """A field holding another config whose flags are this command's too (`group`)."""
 
     skip: tuple[str, ...] = ()  # its fields that are no flag of this command
+    help: tuple[tuple[str, str], ...] = ()  # (field, help) where this command words a flag its own way
 
 
 def flag(
@@ -72,9 +73,11 @@ def flag(
     return dataclasses.field(default=default, default_factory=default_factory, metadata={FLAG: FlagSpec(help, **spec)})
 
 
-def group(cls: type, skip: Sequence[str] = ()) -> Any:
-    """A dataclass field holding a `cls` config, whose flags (all but `skip`) are this command's."""
-    return dataclasses.field(default_factory=cls, metadata={GROUP: GroupSpec(tuple(skip))})
+def group(cls: type, skip: Sequence[str] = (), help: Optional[dict[str, str]] = None) -> Any:
+    """A dataclass field holding a `cls` config, whose flags (all but `skip`) are this command's;
+    `help`: this command's own help of some of them (field -> help)."""
+    spec = GroupSpec(tuple(skip), tuple((help or {}).items()))
+    return dataclasses.field(default_factory=cls, metadata={GROUP: spec})
 
 
 # ---------------------------------------------------------------- the fields
@@ -118,17 +121,24 @@ def _default(f: dataclasses.Field) -> Any:
     return MISSING
 
 
-def options(cls: type, path: tuple[str, ...] = (), skip: Sequence[str] = ()) -> list[Option]:
-    """Every flag of config class `cls`, its groups' included, in field order."""
+def options(
+    cls: type, path: tuple[str, ...] = (), skip: Sequence[str] = (), helps: Optional[dict[str, str]] = None
+) -> list[Option]:
+    """Every flag of config class `cls`, its groups' included, in field order (`helps`: a group's
+    help of some fields, `group(help=)`)."""
     hints = typing.get_type_hints(cls)
     out: list[Option] = []
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         if GROUP in f.metadata:
-            out += options(hints[f.name], path + (f.name,), f.metadata[GROUP].skip)
+            spec = f.metadata[GROUP]
+            out += options(hints[f.name], path + (f.name,), spec.skip, dict(spec.help))
         elif FLAG in f.metadata:
-            out.append(Option(path + (f.name,), f.metadata[FLAG], _unwrap(hints[f.name]), _default(f)))
+            flag_spec = f.metadata[FLAG]
+            if helps and f.name in helps:
+                flag_spec = dataclasses.replace(flag_spec, help=helps[f.name])
+            out.append(Option(path + (f.name,), flag_spec, _unwrap(hints[f.name]), _default(f)))
     return out
 
 
@@ -154,6 +164,8 @@ def add_flags(p: argparse.ArgumentParser, cls: type) -> None:
                 kw["action"] = "append"
         elif opt.kind in (int, float) and not s.parse:
             kw["type"] = opt.kind
+        if len(opt.path) > 1 and "action" not in kw and not s.metavar and not s.choices:
+            kw["metavar"] = opt.path[-1].upper()  # a group's flag shows BEAM, as a field of its own would
         if s.positional:
             p.add_argument(opt.dest, **kw)
             continue

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import pytest
 
-from raymt.command import command_line, flag, group, main_of, options, parse, to_argv
+from raymt.command import command_line, flag, group, main_of, options, parse, parser, to_argv
 from raymt.errors import check
 
 
@@ -79,6 +79,19 @@ def test_a_group_builds_through_its_hook_and_skips_flags():
     assert [o.flag for o in options(Small)] == ["--beam"]
     with pytest.raises(SystemExit):
         parse(Small, ["--sample"], "small")
+
+
+@dataclass
+class Worded:
+    decode: Inner = group(Inner, help={"beam": "beams of this command"})
+
+
+def test_a_group_words_some_flags_for_its_command():
+    helps = {o.flag: o.spec.help for o in options(Worded)}
+    assert helps == {"--beam": "beams of this command", "--sample": "sample", "--seed": "seed"}
+    assert "beams of this command" in parser(Worded, "worded").format_help()
+    assert {o.flag: o.spec.help for o in options(Demo)}["--beam"] == "beam size"  # another command's own
+    assert parse(Worded, ["--beam", "2"], "worded") == Worded(Inner(beam=2))
 
 
 def test_positional_arguments_that_look_like_flags_render_after_a_separator():

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Optional
 
 from raymt import storage
-from raymt.config import DataConfig, PrepareConfig, parse_value, split_spec
+from raymt.command import from_args
+from raymt.config import DataConfig, PrepareConfig, ScoreConfig, parse_value, split_spec
 from raymt.data import score_job
 from raymt.data.score_job import add_score_parser
 from raymt.errors import cli_error
 from raymt.flags import add_input_flags, corpora_from_args
+from raymt.shard_job import exit_status
 
 # Flags whose names differ from their PrepareConfig field.
 FLAG_NAMES = {"src_lang": "src", "tgt_lang": "tgt"}
@@ -158,7 +160,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = prepare_parser().parse_args(argv)
     if args.command == "score":
-        return score_job.main(args)
+        return exit_status(score_job.PROG, score_job.run, lambda: from_args(ScoreConfig, args))
     try:
         from raymt.data.prepare import prepare_corpora
 
