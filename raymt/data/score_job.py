@@ -5,8 +5,8 @@ actors, restartably.
 As `raymt backtranslate` runs (`raymt.shard_job`): the corpus's line ids are cut into shards of
 `--shard-lines`; the driver reads the corpus (as `raymt data prepare` reads a --train SPEC) one
 shard at a time and hands each to a pool of actors that load both models once, score the shard in
-length-sorted token-budget batches (`raymt.decoding.token_log_probs`, each model with its own
-tokenizer) and write its file whole; a dead actor's shards go to a live one, and a rerun of the
+length-sorted token-budget batches (`Engine.score`: teacher-forced log-probabilities, each model
+with its own tokenizer) and write its file whole; a dead actor's shards go to a live one, and a rerun of the
 same command verifies the files there and scores the rest, every line in exactly one row. An
 empty or invalid line gets a NaN score and is counted. `score.json` names the models, languages,
 corpus (a fingerprint of its files) and line count; a rerun with other settings is refused.
@@ -215,26 +215,10 @@ def write_info(job: ScoreJob, done: bool = False) -> dict:
 def cross_entropies(
     engine: Engine, sources: list[str], targets: list[str], src_lang: str, tgt_lang: str, max_tokens: int
 ) -> list[float]:
-    """H(target | source) of each pair under a raymt engine's model: minus the mean
-    log-probability of the target's tokens and EOS (`raymt.decoding.token_log_probs`), in
-    length-sorted batches of at most max_tokens padded tokens; a tagged model gets its tag."""
-    from raymt.decoding import pad_batch, split_tags, token_log_probs
-    from raymt.engines import token_batches
-
-    info, device = engine.info, getattr(engine, "device", "cpu")
-    src_ids = info.encode(sources, tgt_lang, src_lang)
-    forced = 1 if info.tag_side == "tgt" else 0
-    room = info.max_positions - 2 - forced  # BOS, a decoder-side tag, the target, EOS within positions
-    tgt_ids = [ids[:room] for ids in engine.tokenizer.encode_batch(targets, side="tgt")]
-    out = [math.nan] * len(sources)
-    lengths = [max(len(s), len(t) + 2) for s, t in zip(src_ids, tgt_ids)]
-    for batch in token_batches(lengths, max_tokens):
-        src, prefix = split_tags(pad_batch([src_ids[i] for i in batch], device), info.tag_side)
-        with engine.autocast():  # type: ignore[attr-defined] (RaymtEngine's)
-            picked = token_log_probs(engine.model, src, [tgt_ids[i] for i in batch], prefix)  # type: ignore[attr-defined]
-        for i, log_probs in zip(batch, picked):
-            out[i] = scores.cross_entropy(log_probs)
-    return out
+    """H(target | source) of each pair under an engine: minus the mean teacher-forced
+    log-probability of the target's tokens and EOS (`Engine.score`, in length-sorted batches of at
+    most max_tokens padded tokens; a tagged model gets its tag)."""
+    return [scores.cross_entropy(lp) for lp in engine.score(sources, targets, tgt_lang, src_lang, max_tokens)]
 
 
 def score_block(
