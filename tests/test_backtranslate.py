@@ -169,6 +169,12 @@ def test_a_settings_record_refuses_other_settings_naming_their_flags(tmp_path):
         record.check(out, {"beam": 2})
     with pytest.raises(ValueError, match="is a file"):
         record.check(str(tmp_path / "out" / shard_job.shard_name(0)), {"beam": 2})
+    (tmp_path / "out" / shard_job.shard_name(0)).unlink()
+    (tmp_path / "out" / "notes.txt").write_text("someone else's\n")
+    assert record.check(out, {"beam": 2}) is None  # only shards mark a directory as a job's
+    anything = dataclasses.replace(record, marks="")  # distill.json's: the directory must be empty
+    with pytest.raises(ValueError, match=r"is not a test job \(no job.json\) and holds notes.txt"):
+        anything.check(out, {"beam": 2})
 
 
 # ---------------------------------------------------------------- bad input: one line, before Ray
