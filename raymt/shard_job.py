@@ -122,7 +122,7 @@ def find_done(
 
 @dataclass(frozen=True)
 class SettingsRecord:
-    """A job directory's JSON record of the settings that fix its outputs (bt.json, score.json):
+    """A job directory's JSON record of the settings that fix its outputs (bt.json, score.json, distill.json):
     the first run writes it, a rerun with other settings is refused naming the flags that differ;
     a directory without it that holds what a job writes is another's."""
 
