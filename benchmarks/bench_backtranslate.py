@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from raymt import backtranslate as bt  # noqa: E402
 from raymt import engines  # noqa: E402
-from raymt.config import BacktranslateConfig, DecodeOptions  # noqa: E402
+from raymt.config import DecodeOptions, ShardJobOptions  # noqa: E402
 
 DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "multi30k" / "train.de.gz"
 RATE = re.compile(r"in ([\d.]+) s, ([\d,.]+) sentences/s")
@@ -68,7 +68,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--tgt-lang", default="en", help="the output's (a tagged model: its tag)")
     p.add_argument("--beam", type=int, default=d.beam)
     p.add_argument("--compute-type", default="int8", help="CTranslate2's, for its engine and the baseline")
-    p.add_argument("--max-tokens", type=int, default=BacktranslateConfig().max_tokens)
+    p.add_argument("--max-tokens", type=int, default=ShardJobOptions().max_tokens)
     p.add_argument("--actors", default="1,2", help="actor counts to run")
     p.add_argument("--shard-lines", type=int, default=5000, help="input lines per shard (>= 2 shards per actor)")
     p.add_argument("--engines", default="raymt,ctranslate2")

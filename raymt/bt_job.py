@@ -1,6 +1,7 @@
-"""A back-translation job's record in its output: `bt.json`, the shard files, what is left to do.
+"""A back-translation job (`Job`, run by `raymt.shard_job.run_job`): its record in its output
+(`bt.json`, the shard files, what is left to do) and its reader of the input's shards.
 
-`raymt backtranslate` (raymt.backtranslate) checks its flags into a `Job` before Ray starts. The
+`raymt backtranslate` (raymt.backtranslate) checks its config into a `Job` before Ray starts. The
 input's line ids are cut into shards of `--shard-lines`; shard k becomes
 `part-<first line id>.parquet` (line_id, input, output, score; its counts in the schema's
 metadata), written whole: a temporary name renamed, or one object PUT. `bt.json` names the
@@ -11,63 +12,119 @@ totals and `done`. A rerun verifies the shard files there (row counts) and redoe
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raymt import shard_job, storage
-from raymt.config import BacktranslateConfig, DecodeOptions
-from raymt.data.mono import InputFile, count_lines
+from raymt import storage
+from raymt.config import BacktranslateConfig, DecodeOptions, ShardJobOptions
+from raymt.data.mono import InputFile, changed_error, count_lines, default_column, raw_items, text_of
 from raymt.engines import ModelInfo
-from raymt.shard_job import SHARD_PREFIX, shard_name
+from raymt.shard_job import Progress, SettingsRecord, ShardJob, shard_bytes
 
 INFO_FILE = "bt.json"
 INFO_FORMAT = "raymt-bt/1"
 META_KEY = b"raymt.bt"  # Parquet schema metadata of a shard: its counts
 STATUS_OK, STATUS_EMPTY, STATUS_INVALID = 0, 1, 2
+COUNTS = ("translated", "empty", "invalid")
 NOISE_FIELDS = ("noise", "noise_delete", "noise_replace", "noise_swap", "noise_filler")
 OUT_SCHEMA = pa.schema(
     [("line_id", pa.int64()), ("input", pa.string()), ("output", pa.string()), ("score", pa.float64())]
 )
 
 
-@dataclass
-class Job:
+@dataclass(kw_only=True)
+class Job(ShardJob):
     """Everything checked before Ray starts: the model, input, output and what is left to do."""
 
-    args: argparse.Namespace
-    bt: BacktranslateConfig
-    opts: DecodeOptions
+    name, unit, rate_unit = "backtranslate", "lines", "sentences/s"
+    cfg: BacktranslateConfig
     model: ModelInfo
     engine: str
-    src_lang: str
-    tgt_lang: str
     tags: list[str]
     files: list[InputFile]
-    output: str
-    info: dict  # bt.json
-    done: dict[int, dict] = field(default_factory=dict)  # shard -> its counts, for verified shard files
-    todo: list[int] = field(default_factory=list)
+    info: dict = field(default_factory=dict)  # bt.json: the previous run's until write_info replaces it
+    text_done: bool = False  # the previous run wrote the text files whole (`text_complete`)
 
     @property
-    def num_lines(self) -> int:
-        """Lines of the whole input."""
-        return sum(f.num_lines for f in self.files)
+    def options(self) -> ShardJobOptions:
+        """--shard-lines, --max-tokens and the actors' flags."""
+        return self.cfg.shards
 
     @property
-    def num_shards(self) -> int:
-        """Output shards of the whole input."""
-        return -(-self.num_lines // self.bt.shard_lines)
+    def opts(self) -> DecodeOptions:
+        """The decoding options: sampling seeded by --seed."""
+        return self.cfg.decode_options()
 
-    def shard_rows(self, shard: int) -> int:
-        """Lines of shard `shard` (the last one may be short)."""
-        return min(self.bt.shard_lines, self.num_lines - shard * self.bt.shard_lines)
+    def record(self, done: bool = False) -> dict:
+        """bt.json (`write_info`)."""
+        write_info(self, done)
+        return self.info
+
+    def shard_inputs(self) -> Iterator[tuple[int, pa.Table]]:
+        """The shards to do in line-id order, each one table (line_id, text; text null when invalid),
+        read file by file in this process: one shard in memory at a time, whatever the files' sizes.
+        A shard may span files; files without a shard to do are not opened."""
+        shard_lines, todo = self.options.shard_lines, set(self.todo)
+        src_lang = self.src_lang.split("+")[0]
+        ids: list[int] = []
+        texts: list[Optional[str]] = []
+        for f in self.files:
+            first, end = f.first_line, f.first_line + f.num_lines
+            if not any(s in todo for s in range(first // shard_lines, -(-end // shard_lines))):
+                continue
+            col = default_column(f.kind, self.cfg.column, src_lang)
+            line_id = first
+            for raw in raw_items(f, col):
+                if line_id == end:
+                    raise changed_error(f, "more")
+                shard = line_id // shard_lines
+                if shard in todo:  # the lines of done shards are not decoded
+                    ids.append(line_id)
+                    texts.append(text_of(raw, f.kind, col, line_id == first))
+                    if len(ids) == self.shard_rows(shard):
+                        yield (
+                            shard,
+                            pa.table({"line_id": pa.array(ids, pa.int64()), "text": pa.array(texts, pa.string())}),
+                        )
+                        ids, texts = [], []
+                line_id += 1
+            if line_id != end:
+                raise changed_error(f, str(line_id - first))
+
+    def actor_kwargs(self) -> dict:
+        """A decoding actor's keywords: each loads the model (several: an ensemble)."""
+        return {
+            "cfg": self.cfg,
+            "opts": self.opts,
+            "checkpoints": self.model.checkpoints,
+            "engine": self.engine,
+            "tgt_lang": self.tgt_lang,
+            "src_lang": self.src_lang.split("+")[0],  # an imported NLLB's source code (ModelInfo.source_tag)
+            "cache": str(storage.cache_root()),
+        }
+
+    def note(self) -> str:
+        """The engine and direction."""
+        return f" ({self.engine} engine, {self.src_lang}->{self.tgt_lang})"
+
+    def finish(self, progress: Progress) -> None:
+        """--format text: the text files, again when shards were redone or the last ones were cut short."""
+        if self.cfg.format == "text" and (progress.lines or not self.text_done):
+            write_text(self)
+
+    def summary(self, seconds: float, progress: Progress) -> str:
+        """The last line: counts, wall time, decoding speed (Ray's start aside) and where the output is."""
+        c = self.info["counts"]
+        return (
+            f"backtranslated {self.num_lines:,} lines {self.src_lang}->{self.tgt_lang} ({c['translated']:,} "
+            f"translated, {c['empty']:,} empty, {c['invalid']:,} invalid; engine {self.engine}) in {seconds:.1f} s"
+            f"{progress.rate()} -> {self.output}"
+        )
 
 
 def shard_file(table: pa.Table) -> tuple[bytes, dict]:
@@ -80,10 +137,7 @@ def shard_file(table: pa.Table) -> tuple[bytes, dict]:
         "empty": status.count(STATUS_EMPTY),
         "invalid": status.count(STATUS_INVALID),
     }
-    out = table.select(OUT_SCHEMA.names).cast(OUT_SCHEMA).replace_schema_metadata({META_KEY: json.dumps(counts)})
-    buf = io.BytesIO()
-    pq.write_table(out, buf)
-    return buf.getvalue(), counts
+    return shard_bytes(table.select(OUT_SCHEMA.names).cast(OUT_SCHEMA), META_KEY, counts), counts
 
 
 def settings(job: Job) -> dict:
@@ -96,58 +150,46 @@ def settings(job: Job) -> dict:
         "tgt_lang": job.tgt_lang,
         "tags": job.tags,
         "decode": {k: v for k, v in job.opts.__dict__.items() if k != "use_cache"},
-        "noise": {k: getattr(job.bt, k) for k in NOISE_FIELDS},
-        "seed": job.bt.seed,
-        "shard_lines": job.bt.shard_lines,
+        "noise": {k: getattr(job.cfg, k) for k in NOISE_FIELDS},
+        "seed": job.cfg.seed,
+        "shard_lines": job.options.shard_lines,
         "input": {
-            "spec": job.args.input,
-            "column": job.args.column,
+            "spec": job.cfg.input,
+            "column": job.cfg.column,
             "files": [{"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns} for f in job.files],
         },
     }
 
 
-SETTING_FLAGS = {
-    "checkpoint": "--checkpoint",
-    "checkpoints": "--checkpoint",
-    "engine": "--engine",
-    "src_lang": "--src-lang",
-    "tgt_lang": "--tgt-lang",
-    "tags": "--tgt-lang",
-    "decode": "the decoding flags",
-    "noise": "the --noise flags",
-    "seed": "--seed",
-    "shard_lines": "--shard-lines",
-    "input": "--input (or its files changed)",
-}
+def _one_checkpoint(record: dict) -> dict:
+    """A record older than ensembles names one checkpoint: the same as a list of it."""
+    return {**record, "checkpoints": record.get("checkpoints", [record.get("checkpoint")])}
+
+
+RECORD = SettingsRecord(
+    INFO_FILE,
+    "a back-translation",
+    flags={
+        "checkpoint": "--checkpoint",
+        "checkpoints": "--checkpoint",
+        "engine": "--engine",
+        "src_lang": "--src-lang",
+        "tgt_lang": "--tgt-lang",
+        "tags": "--tgt-lang",
+        "decode": "the decoding flags",
+        "noise": "the --noise flags",
+        "seed": "--seed",
+        "shard_lines": "--shard-lines",
+        "input": "--input (or its files changed)",
+    },
+    format=INFO_FORMAT,
+    upgrade=_one_checkpoint,
+)
 
 
 def check_output(job: Job) -> Optional[dict]:
     """The existing bt.json of --output (None for a new job); a one-line error for other settings."""
-    location = job.output
-    kind = storage.file_type(location)
-    if kind == pafs.FileType.File:
-        raise ValueError(f"--output {location} is a file: pass a directory (or a URI prefix)")
-    old = storage.optional_bytes(storage.join(location, INFO_FILE))
-    if old is None:
-        if kind == pafs.FileType.Directory and any(n.startswith(SHARD_PREFIX) for n in storage.listdir(location)):
-            raise ValueError(f"--output {location} holds shards but no {INFO_FILE}: pass a new --output")
-        return None
-    try:
-        info = json.loads(old)
-        assert info.get("format") == INFO_FORMAT
-    except (json.JSONDecodeError, AssertionError, AttributeError):
-        raise ValueError(f"{storage.join(location, INFO_FILE)} is not a raymt back-translation record") from None
-    info.setdefault("checkpoints", [info.get("checkpoint")])  # a record older than ensembles names one
-    now = settings(job)
-    differ = [k for k in now if info.get(k) != now[k]]
-    if differ:
-        names = ", ".join(dict.fromkeys(SETTING_FLAGS[k] for k in differ))
-        raise ValueError(
-            f"--output {location} holds a back-translation with other settings ({names}): rerun it with "
-            "the same flags to finish it, or pass a new --output"
-        )
-    return info
+    return RECORD.check(job.output, settings(job))
 
 
 def count_inputs(job: Job, old: Optional[dict]) -> None:
@@ -156,39 +198,28 @@ def count_inputs(job: Job, old: Optional[dict]) -> None:
     if known and len(known) == len(job.files):
         for f, n in zip(job.files, known):
             f.num_lines = int(n)
+        job.num_lines = sum(f.num_lines for f in job.files)
         return
     for f in job.files:
         f.num_lines = count_lines(f)
+    job.num_lines = sum(f.num_lines for f in job.files)
     if job.num_lines == 0:
-        raise ValueError(f"--input {job.args.input} has no lines")
-
-
-def find_done(job: Job) -> None:
-    """Verify the shard files already written (row counts); the rest, and broken ones, are to do."""
-    job.done, job.todo = shard_job.find_done(
-        job.output, job.num_shards, job.bt.shard_lines, job.num_lines, META_KEY, "empty"
-    )
+        raise ValueError(f"--input {job.cfg.input} has no lines")
 
 
 def write_info(job: Job, done: bool = False) -> None:
     """bt.json: settings, line counts, totals so far and whether the job is complete."""
-    totals = {"translated": 0, "empty": 0, "invalid": 0}
-    for counts in job.done.values():
-        for key in totals:
-            totals[key] += int(counts.get(key, 0))
-    info = {
-        "format": INFO_FORMAT,
+    job.info = {
         **settings(job),
         "num_lines": job.num_lines,
         "num_lines_per_file": [f.num_lines for f in job.files],
         "num_shards": job.num_shards,
         "shards_done": len(job.done),
-        "counts": totals,
+        "counts": job.totals(COUNTS),
         "done": done,
-        "text": text_names(job) if done and job.args.format == "text" else [],
+        "text": text_names(job) if done and job.cfg.format == "text" else [],
     }
-    job.info = info
-    storage.write_bytes(storage.join(job.output, INFO_FILE), json.dumps(info, indent=2).encode())
+    RECORD.write(job.output, job.info)
 
 
 # ---------------------------------------------------------------- --format text
@@ -219,7 +250,7 @@ def write_text(job: Job) -> None:
     try:
         with _text_output(fs, temps[0]) as src_out, _text_output(fs, temps[1]) as tgt_out:
             for shard in range(job.num_shards):
-                _, path = storage.filesystem(storage.join(job.output, shard_name(shard * job.bt.shard_lines)))
+                _, path = storage.filesystem(job.shard_location(shard))
                 with fs.open_input_file(path) as fh:
                     table = pq.read_table(fh, columns=["input", "output"])
                 for column, out in (("input", src_out), ("output", tgt_out)):

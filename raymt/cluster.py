@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from raymt.autoscale import RayCluster, grow
+from raymt.config import CPU_ACTORS
 from raymt.ray_console import filter_worker_output, quiet_console, quiet_env
 
 # A worker may take a quarter CPU at the least: below that Ray packs so many on one core
@@ -129,9 +130,6 @@ def _short(num: int, use_gpu: bool, cpus_each: Optional[float], total: dict) -> 
 
 
 # ---------------------------------------------------------------- decoding actors
-
-# Decoding actors on CPU when --num-actors is not given (with --gpu: one per GPU of the cluster).
-CPU_ACTORS = 2
 
 
 def actor_plan(

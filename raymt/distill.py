@@ -37,6 +37,7 @@ from raymt import storage
 from raymt.checkpoint import RAYMT_CONFIG_FILE
 from raymt.config import CONTENT_RULES, PRESETS, CorpusSpec, DecodeOptions, apply_overrides, preset
 from raymt.errors import check, cli_error
+from raymt.shard_job import SettingsRecord
 
 SETTINGS_FILE = "distill.json"
 REPORT_FILE = "report.json"
@@ -44,6 +45,8 @@ STUDENT_CONFIG = "student.json"
 TEACHER_DIR, STUDENT_RUN, STUDENT_CT2, BUILTIN_DIR = "teacher", "student", "student-ct2", "builtin"
 # Flags that may change between a killed command and its rerun (they do not change the result).
 RERUN_FREE = ("num_cpus", "verbose")
+# OUT/distill.json: the settings a rerun must share (a directory without it must be empty).
+RECORD = SettingsRecord(SETTINGS_FILE, "a distillation", rerun_free=RERUN_FREE, marks="")
 # CTranslate2 weight types the export chooses between by one-thread speed.
 CT2_TYPES = ("int8", "float32")
 # Sentences decoded before an engine is timed.
@@ -157,20 +160,7 @@ def _settings(args: argparse.Namespace) -> dict:
 
 def _check_output(args: argparse.Namespace, out: Path) -> None:
     """OUT is new, empty, or this distillation's (the same settings): another run is refused."""
-    record = out / SETTINGS_FILE
-    if record.exists():
-        old = json.loads(record.read_text())
-        changed = sorted(k for k in set(old) | set(_settings(args)) if old.get(k) != _settings(args).get(k))
-        check(
-            not changed,
-            f"--output {out} holds another distillation (its {SETTINGS_FILE} differs in {', '.join(changed)}): "
-            "rerun its command to finish it, or choose a new --output",
-        )
-    else:
-        check(
-            not out.exists() or not any(out.iterdir()),
-            f"--output {out} exists and is not a distillation (no {SETTINGS_FILE}): choose a new directory",
-        )
+    RECORD.check(str(out), vars(args))
 
 
 def write_builtin(plan: Plan, seed: int, train_size: int, eval_size: int) -> None:

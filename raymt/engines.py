@@ -11,7 +11,10 @@ may hold several target languages; a model trained with its tag on the decoder s
 (CTranslate2's `target_prefix`), never in an output; a caller that batches many requests'
 sentences cuts the batches itself (`token_batches`, by padded source tokens, each source costing
 `engine.length(source)`). `translate` does the whole job for a
-list of texts, in the length-sorted batches of `raymt translate`.
+list of texts, in the length-sorted batches of `raymt translate`. An engine also scores given
+outputs (sockeye's Scorer beside its Translator): `score_ids` gives each target's teacher-forced
+log-probabilities (its tokens and EOS; a decoder-side tag forced at no cost) for a batch, `score`
+for texts in token-budget batches (`raymt data score`'s cross-entropies).
 
 raymt's engine decodes as `raymt.decoding` does, at the precision `raymt.precision.for_inference`
 picks. CTranslate2's runs the model exported once into raymt's cache (int8 on a CPU, float16
@@ -42,6 +45,7 @@ from typing import Any, ClassVar, Optional, Sequence, Union
 import torch
 
 from raymt import storage
+from raymt.batching import pad_batch
 from raymt.checkpoint import (
     CONFIG_FILE,
     RAYMT_CONFIG_FILE,
@@ -54,7 +58,7 @@ from raymt.checkpoint import (
     weights_file,
 )
 from raymt.config import Config, DecodeOptions
-from raymt.decoding import decode_ids, encode_sources, length_batches
+from raymt.decoding import decode_ids, encode_sources, length_batches, split_tags, token_log_probs
 from raymt.ensemble import Decoder, Ensemble
 from raymt.errors import check, first_line
 from raymt.export import export_model
@@ -179,6 +183,12 @@ class ModelInfo:
         check(len(langs) == len(texts), f"{len(texts)} texts but {len(langs)} target languages")
         prefixes = {lang: self.prefix(lang, src_lang) for lang in dict.fromkeys(langs)}
         return [encode_sources(self.tokenizer, [t], max_positions, prefixes[lang])[0] for t, lang in zip(texts, langs)]
+
+    def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target ids of each text (its pieces, without BOS and EOS), cut so that BOS, a decoder-side
+        tag, the pieces and EOS fit the model's positions: the outputs an engine scores (`Engine.score`)."""
+        room = self.max_positions - 2 - (1 if self.tag_side == "tgt" else 0)
+        return [ids[:room] for ids in self.tokenizer.encode_batch(texts, side="tgt")]
 
 
 def load_model_info(checkpoints: Checkpoints) -> ModelInfo:
@@ -352,6 +362,31 @@ class Engine(ABC):
     ) -> list[list[Translation]]:
         """One batch of encoded sources (each ending in EOS): the n_best (score, text) each, best first."""
 
+    @abstractmethod
+    def score_ids(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[list[float]]:
+        """One batch of encoded sources (each ending in EOS) and target ids (`ModelInfo.encode_targets`):
+        each target's teacher-forced log-probabilities, token by token and then EOS (a decoder-side tag
+        forced at no cost, as decoding forces it); summed, decoding's length-penalty-0 score."""
+
+    def score(
+        self,
+        texts: Sequence[str],
+        targets: Sequence[str],
+        tgt_lang: TargetLangs = None,
+        src_lang: Optional[str] = None,
+        max_tokens: int = 4096,
+    ) -> list[list[float]]:
+        """Each target's teacher-forced log-probabilities given its text (sockeye's Scorer beside its
+        Translator): its tokens' and EOS's, in input order, scored in length-sorted batches of at most
+        `max_tokens` padded tokens (each pair costing the longer of its source and its target with BOS
+        and EOS); a tagged model gets its tag, `src_lang` as `translate` takes it."""
+        sources, outputs = self.encode(texts, tgt_lang, src_lang), self.info.encode_targets(targets)
+        out: list[list[float]] = [[] for _ in sources]
+        for batch in token_batches([max(len(s), len(t) + 2) for s, t in zip(sources, outputs)], max_tokens):
+            for i, log_probs in zip(batch, self.score_ids([sources[i] for i in batch], [outputs[i] for i in batch])):
+                out[i] = log_probs
+        return out
+
     def translate(
         self,
         texts: Sequence[str],
@@ -391,6 +426,12 @@ class RaymtEngine(Engine):
         """One batch of encoded sources: the n_best (score, text) each (raymt.decoding.decode_ids)."""
         with self.autocast():
             return decode_ids(self.model, self.tokenizer, sources, opts, n_best, self.device, self.info.tag_side)
+
+    def score_ids(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Each target's teacher-forced log-probabilities (raymt.decoding.token_log_probs)."""
+        src, prefix = split_tags(pad_batch(sources, self.device), self.info.tag_side)
+        with self.autocast():
+            return token_log_probs(self.model, src, targets, prefix)
 
 
 class CT2Engine(Engine):
@@ -462,6 +503,21 @@ class CT2Engine(Engine):
             batch_type="tokens",
         )
         return [self._hypotheses(result, limit, forced) for result, limit in zip(results, limits)]
+
+    def score_ids(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Each target's teacher-forced log-probabilities: CTranslate2's `score_batch` at the engine's
+        compute type (float32: raymt's to ~1e-6 a token); a decoder-side tag forced, its own not counted."""
+        if not sources:
+            return []
+        tok, forced = self.tokenizer, int(self.info.tag_side == "tgt")
+        pieces = [[tok.id_to_piece(i) for i in s[forced:-1]] for s in sources]  # CTranslate2 adds EOS
+        outputs = [
+            [tok.id_to_piece(s[0])] * forced + [tok.id_to_piece(i, "tgt") for i in t] for s, t in zip(sources, targets)
+        ]
+        results = self.translator.score_batch(
+            pieces, outputs, offset=forced, max_batch_size=self.sub_batch_tokens, batch_type="tokens"
+        )
+        return [list(result.log_probs) for result in results]
 
     def _hypotheses(self, result: Any, limit: int, forced: int = 0) -> list[Translation]:
         """(score, text) of one sentence's hypotheses, each cut to raymt's limit (EOS included)

@@ -1,5 +1,6 @@
 """`raymt.backtranslate`: every input line once, aligned, in line-id order; restarts; bad input before Ray."""
 
+import dataclasses
 import gzip
 import json
 import lzma
@@ -22,7 +23,8 @@ from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse f
 from raymt import backtranslate as bt
 from raymt import bt_job, engines, shard_job
 from raymt.checkpoint import languages_entry
-from raymt.config import BacktranslateConfig, DecodeOptions
+from raymt.command import command_line, to_argv
+from raymt.config import BacktranslateConfig, DecodeOptions, ShardJobOptions
 from raymt.data.builtin import generate
 from raymt.data.mono import InputFile, count_lines
 
@@ -56,13 +58,18 @@ def run(args: list[str]) -> int:
     return bt.main(args)
 
 
+def bt_config(**kwargs) -> BacktranslateConfig:
+    """A config of the options given (the model, input and output are never read)."""
+    return BacktranslateConfig(**{"checkpoint": ("model",), "input": "mono.en", "output": "out", **kwargs})
+
+
 # ---------------------------------------------------------------- pure functions
 
 
 def test_noise_deletes_replaces_and_moves_words_at_most_k():
     words = [f"w{i}" for i in range(2000)]
     text = " ".join(words)
-    cfg = BacktranslateConfig(noise=True, noise_swap=0)
+    cfg = bt_config(noise=True, noise_swap=0)
     noised = bt.noise_words(text, random.Random("1:7"), cfg).split()
     assert noised == bt.noise_words(text, random.Random("1:7"), cfg).split()  # repeatable per line
     assert noised != bt.noise_words(text, random.Random("1:8"), cfg).split()
@@ -71,11 +78,11 @@ def test_noise_deletes_replaces_and_moves_words_at_most_k():
     kept = [w for w in noised if w != cfg.noise_filler]
     assert kept == sorted(kept, key=lambda w: int(w[1:]))  # without swaps, in order
     # Swaps alone: a permutation moving no word more than 3 places (Lample et al. 2018).
-    swap = BacktranslateConfig(noise=True, noise_delete=0, noise_replace=0, noise_swap=3)
+    swap = bt_config(noise=True, noise_delete=0, noise_replace=0, noise_swap=3)
     moved = bt.noise_words(text, random.Random(0), swap).split()
     assert sorted(moved) == sorted(words) and moved != words
     assert max(abs(i - int(w[1:])) for i, w in enumerate(moved)) <= 3
-    off = BacktranslateConfig(noise=True, noise_delete=0, noise_replace=0, noise_swap=0)
+    off = bt_config(noise=True, noise_delete=0, noise_replace=0, noise_swap=0)
     assert bt.noise_words("a b c", random.Random(0), off) == "a b c"
 
 
@@ -120,6 +127,56 @@ def test_tagged_model_checks_the_source_against_the_target(checkpoint):
         bt.directions(model, None, "en")
 
 
+def test_a_config_renders_the_command_line_that_builds_it():
+    shards = ShardJobOptions(shard_lines=7, max_tokens=64, num_actors=2, gpu=True, cpus_per_actor=0.5, num_cpus=3)
+    sampled = bt_config(
+        checkpoint=("a", "b"),
+        format="text",
+        column="2",
+        src_lang="en",
+        tgt_lang="de",
+        decode=DecodeOptions(beam=1, length_penalty=1.0, max_len_a=0.5, max_len_b=3, sample=True, top_k=5),
+        seed=7,
+        engine="raymt",
+        compute_type="int8",
+        shards=dataclasses.replace(shards, progress_s=0.5, verbose=True),
+    )
+    noised = bt_config(noise=True, noise_delete=0.2, noise_replace=0.0, noise_swap=0, noise_filler="_", shards=shards)
+    for cfg in (sampled, noised):
+        assert bt.parse_args(to_argv(cfg)) == cfg
+    assert command_line("backtranslate", sampled).startswith("raymt backtranslate --checkpoint a --checkpoint b ")
+    assert bt.parse_args(["--checkpoint", "m", "--input", "i", "--output", "o", "--sample", "--beam", "4"]).decode == (
+        DecodeOptions(beam=1, sample=True)  # --sample implies beam 1
+    )
+    assert sampled.decode_options().seed == 7 and noised.decode_options().seed is None  # --seed seeds sampling
+
+
+def test_a_settings_record_refuses_other_settings_naming_their_flags(tmp_path):
+    record = shard_job.SettingsRecord("job.json", "a test job", flags={"beam": "--beam"}, rerun_free=("verbose",))
+    out = str(tmp_path / "out")
+    assert record.check(out, {"beam": 2, "verbose": True}) is None  # a new job
+    record.write(out, record.settings({"beam": 2, "lang": "de", "verbose": True}))
+    assert json.loads((tmp_path / "out" / "job.json").read_text()) == {"beam": 2, "lang": "de"}
+    assert record.check(out, {"beam": 2, "lang": "de", "verbose": False}) == {"beam": 2, "lang": "de"}
+    with pytest.raises(ValueError, match=r"holds a test job with other settings \(--beam, lang\): rerun it"):
+        record.check(out, {"beam": 3, "lang": "fr"})
+    (tmp_path / "out" / "job.json").write_text("[1]")
+    with pytest.raises(ValueError, match="its job.json is not the record of a test job"):
+        record.check(out, {"beam": 2})
+    (tmp_path / "out" / "job.json").unlink()
+    (tmp_path / "out" / shard_job.shard_name(0)).write_bytes(b"")
+    with pytest.raises(ValueError, match=r"is not a test job \(no job.json\) and holds part-000000000000.parquet"):
+        record.check(out, {"beam": 2})
+    with pytest.raises(ValueError, match="is a file"):
+        record.check(str(tmp_path / "out" / shard_job.shard_name(0)), {"beam": 2})
+    (tmp_path / "out" / shard_job.shard_name(0)).unlink()
+    (tmp_path / "out" / "notes.txt").write_text("someone else's\n")
+    assert record.check(out, {"beam": 2}) is None  # only shards mark a directory as a job's
+    anything = dataclasses.replace(record, marks="")  # distill.json's: the directory must be empty
+    with pytest.raises(ValueError, match=r"is not a test job \(no job.json\) and holds notes.txt"):
+        anything.check(out, {"beam": 2})
+
+
 # ---------------------------------------------------------------- bad input: one line, before Ray
 
 
@@ -128,7 +185,7 @@ def no_ray(monkeypatch):
     def refuse(*_, **__):
         raise AssertionError("Ray must not start on bad input")
 
-    monkeypatch.setattr(bt, "init_ray", refuse)
+    monkeypatch.setattr(shard_job, "init_ray", refuse)
 
 
 @pytest.mark.parametrize(
@@ -191,7 +248,7 @@ def test_bad_input_is_one_line_before_ray(checkpoint, case, tmp_path, no_ray, er
         "direction": "translates en->de, so its input is en",
         "bad_uri": "cannot open this URI",
         "other_settings": "holds a back-translation with other settings (the decoding flags)",
-        "beam": "--beam 0 must be >= 1",
+        "beam": "beam=0 must be >= 1",  # DecodeOptions' own check, as `raymt evaluate --beam 0`
         "corrupt_xz": "mono.en.xz: Corrupt input data; check that the file is complete",
         "arrow_no_column": "mono.arrow has no column 'en' (columns: de): pass --column",
         "arrow_not_text": "mono.ipc: column 'en' has type int64, not string: pass --column to name a text column",
@@ -219,9 +276,9 @@ def decode_here(args: list[str]) -> None:
     """Write a job's shards in this process, as its actors would."""
     job = bt.check_args(bt.parse_args(args))
     bt_job.write_info(job)
-    for shard, block in bt.shard_inputs(job):
-        data, _ = bt_job.shard_file(bt.translate_block(UpperEngine(), block, job.opts, job.bt))
-        shard_job.write_shard(bt_job.storage.join(job.output, shard_job.shard_name(shard * job.bt.shard_lines)), data)
+    for shard, block in job.shard_inputs():
+        data, _ = bt_job.shard_file(bt.translate_block(UpperEngine(), block, job.opts, job.cfg))
+        shard_job.write_shard(job.shard_location(shard), data)
 
 
 @pytest.fixture
@@ -318,7 +375,7 @@ def test_shard_inputs_are_whole_shards_across_files_and_skip_done_ones(checkpoin
     flags = ["--checkpoint", str(checkpoint), "--input", str(inputs), "--output", str(tmp_path / "out"), *FLAGS]
     job = bt.check_args(bt.parse_args([*flags, "--shard-lines", "7"]))
     job.todo = [1, 2, 5]  # 1: lines 7-13 (a.txt.gz and b.tsv); 5: 35-39, the short last one
-    got = list(bt.shard_inputs(job))
+    got = list(job.shard_inputs())
     assert [shard for shard, _ in got] == job.todo
     for shard, table in got:
         ids = list(range(7 * shard, min(7 * shard + 7, 40)))
@@ -327,7 +384,7 @@ def test_shard_inputs_are_whole_shards_across_files_and_skip_done_ones(checkpoin
     with (inputs / "b.tsv").open("a") as f:
         f.write("one more\tline\n")
     with pytest.raises(ValueError, match="b.tsv has more lines now but had 10 when the job started"):
-        list(bt.shard_inputs(job))
+        list(job.shard_inputs())
 
 
 @pytest.mark.hosts  # actors vs this process
@@ -349,7 +406,7 @@ def test_every_input_kind_aligned_each_line_once(ray_cluster, checkpoint, tmp_pa
     assert (info["src_lang"], info["tgt_lang"], info["engine"]) == ("en", "de", "raymt")
     # The outputs are what the engine gives each shard (one block, across files), decoded here.
     engine = engines.load_engine(str(checkpoint), "raymt")
-    cfg = BacktranslateConfig(shard_lines=7)
+    cfg = bt_config(shards=ShardJobOptions(shard_lines=7))
     expected = []
     for start in range(0, 40, 7):
         ids = range(start, min(start + 7, 40))

@@ -74,6 +74,7 @@ PLAIN = [
     "serve.page",
     "serve.routing",
     "autoscale",
+    "cluster",
     "shared_dir",
     "ray_console",
 ]

@@ -16,8 +16,8 @@ from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse f
 
 from raymt import engines
 from raymt.checkpoint import languages_entry, load_model, save_checkpoint
-from raymt.config import Config, DataConfig, tiny
-from raymt.decoding import DecodeOptions, translate_nbest
+from raymt.config import Config, CorpusSpec, DataConfig, tiny
+from raymt.decoding import DecodeOptions, encode_sources, token_log_probs, translate_nbest
 from raymt.engines import load_engine, token_batches
 from raymt.model import Transformer
 from raymt.precision import for_inference
@@ -39,18 +39,30 @@ def checkpoint(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("engines") / "checkpoint", seed=4)
 
 
-@pytest.fixture(scope="module")
-def tagged(tmp_path_factory):
-    """A random tagged en->de/fr checkpoint (test_tags' trained one takes seconds to fit)."""
+def save_tagged(directory, tag_side: str = "src"):
+    """A random tagged en->de/fr checkpoint (test_tags' trained one takes seconds to fit), its tag
+    before the source or (tag_side "tgt") the decoder's first token."""
     torch.manual_seed(5)
     tok = tagged_tokenizer()
-    config = Config(model=tiny(), data=DataConfig(vocab_size=256))
-    languages = languages_entry(PAIRS, {piece: tok.sp.piece_to_id(piece) for piece in TAGS})
+    corpora = [CorpusSpec(src, tgt) for src, tgt in PAIRS]
+    config = Config(model=tiny(), data=DataConfig(vocab_size=256, corpora=corpora, tag_side=tag_side))
+    languages = languages_entry(PAIRS, {piece: tok.sp.piece_to_id(piece) for piece in TAGS}, tag_side)
     model = Transformer(config.model, tok.vocab_size)
     with torch.no_grad():  # no logit for PAD, BOS and the fillers: raymt masks them, CTranslate2 not
         model.embed.weight[[PAD_ID, BOS_ID, *range(tok.sp.get_piece_size(), tok.vocab_size)]] = 0.0
-    directory = tmp_path_factory.mktemp("tagged") / "checkpoint"
     return save_checkpoint(directory, model, config, tok, None, languages)
+
+
+@pytest.fixture(scope="module")
+def tagged(tmp_path_factory):
+    """A random en->de/fr checkpoint, its tag before the source."""
+    return save_tagged(tmp_path_factory.mktemp("tagged") / "checkpoint")
+
+
+@pytest.fixture(scope="module")
+def decoder_tagged(tmp_path_factory):
+    """A random en->de/fr checkpoint, its tag the decoder's first token (data.tag_side "tgt")."""
+    return save_tagged(tmp_path_factory.mktemp("decoder_tagged") / "checkpoint", "tgt")
 
 
 def todays_path(checkpoint, texts, opts, n_best, batch_size, prefix=()):
@@ -166,6 +178,57 @@ def test_ctranslate2_engine_behind_the_same_interface(tagged, tmp_path):
     assert engine.length(encoded[0]) == len(encoded[0]) - 1  # CTranslate2 appends EOS itself
     [two] = engine.translate_ids(encoded, DecodeOptions(beam=2, length_penalty=0.0), n_best=2)
     assert len(two) == 2 and two[0][0] >= two[1][0]
+
+
+def direct_log_probs(checkpoint, texts, targets, langs) -> list[list[float]]:
+    """Teacher-forced log-probabilities pair by pair, straight from token_log_probs: the tag before
+    the source (counted in its length), moved to the decoder's first token (forced at no cost) for a
+    decoder-tagged model."""
+    model, tok, cfg = load_model(checkpoint)
+    decoder_tag = engines.load_model_info(str(checkpoint)).tag_side == "tgt"
+    out = []
+    for text, target, lang in zip(texts, targets, langs):
+        tag = [TAG_ID[lang]] if lang else []
+        [src] = encode_sources(tok, [text], cfg.model.max_positions, tag)
+        room = cfg.model.max_positions - 2 - len(tag) * decoder_tag
+        if decoder_tag:
+            src, prefix = src[1:], torch.tensor([tag])
+        out += token_log_probs(model, torch.tensor([src]), [tok.encode(target)[:room]], prefix if decoder_tag else None)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["untagged", "tagged", "decoder_tagged"])
+def test_raymt_engine_scores_given_targets_as_token_log_probs(kind, checkpoint, tagged, decoder_tagged):
+    """Engine.score (sockeye's Scorer): each target's tokens and EOS, teacher-forced, in input order;
+    a target too long for the positions is cut as the source is; a decoder-side tag costs nothing."""
+    ckpt = {"untagged": checkpoint, "tagged": tagged, "decoder_tagged": decoder_tagged}[kind]
+    texts, targets = SENTENCES[:9] + [TEXTS[-1]], SENTENCES[3:12] + [TEXTS[-1]]
+    langs = [None] * len(texts) if kind == "untagged" else [("de", "fr")[i % 3 == 0] for i in range(len(texts))]
+    engine = load_engine(str(ckpt), "raymt")
+    got = engine.score(texts, targets, langs, max_tokens=64)  # several batches, sorted by length
+    want = direct_log_probs(ckpt, texts, targets, langs)
+    assert [len(g) for g in got] == [len(w) for w in want] == [len(t) + 1 for t in engine.info.encode_targets(targets)]
+    assert len(got[-1]) == engine.info.max_positions - 1 - (kind == "decoder_tagged")  # cut to the positions
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, abs=1e-5)  # other batches: other padding
+
+
+@pytest.mark.parametrize("kind", ["untagged", "tagged", "decoder_tagged"])
+def test_ctranslate2_scores_as_raymt(kind, checkpoint, tagged, decoder_tagged, tmp_path):
+    """CTranslate2's score_batch behind Engine.score: raymt's numbers at float32 (its tag forced too)."""
+    pytest.importorskip("ctranslate2")
+    ckpt = {"untagged": checkpoint, "tagged": tagged, "decoder_tagged": decoder_tagged}[kind]
+    texts, targets = SENTENCES[:8], SENTENCES[4:12]
+    langs = None if kind == "untagged" else ["de", "fr"] * 4
+    ct2 = load_engine(str(ckpt), "ctranslate2", threads=1, compute_type="float32", cache=str(tmp_path))
+    got, want = (
+        ct2.score(texts, targets, langs, max_tokens=64),
+        load_engine(str(ckpt), "raymt").score(texts, targets, langs),
+    )
+    assert [len(g) for g in got] == [len(w) for w in want]
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, abs=1e-4)
+    assert ct2.score_ids([], []) == []
 
 
 def test_an_unknown_engine_or_missing_ctranslate2_is_one_line(checkpoint, monkeypatch):

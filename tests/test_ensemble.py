@@ -11,7 +11,7 @@ import torch
 from agreement import assert_texts_agree
 from tiny_checkpoint import make_checkpoint, one_thread, write_pairs  # noqa: F401 (autouse fixture)
 
-from raymt import backtranslate, bt_job, engines, evaluate, translate
+from raymt import backtranslate, bt_job, engines, evaluate, shard_job, translate
 from raymt.checkpoint import languages_entry, load_model, save_checkpoint
 from raymt.config import Config, DataConfig, DecodeOptions, tiny
 from raymt.data.builtin import generate
@@ -135,8 +135,8 @@ def test_models_that_differ_are_one_line_before_ray(ckpts, command, member, mess
         raise AssertionError("Ray must not start")
 
     root, module = ckpts["root"], {"translate": translate, "evaluate": evaluate, "backtranslate": backtranslate}
-    for name in ("evaluate", "backtranslate"):
-        monkeypatch.setattr(module[name], "init_ray", no_ray)
+    monkeypatch.setattr(evaluate, "init_ray", no_ray)
+    monkeypatch.setattr(shard_job, "init_ray", no_ray)  # backtranslate's driver
     monkeypatch.setattr(engines, "load_model", no_ray)  # refused before any weights load
     prefix = write_pairs(root / "pairs", 3, seed=1)
     extra = {
@@ -150,7 +150,7 @@ def test_models_that_differ_are_one_line_before_ray(ckpts, command, member, mess
 
 
 def test_backtranslate_refuses_ctranslate2_for_an_ensemble(ckpts, monkeypatch, err_lines):
-    monkeypatch.setattr(backtranslate, "init_ray", lambda *_, **__: pytest.fail("Ray must not start"))
+    monkeypatch.setattr(shard_job, "init_ray", lambda *_, **__: pytest.fail("Ray must not start"))
     prefix = write_pairs(ckpts["root"] / "ct2", 3, seed=1)
     args = ["--checkpoint", ckpts["a"], "--checkpoint", ckpts["b"], "--input", f"{prefix}.en"]
     assert backtranslate.main([*args, "--output", str(ckpts["root"] / "ct2-out"), "--engine", "ctranslate2"]) == 2

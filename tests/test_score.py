@@ -1,5 +1,6 @@
 """`raymt data score` (dual conditional cross-entropy, issue 59 item 3) and prepare's score rule."""
 
+import dataclasses
 import json
 import math
 import os
@@ -14,8 +15,10 @@ import pytest
 import torch
 from tiny_checkpoint import make_checkpoint, one_thread, write_pairs  # noqa: F401 (autouse fixture)
 
-from raymt import shard_job, storage
+from raymt import shard_job
 from raymt.checkpoint import load_model
+from raymt.command import command_line, from_args, to_argv
+from raymt.config import ScoreConfig, ShardJobOptions
 from raymt.data import __main__ as data_main
 from raymt.data import prepare, score_job, scores
 from raymt.decoding import encode_sources, token_log_probs
@@ -36,7 +39,7 @@ def no_ray(monkeypatch):
     def refuse(*_, **__):
         raise AssertionError("Ray must not start on bad input")
 
-    monkeypatch.setattr(score_job, "init_ray", refuse)
+    monkeypatch.setattr(shard_job, "init_ray", refuse)
     monkeypatch.setattr(prepare, "init_ray", refuse)
 
 
@@ -44,15 +47,20 @@ def score_args(models, corpus, *extra) -> list[str]:
     return ["score", "--forward", str(models[0]), "--backward", str(models[1]), "--corpus", str(corpus), *extra]
 
 
+def score_config(argv: list[str]) -> ScoreConfig:
+    """The config of a `raymt data score` command line."""
+    return from_args(ScoreConfig, data_main.prepare_parser().parse_args(argv))
+
+
 def score_here(argv: list[str]) -> score_job.ScoreJob:
     """`raymt data score` without Ray: the job checked as the command checks it, its shards to do
     scored and written here as an actor does."""
-    job = score_job.check_args(data_main.prepare_parser().parse_args(argv))
+    job = score_job.check_args(score_config(argv))
     forward, backward = load_engine(job.forward.location, "raymt"), load_engine(job.backward.location, "raymt")
-    for shard, block in score_job.shard_inputs(job):
-        table = score_job.score_block(forward, backward, block, (job.src_lang, job.tgt_lang), job.cfg.max_tokens)
+    for shard, block in job.shard_inputs():
+        table = score_job.score_block(forward, backward, block, (job.src_lang, job.tgt_lang), job.options.max_tokens)
         data, job.done[shard] = score_job.shard_file(table)
-        shard_job.write_shard(storage.join(job.output, shard_job.shard_name(shard * job.cfg.shard_lines)), data)
+        shard_job.write_shard(job.shard_location(shard), data)
     score_job.write_info(job, done=True)
     return job
 
@@ -84,6 +92,19 @@ def test_dual_score_is_junczys_dowmunts_formula():
     assert scores.best_threshold(np.array([0.1, 0.9, np.nan, 0.5, 0.7]), 0.5) == 0.7  # the best 2 of 4 scored
 
 
+def test_a_config_renders_the_command_line_that_builds_it():
+    shards = ShardJobOptions(
+        shard_lines=7, max_tokens=64, num_actors=3, cpus_per_actor=1.5, progress_s=0.5, verbose=True
+    )
+    cfg = ScoreConfig(forward="f", backward="b", corpus="c", output="o", src_lang="de", tgt_lang="en", shards=shards)
+    cfg = dataclasses.replace(cfg, src_col="0", tgt_col="text")
+    assert score_config(["score", *to_argv(cfg)]) == cfg
+    assert command_line("data score", cfg).startswith("raymt data score --forward f --backward b --corpus c --output o")
+    assert score_config(["score", "--forward", "f", "--backward", "b", "--corpus", "c"]) == ScoreConfig(
+        forward="f", backward="b", corpus="c"
+    )
+
+
 def test_score_equals_a_direct_computation_with_token_log_probs(models, tmp_path):
     write_pairs(tmp_path / "train", 23, seed=3)
     src = (tmp_path / "train.en").read_text().splitlines()
@@ -111,7 +132,7 @@ def test_a_rerun_scores_only_the_missing_shards(models, tmp_path):
     score_here(argv)
     (tmp_path / "train.scores" / shard_job.shard_name(10)).unlink()
     (tmp_path / "train.scores" / shard_job.shard_name(20)).write_bytes(b"broken")
-    job = score_job.check_args(data_main.prepare_parser().parse_args(argv))
+    job = score_job.check_args(score_config(argv))
     assert job.todo == [1, 2] and sorted(job.done) == [0]
 
 

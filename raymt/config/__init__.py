@@ -5,7 +5,8 @@
   `parse_pairs`), and the one reader of older configs' one-pair fields (`with_one_pair`: only
   `raymt.flags.build_config` and `Config.from_dict` read them, so it is not re-exported)
 - `sections`: the run's `Config` and its sections, `DecodeOptions`, `check_training`
-- `commands`: `PrepareConfig` (`raymt data prepare`), `ScoreConfig` (`raymt data score`) and `BacktranslateConfig`
+- `commands`: `PrepareConfig` (`raymt data prepare`), `ScoreConfig` (`raymt data score`) and `BacktranslateConfig`,
+  the last two with `ShardJobOptions` (a shard job's flags)
 - `presets`: model presets as functions (tiny .. big)
 - `overrides`: config files, `--set` values and older configs' field names
 - `schedule`: the batch schedule and the defaults of GPU and compiled runs
@@ -17,9 +18,11 @@ The names below are the package's: `from raymt.config import Config` wherever it
 from raymt.config.commands import (
     BT_ENGINES,
     BT_FORMATS,
+    CPU_ACTORS,
     BacktranslateConfig,
     PrepareConfig,
     ScoreConfig,
+    ShardJobOptions,
     run_prepare_config,
 )
 from raymt.config.corpus import (
@@ -74,6 +77,7 @@ __all__ = [
     "BT_ENGINES",
     "BT_FORMATS",
     "BUILTIN_LANGS",
+    "CPU_ACTORS",
     "GPU_EVAL_EVERY",
     "GPU_MAX_STEPS",
     "GPU_MAX_TOKENS",
@@ -93,6 +97,7 @@ __all__ = [
     "SCORE_KEYS",
     "BacktranslateConfig",
     "ScoreConfig",
+    "ShardJobOptions",
     "Config",
     "CorpusOptions",
     "CorpusSpec",

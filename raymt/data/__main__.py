@@ -13,12 +13,13 @@ from typing import Optional
 
 from raymt import storage
 from raymt.command import add_flags, flag, from_args, group, to_argv
-from raymt.config import DataConfig, PrepareConfig, split_spec
+from raymt.config import DataConfig, PrepareConfig, ScoreConfig, split_spec
 from raymt.data import score_job
 from raymt.data.format import PreparedCorpus
 from raymt.data.score_job import add_score_parser
 from raymt.errors import check, cli_error
 from raymt.flags import InputFlags
+from raymt.shard_job import exit_status
 
 # What the input flags' help says of prepare (InputFlags.HELP_WORDS: train's).
 PREPARE_WORDS = {
@@ -164,7 +165,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = prepare_parser().parse_args(argv)
     if args.command == "score":
-        return score_job.main(args)
+        return exit_status(score_job.PROG, score_job.run, lambda: from_args(ScoreConfig, args))
     try:
         run(from_args(PrepareCommand, args))
     except ValueError as err:
