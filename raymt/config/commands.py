@@ -173,8 +173,12 @@ class ScoreConfig:
     backward: str = flag(help="a raymt checkpoint translating tgt->src", metavar="CKPT", required=True)
     corpus: str = flag(help="PREFIX (PREFIX.<src>, PREFIX.<tgt>) or a file", metavar="SPEC", required=True)
     output: Optional[str] = flag(None, "the scores' directory (default SPEC.scores, beside it)", metavar="DIR|URI")
-    src_lang: Optional[str] = flag(None, "the corpus's source language (default: the forward model's)", name="--src")
-    tgt_lang: Optional[str] = flag(None, "the corpus's target language (default: the forward model's)", name="--tgt")
+    src_lang: Optional[str] = flag(
+        None, "the corpus's source language (default: the forward model's)", name="--src", metavar="SRC_LANG"
+    )
+    tgt_lang: Optional[str] = flag(
+        None, "the corpus's target language (default: the forward model's)", name="--tgt", metavar="TGT_LANG"
+    )
     src_col: Optional[str] = flag(None, "TSV column number, or JSONL key / Parquet column (default: --src)")
     tgt_col: Optional[str] = flag(None, "TSV column number, or JSONL key / Parquet column (default: --tgt)")
     # Padded tokens per batch: the longer of source and target (pairs sorted by length in a shard).
