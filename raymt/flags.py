@@ -1,12 +1,11 @@
 """The flags shared by `raymt train` and `raymt tune` (`TrainFlags`), the input flags `raymt data
 prepare` shares with them (`InputFlags`, read by its `corpora`), and the config they build: defaults <
 device defaults < preset < config file < flags < --set (`build_config`, where the one-pair names
-of flags, config files and --set are read into data.corpora); the decoding flags of backtranslate
-(`add_decode_flags`, `decode_options`; the other commands' are `DecodeOptions`' fields)."""
+of flags, config files and --set are read into data.corpora). The decoding flags of every command
+are `DecodeOptions`' fields (`raymt.command.group`)."""
 
 from __future__ import annotations
 
-import argparse
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional, Sequence
@@ -17,7 +16,6 @@ from raymt.config import (
     SCHEDULE_FIELDS,
     Config,
     CorpusSpec,
-    DecodeOptions,
     apply_overrides,
     check_real_weight,
     check_training,
@@ -233,34 +231,3 @@ def build_config(
             )
     kept = set(SCHEDULE_FIELDS) if from_checkpoint else set()
     return apply_overrides(cfg, device_defaults(cfg, set(given) | kept, num_gpus))
-
-
-# ---------------------------------------------------------------- decoding flags
-
-
-def add_decode_flags(p: argparse.ArgumentParser, sample: bool = True) -> None:
-    """The decoding flags of backtranslate (`sample`: with the sampling ones)."""
-    d = DecodeOptions()
-    p.add_argument("--beam", type=int, default=d.beam, help="beam size (1 = greedy)")
-    p.add_argument("--length-penalty", type=float, default=d.length_penalty, help="GNMT alpha")
-    p.add_argument("--max-len-a", type=float, default=d.max_len_a, help="max output = a * src_len + b")
-    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
-    if sample:
-        p.add_argument("--sample", action="store_true", help="sample instead of searching (implies --beam 1)")
-        p.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature")
-        p.add_argument("--top-k", type=int, default=d.top_k, help="sample among the K most likely tokens (0 = all)")
-
-
-def decode_options(args: argparse.Namespace, seed: Optional[int] = None) -> DecodeOptions:
-    """DecodeOptions (validated) from the decoding flags (`add_decode_flags`)."""
-    sample = getattr(args, "sample", False)
-    return DecodeOptions(
-        beam=1 if sample else args.beam,
-        length_penalty=args.length_penalty,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-        sample=sample,
-        temperature=getattr(args, "temperature", DecodeOptions.temperature),
-        top_k=getattr(args, "top_k", DecodeOptions.top_k),
-        seed=seed,
-    )

@@ -3,7 +3,11 @@ repeated and positional flags, converters, and a user error as one line."""
 
 from __future__ import annotations
 
+import re
+import sys
+import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import pytest
@@ -251,3 +255,17 @@ def test_help_shows_defaults_words_and_a_groups_flags_as_the_commands_own():
 def test_errors_are_named_as_the_module(capsys):
     assert main_of("python -m raymt.demo", Demo, print, ["--checkpoint", "a", "--beam", "0"]) == 2
     assert capsys.readouterr().err == "raymt.demo: error: --beam 0 must be >= 1\n"
+
+
+def test_the_example_command_of_the_architecture_doc_runs(capsys, monkeypatch):
+    """docs/architecture.md's command a new one copies: it parses, runs and refuses a bad value."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    code = re.search(r"## Commands.*?```python\n(.*?)```", doc, re.S).group(1)
+    module = types.ModuleType("greet")
+    monkeypatch.setitem(sys.modules, "greet", module)  # dataclasses look their module up
+    exec(compile(code, "docs/architecture.md", "exec"), module.__dict__)  # noqa: S102 - the repository's own doc
+    greet = module.__dict__
+    assert greet["main"](["--checkpoint", "ckpt", "--times", "2", "--beam", "2"]) == 0
+    assert greet["main"](["--checkpoint", "ckpt", "--times", "0"]) == 2
+    assert capsys.readouterr().err == "raymt greet: error: --times 0 must be >= 1\n"
+    assert to_argv(greet["GreetConfig"](checkpoint="c", times=3)) == ["--checkpoint", "c", "--times", "3"]

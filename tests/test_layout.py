@@ -141,6 +141,69 @@ UPWARD_IMPORTS: dict[tuple[str, str], str] = {
 }
 
 
+# ---------------------------------------------------------------- the command layer (issue 66)
+
+
+def parse_function(name: str) -> bool:
+    """A function that turns a command line into a config: parse_args, parse_*, *_parser."""
+    return name.startswith("parse") or name.endswith("parser")
+
+
+def namespace_nodes(node: ast.AST, names: set[str], inside: bool = False) -> Iterator[int]:
+    """The lines naming argparse.Namespace (`names`: what it is imported as) outside parse functions."""
+    for child in ast.iter_child_nodes(node):
+        here = inside or (isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and parse_function(child.name))
+        attr = isinstance(child, ast.Attribute) and child.attr == "Namespace"
+        hit = attr and isinstance(child.value, ast.Name) and child.value.id == "argparse"
+        if not here and (hit or (isinstance(child, ast.Name) and child.id in names)):
+            yield child.lineno
+        yield from namespace_nodes(child, names, here)
+
+
+def namespace_uses(root: Path = ROOT) -> list[str]:
+    """Each `argparse.Namespace` (or a `Namespace` imported from argparse) named outside a parse
+    function: arguments stop at `main`; everything after it takes a typed config."""
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root) == Path("command.py"):
+            continue  # the command layer itself: parsed flags into configs (`from_args`)
+        tree = parse(path)
+        imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "argparse"]
+        names = {a.asname or a.name for n in imports for a in n.names if a.name == "Namespace"}
+        where = path.relative_to(root.parent)
+        bad += [f"{where}:{line} names argparse.Namespace" for line in namespace_nodes(tree, names)]
+    return bad
+
+
+def main_calls(root: Path = ROOT) -> list[str]:
+    """Each call of a command module's `main` from another raymt module: commands compose by
+    calling each other's `run(config)`, never `main` (an argv built and parsed again)."""
+    commands = set(command_modules(root))
+    known = set(modules(root))
+    bad = []
+    for module, path in modules(root).items():
+        tree = parse(path)
+        bound: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in known:
+                        bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                base = import_base(node, module, path)
+                for a in node.names:
+                    bound[a.asname or a.name] = f"{base}.{a.name}"
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            target = dotted(node.func, bound)
+            owner = target.rsplit(".", 1)[0] if target and target.endswith(".main") else None
+            for command in (owner, f"{owner}.__main__"):
+                if command in commands and command != module:
+                    bad.append(f"{path.relative_to(root.parent)}:{node.lineno} calls {command}.main")
+    return bad
+
+
 # ---------------------------------------------------------------- reading raymt/
 
 
@@ -957,3 +1020,35 @@ def test_no_test_imports_benchmark_code():
                 names = [node.module or ""]
             bad += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "benchmarks"]
     assert not bad, "tests import benchmark code:\n" + "\n".join(bad)
+
+
+def test_arguments_stop_at_main():
+    """issue 66: `argparse.Namespace` only in parse functions; no command calls another's main."""
+    problems = namespace_uses() + main_calls()
+    assert not problems, "\n".join(problems)
+
+
+def test_the_command_checks_find_what_they_look_for(tmp_path):
+    """On a made-up package: a Namespace taken outside a parse function (annotation, import from
+    argparse), and a command's main called by another module, by attribute or by name."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "__main__.py": 'COMMANDS = {"a": "", "b": "", "sub": ""}\n',
+        "a.py": "import argparse\n\ndef parse_args(argv) -> argparse.Namespace:\n    return argparse.Namespace()\n\n"
+        "def main(argv=None):\n    return 0\n\ndef f(args: argparse.Namespace):\n    return args\n",
+        "b.py": "from argparse import Namespace\nfrom pkg import a\nfrom pkg.sub.__main__ import main as sub_main\n\n"
+        "def g():\n    return a.main([]), sub_main([]), Namespace()\n\ndef main(argv=None):\n    return g()\n",
+        "sub/__init__.py": "",
+        "sub/__main__.py": "def main(argv=None):\n    return 0\n",
+        "c.py": "import pkg.a\n\ndef h():\n    return pkg.a.main(), pkg.a.run()\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    assert namespace_uses(pkg) == ["pkg/a.py:9 names argparse.Namespace", "pkg/b.py:6 names argparse.Namespace"]
+    assert main_calls(pkg) == [
+        "pkg/b.py:6 calls pkg.a.main",
+        "pkg/b.py:6 calls pkg.sub.__main__.main",
+        "pkg/c.py:4 calls pkg.a.main",
+    ]
