@@ -23,8 +23,8 @@ written to OUT/builtin/ and distilled.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import functools
 import json
 import shutil
 import sys
@@ -33,12 +33,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from raymt import storage
-from raymt.checkpoint import RAYMT_CONFIG_FILE
-from raymt.config import CONTENT_RULES, PRESETS, CorpusSpec, DecodeOptions, apply_overrides, preset
+from raymt import backtranslate, storage, train
+from raymt.checkpoint import RAYMT_CONFIG_FILE, weights_file
+from raymt.cluster import check_ray_address
+from raymt.command import command_line, flag, parse
+from raymt.config import (
+    CONTENT_RULES,
+    PRESETS,
+    BacktranslateConfig,
+    Config,
+    CorpusSpec,
+    DecodeOptions,
+    ShardJobOptions,
+    apply_overrides,
+    preset,
+)
+from raymt.data.builtin import builtin_splits
+from raymt.data.text import read_parallel, resolve
+from raymt.engines import load_engine, load_model_info, resolve_engine
 from raymt.errors import check, cli_error
-from raymt.shard_job import SettingsRecord
+from raymt.export import ExportConfig, export_model
+from raymt.flags import TrainFlags, build_config
+from raymt.metrics import score
+from raymt.rundir import RUN_CONFIG
+from raymt.shard_job import SettingsRecord, Unfinished
 
+PROG = "raymt.distill"
 SETTINGS_FILE = "distill.json"
 REPORT_FILE = "report.json"
 STUDENT_CONFIG = "student.json"
@@ -53,32 +73,47 @@ CT2_TYPES = ("int8", "float32")
 WARM_UP = 16
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Command-line flags of `raymt distill`."""
-    p = argparse.ArgumentParser(prog="python -m raymt.distill", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--teacher", action="append", required=True, metavar="CKPT", help="teacher checkpoint (repeat: ensemble)"
+@dataclass(kw_only=True)
+class DistillConfig:
+    """`raymt distill`: the teachers, the corpora, the student's run and the teachers' translation;
+    every field a flag (`raymt.command`)."""
+
+    teacher: tuple[str, ...] = flag(
+        help="teacher checkpoint (repeat: ensemble)", repeat=True, required=True, metavar="CKPT"
     )
-    p.add_argument("--train", metavar="PREFIX", help="original pairs PREFIX.SRC/PREFIX.TGT (default: built-in corpus)")
-    p.add_argument("--valid", metavar="PREFIX", help="validation pairs of the student run")
-    p.add_argument("--test", metavar="PREFIX", help="test pairs: the student run's test and the comparison")
-    p.add_argument("--src-lang", help="source language (default: the teacher's)")
-    p.add_argument("--tgt-lang", help="target language (default: the teacher's)")
-    p.add_argument("--output", required=True, metavar="DIR", help="the distillation's directory (steps 1-4)")
-    p.add_argument("--student-preset", default="student_mini", help=f"one of {', '.join(PRESETS)}")
-    p.add_argument("--student-config", metavar="FILE", help="the student run's config (TOML/JSON) over the preset")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="the student run's")
-    p.add_argument("--max-steps", type=int, help="the student's updates (sets train.max_steps)")
-    p.add_argument("--num-workers", type=int, help="the student's training workers (sets train.num_workers)")
-    p.add_argument(
-        "--mix-original", type=float, default=0.0, metavar="F", help="share of original pairs in training (0-1)"
+    train: Optional[str] = flag(
+        None, "original pairs PREFIX.SRC/PREFIX.TGT (default: built-in corpus)", metavar="PREFIX"
     )
-    p.add_argument("--beam", type=int, default=5, help="the teachers' beam when they translate the corpus")
-    p.add_argument("--engine", default="auto", help="the teachers' engine (raymt backtranslate --engine)")
-    p.add_argument("--shard-lines", type=int, default=10_000, help="restart unit of the teachers' translation")
-    p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray instance (not with RAY_ADDRESS)")
-    p.add_argument("--verbose", action="store_true", help="also print Ray's own INFO lines")
-    return p.parse_args(argv)
+    valid: Optional[str] = flag(None, "validation pairs of the student run", metavar="PREFIX")
+    test: Optional[str] = flag(None, "test pairs: the student run's test and the comparison", metavar="PREFIX")
+    src_lang: Optional[str] = flag(None, "source language (default: the teacher's)")
+    tgt_lang: Optional[str] = flag(None, "target language (default: the teacher's)")
+    output: str = flag(help="the distillation's directory (steps 1-4)", required=True, metavar="DIR")
+    student_preset: str = flag("student_mini", f"one of {', '.join(PRESETS)}")
+    student_config: Optional[str] = flag(None, "the student run's config (TOML/JSON) over the preset", metavar="FILE")
+    set: list[str] = flag(help="the student run's", repeat=True, metavar="SECTION.FIELD=VALUE")
+    max_steps: Optional[int] = flag(None, "the student's updates (sets train.max_steps)")
+    num_workers: Optional[int] = flag(None, "the student's training workers (sets train.num_workers)")
+    mix_original: float = flag(0.0, "share of original pairs in training (0-1)", metavar="F")
+    beam: int = flag(5, "the teachers' beam when they translate the corpus")
+    engine: str = flag("auto", "the teachers' engine (raymt backtranslate --engine)")
+    shard_lines: int = flag(10_000, "restart unit of the teachers' translation")
+    num_cpus: Optional[int] = flag(None, "CPUs of a local Ray instance (not with RAY_ADDRESS)")
+    verbose: bool = flag(False, "also print Ray's own INFO lines")
+
+    def __post_init__(self) -> None:
+        check(0.0 <= self.mix_original < 1.0, f"--mix-original {self.mix_original} must be in [0, 1)")
+        check(self.beam >= 1, f"--beam {self.beam} must be >= 1")
+        preset(self.student_preset)  # an unknown preset: one line naming the choices
+
+    def settings(self) -> dict:
+        """Its values as distill.json records them (JSON's lists for tuples)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+def parse_args(argv: Optional[list[str]] = None) -> DistillConfig:
+    """The validated DistillConfig of a command line."""
+    return parse(DistillConfig, argv, "python -m raymt.distill", __doc__.split("\n\n")[0])
 
 
 @dataclass
@@ -91,82 +126,62 @@ class Plan:
     train: str  # prefix of the original pairs
     valid: Optional[str]
     test: Optional[str]
-    student: dict  # the student run's config (Config.to_dict)
+    student: Config  # the student run's config
 
 
-def _teacher_pair(args: argparse.Namespace) -> tuple[str, str]:
+def _teacher_pair(cfg: DistillConfig) -> tuple[str, str]:
     """The pair the teachers translate; several teachers must make an ensemble (one tokenizer, one
     set of languages: `check_ensemble`) that --engine can decode."""
-    from raymt.backtranslate import directions
-    from raymt.engines import load_model_info, resolve_engine
-
-    info = load_model_info(args.teacher)
-    resolve_engine(args.engine, info)  # an ensemble on CTranslate2: one line
-    return directions(info, args.src_lang, args.tgt_lang)[:2]
+    info = load_model_info(list(cfg.teacher))
+    resolve_engine(cfg.engine, info)  # an ensemble on CTranslate2: one line
+    return backtranslate.directions(info, cfg.src_lang, cfg.tgt_lang)[:2]
 
 
-def _student_config(args: argparse.Namespace, plan: Plan, distilled: str) -> dict:
-    """The student run's config: preset < --student-config < flags < --set, on the distilled pairs
-    (mixed with the original ones by --mix-original) with the teacher's tokenizer."""
-    from raymt.flags import build_config
-    from raymt.train import parse_args as train_args
-
-    argv = ["--preset", args.student_preset, "--src-lang", plan.src_lang, "--tgt-lang", plan.tgt_lang]
-    argv += ["--config", args.student_config] if args.student_config else []
-    argv += ["--max-steps", str(args.max_steps)] if args.max_steps else []
-    argv += ["--num-workers", str(args.num_workers)] if args.num_workers else []
-    for item in args.set:
-        argv += ["--set", item]
-    cfg = build_config(train_args(argv))
+def _student_config(cfg: DistillConfig, plan: Plan, distilled: str) -> Config:
+    """The student run's config: preset < --student-config < flags < --set, as `raymt train`
+    builds it, on the distilled pairs (mixed with the original ones by --mix-original) with the
+    teacher's tokenizer."""
+    flags = TrainFlags(
+        preset=cfg.student_preset,
+        config=cfg.student_config,
+        set=list(cfg.set),
+        max_steps=cfg.max_steps or None,
+        num_workers=cfg.num_workers or None,
+        src_lang=plan.src_lang,
+        tgt_lang=plan.tgt_lang,
+    )
     common = {"valid": plan.valid, "test": (plan.test,) if plan.test else ()}
     # The built-in corpus written as files stays generated text: its content rules off, as in a run.
-    rules = {} if args.train else {"clean": {rule: False for rule in CONTENT_RULES}}
-    weight = 1 - args.mix_original
+    rules = {} if cfg.train else {"clean": {rule: False for rule in CONTENT_RULES}}
+    weight = 1 - cfg.mix_original
     corpora = [
         CorpusSpec(plan.src_lang, plan.tgt_lang, (distilled,), label="distilled", weight=weight, **common, **rules)
     ]
-    if args.mix_original > 0:
-        original = {"label": "original", "weight": args.mix_original, **rules}
+    if cfg.mix_original > 0:
+        original = {"label": "original", "weight": cfg.mix_original, **rules}
         corpora.append(CorpusSpec(plan.src_lang, plan.tgt_lang, (plan.train,), **original))
-    tokenizer = storage.normalize(args.teacher[0])  # the teachers' one tokenizer (checked)
-    return apply_overrides(cfg, {"data.corpora": corpora, "data.tokenizer": tokenizer}).to_dict()
+    tokenizer = storage.normalize(cfg.teacher[0])  # the teachers' one tokenizer (checked)
+    return apply_overrides(build_config(flags), {"data.corpora": corpora, "data.tokenizer": tokenizer})
 
 
-def check_args(args: argparse.Namespace) -> Plan:
+def check_args(cfg: DistillConfig) -> Plan:
     """Every input, the teachers and the student's config checked; nothing written yet."""
-    from raymt.data.text import resolve
-
-    check(0.0 <= args.mix_original < 1.0, f"--mix-original {args.mix_original} must be in [0, 1)")
-    check(args.beam >= 1, f"--beam {args.beam} must be >= 1")
-    preset(args.student_preset)  # an unknown preset: one line naming the choices
-    src, tgt = _teacher_pair(args)
-    out = Path(args.output).resolve()
-    train = args.train or str(out / BUILTIN_DIR / "train")
-    valid = args.valid or (None if args.train else str(out / BUILTIN_DIR / "valid"))
-    test = args.test or (None if args.train else str(out / BUILTIN_DIR / "test"))
-    if args.train:
-        for prefix in (p for p in (args.train, args.valid, args.test) if p):
+    src, tgt = _teacher_pair(cfg)
+    out = Path(cfg.output).resolve()
+    train_prefix = cfg.train or str(out / BUILTIN_DIR / "train")
+    valid = cfg.valid or (None if cfg.train else str(out / BUILTIN_DIR / "valid"))
+    test = cfg.test or (None if cfg.train else str(out / BUILTIN_DIR / "test"))
+    if cfg.train:
+        for prefix in (p for p in (cfg.train, cfg.valid, cfg.test) if p):
             resolve(prefix, src), resolve(prefix, tgt)  # a missing file: one line naming it
-    plan = Plan(out, src, tgt, train, valid, test, {})
-    plan.student = _student_config(args, plan, str(out / TEACHER_DIR / "text"))
-    _check_output(args, out)
+    plan = Plan(out, src, tgt, train_prefix, valid, test, Config())
+    plan.student = _student_config(cfg, plan, str(out / TEACHER_DIR / "text"))
+    RECORD.check(str(out), cfg.settings())  # OUT is new, empty, or this distillation's
     return plan
-
-
-def _settings(args: argparse.Namespace) -> dict:
-    """What distill.json records: the flags that decide the result."""
-    return {k: v for k, v in sorted(vars(args).items()) if k not in RERUN_FREE}
-
-
-def _check_output(args: argparse.Namespace, out: Path) -> None:
-    """OUT is new, empty, or this distillation's (the same settings): another run is refused."""
-    RECORD.check(str(out), vars(args))
 
 
 def write_builtin(plan: Plan, seed: int, train_size: int, eval_size: int) -> None:
     """The built-in corpus of the pair as text files under OUT/builtin/ (train, valid, test)."""
-    from raymt.data.builtin import builtin_splits
-
     folder = plan.out / BUILTIN_DIR
     if (folder / f"test.{plan.tgt_lang}").exists():
         return
@@ -179,65 +194,70 @@ def write_builtin(plan: Plan, seed: int, train_size: int, eval_size: int) -> Non
     tmp.rename(folder)
 
 
-def start(args: argparse.Namespace, plan: Plan) -> None:
+def start(cfg: DistillConfig, plan: Plan) -> None:
     """OUT/distill.json (once), the student's config and, without --train, the built-in corpus."""
     plan.out.mkdir(parents=True, exist_ok=True)
-    record = plan.out / SETTINGS_FILE
-    if not record.exists():
-        record.write_text(json.dumps(_settings(args), indent=2))
-    (plan.out / STUDENT_CONFIG).write_text(json.dumps(plan.student, indent=2))
-    if not args.train:
-        data, seed = plan.student["data"], plan.student["train"]["seed"]
-        write_builtin(plan, seed, data["builtin_train_size"], data["builtin_eval_size"])
+    if RECORD.read(str(plan.out)) is None:
+        RECORD.write(str(plan.out), RECORD.settings(cfg.settings()))
+    (plan.out / STUDENT_CONFIG).write_text(json.dumps(plan.student.to_dict(), indent=2))
+    if not cfg.train:
+        data = plan.student.data
+        write_builtin(plan, plan.student.train.seed, data.builtin_train_size, data.builtin_eval_size)
 
 
-def _step(number: int, name: str, command: str, argv: list[str]) -> None:
-    """A step's header: the command that runs it alone."""
-    print(f"\n=== distill {number}/4: {name}: {command} {' '.join(argv)}", flush=True)
+def _step(number: int, name: str, command: str, step: object) -> None:
+    """A step's header: the command that runs it alone (its config's command line)."""
+    print(f"\n=== distill {number}/4: {name}: {command_line(command, step)}", flush=True)
 
 
-def translate_step(args: argparse.Namespace, plan: Plan) -> int:
-    """Step 1: the teachers' beam-search translations of the training sources (restartable)."""
-    from raymt import backtranslate
-    from raymt.data.text import resolve
-    from raymt.engines import load_model_info
-
-    decode = load_model_info(args.teacher[0]).config.decode
-    argv = [flag for t in args.teacher for flag in ("--checkpoint", t)]
-    argv += ["--input", resolve(plan.train, plan.src_lang), "--output", str(plan.out / TEACHER_DIR)]
-    argv += ["--format", "text", "--src-lang", plan.src_lang, "--tgt-lang", plan.tgt_lang, "--beam", str(args.beam)]
-    argv += ["--length-penalty", str(decode.length_penalty), "--engine", args.engine]
-    argv += ["--shard-lines", str(args.shard_lines)]
-    argv += ["--num-cpus", str(args.num_cpus)] if args.num_cpus else []
-    argv += ["--verbose"] if args.verbose else []
-    _step(1, "translate", "raymt backtranslate", argv)
-    return backtranslate.main(argv)
+def translate_config(cfg: DistillConfig, plan: Plan) -> BacktranslateConfig:
+    """Step 1's back-translation: the teachers at --beam and their length penalty, text output."""
+    decode = load_model_info(cfg.teacher[0]).config.decode
+    return BacktranslateConfig(
+        checkpoint=tuple(cfg.teacher),
+        input=resolve(plan.train, plan.src_lang),
+        output=str(plan.out / TEACHER_DIR),
+        format="text",
+        src_lang=plan.src_lang,
+        tgt_lang=plan.tgt_lang,
+        decode=DecodeOptions(beam=cfg.beam, length_penalty=decode.length_penalty),
+        engine=cfg.engine,
+        shards=ShardJobOptions(shard_lines=cfg.shard_lines, num_cpus=cfg.num_cpus, verbose=cfg.verbose),
+    )
 
 
-def train_step(args: argparse.Namespace, plan: Plan) -> Optional[dict]:
-    """Step 2: the student's run (continued when killed); its summary, None when it failed."""
-    from raymt import train
-    from raymt.rundir import RUN_CONFIG
+def translate_step(cfg: DistillConfig, plan: Plan) -> None:
+    """Step 1: the teachers' beam-search translations of the training sources (restartable;
+    `raymt.shard_job.Unfinished` when shards are left to do)."""
+    step = translate_config(cfg, plan)
+    _step(1, "translate", "backtranslate", step)
+    backtranslate.run(step)
 
+
+def student_flags(cfg: DistillConfig, plan: Plan) -> TrainFlags:
+    """Step 2's `raymt train` flags: the student's config in OUT, or its run continued."""
     run_dir = plan.out / STUDENT_RUN
-    summary = run_dir / "summary.json"  # written last: the run finished
+    if (run_dir / RUN_CONFIG).exists():
+        return TrainFlags(resume=str(run_dir), verbose=cfg.verbose)
+    config = str(plan.out / STUDENT_CONFIG)
+    return TrainFlags(config=config, storage_path=str(plan.out), name=STUDENT_RUN, verbose=cfg.verbose)
+
+
+def train_step(cfg: DistillConfig, plan: Plan) -> dict:
+    """Step 2: the student's run (continued when killed); its summary."""
+    summary = plan.out / STUDENT_RUN / "summary.json"  # written last: the run finished
     if not summary.exists():
-        if (run_dir / RUN_CONFIG).exists():
-            argv = ["--resume", str(run_dir)]
-        else:
-            argv = ["--config", str(plan.out / STUDENT_CONFIG), "--storage-path", str(plan.out), "--name", STUDENT_RUN]
-        argv += ["--verbose"] if args.verbose else []
-        _step(2, "train the student", "raymt train", argv)
-        if train.main(argv) != 0:
-            return None
+        flags = student_flags(cfg, plan)
+        _step(2, "train the student", "train", flags)
+        gpus = functools.partial(train.count_cluster_gpus, cfg.verbose)
+        student, resume_dir, init = train.resolve_resume(flags, gpus)
+        train.run(student, resume_dir, init, verbose=cfg.verbose)
     return json.loads(summary.read_text())
 
 
 def _engine(model: str | Path | list[str], compute_type: str):
     """The engine of the comparison, on one thread: CTranslate2 for one model (at `compute_type`),
     raymt's for an ensemble (CTranslate2 has none)."""
-    from raymt.engines import load_engine
-
     if isinstance(model, list):
         return load_engine(model, "raymt", threads=1)
     return load_engine(str(model), "ctranslate2", threads=1, compute_type=compute_type)
@@ -255,24 +275,18 @@ def _timed(engine, sources: list[str], opts: DecodeOptions) -> tuple[list[str], 
 def export_step(plan: Plan, best: str, sources: list[str], opts: DecodeOptions) -> dict:
     """Step 3: the student in CTranslate2 (OUT/student-ct2), stored int8 or float32, whichever
     decodes `sources` faster on one thread; the choice and its speeds (OUT/student-ct2.json)."""
-    from raymt.export import export_model
-
     target, record = plan.out / STUDENT_CT2, plan.out / f"{STUDENT_CT2}.json"
     if record.exists():  # written after the export: it is whole
         return json.loads(record.read_text())
-    _step(
-        3,
-        "export the student",
-        "raymt export",
-        ["--checkpoint", best, "--output", str(target), "--format", "ctranslate2"],
-    )
     speeds = {ct: round(_timed(_engine(best, ct), sources, opts)[1], 2) for ct in CT2_TYPES}
     dtype = max(speeds, key=speeds.get)
     print(
         f"export: {', '.join(f'{ct} {v:,.1f}' for ct, v in speeds.items())} sentences/s (1 thread) -> --dtype {dtype}"
     )
+    step = ExportConfig(checkpoint=best, output=str(target), format="ctranslate2", dtype=dtype)
+    _step(3, "export the student", "export", step)
     shutil.rmtree(target, ignore_errors=True)
-    export_model(best, target, "ctranslate2", dtype)
+    export_model(step.checkpoint, target, step.format, step.dtype)
     choice = {"checkpoint": best, "dtype": dtype, "sentences_per_s": speeds, "beam": opts.beam}
     record.write_text(json.dumps(choice, indent=2))
     return choice
@@ -280,8 +294,6 @@ def export_step(plan: Plan, best: str, sources: list[str], opts: DecodeOptions) 
 
 def ct2_export(checkpoint: str, target: Path, dtype: str) -> Path:
     """`checkpoint` exported to CTranslate2 at `dtype` in `target` (once: kept when it is whole)."""
-    from raymt.export import export_model
-
     if not (target / RAYMT_CONFIG_FILE).exists():  # written last by export_model
         shutil.rmtree(target, ignore_errors=True)
         export_model(checkpoint, target, "ctranslate2", dtype)
@@ -294,9 +306,6 @@ def model_row(
     """One model at one beam on the test set (`model`: a CTranslate2 directory, or an ensemble's
     checkpoints): sacreBLEU, chrF, the papers' BLEU (Moses-tokenized, lowercased), size on disk
     and one-thread sentences/s."""
-    from raymt.checkpoint import weights_file
-    from raymt.metrics import score
-
     engine = _engine(model, dtype)
     opts = dataclasses.replace(engine.info.config.decode, beam=beam)
     hyps, rate = _timed(engine, test[0], opts)
@@ -315,24 +324,22 @@ def model_row(
     }
 
 
-def compare(args: argparse.Namespace, plan: Plan, student: Path, dtype: str) -> dict:
+def compare(cfg: DistillConfig, plan: Plan, student: Path, dtype: str) -> dict:
     """Step 4: teachers (beam --beam; several: each, and their ensemble in raymt's engine) and the
     student (greedy and beam --beam) on the test set, on one thread, one after another here; one
     models in CTranslate2 at the student's weight type."""
-    from raymt.data.text import read_parallel
-
     test = read_parallel(plan.test, plan.src_lang, plan.tgt_lang)
     teachers: list[tuple[str, Path | list[str]]] = [
         (
-            "teacher" if len(args.teacher) == 1 else f"teacher {i + 1}",
+            "teacher" if len(cfg.teacher) == 1 else f"teacher {i + 1}",
             ct2_export(t, plan.out / f"teacher-ct2-{i}-{dtype}", dtype),
         )
-        for i, t in enumerate(args.teacher)
+        for i, t in enumerate(cfg.teacher)
     ]
-    if len(args.teacher) > 1:
-        teachers.append((f"ensemble of {len(args.teacher)}", list(args.teacher)))
-    rows = [model_row(name, model, dtype, args.beam, test, plan.tgt_lang) for name, model in teachers]
-    rows += [model_row("student", student, dtype, beam, test, plan.tgt_lang) for beam in dict.fromkeys((1, args.beam))]
+    if len(cfg.teacher) > 1:
+        teachers.append((f"ensemble of {len(cfg.teacher)}", list(cfg.teacher)))
+    rows = [model_row(name, model, dtype, cfg.beam, test, plan.tgt_lang) for name, model in teachers]
+    rows += [model_row("student", student, dtype, beam, test, plan.tgt_lang) for beam in dict.fromkeys((1, cfg.beam))]
     teacher = next((r for r in rows if r["model"].startswith("ensemble")), rows[0])  # what was distilled
     for row in rows:
         row["speed_vs_teacher"] = round(row["sentences_per_s"] / teacher["sentences_per_s"], 2)
@@ -352,40 +359,43 @@ def print_report(report: dict) -> None:
         )
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point; returns the exit status."""
-    from raymt.cluster import check_ray_address
-    from raymt.data.text import read_parallel
-
-    args = parse_args(argv)
-    try:
-        check_ray_address()
-        plan = check_args(args)
-        start(args, plan)
-    except ValueError as err:
-        return cli_error("raymt.distill", err)
-    rc = translate_step(args, plan)
-    if rc != 0:
-        return rc
-    summary = train_step(args, plan)
-    if summary is None:
-        return 1
-    best = summary["best_checkpoint"]
-    try:
-        if plan.test is None:
-            print(f"\ndistill: no --test: the student is {best}; export and compare with a test set")
-            return 0
-        sources = read_parallel(plan.test, plan.src_lang, plan.tgt_lang)[0]
-        choice = export_step(plan, best, sources, DecodeOptions(beam=args.beam))
-        report = compare(args, plan, plan.out / STUDENT_CT2, choice["dtype"])
-    except ValueError as err:
-        return cli_error("raymt.distill", err)
+def run(cfg: DistillConfig) -> Optional[dict]:
+    """Distill: the four steps, each skipped where a previous run finished it; the report of step 4
+    (None without --test). Raises a one-line ValueError on a user error (before Ray starts where
+    it can), `raymt.shard_job.Unfinished` when the teachers' translation left shards to do."""
+    check_ray_address()
+    plan = check_args(cfg)
+    start(cfg, plan)
+    translate_step(cfg, plan)
+    best = train_step(cfg, plan)["best_checkpoint"]
+    if plan.test is None:
+        print(f"\ndistill: no --test: the student is {best}; export and compare with a test set")
+        return None
+    sources = read_parallel(plan.test, plan.src_lang, plan.tgt_lang)[0]
+    choice = export_step(plan, best, sources, DecodeOptions(beam=cfg.beam))
+    report = compare(cfg, plan, plan.out / STUDENT_CT2, choice["dtype"])
     report["export"] = choice
     (plan.out / REPORT_FILE).write_text(json.dumps(report, indent=2))
     print_report(report)
     print(
         f"student: {best} (CTranslate2 {choice['dtype']}: {plan.out / STUDENT_CT2}); report: {plan.out / REPORT_FILE}"
     )
+    return report
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point; returns the exit status: 2 for a user error, 1 when a step did not finish."""
+    try:
+        run(parse_args(argv))
+    except ValueError as err:
+        return cli_error(PROG, " ".join(str(err).split("\n")))
+    except Unfinished as err:
+        return cli_error(PROG, err, 1)
+    except Exception as err:  # a training worker's one-line error (CUDA out of memory) arrives wrapped by Ray
+        user_error = train.worker_value_error(err)
+        if user_error is None:
+            raise
+        return cli_error(PROG, user_error, 1)
     return 0
 
 

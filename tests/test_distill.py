@@ -4,6 +4,7 @@ built-in corpus (tiny sizes), and a kill during the teachers' translation resume
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,7 +18,10 @@ from tiny_checkpoint import make_checkpoint, one_thread, write_pairs  # noqa: F4
 
 from raymt import distill, shard_job
 from raymt.checkpoint import load_config, weights_file
-from raymt.config import CONTENT_RULES, preset
+from raymt.command import parse
+from raymt.config import CONTENT_RULES, BacktranslateConfig, preset
+from raymt.export import ExportConfig
+from raymt.flags import TrainFlags
 from raymt.model import Transformer
 
 # The student run of the end-to-end test: 400 built-in pairs, 10 updates of 2 workers.
@@ -64,13 +68,11 @@ def test_student_presets_are_deep_encoder_shallow_decoder():
 
 
 def test_the_student_config_mixes_the_original_pairs_and_keeps_the_teachers_tokenizer(teacher, tmp_path):
-    from raymt.config import Config
-
     args = distill.parse_args(
         ["--teacher", str(teacher), "--output", str(tmp_path / "d"), "--mix-original", "0.25", "--max-steps", "7"]
     )
     plan = distill.check_args(args)
-    cfg = Config.from_dict(plan.student)
+    cfg = plan.student
     assert cfg.data.tokenizer == str(teacher)
     assert cfg.model == preset("student_mini") and cfg.train.max_steps == 7
     distilled, original = cfg.data.corpora
@@ -135,6 +137,13 @@ def test_distill_end_to_end_on_the_builtin_corpus(ray_address, teacher, tmp_path
     assert [(r["model"], r["beam"]) for r in report["rows"]] == [("teacher", 2), ("student", 1), ("student", 2)]
     assert report["num_sentences"] == 30 and all(r["sentences_per_s"] > 0 for r in report["rows"])
     assert "| student | ctranslate2 | 1 |" in printed
+    # Each step's header is the command that runs it alone: it parses back to the step's config.
+    headers = dict(re.findall(r"=== distill \d/4: [^:]+: raymt (\w+) (.*)", printed))
+    assert set(headers) == {"backtranslate", "train", "export"}
+    bt = parse(BacktranslateConfig, shlex.split(headers["backtranslate"]), "raymt backtranslate")
+    assert bt == distill.translate_config(distill.parse_args(argv), distill.check_args(distill.parse_args(argv)))
+    assert parse(TrainFlags, shlex.split(headers["train"]), "raymt train").name == "student"
+    assert parse(ExportConfig, shlex.split(headers["export"]), "raymt export").format == "ctranslate2"
     # The same command again: everything is there, nothing is redone.
     assert distill.main(argv) == 0
     again = capsys.readouterr().out
@@ -176,8 +185,8 @@ def test_the_comparison_has_each_teacher_and_their_ensemble(teacher, tmp_path):
     """Several teachers: each in CTranslate2, their ensemble in raymt's engine (the model the student
     learns from, so the speeds are relative to it), then the student."""
     second = make_checkpoint(tmp_path / "second", seed=5)
-    args = distill.parse_args(["--teacher", str(teacher), "--teacher", str(second), "--output", str(tmp_path / "d")])
-    args.beam = 2
+    argv = ["--teacher", str(teacher), "--teacher", str(second), "--output", str(tmp_path / "d"), "--beam", "2"]
+    args = distill.parse_args(argv)
     plan = distill.check_args(args)
     plan.test = str(write_pairs(tmp_path / "test", 12, seed=4))
     student = distill.ct2_export(str(second), tmp_path / "student-ct2", "float32")  # stands in for one

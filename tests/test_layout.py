@@ -812,11 +812,7 @@ SETTINGS_HOME = "config"  # under raymt/
 
 # The places that still read a settings field by key, as "raymt/x.py:function", each with why. A
 # listed place that reads none must be deleted.
-SETTINGS_READ_BY_KEY = {
-    # plan.student is the student's config as a dict (student.json, read by `raymt train --config`)
-    # until distill builds it typed (issue 66, item 1): delete this entry then.
-    "raymt/distill.py:start",
-}
+SETTINGS_READ_BY_KEY: set[str] = set()
 
 # Fields the rule must keep judging: prepare's options that data/clean.py read by key until issue 66.
 PREPARE_FIELDS = {"max_chars", "max_len", "max_ratio", "ratio_min_len", "dedup", "near_dedup", "skip_invalid"}
