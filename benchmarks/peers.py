@@ -1,6 +1,6 @@
 """Hugging Face `MarianMTModel` runs of a raymt Transformer, for peer benchmarks on the same weights.
 
-The twin itself is raymt's `--format marian` export (`raymt.export.to_marian`, re-exported
+The twin itself is raymt's `--format marian` export (`raymt.exporting.to_marian`, re-exported
 here): every weight of a post-norm raymt model in a MarianMTModel, tests/test_peers.py
 checks it. `marian_train_step` and `marian_translate` mirror raymt's `train_step` and `translate`:
 same loss, same length-sorted batches, same per-sentence length limit with EOS forced at it.
@@ -17,7 +17,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 
 from raymt.batching import Batch
 from raymt.decoding import length_batches, pad_batch
-from raymt.export import to_marian  # noqa: F401 (the twin benchmarks build)
+from raymt.exporting import to_marian  # noqa: F401 (the twin benchmarks build)
 from raymt.optim import loss_sum
 from raymt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 

@@ -884,7 +884,7 @@ def ct2_translator(b: Bench, dec: Decoding):
     """raymt's checkpoint exported with `--format ctranslate2`, loaded for float32 inference."""
     import ctranslate2
 
-    from raymt.export import export_model
+    from raymt.exporting import export_model
 
     out = b.work / "ct2"
     if not out.exists():
@@ -918,7 +918,7 @@ def bench_inference_limit(b: Bench) -> dict:
         import ctranslate2  # noqa: F401
     except ImportError:
         return {"skipped": "pip install ctranslate2"}
-    from raymt.export import ct2_vocabulary
+    from raymt.exporting import ct2_vocabulary
 
     dec = b.decoding()
     translator, vocab = ct2_translator(b, dec), ct2_vocabulary(dec.tokenizer)

@@ -52,7 +52,8 @@ from raymt.data.builtin import builtin_splits
 from raymt.data.text import read_parallel, resolve
 from raymt.engines import load_engine, load_model_info, resolve_engine
 from raymt.errors import check, cli_error
-from raymt.export import ExportConfig, export_model
+from raymt.export import ExportConfig
+from raymt.exporting import export_model
 from raymt.flags import TrainFlags, build_config
 from raymt.metrics import score
 from raymt.rundir import RUN_CONFIG

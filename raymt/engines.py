@@ -61,7 +61,7 @@ from raymt.config import Config, DecodeOptions
 from raymt.decoding import decode_ids, encode_sources, length_batches, split_tags, token_log_probs
 from raymt.ensemble import Decoder, Ensemble
 from raymt.errors import check, first_line
-from raymt.export import export_model
+from raymt.exporting import export_model
 from raymt.precision import for_inference
 from raymt.tags import decode_tags
 from raymt.tokenizer import Tokenizer

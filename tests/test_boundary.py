@@ -27,6 +27,7 @@ PLAIN = [
     "optim",
     "metrics",
     "export",
+    "exporting",
     "average",
     "hf_import",
     "hf_model",

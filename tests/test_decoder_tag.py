@@ -24,7 +24,7 @@ from test_tags import NUM_PAIRS, PAIRS, SENTENCES, TAG_ID, TAGS, tagged_tokenize
 from tiny_checkpoint import one_thread  # noqa: F401 (autouse fixture)
 from torch.utils.data import DataLoader
 
-from raymt import evaluate, export, translate
+from raymt import evaluate, exporting, translate
 from raymt.batching import collate, collate_flat, pad_batch, pad_rows, tag_to_decoder
 from raymt.checkpoint import (
     TrainState,
@@ -212,7 +212,7 @@ def test_translate_and_the_ctranslate2_export_agree(decoder_tagged, tgt_lang, tm
     assert translate.main([*args, *sentences]) == 0
     got = capsys.readouterr().out.split("\n")[:-1]
     assert got == [h[0][1] for h in raymt_nbest(decoder_tagged, sentences, tgt_lang, BEAM2)]
-    out = export.export_model(decoder_tagged, tmp_path / "ct2", "ctranslate2")
+    out = exporting.export_model(decoder_tagged, tmp_path / "ct2", "ctranslate2")
     assert model_languages(out)["tag_side"] == "tgt"
     tok = tagged_tokenizer()
     translator = ctranslate2.Translator(str(out), compute_type="float32", intra_threads=1)
@@ -255,7 +255,7 @@ def doc_snippet() -> str:
 
 def test_the_documented_ctranslate2_snippet(decoder_tagged, tmp_path, capsys):
     pytest.importorskip("ctranslate2")
-    out = export.export_model(decoder_tagged, tmp_path / "ct2", "ctranslate2")
+    out = exporting.export_model(decoder_tagged, tmp_path / "ct2", "ctranslate2")
     snippet = doc_snippet()
     assert 'target_prefix=[["<2de>"]]' in snippet
     sentence = ended(decoder_tagged, BEAM2)[0]
@@ -294,7 +294,9 @@ def test_hugging_face_generates_from_the_tag(tmp_path):
     [BOS, <2de>], as docs/translate.md says."""
     transformers = pytest.importorskip("transformers")
     checkpoint = save_decoder_tagged(tmp_path / "checkpoint", pre_norm=False)
-    marian = transformers.MarianMTModel.from_pretrained(str(export.export_model(checkpoint, tmp_path / "hf", "marian")))
+    marian = transformers.MarianMTModel.from_pretrained(
+        str(exporting.export_model(checkpoint, tmp_path / "hf", "marian"))
+    )
     tok, sentences = tagged_tokenizer(), ended(checkpoint, BEAM2)[:6]
     got = []
     for sentence in sentences:

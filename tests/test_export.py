@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
-from raymt import export, translate
+from raymt import export, exporting, translate
 from raymt.checkpoint import load_model, load_weights
 
 SENTENCES = ["Germany and March 3, 2021", "Monday, July 4, 1999 and twelve kilometers"]
@@ -52,7 +52,7 @@ def test_export_translates_like_the_checkpoint(checkpoint, tmp_path, capsys):
 
 
 def test_exported_model_translates_without_ray(checkpoint, tmp_path):
-    out = export.export_model(checkpoint, tmp_path / "model", "torch")
+    out = exporting.export_model(checkpoint, tmp_path / "model", "torch")
     code = (
         "import sys, raymt.translate as t; status = t.main(['--checkpoint', sys.argv[1], '--beam', '1', "
         "'--max-len-b', '3', 'Belize']); print('ray' in sys.modules, status)"
@@ -65,7 +65,7 @@ def test_exported_model_translates_without_ray(checkpoint, tmp_path):
 
 
 def test_half_precision_export_loads(checkpoint, tmp_path):
-    out = export.export_model(checkpoint, tmp_path / "half", "torch", "float16")
+    out = exporting.export_model(checkpoint, tmp_path / "half", "torch", "float16")
     assert load_weights(out)["embed.weight"].dtype == torch.float16
     model, _, _ = load_model(out)
     assert model.embed.weight.dtype == torch.float32
@@ -73,7 +73,7 @@ def test_half_precision_export_loads(checkpoint, tmp_path):
 
 
 def test_malicious_pickle_is_refused(checkpoint, tmp_path, err_lines):
-    out = export.export_model(checkpoint, tmp_path / "model", "torch")
+    out = exporting.export_model(checkpoint, tmp_path / "model", "torch")
     marker = plant_malicious_pickle(out / "model.pt", tmp_path)
     with pytest.raises(ValueError, match=r"refusing to load .*model\.pt: it would run posix\.system"):
         load_model(out)
@@ -85,7 +85,7 @@ def test_malicious_pickle_is_refused(checkpoint, tmp_path, err_lines):
 
 def test_safetensors_export(checkpoint, tmp_path, capsys):
     pytest.importorskip("safetensors")
-    out = export.export_model(checkpoint, tmp_path / "model", "auto")
+    out = exporting.export_model(checkpoint, tmp_path / "model", "auto")
     assert (out / "model.safetensors").is_file() and not (out / "model.pt").exists()
     assert translated(out, capsys) == translated(checkpoint, capsys)
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from agreement import assert_agree, raymt_scorer
 from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: F401 (autouse fixture)
 
-from raymt import export
+from raymt import export, exporting
 from raymt.checkpoint import save_checkpoint
 from raymt.config import Config, DataConfig, tiny
 from raymt.data.builtin import generate
@@ -73,7 +73,7 @@ def exported(request, tmp_path_factory):
     tok = tokenizer(SPM_VOCAB)
     root = tmp_path_factory.mktemp(request.param)
     config = Config(model=model.cfg, data=DataConfig(vocab_size=256))
-    out = export.export_model(save_checkpoint(root / "checkpoint", model, config, tok), root / "ct2", "ctranslate2")
+    out = exporting.export_model(save_checkpoint(root / "checkpoint", model, config, tok), root / "ct2", "ctranslate2")
     vocab = json.loads((out / "shared_vocabulary.json").read_text())
     translator = ctranslate2.Translator(str(out), device="cpu", compute_type="float32", intra_threads=1)
     sources = encode_sources(tok, generate(8, "en", "de", seed=7)[0], model.cfg.max_positions)
@@ -194,8 +194,8 @@ def test_cli_writes_a_ctranslate2_directory(random_checkpoint, tmp_path, err_lin
 
 
 def test_half_precision_ctranslate2_export(random_checkpoint, tmp_path):
-    full = export.export_model(random_checkpoint, tmp_path / "full", "ctranslate2")
-    half = export.export_model(random_checkpoint, tmp_path / "half", "ctranslate2", "float16")
+    full = exporting.export_model(random_checkpoint, tmp_path / "full", "ctranslate2")
+    half = exporting.export_model(random_checkpoint, tmp_path / "half", "ctranslate2", "float16")
     assert (half / "model.bin").stat().st_size < 0.6 * (full / "model.bin").stat().st_size
     translator = ctranslate2.Translator(str(half), device="cpu", compute_type="float32", intra_threads=1)
     assert len(translator.translate_batch([["▁Germany"]], beam_size=1, max_decoding_length=3)) == 1

@@ -8,7 +8,7 @@ transformers = pytest.importorskip("transformers")
 from agreement import assert_agree, raymt_scorer  # noqa: E402
 from tiny_checkpoint import make_checkpoint, one_thread, tokenizer  # noqa: E402, F401 (autouse fixture)
 
-from raymt import export  # noqa: E402
+from raymt import export, exporting  # noqa: E402
 from raymt.batching import collate  # noqa: E402
 from raymt.checkpoint import save_checkpoint  # noqa: E402
 from raymt.config import Config, DataConfig, ModelConfig, OptimConfig  # noqa: E402
@@ -96,7 +96,7 @@ def test_exported_model_has_raymts_logits(activation, tmp_path):
         torch.testing.assert_close(hf_logits(marian, batch.src, batch.tgt_in), expected, atol=1e-5, rtol=1e-5)
         # The in-memory twin (raymt's own position values) agrees too.
         torch.testing.assert_close(
-            hf_logits(export.to_marian(model), batch.src, batch.tgt_in), expected, atol=1e-5, rtol=1e-5
+            hf_logits(exporting.to_marian(model), batch.src, batch.tgt_in), expected, atol=1e-5, rtol=1e-5
         )
 
 

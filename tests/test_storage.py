@@ -21,7 +21,7 @@ from test_export import plant_malicious_pickle
 from test_faults import assert_mid_epoch, assert_same_as_reference, final_weights, trained_pairs
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
-from raymt import average, export, rundir, storage, train, translate
+from raymt import average, exporting, rundir, storage, train, translate
 from raymt.checkpoint import RAY_SNAPSHOT_FILE
 from raymt.config import Config, CorpusSpec, PrepareConfig
 from raymt.data import format as corpus_format
@@ -88,7 +88,7 @@ def test_checkpoint_uris_for_translate_export_average(prefix, tmp_path, capsys):
     assert translate.main(["--checkpoint", f"{prefix}/ckpt", *fast]) == 0
     assert capsys.readouterr().out == expected
 
-    out = export.export_model(f"{prefix}/ckpt", tmp_path / "exported", "torch")
+    out = exporting.export_model(f"{prefix}/ckpt", tmp_path / "exported", "torch")
     for name, value in torch.load(local / "model.pt", weights_only=True).items():
         assert torch.equal(torch.load(out / "model.pt", weights_only=True)[name], value)
     assert average.main(["--checkpoints", f"{prefix}/ckpt", str(local), "--output", str(tmp_path / "avg")]) == 0

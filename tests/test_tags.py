@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from agreement import assert_texts_agree, min_margin
 from tiny_checkpoint import make_checkpoint, one_thread, write_pairs  # noqa: F401 (autouse fixture)
 
-from raymt import average, engines, evaluate, export, translate
+from raymt import average, engines, evaluate, exporting, translate
 from raymt.checkpoint import (
     TrainState,
     check_languages,
@@ -367,7 +367,7 @@ def test_evaluate_keeps_one_pair_suffixes_as_file_names(untagged, tmp_path):
 
 def test_average_and_export_keep_the_languages(tagged, tmp_path):
     averaged = average.average_checkpoints([tagged, tagged], tmp_path / "avg")
-    exported = export.export_model(averaged, tmp_path / "model", "torch")
+    exported = exporting.export_model(averaged, tmp_path / "model", "torch")
     assert model_languages(averaged) == model_languages(exported) == model_languages(tagged)
     untagged_copy = tmp_path / "untagged_copy"
     untagged_copy.mkdir()
@@ -406,7 +406,7 @@ def test_ctranslate2_snippet_matches_raymt(tagged, tmp_path):
     """docs/translate.md's snippet, run as written (one CTranslate2 thread) on the exported model,
     prints raymt's greedy and beam translations into both languages."""
     ctranslate2 = pytest.importorskip("ctranslate2")
-    out = export.export_model(tagged, tmp_path / "ct2", "ctranslate2")
+    out = exporting.export_model(tagged, tmp_path / "ct2", "ctranslate2")
     vocab = json.loads((out / "shared_vocabulary.json").read_text())
     assert vocab[4:6] == TAGS and model_languages(out) == model_languages(tagged)
     snippet = doc_snippet().replace('"ct2/', f'"{out}/').replace("ctranslate2.Translator(", "Translator(")
