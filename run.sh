@@ -61,10 +61,11 @@ install_project
 if [[ "$cmd" == test || "$cmd" == lint ]]; then install_project "$cmd"; fi
 
 # The kernels of the other hosts CI and sessions land on (an AVX2-only AMD EPYC; no SIMD at all
-# for ATen), forced on this one: MKL, ATen and oneDNN round as they would there.
+# for ATen and CTranslate2), forced on this one: MKL, ATen, oneDNN and CTranslate2 round as they
+# would there (tests/test_host_limits.py checks that each limit took effect).
 HOST_LIMITS=(
-  "MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"
-  "ATEN_CPU_CAPABILITY=default"
+  "MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 CT2_FORCE_CPU_ISA=AVX2"
+  "ATEN_CPU_CAPABILITY=default CT2_FORCE_CPU_ISA=GENERIC"
 )
 if [[ "$cmd" == test && "${1:-}" == --hosts ]]; then
   shift
