@@ -16,7 +16,7 @@ from raymt.errors import cli_error
 COMMANDS = {
     "train": "train a model on Ray Train workers",
     "tune": "sweep hyper-parameters with Ray Tune",
-    "data": "prepare a corpus (`raymt data prepare ...`)",
+    "data": "prepare a corpus, score its pairs, clean monolingual text (`raymt data prepare|score|mono ...`)",
     "translate": "translate stdin or a file with a checkpoint",
     "evaluate": "score a checkpoint on test sets (sacreBLEU)",
     "backtranslate": "translate a monolingual corpus on a Ray cluster (restartable)",

@@ -162,6 +162,8 @@ def upload_dir(local: str | Path, location: str | Path) -> None:
     """Copy every file under a local directory to `location` (existing files are replaced)."""
     fs, path = filesystem(location)
     if any(Path(local).iterdir()):
+        if isinstance(fs, pafs.LocalFileSystem):  # file://: the files at the top need the directory (S3 does not)
+            fs.create_dir(path, recursive=True)
         pafs.copy_files(
             str(Path(local).resolve()), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs
         )

@@ -51,6 +51,16 @@ def test_import_runs_raymt_hf_import():
     assert out.stdout.startswith("usage: raymt import") and "--output" in out.stdout
 
 
+def test_data_has_its_subcommands():
+    """`raymt data` runs raymt.data: prepare, score and mono (raymt.data.mono_clean), each with its flags."""
+    out = raymt("data", "--help")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"\{prepare,score,mono\}", out.stdout), out.stdout
+    out = raymt("data", "mono", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "--max-lines N" in out.stdout and "--exclude SPEC" in out.stdout
+
+
 def test_translate_help_is_the_module_help():
     out = raymt("translate", "--help")
     assert out.returncode == 0, out.stderr

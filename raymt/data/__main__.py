@@ -1,5 +1,6 @@
 """`python -m raymt.data prepare ...`: flags -> PrepareCommand (where, its inputs, PrepareConfig)
-and `run` -> raymt.data.prepare; `python -m raymt.data score ...`: raymt.data.score_job."""
+and `run` -> raymt.data.prepare; `python -m raymt.data score ...`: raymt.data.score_job;
+`python -m raymt.data mono ...`: raymt.data.mono_clean."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from raymt import storage
 from raymt.command import add_flags, flag, from_args, group, to_argv
 from raymt.config import DataConfig, PrepareConfig, ScoreConfig, split_spec
-from raymt.data import score_job
+from raymt.data import mono_clean, score_job
 from raymt.data.format import PreparedCorpus
+from raymt.data.mono_clean import MonoConfig
 from raymt.data.score_job import add_score_parser
 from raymt.errors import check, cli_error
 from raymt.flags import InputFlags
@@ -56,18 +58,21 @@ class PrepareCommand:
 
 
 def prepare_parser() -> argparse.ArgumentParser:
-    """Flags of `python -m raymt.data prepare` (PrepareCommand's) and of `score`."""
+    """Flags of `python -m raymt.data prepare` (PrepareCommand's), of `score` and of `mono`."""
     p = argparse.ArgumentParser(prog="python -m raymt.data", allow_abbrev=False, description="Corpus tools for raymt.")
     sub = p.add_subparsers(dest="command", required=True)
-    q = sub.add_parser(
-        "prepare",
-        allow_abbrev=False,
-        help="raw parallel corpora -> SentencePiece model and Parquet shards",
-        description="Clean, tokenize and shard parallel corpora with Ray Data.",
+    prepare_help = "raw parallel corpora -> SentencePiece model and Parquet shards"
+    add_command(
+        sub, "prepare", PrepareCommand, prepare_help, "Clean, tokenize and shard parallel corpora with Ray Data."
     )
-    add_flags(q, PrepareCommand)
     add_score_parser(sub)
+    add_command(sub, "mono", MonoConfig, mono_clean.HELP, (mono_clean.__doc__ or "").split("\n\n")[0])
     return p
+
+
+def add_command(sub: Any, name: str, cls: type, help: str, description: str) -> None:
+    """A subcommand of `python -m raymt.data` whose flags are the fields of config class `cls`."""
+    add_flags(sub.add_parser(name, allow_abbrev=False, help=help, description=description), cls)
 
 
 def prepare_inputs(cfg: PrepareCommand) -> list:
@@ -166,6 +171,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = prepare_parser().parse_args(argv)
     if args.command == "score":
         return exit_status(score_job.PROG, score_job.run, lambda: from_args(ScoreConfig, args))
+    if args.command == "mono":
+        return exit_status(mono_clean.PROG, mono_clean.run, lambda: from_args(MonoConfig, args))
     try:
         run(from_args(PrepareCommand, args))
     except ValueError as err:

@@ -178,24 +178,46 @@ def _content_rules(src: list[str], tgt: list[str], keep: list[int], rules: Conte
             passed.append(i)
     if not rules.wrong_language:
         return passed
-    texts, expected, owner = [], [], []
-    for i in passed:
-        for text, lang in ((src[i], rules.src_lang), (tgt[i], rules.tgt_lang)):
-            if len(text) >= rules.wrong_language_min_chars:
-                texts.append(text)
-                expected.append(langid.model_label(lang))
-                owner.append(i)
-    # Judged by the corpus language's own probability, not by the top label's: short or mixed text
-    # spreads its probability over several languages, none above one half (docs/data.md).
-    floor = 1.0 - rules.wrong_language_confidence
-    wrong = {i for i, ok in zip(owner, langid.likely(texts, expected, floor)) if not ok}
+    texts = [side for i in passed for side in (src[i], tgt[i])]
+    flags = wrong_language(texts, [rules.src_lang, rules.tgt_lang] * len(passed), rules)
+    wrong = {i for n, i in enumerate(passed) if flags[2 * n] or flags[2 * n + 1]}
     counts["wrong_language"] += len(wrong)
     return [i for i in passed if i not in wrong]
 
 
+def side_rule(text: str, rules: ContentRules, repeated: Optional[re.Pattern]) -> Optional[str]:
+    """The first content rule of one text alone (alpha_ratio, repeats) that drops it, or None:
+    a monolingual line's (`raymt data mono`); `repeated` is `rules.repeated()` when repeats is on."""
+    if rules.alpha_ratio and _few_letters(text, rules.alpha_ratio_min):
+        return "alpha_ratio"
+    if repeated is not None and _repeats(text, repeated, rules.repeats_max):
+        return "repeats"
+    return None
+
+
+def wrong_language(texts: Sequence[str], langs: Sequence[str], rules: ContentRules) -> list[bool]:
+    """The wrong_language rule of each text in its language (a corpus code): language ID is at least
+    wrong_language_confidence sure that it is not in it; texts under wrong_language_min_chars
+    characters are never judged. One batch (`raymt.langid.likely`)."""
+    judged = [i for i, text in enumerate(texts) if len(text) >= rules.wrong_language_min_chars]
+    # Judged by the corpus language's own probability, not by the top label's: short or mixed text
+    # spreads its probability over several languages, none above one half (docs/data.md).
+    floor = 1.0 - rules.wrong_language_confidence
+    labels = [langid.model_label(langs[i]) for i in judged]
+    wrong = [False] * len(texts)
+    for i, ok in zip(judged, langid.likely([texts[i] for i in judged], labels, floor)):
+        wrong[i] = not ok
+    return wrong
+
+
+def near_text(text: str) -> str:
+    """A text as near-duplicates share it: lower case, words only (punctuation gone), digits as 0."""
+    return " ".join(_WORD.findall(_NUMBER.sub("0", text.casefold())))
+
+
 def near_key(src: str, tgt: str) -> tuple[str, str]:
-    """A pair as near-duplicates share it: lower case, words only (punctuation gone), digits as 0."""
-    return tuple(" ".join(_WORD.findall(_NUMBER.sub("0", side.casefold()))) for side in (src, tgt))
+    """A pair as near-duplicates share it: each side's `near_text`."""
+    return near_text(src), near_text(tgt)
 
 
 def _pair_hash(src: str, tgt: str, key: bytes) -> int:

@@ -1,4 +1,6 @@
-"""Monolingual input of `raymt backtranslate --input`: its files, their line counts, each line's text."""
+"""Monolingual input of `raymt backtranslate --input` (and of `raymt data mono`): its files, their
+line counts, each line's text. A directory that `raymt data mono` wrote (its record `MONO_FILE`)
+reads as the text files its record lists."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from raymt.data.text import (
 from raymt.errors import InputError, first_line
 
 BATCH_ROWS = 10_000  # rows of a Parquet/Arrow input read at a time
+MONO_FILE = "mono.json"  # the record of a `raymt data mono` output (raymt.data.mono_clean): its "files"
 
 
 @dataclass
@@ -40,19 +43,20 @@ class InputFile:
     first_line: int = 0  # line id of its first line: the files' lines count on in order
 
 
-def _file_info(path: str) -> InputFile:
-    """An input file's kind, size and mtime; one line when it is missing or unreadable."""
-    info = input_file_info(path, f"--input {path}", "a file, glob, directory or s3:// URI")
+def file_info(path: str, flag: str = "--input") -> InputFile:
+    """An input file's kind, size and mtime; one line naming `flag` when it is missing or unreadable."""
+    info = input_file_info(path, f"{flag} {path}", "a file, glob, directory or s3:// URI")
     return InputFile(path, file_kind(path), int(info.size or 0), info.mtime_ns)
 
 
-def input_files(spec: str) -> list[InputFile]:
-    """The files of --input in line-id order: a file, a local glob, or every file of a directory/prefix."""
+def input_files(spec: str, flag: str = "--input") -> list[InputFile]:
+    """The files of --input (or `flag`) in line-id order: a file, a local glob, every file of a
+    directory/prefix, or the text files of a `raymt data mono` output (those its MONO_FILE lists)."""
     try:
         if not storage.is_uri(spec) and any(c in spec for c in "*?["):
             paths = sorted(p for p in glob.glob(os.path.expanduser(spec)) if os.path.isfile(p))
             if not paths:
-                raise ValueError(f"--input {spec}: no file matches this pattern")
+                raise ValueError(f"{flag} {spec}: no file matches this pattern")
         elif storage.file_type(spec) == pafs.FileType.Directory:
             fs, path = storage.filesystem(spec)
             infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
@@ -60,13 +64,24 @@ def input_files(spec: str) -> list[InputFile]:
                 i.base_name for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith(".")
             )
             if not names:
-                raise ValueError(f"--input {spec} is a directory without files")
+                raise ValueError(f"{flag} {spec} is a directory without files")
+            names = _mono_files(spec, flag) if MONO_FILE in names else names
             paths = [storage.join(spec, n) for n in names]
         else:
             paths = [storage.normalize(spec) if not storage.is_uri(spec) else spec]
     except (OSError, pa.ArrowException) as err:
-        raise ValueError(f"cannot read --input {spec}: {first_line(err)}; check the URI and credentials") from None
-    return [_file_info(p) for p in paths]
+        raise ValueError(f"cannot read {flag} {spec}: {first_line(err)}; check the URI and credentials") from None
+    return [file_info(p, flag) for p in paths]
+
+
+def _mono_files(location: str, flag: str) -> list[str]:
+    """The text files of a `raymt data mono` output, as its record lists them."""
+    try:
+        files = json.loads(storage.read_bytes(storage.join(location, MONO_FILE)))["files"]
+        assert isinstance(files, list) and all(isinstance(f, str) for f in files)
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AssertionError):
+        raise ValueError(f"{flag} {location}: its {MONO_FILE} is not the record of `raymt data mono`") from None
+    return files
 
 
 def count_lines(f: InputFile) -> int:

@@ -1,4 +1,5 @@
-"""A corpus directory written whole or not at all: already-prepared check, staging, move or upload into place."""
+"""A corpus directory written whole or not at all: already-prepared check, staging, move or upload into place
+(also a `raymt data mono` output: its record, mono.json, in the manifest's place)."""
 
 from __future__ import annotations
 
@@ -103,21 +104,21 @@ def _staging(out: str) -> Path:
     return tmp
 
 
-def _install(tmp: Path, out: str) -> None:
+def _install(tmp: Path, out: str, record: str = MANIFEST_FILE) -> None:
     """Move the finished corpus into place; a replaced one is removed only afterwards.
 
-    On object storage there is no rename: an old corpus is removed manifest first, the new
-    files are uploaded, and the manifest goes last, so no reader sees a corpus half-written.
+    On object storage there is no rename: an old corpus is removed manifest (`record`) first, the
+    new files are uploaded, and the manifest goes last, so no reader sees a corpus half-written.
     """
     if storage.is_uri(out):
         fs, path = storage.filesystem(out)
-        if storage.exists(storage.join(out, MANIFEST_FILE)):
-            fs.delete_file(storage.filesystem(storage.join(out, MANIFEST_FILE))[1])
+        if storage.exists(storage.join(out, record)):
+            fs.delete_file(storage.filesystem(storage.join(out, record))[1])
         fs.delete_dir_contents(path, missing_dir_ok=True)
-        manifest = (tmp / MANIFEST_FILE).read_bytes()
-        (tmp / MANIFEST_FILE).unlink()
+        manifest = (tmp / record).read_bytes()
+        (tmp / record).unlink()
         storage.upload_dir(tmp, out)
-        storage.write_bytes(storage.join(out, MANIFEST_FILE), manifest)
+        storage.write_bytes(storage.join(out, record), manifest)
         return
     out_path = Path(out)
     if out_path.is_dir() and not any(out_path.iterdir()):
@@ -131,9 +132,10 @@ def _install(tmp: Path, out: str) -> None:
     shutil.rmtree(old)
 
 
-def build_staged(out: Path, build: Callable[[Path], dict], **entries) -> dict:
+def build_staged(out: str, build: Callable[[Path], dict], record: str = MANIFEST_FILE, **entries) -> dict:
     """Build a corpus in a staging dir beside `out` with `build(tmp)`, add `entries` and the
-    provenance to its manifest, then move it into place: `out` is whole or untouched."""
+    provenance to its manifest (the file `record`, written last), then move it into place: `out`
+    is whole or untouched."""
     tmp = _staging(out)
     try:
         manifest = build(tmp)
@@ -142,8 +144,8 @@ def build_staged(out: Path, build: Callable[[Path], dict], **entries) -> dict:
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             raymt_version=raymt.__version__,
         )
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        _install(tmp, out)
+        (tmp / record).write_text(json.dumps(manifest, indent=2) + "\n")
+        _install(tmp, out, record)
     except Exception as err:
         user = user_error(err)
         if user is not None:
