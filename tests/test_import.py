@@ -2,6 +2,7 @@
 computes what transformers computes (logits, token ids, greedy and beam search), and round trips."""
 
 import json
+import random
 
 import pytest
 import torch
@@ -81,6 +82,24 @@ def test_token_ids_equal_marian_tokenizers(opus):
     targets = opus.hf_tok(text_target=TARGETS).input_ids
     assert [[opus.to_hf_tgt[i] for i in opus.tok.encode(t, "tgt")] + [0] for t in TARGETS] == targets
     assert [opus.tok.decode(opus.tok.encode(t, "tgt")) for t in TARGETS] == TARGETS
+
+
+@pytest.mark.parametrize("opus", ["shared"], indirect=True)
+def test_pieces_outside_target_spm_decode_as_marian_tokenizer(opus):
+    """OPUS-MT's joint vocab.json holds the source's pieces too, pieces target.spm lacks; a model
+    may emit them (printed raw before: "▁car▁car▁car"): decoded as MarianTokenizer decodes the
+    same ids, with the target's own pieces, an ending "▁" and EOS among them."""
+    pieces = opus.tok.pieces_of("tgt")
+    rows = [r for r in opus.present if r > EOS_ID]  # every piece the model can emit but the specials
+    outside = [r for r in rows if opus.tok.target.piece_to_id(pieces[r]) == opus.tok.target.unk_id()]
+    assert len([r for r in outside if pieces[r].startswith("\u2581")]) > 10
+    rng = random.Random(0)
+    ids = [[r, r, r] for r in outside] + [rng.choices(rows, k=rng.randint(1, 8)) for _ in range(300)]
+    word = next(r for r in rows if r not in outside and pieces[r].startswith("\u2581") and len(pieces[r]) > 1)
+    ids.append([word, opus.tok.piece_to_id("\u2581", "tgt")])  # "▁" last: a space MarianTokenizer strips
+    theirs = [opus.hf_tok.decode([opus.to_hf_tgt[i] for i in [*row, EOS_ID]], skip_special_tokens=True) for row in ids]
+    assert [opus.tok.decode([*row, EOS_ID]) for row in ids] == theirs
+    assert "\u2581" not in "".join(theirs)
 
 
 @pytest.mark.parametrize("tie", [True, False])
