@@ -277,6 +277,96 @@ def test_bad_directories(tmp_path, capsys):
     assert "corrupt or truncated safetensors" in bad(tmp_path, capsys, weights)
 
 
+def shard(directory, parts: int = 3) -> list[str]:
+    """Split `directory`'s model.safetensors into `parts` shards and model.safetensors.index.json,
+    as save_pretrained writes a large model; the shards' names."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(directory / "model.safetensors"))
+    names = [f"model-{k + 1:05d}-of-{parts:05d}.safetensors" for k in range(parts)]
+    weight_map = {key: names[k % parts] for k, key in enumerate(sorted(state))}
+    for name in names:
+        save_file({key: t for key, t in state.items() if weight_map[key] == name}, str(directory / name))
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (directory / "model.safetensors").unlink()
+    return names
+
+
+def weights_variant(tmp_path, name: str, sharded: bool = False):
+    """A copy of a tiny OPUS-MT directory (one per test, `tmp_path` / "good"), its weights sharded
+    (`shard`) or not."""
+    import shutil
+
+    good = tmp_path / "good" / "opus-mt-en-de"
+    if not good.is_dir():
+        save_opus_mt(good)
+    copy = shutil.copytree(good, tmp_path / name / "opus-mt-en-de")
+    return copy, shard(copy) if sharded else []
+
+
+def test_sharded_safetensors_and_pytorch_model_bin_import(tmp_path):
+    """Shards (model.safetensors.index.json) and a weights-only pytorch_model.bin import as
+    model.safetensors does."""
+    from raymt import hf_model
+
+    want = load_weights(hf_import.import_model(weights_variant(tmp_path, "one")[0], tmp_path / "want"))
+    sharded, _ = weights_variant(tmp_path, "sharded", sharded=True)
+    bin_file, _ = weights_variant(tmp_path, "bin")
+    torch.save(hf_model.read_weights(bin_file), bin_file / "pytorch_model.bin")
+    (bin_file / "model.safetensors").unlink()
+    for directory in (sharded, bin_file):
+        got = load_weights(hf_import.import_model(directory, tmp_path / f"{directory.parent.name}-out"))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.fixture
+def shards_read(monkeypatch):
+    """The shards `raymt import` reads (none are: every test that uses this expects an error first)."""
+    from raymt import hf_model
+
+    read = []
+    monkeypatch.setattr(hf_model, "read_safetensors", lambda path: read.append(path) or {})
+    return read
+
+
+def test_a_shard_outside_the_directory_is_refused(tmp_path, capsys, shards_read):
+    """An index naming ../model-00001-of-00003.safetensors (or an absolute path): one line naming
+    the index and the shard, exit 2, no shard read, nothing written."""
+    outside, names = weights_variant(tmp_path, "outside", sharded=True)
+    (outside / names[0]).rename(outside.parent / names[0])  # beside the model directory, not in it
+    index_file = outside / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    for escaped in (f"../{names[0]}", str(outside.parent / names[0])):
+        weight_map = {key: escaped if name == names[0] else name for key, name in index["weight_map"].items()}
+        index_file.write_text(json.dumps({**index, "weight_map": weight_map}))
+        err = bad(tmp_path, capsys, outside)
+        assert f"{index_file}: weight_map names the shard '{escaped}', which is not a file of {outside}" in err
+        assert "refusing to read it: the index must name the model's own shards" in err
+    assert shards_read == []
+
+
+def test_a_missing_shard_is_one_line(tmp_path, capsys, shards_read):
+    """A shard the index names that is not there: one line naming it, exit 2, no shard read."""
+    missing, names = weights_variant(tmp_path, "missing", sharded=True)
+    (missing / names[1]).unlink()
+    err = bad(tmp_path, capsys, missing)
+    assert f"{missing} has no {names[1]} (a shard model.safetensors.index.json names); copy the model's whole" in err
+    assert shards_read == []
+
+
+def test_a_pickle_that_runs_code_is_refused(tmp_path, capsys):
+    """A pytorch_model.bin whose unpickling would run code (weights_only): one line naming the file
+    and what it would run, exit 2, the code not run, nothing written."""
+    from test_export import plant_malicious_pickle
+
+    malicious, _ = weights_variant(tmp_path, "malicious")
+    (malicious / "model.safetensors").unlink()
+    marker = plant_malicious_pickle(malicious / "pytorch_model.bin", tmp_path)
+    err = bad(tmp_path, capsys, malicious)
+    assert f"refusing to load {malicious / 'pytorch_model.bin'}: it would run posix.system while unpickling" in err
+    assert "corrupt or malicious" in err and not marker.exists()
+
+
 def test_bad_separate_vocabularies(tmp_path, capsys):
     """A separate-vocabulary directory whose target_vocab.json, config.json or embeddings disagree:
     one line, exit 2, before anything is written."""
