@@ -11,7 +11,8 @@ identical), then fine-tuned for --steps updates on the second domain, the built-
 
 Each arm's best checkpoint (and the starting model) is scored with `raymt evaluate` on both
 domains' test sets (test_2016_flickr, and the built-in corpus's held-out test). Prints the table
-of docs/training.md and writes OUT/finetune.json.
+of docs/training.md and writes OUT/finetune.json (keys: start, scratch, and each fine-tuning arm
+with its peak lr, domain-lr0.001).
 
     python benchmarks/finetune.py --base runs/m30k-post/checkpoint_... --m30k ../shared/data/multi30k \
         --out /tmp/ft --steps 300
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+ARMS = "domain,mix,scratch"  # --arms' default
 
 
 def raymt(*args: str) -> float:
@@ -96,6 +98,19 @@ def mix_config(recipe: str, out: Path, m30k: Path, domain: Path) -> Path:
     return path
 
 
+def recipe_lr(recipe: str) -> float:
+    """The recipe's peak lr (optim.lr)."""
+    import tomllib
+
+    return float(tomllib.loads(Path(recipe).read_text())["optim"]["lr"])
+
+
+def arm_name(arm: str, lr: float) -> str:
+    """An arm's key in finetune.json (and its run's name): a fine-tuning arm's with its peak lr,
+    domain-lr0.001; scratch's (at its own schedule) alone."""
+    return arm if arm == "scratch" else f"{arm}-lr{lr:g}"
+
+
 def best(run: Path) -> Path:
     """The run's best checkpoint (summary.json)."""
     return Path(json.loads((run / "summary.json").read_text())["best_checkpoint"])
@@ -110,7 +125,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=300, help="updates per arm")
     p.add_argument("--recipe", default=str(ROOT / "recipes/finetune-multi30k.toml"))
     p.add_argument("--eval-size", type=int, default=500, help="the domain's validation and test sentences")
-    p.add_argument("--arms", default="domain,mix,scratch")
+    p.add_argument("--arms", default=ARMS)
     p.add_argument("--lr", type=float, help="the fine-tuning arms' peak lr (default: the recipe's)")
     args = p.parse_args()
     out = args.out.resolve()
@@ -130,8 +145,10 @@ def main() -> int:
         "scratch": [*scratch, *on_domain],
     }
     lr = ["--set", f"optim.lr={args.lr}"] if args.lr else []
+    # A fine-tuning arm's key says its peak lr (--lr, else the recipe's) whatever the recipe holds.
+    peak = args.lr or recipe_lr(args.recipe)
     for arm in args.arms.split(","):
-        name = f"{arm}-lr{args.lr:g}" if args.lr and arm != "scratch" else arm
+        name = arm_name(arm, peak)
         flags = [*arms[arm], *(lr if arm != "scratch" else []), *common]
         seconds = raymt("train", *flags, "--name", f"ft-{name}")
         scores = evaluate(best(out / "runs" / f"ft-{name}"), tests, out / f"eval-{name}")

@@ -87,7 +87,7 @@ def marian_tokenizer(
 ) -> Tokenizer:
     """The bundle of source.spm, target.spm and vocab.json in raymt's id order, and of
     `target` = (target_vocab.json, its rows) when the vocabularies are separate; >>xx<< codes
-    are controls, aliased as <2xx> on the source side."""
+    are controls, aliased as <2xx> on the source side; decoded as MarianTokenizer decodes (`strip`)."""
     pieces = piece_names({i: p for p, i in vocab.items()}, rows)
     target_pieces = piece_names({i: p for p, i in target[0].items()}, target[1]) if target else None
     source_spm = hf.file("source.spm", "OPUS-MT's source SentencePiece model").read_bytes()
@@ -96,7 +96,9 @@ def marian_tokenizer(
     target_codes = [r for r, p in enumerate(target_pieces or []) if LANGUAGE_CODE.match(p)]
     aliases = {lang_tag(c): r for r, c in codes.items()}
     try:
-        tokenizer = Tokenizer.bundle(source_spm, target_spm, pieces, codes, aliases, target_pieces, target_codes)
+        tokenizer = Tokenizer.bundle(
+            source_spm, target_spm, pieces, codes, aliases, target_pieces, target_codes, strip=True
+        )
     except RuntimeError as err:
         raise ValueError(f"{hf.directory}: source.spm or target.spm is not a SentencePiece model ({err})") from None
     return plain_if_raymt(tokenizer, source_spm, target_spm)

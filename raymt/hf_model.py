@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple, Optional
 
 import torch
@@ -88,14 +88,38 @@ def read_weights(directory: Path) -> dict:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         state: dict = {}
-        for shard in sorted(set(read_json(index).get("weight_map", {}).values())):
-            state.update(read_safetensors(directory / shard))
+        for shard in shard_files(index):
+            state.update(read_safetensors(shard))
         return state
     if (directory / "model.safetensors").is_file():
         return read_safetensors(directory / "model.safetensors")
     if (directory / "pytorch_model.bin").is_file():
         return read_torch_file(directory / "pytorch_model.bin")
     raise ValueError(f"{directory} has no model.safetensors or pytorch_model.bin: not a saved Hugging Face model")
+
+
+def shard_files(index: Path) -> list[Path]:
+    """The shards that model.safetensors.index.json's weight_map names, all checked before any is
+    read: each a file of the index's directory (a name that leaves it, "../x" or "/x", is refused)
+    that is there."""
+    directory = index.parent
+    weight_map = read_json(index).get("weight_map", {})
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index}: weight_map is not a JSON object (tensor name -> shard file)")
+    for name in weight_map.values():
+        path = PurePosixPath(name) if isinstance(name, str) and name else None
+        if path is None or path.is_absolute() or ".." in path.parts:
+            raise ValueError(
+                f"{index}: weight_map names the shard {name!r}, which is not a file of {directory}; "
+                "refusing to read it: the index must name the model's own shards (model-00001-of-00002.safetensors)"
+            )
+    names = sorted(set(weight_map.values()))
+    for name in names:
+        if not (directory / name).is_file():
+            raise ValueError(
+                f"{directory} has no {name} (a shard {index.name} names); copy the model's whole directory"
+            )
+    return [directory / name for name in names]
 
 
 # ---------------------------------------------------------------- vocabulary

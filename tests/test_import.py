@@ -2,6 +2,7 @@
 computes what transformers computes (logits, token ids, greedy and beam search), and round trips."""
 
 import json
+import random
 
 import pytest
 import torch
@@ -81,6 +82,24 @@ def test_token_ids_equal_marian_tokenizers(opus):
     targets = opus.hf_tok(text_target=TARGETS).input_ids
     assert [[opus.to_hf_tgt[i] for i in opus.tok.encode(t, "tgt")] + [0] for t in TARGETS] == targets
     assert [opus.tok.decode(opus.tok.encode(t, "tgt")) for t in TARGETS] == TARGETS
+
+
+@pytest.mark.parametrize("opus", ["shared"], indirect=True)
+def test_pieces_outside_target_spm_decode_as_marian_tokenizer(opus):
+    """OPUS-MT's joint vocab.json holds the source's pieces too, pieces target.spm lacks; a model
+    may emit them (printed raw before: "▁car▁car▁car"): decoded as MarianTokenizer decodes the
+    same ids, with the target's own pieces, an ending "▁" and EOS among them."""
+    pieces = opus.tok.pieces_of("tgt")
+    rows = [r for r in opus.present if r > EOS_ID]  # every piece the model can emit but the specials
+    outside = [r for r in rows if opus.tok.target.piece_to_id(pieces[r]) == opus.tok.target.unk_id()]
+    assert len([r for r in outside if pieces[r].startswith("\u2581")]) > 10
+    rng = random.Random(0)
+    ids = [[r, r, r] for r in outside] + [rng.choices(rows, k=rng.randint(1, 8)) for _ in range(300)]
+    word = next(r for r in rows if r not in outside and pieces[r].startswith("\u2581") and len(pieces[r]) > 1)
+    ids.append([word, opus.tok.piece_to_id("\u2581", "tgt")])  # "▁" last: a space MarianTokenizer strips
+    theirs = [opus.hf_tok.decode([opus.to_hf_tgt[i] for i in [*row, EOS_ID]], skip_special_tokens=True) for row in ids]
+    assert [opus.tok.decode([*row, EOS_ID]) for row in ids] == theirs
+    assert "\u2581" not in "".join(theirs)
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -256,6 +275,96 @@ def test_bad_directories(tmp_path, capsys):
     weights = variant("weights")
     (weights / "model.safetensors").write_bytes(b"\x00" * 64)
     assert "corrupt or truncated safetensors" in bad(tmp_path, capsys, weights)
+
+
+def shard(directory, parts: int = 3) -> list[str]:
+    """Split `directory`'s model.safetensors into `parts` shards and model.safetensors.index.json,
+    as save_pretrained writes a large model; the shards' names."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(directory / "model.safetensors"))
+    names = [f"model-{k + 1:05d}-of-{parts:05d}.safetensors" for k in range(parts)]
+    weight_map = {key: names[k % parts] for k, key in enumerate(sorted(state))}
+    for name in names:
+        save_file({key: t for key, t in state.items() if weight_map[key] == name}, str(directory / name))
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (directory / "model.safetensors").unlink()
+    return names
+
+
+def weights_variant(tmp_path, name: str, sharded: bool = False):
+    """A copy of a tiny OPUS-MT directory (one per test, `tmp_path` / "good"), its weights sharded
+    (`shard`) or not."""
+    import shutil
+
+    good = tmp_path / "good" / "opus-mt-en-de"
+    if not good.is_dir():
+        save_opus_mt(good)
+    copy = shutil.copytree(good, tmp_path / name / "opus-mt-en-de")
+    return copy, shard(copy) if sharded else []
+
+
+def test_sharded_safetensors_and_pytorch_model_bin_import(tmp_path):
+    """Shards (model.safetensors.index.json) and a weights-only pytorch_model.bin import as
+    model.safetensors does."""
+    from raymt import hf_model
+
+    want = load_weights(hf_import.import_model(weights_variant(tmp_path, "one")[0], tmp_path / "want"))
+    sharded, _ = weights_variant(tmp_path, "sharded", sharded=True)
+    bin_file, _ = weights_variant(tmp_path, "bin")
+    torch.save(hf_model.read_weights(bin_file), bin_file / "pytorch_model.bin")
+    (bin_file / "model.safetensors").unlink()
+    for directory in (sharded, bin_file):
+        got = load_weights(hf_import.import_model(directory, tmp_path / f"{directory.parent.name}-out"))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.fixture
+def shards_read(monkeypatch):
+    """The shards `raymt import` reads (none are: every test that uses this expects an error first)."""
+    from raymt import hf_model
+
+    read = []
+    monkeypatch.setattr(hf_model, "read_safetensors", lambda path: read.append(path) or {})
+    return read
+
+
+def test_a_shard_outside_the_directory_is_refused(tmp_path, capsys, shards_read):
+    """An index naming ../model-00001-of-00003.safetensors (or an absolute path): one line naming
+    the index and the shard, exit 2, no shard read, nothing written."""
+    outside, names = weights_variant(tmp_path, "outside", sharded=True)
+    (outside / names[0]).rename(outside.parent / names[0])  # beside the model directory, not in it
+    index_file = outside / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    for escaped in (f"../{names[0]}", str(outside.parent / names[0])):
+        weight_map = {key: escaped if name == names[0] else name for key, name in index["weight_map"].items()}
+        index_file.write_text(json.dumps({**index, "weight_map": weight_map}))
+        err = bad(tmp_path, capsys, outside)
+        assert f"{index_file}: weight_map names the shard '{escaped}', which is not a file of {outside}" in err
+        assert "refusing to read it: the index must name the model's own shards" in err
+    assert shards_read == []
+
+
+def test_a_missing_shard_is_one_line(tmp_path, capsys, shards_read):
+    """A shard the index names that is not there: one line naming it, exit 2, no shard read."""
+    missing, names = weights_variant(tmp_path, "missing", sharded=True)
+    (missing / names[1]).unlink()
+    err = bad(tmp_path, capsys, missing)
+    assert f"{missing} has no {names[1]} (a shard model.safetensors.index.json names); copy the model's whole" in err
+    assert shards_read == []
+
+
+def test_a_pickle_that_runs_code_is_refused(tmp_path, capsys):
+    """A pytorch_model.bin whose unpickling would run code (weights_only): one line naming the file
+    and what it would run, exit 2, the code not run, nothing written."""
+    from test_export import plant_malicious_pickle
+
+    malicious, _ = weights_variant(tmp_path, "malicious")
+    (malicious / "model.safetensors").unlink()
+    marker = plant_malicious_pickle(malicious / "pytorch_model.bin", tmp_path)
+    err = bad(tmp_path, capsys, malicious)
+    assert f"refusing to load {malicious / 'pytorch_model.bin'}: it would run posix.system while unpickling" in err
+    assert "corrupt or malicious" in err and not marker.exists()
 
 
 def test_bad_separate_vocabularies(tmp_path, capsys):
