@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tiny_checkpoint import one_thread, write_pairs  # noqa: F401 (autouse fixture)
 
-from raymt.command import parse
+from raymt.command import parse, to_argv
 from raymt.config import BacktranslateConfig
 from raymt.data.__main__ import PrepareCommand
 from raymt.flags import TrainFlags
@@ -180,3 +180,10 @@ def test_the_tiny_recipe_end_to_end_then_a_rerun_redoes_nothing(ray_address, tmp
     assert pipeline.main(["plan", TINY, "--output", str(out)]) == 0
     plan = capsys.readouterr().out.splitlines()
     assert len(plan) == 7 and all(line.endswith("  done") for line in plan), plan
+
+
+def test_the_command_round_trips_through_its_flags():
+    cmd = pipeline.PipelineCommand(
+        action="show", args=["student", TINY], output="o", set=["student.max_steps=3", "evaluate.beam=1"]
+    )
+    assert parse(pipeline.PipelineCommand, to_argv(cmd), "raymt pipeline") == cmd
