@@ -23,6 +23,7 @@ COMMANDS = {
     "average": "average the weights of several checkpoints",
     "export": "export a checkpoint for serving",
     "distill": "distill a small fast student from a teacher or an ensemble (translate, train, export)",
+    "pipeline": "from corpora to a deployed student in one resumable command (run, plan, show STEP)",
     "import": "import a Hugging Face OPUS-MT (Marian) or NLLB / M2M-100 model as a checkpoint",
     "plot": "draw learning curves of one or more runs (PNG)",
     "serve": "serve a checkpoint over HTTP on Ray Serve (batched across requests)",

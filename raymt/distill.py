@@ -28,34 +28,22 @@ import functools
 import json
 import shutil
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from raymt import backtranslate, storage, train
-from raymt.checkpoint import RAYMT_CONFIG_FILE, weights_file
+from raymt import backtranslate, train
 from raymt.cluster import check_ray_address
 from raymt.command import command_line, flag, parse
-from raymt.config import (
-    CONTENT_RULES,
-    PRESETS,
-    BacktranslateConfig,
-    Config,
-    CorpusSpec,
-    DecodeOptions,
-    ShardJobOptions,
-    apply_overrides,
-    preset,
-)
-from raymt.data.builtin import builtin_splits
+from raymt.config import PRESETS, BacktranslateConfig, Config, DecodeOptions, ShardJobOptions, preset
+from raymt.data.builtin import write_builtin as write_builtin_files
 from raymt.data.text import read_parallel, resolve
-from raymt.engines import load_engine, load_model_info, resolve_engine
+from raymt.engines import load_model_info, resolve_engine
 from raymt.errors import check, cli_error
 from raymt.export import ExportConfig
 from raymt.exporting import export_model
-from raymt.flags import TrainFlags, build_config
-from raymt.metrics import score
+from raymt.flags import TrainFlags
+from raymt.pipeline.models import ct2_export, fastest_ct2_type, model_row, relative_to, student_config
 from raymt.rundir import RUN_CONFIG
 from raymt.shard_job import SettingsRecord, Unfinished
 
@@ -68,10 +56,6 @@ TEACHER_DIR, STUDENT_RUN, STUDENT_CT2, BUILTIN_DIR = "teacher", "student", "stud
 RERUN_FREE = ("num_cpus", "verbose")
 # OUT/distill.json: the settings a rerun must share (a directory without it must be empty).
 RECORD = SettingsRecord(SETTINGS_FILE, "a distillation", rerun_free=RERUN_FREE, marks="")
-# CTranslate2 weight types the export chooses between by one-thread speed.
-CT2_TYPES = ("int8", "float32")
-# Sentences decoded before an engine is timed.
-WARM_UP = 16
 
 
 @dataclass(kw_only=True)
@@ -151,18 +135,10 @@ def _student_config(cfg: DistillConfig, plan: Plan, distilled: str) -> Config:
         src_lang=plan.src_lang,
         tgt_lang=plan.tgt_lang,
     )
-    common = {"valid": plan.valid, "test": (plan.test,) if plan.test else ()}
-    # The built-in corpus written as files stays generated text: its content rules off, as in a run.
-    rules = {} if cfg.train else {"clean": {rule: False for rule in CONTENT_RULES}}
-    weight = 1 - cfg.mix_original
-    corpora = [
-        CorpusSpec(plan.src_lang, plan.tgt_lang, (distilled,), label="distilled", weight=weight, **common, **rules)
-    ]
-    if cfg.mix_original > 0:
-        original = {"label": "original", "weight": cfg.mix_original, **rules}
-        corpora.append(CorpusSpec(plan.src_lang, plan.tgt_lang, (plan.train,), **original))
-    tokenizer = storage.normalize(cfg.teacher[0])  # the teachers' one tokenizer (checked)
-    return apply_overrides(build_config(flags), {"data.corpora": corpora, "data.tokenizer": tokenizer})
+    pair = (plan.src_lang, plan.tgt_lang)
+    return student_config(
+        flags, pair, distilled, cfg.teacher[0], plan.valid, plan.test, plan.train, cfg.mix_original, not cfg.train
+    )
 
 
 def check_args(cfg: DistillConfig) -> Plan:
@@ -183,16 +159,7 @@ def check_args(cfg: DistillConfig) -> Plan:
 
 def write_builtin(plan: Plan, seed: int, train_size: int, eval_size: int) -> None:
     """The built-in corpus of the pair as text files under OUT/builtin/ (train, valid, test)."""
-    folder = plan.out / BUILTIN_DIR
-    if (folder / f"test.{plan.tgt_lang}").exists():
-        return
-    tmp = folder.with_name(BUILTIN_DIR + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for split, (src, tgt) in builtin_splits(plan.src_lang, plan.tgt_lang, train_size, eval_size, seed).items():
-        for lang, lines in ((plan.src_lang, src), (plan.tgt_lang, tgt)):
-            (tmp / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    tmp.rename(folder)
+    write_builtin_files(plan.out / BUILTIN_DIR, plan.src_lang, plan.tgt_lang, train_size, eval_size, seed)
 
 
 def start(cfg: DistillConfig, plan: Plan) -> None:
@@ -256,34 +223,13 @@ def train_step(cfg: DistillConfig, plan: Plan) -> dict:
     return json.loads(summary.read_text())
 
 
-def _engine(model: str | Path | list[str], compute_type: str):
-    """The engine of the comparison, on one thread: CTranslate2 for one model (at `compute_type`),
-    raymt's for an ensemble (CTranslate2 has none)."""
-    if isinstance(model, list):
-        return load_engine(model, "raymt", threads=1)
-    return load_engine(str(model), "ctranslate2", threads=1, compute_type=compute_type)
-
-
-def _timed(engine, sources: list[str], opts: DecodeOptions) -> tuple[list[str], float]:
-    """Hypotheses of `sources` and the sentences/s of decoding them (after a few untimed ones:
-    the first calls of an engine also allocate its buffers)."""
-    engine.translate(sources[:WARM_UP], opts)
-    t0 = time.perf_counter()
-    hyps = [nbest[0][1] for nbest in engine.translate(sources, opts)]
-    return hyps, len(sources) / max(time.perf_counter() - t0, 1e-9)
-
-
 def export_step(plan: Plan, best: str, sources: list[str], opts: DecodeOptions) -> dict:
     """Step 3: the student in CTranslate2 (OUT/student-ct2), stored int8 or float32, whichever
     decodes `sources` faster on one thread; the choice and its speeds (OUT/student-ct2.json)."""
     target, record = plan.out / STUDENT_CT2, plan.out / f"{STUDENT_CT2}.json"
     if record.exists():  # written after the export: it is whole
         return json.loads(record.read_text())
-    speeds = {ct: round(_timed(_engine(best, ct), sources, opts)[1], 2) for ct in CT2_TYPES}
-    dtype = max(speeds, key=speeds.get)
-    print(
-        f"export: {', '.join(f'{ct} {v:,.1f}' for ct, v in speeds.items())} sentences/s (1 thread) -> --dtype {dtype}"
-    )
+    dtype, speeds = fastest_ct2_type(best, sources, opts)
     step = ExportConfig(checkpoint=best, output=str(target), format="ctranslate2", dtype=dtype)
     _step(3, "export the student", "export", step)
     shutil.rmtree(target, ignore_errors=True)
@@ -291,38 +237,6 @@ def export_step(plan: Plan, best: str, sources: list[str], opts: DecodeOptions) 
     choice = {"checkpoint": best, "dtype": dtype, "sentences_per_s": speeds, "beam": opts.beam}
     record.write_text(json.dumps(choice, indent=2))
     return choice
-
-
-def ct2_export(checkpoint: str, target: Path, dtype: str) -> Path:
-    """`checkpoint` exported to CTranslate2 at `dtype` in `target` (once: kept when it is whole)."""
-    if not (target / RAYMT_CONFIG_FILE).exists():  # written last by export_model
-        shutil.rmtree(target, ignore_errors=True)
-        export_model(checkpoint, target, "ctranslate2", dtype)
-    return target
-
-
-def model_row(
-    name: str, model: Path | list[str], dtype: str, beam: int, test: tuple[list[str], list[str]], tgt: str
-) -> dict:
-    """One model at one beam on the test set (`model`: a CTranslate2 directory, or an ensemble's
-    checkpoints): sacreBLEU, chrF, the papers' BLEU (Moses-tokenized, lowercased), size on disk
-    and one-thread sentences/s."""
-    engine = _engine(model, dtype)
-    opts = dataclasses.replace(engine.info.config.decode, beam=beam)
-    hyps, rate = _timed(engine, test[0], opts)
-    scores = score(hyps, test[1], extra=True, lang=tgt)
-    files = [weights_file(m) for m in model] if isinstance(model, list) else list(model.iterdir())
-    return {
-        "model": name,
-        "engine": engine.name,
-        "beam": beam,
-        "bleu": round(scores["bleu"], 2),
-        "chrf": round(scores["chrf"], 2),
-        "bleu_tok": round(scores["bleu_tok"], 2),
-        "mib": round(sum(f.stat().st_size for f in files if f.is_file()) / 2**20, 2),
-        "sentences_per_s": round(rate, 2),
-        "bleu_signature": scores["bleu_signature"],
-    }
 
 
 def compare(cfg: DistillConfig, plan: Plan, student: Path, dtype: str) -> dict:
@@ -342,9 +256,7 @@ def compare(cfg: DistillConfig, plan: Plan, student: Path, dtype: str) -> dict:
     rows = [model_row(name, model, dtype, cfg.beam, test, plan.tgt_lang) for name, model in teachers]
     rows += [model_row("student", student, dtype, beam, test, plan.tgt_lang) for beam in dict.fromkeys((1, cfg.beam))]
     teacher = next((r for r in rows if r["model"].startswith("ensemble")), rows[0])  # what was distilled
-    for row in rows:
-        row["speed_vs_teacher"] = round(row["sentences_per_s"] / teacher["sentences_per_s"], 2)
-        row["bleu_vs_teacher"] = round(row["bleu"] - teacher["bleu"], 2)
+    relative_to(rows, teacher)
     return {"test": plan.test, "num_sentences": len(test[0]), "engine": f"ctranslate2 {dtype}, 1 thread", "rows": rows}
 
 

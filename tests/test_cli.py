@@ -31,6 +31,7 @@ EXPECTED = (
     "average",
     "export",
     "distill",
+    "pipeline",
     "import",
     "plot",
     "serve",

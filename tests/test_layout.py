@@ -120,6 +120,7 @@ FLOORS: dict[str, int] = {
     "raymt.backtranslate": 3,
     "raymt.bt_job": 3,
     "raymt.distill": 3,
+    "raymt.pipeline": 3,
     "raymt.average": 3,
     "raymt.export": 3,
     "raymt.hf_import": 3,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import shutil
+from pathlib import Path
 from typing import Callable
 
 from babel import Locale
@@ -144,3 +146,17 @@ def sources(src_lang: str, tgt_lang: str, train_size: int, eval_size: int, seed:
 
     splits = builtin_splits(src_lang, tgt_lang, train_size, eval_size, seed)
     return {split: Source(kind="pairs", pairs=pairs, generated=True) for split, pairs in splits.items()}
+
+
+def write_builtin(folder: Path, src_lang: str, tgt_lang: str, train_size: int, eval_size: int, seed: int) -> None:
+    """The built-in corpus of a pair as text files in `folder` (train, valid, test .SRC/.TGT), written
+    whole (a temporary sibling renamed) or kept when there."""
+    if (folder / f"test.{tgt_lang}").exists():
+        return
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for split, (src, tgt) in builtin_splits(src_lang, tgt_lang, train_size, eval_size, seed).items():
+        for lang, lines in ((src_lang, src), (tgt_lang, tgt)):
+            (tmp / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    tmp.rename(folder)
