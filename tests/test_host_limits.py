@@ -77,7 +77,7 @@ def mkl_isa(tmp_path: Path) -> Optional[str]:
 def ct2_isa(tmp_path: Path) -> Optional[str]:
     """The ISA CTranslate2 selects in a child loading a tiny model saved under tmp_path."""
     pytest.importorskip("ctranslate2")
-    from raymt.export import ctranslate2_spec
+    from raymt.exporting import ctranslate2_spec
 
     tok = tokenizer()
     spec = ctranslate2_spec(Transformer(tiny(), tok.vocab_size), tok)
