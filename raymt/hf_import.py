@@ -124,8 +124,10 @@ def hub_snapshot(repo_id: str, revision: Optional[str] = None) -> Path:
         ) from None
     except LocalEntryNotFoundError as err:
         why = "HF_HUB_OFFLINE is set" if offline else f"the Hub could not be reached ({first_line(err)[:120]})"
+        # IncompleteSnapshotError (newer huggingface_hub): files its cached tree listing names are missing
+        held = "is only partly" if type(err).__name__ == "IncompleteSnapshotError" else "is not"
         raise ValueError(
-            f"{not_dir}, and the Hub id {which} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
+            f"{not_dir}, and the Hub id {which} {held} in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
             f"and {why}: download it with network (HF_HUB_OFFLINE unset), or pass a model directory"
         ) from None
     except OSError as err:  # the Hub's HTTP errors (HfHubHTTPError), a cache that cannot be written

@@ -128,6 +128,14 @@ def test_names_neither_a_directory_nor_a_cached_id(hub, tmp_path, capsys, monkey
     )
     err = bad(tmp_path, capsys, str(tmp_path / "no" / "such" / "model"))
     assert "is not a directory, nor a Hugging Face Hub id (ORG/NAME" in err
+    incomplete = getattr(huggingface_hub.errors, "IncompleteSnapshotError", None)
+    if incomplete is not None:  # a snapshot its cached tree listing finds files missing from
+
+        def partial(*args, **kwargs):
+            raise incomplete("The cached snapshot is incomplete", snapshot_path=str(hub))
+
+        monkeypatch.setattr(huggingface_hub, "snapshot_download", partial)
+        assert f"the Hub id {ID} is only partly in the Hugging Face cache" in bad(tmp_path, capsys, ID)
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed: training's install lacks it
     assert f"{ID} is not a directory; reading it as a Hub id needs huggingface_hub" in bad(tmp_path, capsys, ID)
 
