@@ -157,8 +157,9 @@ def import_marian(hf: HFModel, src_lang: Optional[str], tgt_lang: Optional[str])
 
 def pair_of(hf: HFModel, src_lang: Optional[str], tgt_lang: Optional[str], need_tgt: bool = True) -> tuple:
     """(source, target) language: the flags, else tokenizer_config.json's source_lang/target_lang,
-    else the directory's name (opus-mt-en-de); a one-line error asking for the flags otherwise."""
-    named = re.search(r"(?:^|[-_])([a-z]{2,3})-([a-z]{2,3}|[A-Za-z]+)$", hf.directory.resolve().name)
+    else the model's name (opus-mt-en-de: the directory's or the Hub id's); a one-line error asking
+    for the flags otherwise."""
+    named = re.search(r"(?:^|[-_])([a-z]{2,3})-([a-z]{2,3}|[A-Za-z]+)$", hf.name)
     saved = hf.directory / RAYMT_CONFIG_FILE  # a raymt export's pair
     ours = Config.from_dict(hf.json(RAYMT_CONFIG_FILE)["config"]).data.pair() if saved.is_file() else (None, None)
     src = src_lang or hf.tokenizer_config.get("source_lang") or ours[0] or (named.group(1) if named else None)

@@ -42,6 +42,10 @@ class HFModel:
     config: dict
     state: dict
     tokenizer_config: dict = field(default_factory=dict)
+    name: str = ""  # the model's name (opus-mt-en-de): a Hub id's, or by default the directory's
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.directory.resolve().name
 
     def get(self, name: str, default=None):
         """A config.json field."""
