@@ -1,5 +1,6 @@
 """`raymt export --format argos`: Argos Translate packages (`.argosmodel`) that
-`argostranslate.package.install_from_path` (or `argospm install FILE`) installs, and so LibreTranslate.
+`argostranslate.package.install_from_path` installs (it unzips them into ARGOS_PACKAGES_DIR, where
+LibreTranslate finds them too).
 
 A package is a zip of one directory, `translate-SRC_TGT-1_0/`, holding `metadata.json` (from_code,
 to_code, their names, `target_prefix`), the CTranslate2 model in `model/` (raymt.exporting's writer,
@@ -25,7 +26,7 @@ import zipfile
 from pathlib import Path
 
 from raymt.checkpoint import SPM_FILE, check_checkpoint, model_languages, tag_side
-from raymt.exporting import export_model
+from raymt.exporting import check_new_output, export_model
 from raymt.tags import lang_name, lang_tag
 
 PACKAGE_VERSION = "1.0"
@@ -109,11 +110,12 @@ def write_package(ct2: Path, output: Path, pair: tuple[str, str, str], checkpoin
 
 def export_argos(checkpoint: str | Path, output: str | Path, dtype: str = "int8") -> list[Path]:
     """Write one .argosmodel per pair of `checkpoint` into a new `output`; returns their paths."""
-    output = Path(output)
-    if output.is_dir() and any(output.iterdir()):
-        raise ValueError(f"--output {output} exists and is not empty; choose a new directory")
+    output = check_new_output(output)
     pairs = argos_pairs(checkpoint)  # refuse before anything is written
     with tempfile.TemporaryDirectory() as tmp:
         ct2 = export_model(checkpoint, Path(tmp) / "model", "ctranslate2", dtype)
-        output.mkdir(parents=True, exist_ok=True)
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(f"cannot create --output {output}: {err.strerror}") from None
         return [write_package(ct2, output, pair, checkpoint) for pair in pairs]

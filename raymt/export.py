@@ -97,8 +97,9 @@ def run_argos(cfg: ExportConfig) -> Path:
     for path in packages:
         print(f"exported {cfg.checkpoint} -> {path} ({os.path.getsize(path) / 2**20:.1f} MiB, {cfg.weight_type})")
     print(
-        f"install: argospm install {packages[0]} (or argostranslate.package.install_from_path); "
-        "offline: ARGOS_CHUNK_TYPE=SPACY uses the package's sentence splitter (docs/serving.md)"
+        f"install: python -c 'import argostranslate.package as p; p.install_from_path(\"{packages[0]}\")' "
+        "(it unzips into ARGOS_PACKAGES_DIR); offline: ARGOS_CHUNK_TYPE=SPACY splits sentences with the "
+        "package's spaCy pipeline (docs/serving.md)"
     )
     return Path(cfg.output)
 
