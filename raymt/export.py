@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from raymt.argos import export_argos
 from raymt.checkpoint import SPM_FILE, model_languages, tag_side
 from raymt.command import flag, main_of
 from raymt.errors import check
@@ -28,19 +29,29 @@ class ExportConfig:
         "auto",
         "weights file: safetensors if installed (auto), safetensors, or torch; "
         "or a CTranslate2 model directory (ctranslate2), or a Hugging Face "
-        "MarianMTModel directory (marian, post-norm models only)",
-        choices=FORMATS,
+        "MarianMTModel directory (marian, post-norm models only), or Argos Translate "
+        "packages, one .argosmodel per pair (argos)",
+        choices=(*FORMATS, "argos"),
     )
     dtype: str = flag(
-        "float32",
+        "auto",
         "store floating-point weights in this dtype (loaded back as float32; "
-        "ctranslate2: its weight type, also int8; marian: the HF model's dtype)",
-        choices=(*DTYPES, "int8"),
+        "ctranslate2, argos: its weight type, also int8; marian: the HF model's dtype; "
+        "default auto: int8 for argos, else float32)",
+        choices=("auto", *DTYPES, "int8"),
     )
 
     def __post_init__(self) -> None:
-        check(self.format in FORMATS, f"--format {self.format}: one of {', '.join(FORMATS)}")
-        check(self.dtype in (*DTYPES, "int8"), f"--dtype {self.dtype}: one of {', '.join(DTYPES)}, int8")
+        formats = (*FORMATS, "argos")
+        check(self.format in formats, f"--format {self.format}: one of {', '.join(formats)}")
+        check(self.dtype in ("auto", *DTYPES, "int8"), f"--dtype {self.dtype}: one of auto, {', '.join(DTYPES)}, int8")
+
+    @property
+    def weight_type(self) -> str:
+        """The dtype `auto` stands for: int8 for an Argos package (a CPU deployment), else float32."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "int8" if self.format == "argos" else "float32"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -50,7 +61,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def run(cfg: ExportConfig) -> Path:
     """Export `cfg.checkpoint` (`export_model`) and say how to translate with it; returns the output."""
-    output = export_model(cfg.checkpoint, cfg.output, cfg.format, cfg.dtype)
+    if cfg.format == "argos":
+        return run_argos(cfg)
+    output = export_model(cfg.checkpoint, cfg.output, cfg.format, cfg.weight_type)
     files = sorted(p.name for p in output.iterdir())
     size = sum(os.path.getsize(output / f) for f in files) / 2**20
     print(f"exported {cfg.checkpoint} -> {output} ({', '.join(files)}; {size:.1f} MiB)")
@@ -76,6 +89,19 @@ def run(cfg: ExportConfig) -> Path:
     else:
         print(f'translate: python -m raymt.translate --checkpoint {output} "..."')
     return output
+
+
+def run_argos(cfg: ExportConfig) -> Path:
+    """Export `cfg.checkpoint` as Argos Translate packages and say how to install them."""
+    packages = export_argos(cfg.checkpoint, cfg.output, cfg.weight_type)
+    for path in packages:
+        print(f"exported {cfg.checkpoint} -> {path} ({os.path.getsize(path) / 2**20:.1f} MiB, {cfg.weight_type})")
+    print(
+        f"install: python -c 'import argostranslate.package as p; p.install_from_path(\"{packages[0]}\")' "
+        "(it unzips into ARGOS_PACKAGES_DIR); offline: ARGOS_CHUNK_TYPE=SPACY splits sentences with the "
+        "package's spaCy pipeline (docs/serving.md)"
+    )
+    return Path(cfg.output)
 
 
 if __name__ == "__main__":

@@ -382,11 +382,17 @@ def save_weights(state: dict, directory: Path, fmt: str) -> Path:
     return path
 
 
-def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto", dtype: str = "float32") -> Path:
-    """Write `checkpoint` as weights, config.json and spm.model (or CTranslate2, HF Marian) to a new `output`."""
+def check_new_output(output: str | Path) -> Path:
+    """`output` as a Path; ValueError where it exists and holds files (an export never overwrites)."""
     output = Path(output)
     if output.is_dir() and any(output.iterdir()):
         raise ValueError(f"--output {output} exists and is not empty; choose a new directory")
+    return output
+
+
+def export_model(checkpoint: str | Path, output: str | Path, fmt: str = "auto", dtype: str = "float32") -> Path:
+    """Write `checkpoint` as weights, config.json and spm.model (or CTranslate2, HF Marian) to a new `output`."""
+    output = check_new_output(output)
     fmt = weights_format(fmt)
     if dtype not in DTYPES and fmt != "ctranslate2":
         raise ValueError(f"--dtype {dtype} is a CTranslate2 weight type: use it with --format ctranslate2")

@@ -54,6 +54,15 @@ def check_lang(lang: Any, where: str) -> None:
     )
 
 
+# Names shown for codes (LibreTranslate's /languages, Argos packages' metadata); others show the code.
+LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish"}
+
+
+def lang_name(code: str) -> str:
+    """A language code's English name where raymt knows it, else the code itself."""
+    return LANGUAGE_NAMES.get(code, code)
+
+
 def lang_tag(lang: str) -> str:
     """The target-language tag piece: "<2de>" for "de" (Johnson et al. 2017)."""
     check_lang(lang, "tag language")

@@ -28,6 +28,7 @@ PLAIN = [
     "metrics",
     "export",
     "exporting",
+    "argos",
     "average",
     "hf_import",
     "hf_model",

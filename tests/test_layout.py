@@ -90,6 +90,7 @@ FLOORS: dict[str, int] = {
     "raymt.provenance": 1,
     "raymt.engines": 1,
     "raymt.exporting": 1,
+    "raymt.argos": 1,
     "raymt.metrics": 1,
     "raymt.langid": 1,
     "raymt.autoscale": 1,

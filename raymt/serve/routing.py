@@ -13,8 +13,8 @@ from urllib.parse import parse_qs
 
 from raymt.errors import first_line
 from raymt.serve.page import PAGE
+from raymt.tags import lang_name
 
-LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish"}
 # Answered by a model's Service (a translator replica): LibreTranslate's /detect reads its languages.
 TRANSLATE_ROUTES = ("/v1/translate", "/translate", "/detect")
 # Answered by a translator replica without a model (its counters, whether it is up).
@@ -77,7 +77,7 @@ def language_list(pairs: list[Pair]) -> list[dict]:
     for src, tgt in pairs:
         targets.setdefault(src, set()).add(tgt)
     codes = sorted(set(targets) | {t for ts in targets.values() for t in ts})
-    return [{"code": c, "name": LANGUAGE_NAMES.get(c, c), "targets": sorted(targets.get(c, []))} for c in codes]
+    return [{"code": c, "name": lang_name(c), "targets": sorted(targets.get(c, []))} for c in codes]
 
 
 def given(value: Any) -> Optional[str]:
