@@ -25,7 +25,9 @@ from raymt.train import parse_args, resolve_resume
 from raymt.trainer import Trainer, restore_training
 
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"
-RECIPES = sorted(RECIPE_DIR.glob("*.toml"))
+# Training recipes (`raymt train --config`); recipes/pipeline-*.toml are `raymt pipeline` configs
+# (tests/test_pipeline.py).
+RECIPES = sorted(p for p in RECIPE_DIR.glob("*.toml") if not p.name.startswith("pipeline-"))
 HEADER_KEYS = ("corpus", "hardware", "global batch", "expected", "time", "run", "scaling")
 GLOBAL_BATCH = re.compile(r"(\d+) workers? × (\d+) tokens × (\d+) accumulation = (\d+) tokens per update")
 # The model shrunk to test size and the run moved to the CPU; nothing else is overridden.
