@@ -83,6 +83,7 @@ def raymt_translate(checkpoint: Path, tmp: Path, sentences: list[str], tgt_lang:
     return [nbest[0][1] for nbest in engine.translate(sentences, ARGOS_SEARCH, tgt_lang)]
 
 
+@pytest.mark.slow  # ~5 s: argostranslate in a subprocess (CI runs it: -m ci)
 @pytest.mark.ci
 def test_a_one_pair_model_installs_and_translates_as_raymt(tmp_path, capsys):
     """Done-when 1: the quick-start-sized model's package, installed offline, translates each sentence
@@ -108,6 +109,7 @@ def test_a_one_pair_model_installs_and_translates_as_raymt(tmp_path, capsys):
     assert_translations_agree(checkpoint, sentences, "de", got, want)
 
 
+@pytest.mark.slow  # ~7 s: a 400-step model, argostranslate in a subprocess (CI runs it: -m ci)
 @pytest.mark.ci
 def test_a_decoder_tagged_model_exports_one_package_per_pair(tmp_path):
     """A multilingual model with data.tag_side "tgt": a package per pair, the target's tag its

@@ -109,6 +109,8 @@ def test_bad_input_is_one_line_before_ray(teacher, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "out"]  # nothing written
 
 
+@pytest.mark.slow  # ~28 s: Ray actors, a student run, two exports (CI runs it: -m ci)
+@pytest.mark.ci
 def test_distill_end_to_end_on_the_builtin_corpus(ray_address, teacher, tmp_path, capsys):
     """Done when 2 of issue 58: translate, train, export and compare, then a rerun finds it done."""
     out = tmp_path / "d"
