@@ -189,6 +189,8 @@ def test_online_downloads_the_files_it_reads(models, tmp_path, monkeypatch):
         assert not (snapshot / "tf_model.h5").exists() and (snapshot / "pytorch_model.bin").exists() == (kind == "bin")
 
 
+@pytest.mark.slow  # ~5 s: the command in a new process (CI runs it: -m ci)
+@pytest.mark.ci
 def test_the_command_reads_hf_home_and_hf_hub_offline(hub, tmp_path):
     """`raymt import ID` in a new process: the cache under HF_HOME (no HF_HUB_CACHE), and with
     HF_HUB_OFFLINE an uncached id is one line, exit 2."""

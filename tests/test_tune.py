@@ -99,6 +99,8 @@ def trial_runs(sweep: Path) -> dict[str, list[dict]]:
     return runs
 
 
+@pytest.mark.slow  # ~22 s: a Tune trial of two Ray Train workers (CI runs it: -m ci)
+@pytest.mark.ci
 def test_a_one_trial_sweep_end_to_end(tmp_path, ray_address):
     """`python -m raymt.tune` end to end on one trial (the notebook runs two at once through
     `run_sweep`; the slow test below, two in turn, interrupted and resumed)."""
