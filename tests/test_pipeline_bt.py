@@ -214,3 +214,30 @@ def test_the_multi30k_bt_recipe_plans(tmp_path, capsys):
         "prepare-bt",
     ]
     assert all(line.endswith("to do") for line in lines)
+
+
+@pytest.mark.slow  # 40 s on a loaded 2-core host (transformers, two tiny OPUS-MT models); CI runs it
+@pytest.mark.ci
+def test_an_imported_backward_model_without_the_languages_is_one_line_and_one_with_them_is_used(tmp_path):
+    """The import step (first in the pipeline, so before Ray) checks the model's direction."""
+    pytest.importorskip("transformers")
+    from hf_models import save_opus_mt
+
+    from raymt.pipeline.steps import KINDS
+
+    for langs, ok in ((("en", "de"), False), (("de", "en"), True)):
+        hf = save_opus_mt(tmp_path / "hf" / f"opus-mt-{'-'.join(langs)}", langs=langs)
+        pipe = Pipeline(
+            from_dict({**MONO, "output": str(tmp_path / "-".join(langs)), "backward": {"import_from": str(hf)}})
+        )
+        step = pipe.ctx.steps["backward"]
+        if not ok:
+            with pytest.raises(ValueError) as err:
+                KINDS[step.kind].run(pipe.ctx, step)
+            assert "does not translate de->en" in str(err.value) and "\n" not in str(err.value), str(err.value)
+            assert not KINDS[step.kind].done(pipe.ctx.dir("backward"))
+            continue
+        KINDS[step.kind].run(pipe.ctx, step)
+        assert KINDS[step.kind].done(pipe.ctx.dir("backward")) and pipe.state("backward").state == "done"
+        bt = pipe.ctx.steps["bt"]
+        assert KINDS["bt"].config(pipe.ctx, bt).checkpoint == (str(pipe.ctx.dir("backward") / "model"),)
