@@ -7,8 +7,11 @@ errors; `--set STAGE.FIELD=VALUE` changes any field as the file would (`load`).
     output = "runs/pipeline-tiny"
     [corpora]            # train/valid/test prefixes (PREFIX.src, PREFIX.tgt); none: the built-in corpus
     [prepare]            # `raymt data prepare`'s options (PrepareConfig's fields): rules, vocab_size, ...
+    [scorers]            # the filters' models: forward/backward checkpoints given, else trained (as [teacher])
+    [score_filter]       # enabled, keep_best or calibrate_valid: the training pairs by dual cross-entropy
     [teacher]            # num_seeds, preset, config, set, max_steps, max_minutes
     [distill]            # beam, engine: the teachers translate the training sources
+    [ce_filter]          # enabled, keep_best: the distilled pairs by the backward model's cross-entropy
     [student]            # preset, config, set, max_steps, max_minutes
     [export]             # dtypes compared (the faster kept), beam timed
     [evaluate]           # beam
@@ -20,9 +23,10 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, ClassVar, Optional, Sequence
 
 from raymt.config import BT_ENGINES, CONTENT_RULES, PrepareConfig, load_file, parse_set_args, parse_value, preset
+from raymt.config.corpus import SCORE_KEYS
 from raymt.data.text import resolve
 from raymt.errors import check
 from raymt.pipeline.models import CT2_TYPES
@@ -133,6 +137,73 @@ class DistillStage:
 
 
 @dataclass
+class ScorersStage(TrainStage):
+    """[scorers]: the models of the score filters: a src->tgt `forward` and a tgt->src `backward`
+    raymt checkpoint, each given or else trained (scorer-fwd on the prepared pairs, scorer-bwd on
+    them reversed) with this stage's preset, config, set and length, as [teacher]'s."""
+
+    STAGE = "scorers"
+    forward: Optional[str] = None
+    backward: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("forward", "backward"):
+            given = getattr(self, name)
+            check(
+                given is None or Path(given).is_dir(),
+                f"scorers.{name}={given}: no such directory (a raymt checkpoint; leave it out to train one)",
+            )
+
+
+@dataclass
+class ScoreFilterStage:
+    """[score_filter]: the training pairs scored by dual conditional cross-entropy ([scorers]'
+    models, `raymt data score`) and the corpus prepared again without those under a threshold set
+    without labels: the best `keep_best` fraction, or `calibrate_valid` (the score that this share
+    of the validation pairs, scored alike, fall under; CALIBRATE_VALID when neither is set)."""
+
+    CALIBRATE_VALID: ClassVar[float] = 0.05
+    enabled: bool = False
+    keep_best: Optional[float] = None
+    calibrate_valid: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        check(
+            self.keep_best is None or self.calibrate_valid is None,
+            "score_filter.keep_best and score_filter.calibrate_valid are two thresholds: set one",
+        )
+        check(
+            self.keep_best is None or 0 < self.keep_best <= 1,
+            f"score_filter.keep_best={self.keep_best} must be in (0, 1]",
+        )
+        check(
+            self.calibrate_valid is None or 0 < self.calibrate_valid < 1,
+            f"score_filter.calibrate_valid={self.calibrate_valid} must be in (0, 1): the share of validation "
+            "pairs under the threshold",
+        )
+
+    def rule(self) -> dict[str, float]:
+        """prepare's score option that applies the threshold (`PrepareConfig` field -> value)."""
+        if self.keep_best is not None:
+            return {"keep_best": self.keep_best}
+        return {"calibrate_valid": self.calibrate_valid or self.CALIBRATE_VALID}
+
+
+@dataclass
+class CeFilterStage:
+    """[ce_filter]: the teachers' translations scored by [scorers]' backward model (exp(-H(src |
+    translation)), `raymt data score` without a forward model, as mozilla/translations filters
+    them); the student trains on the best `keep_best` of them."""
+
+    enabled: bool = False
+    keep_best: float = 0.95
+
+    def __post_init__(self) -> None:
+        check(0 < self.keep_best <= 1, f"ce_filter.keep_best={self.keep_best} must be in (0, 1]")
+
+
+@dataclass
 class ExportStage:
     """[export]: the student in CTranslate2, at the fastest of `dtypes` on one thread at `beam`."""
 
@@ -165,8 +236,11 @@ class PipelineConfig:
     output: str
     corpora: CorporaConfig = field(default_factory=CorporaConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    scorers: ScorersStage = field(default_factory=ScorersStage)
+    score_filter: ScoreFilterStage = field(default_factory=ScoreFilterStage)
     teacher: TeacherStage = field(default_factory=TeacherStage)
     distill: DistillStage = field(default_factory=DistillStage)
+    ce_filter: CeFilterStage = field(default_factory=CeFilterStage)
     student: StudentStage = field(default_factory=StudentStage)
     export: ExportStage = field(default_factory=ExportStage)
     evaluate: EvaluateStage = field(default_factory=EvaluateStage)
@@ -179,6 +253,16 @@ class PipelineConfig:
         )
         check(bool(self.output), "output is empty: a directory for the pipeline's steps")
         self.corpora.check_files(self.src, self.tgt)
+        self.check_filters()
+
+    def check_filters(self) -> None:
+        """One line when [score_filter] is on and [prepare] filters by score itself."""
+        own = [k for k in SCORE_KEYS if getattr(self.prepare, k) is not None]
+        check(
+            not (self.score_filter.enabled and own),
+            f"prepare.{own[0] if own else ''} with score_filter.enabled: the score filter sets prepare's threshold "
+            "and scores; leave prepare's out",
+        )
 
     @property
     def pair(self) -> tuple[str, str]:
