@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import pyarrow as pa
 
 from raymt import storage
+from raymt.cluster import check_ray_address, init_ray
 from raymt.command import add_flags
 from raymt.config import PrepareConfig, ScoreConfig, ShardJobOptions
 from raymt.data import scores
@@ -302,13 +303,22 @@ def valid_config(cfg: ScoreConfig) -> ScoreConfig:
 
 def run(cfg: ScoreConfig) -> ScoreJob:
     """Score every pair of `cfg.corpus` into `cfg.output` (default SPEC.scores) on Ray actors (the
-    shards a previous run left to do), then --valid's into OUTPUT/valid (checked first, before
-    Ray); the corpus's finished job (its score.json: `job.record()`'s). Raises a one-line
-    ValueError on a user error and `raymt.shard_job.Unfinished` when shards are left to do."""
-    valid = valid_config(cfg) if cfg.valid is not None else None
-    if valid is not None:
-        check_args(valid)  # a mistake in --valid: one line before the corpus is scored
-    job = run_job(lambda: check_args(cfg), ScoreActor)[0]
-    if valid is not None:
-        run_job(lambda: check_args(valid), ScoreActor)
-    return job
+    shards a previous run left to do), then --valid's into OUTPUT/valid, both checked before Ray
+    and scored in one Ray session; the corpus's finished job (its score.json: `job.record()`'s).
+    Raises a one-line ValueError on a user error and `raymt.shard_job.Unfinished` when shards are
+    left to do."""
+    if cfg.valid is None:
+        return run_job(lambda: check_args(cfg), ScoreActor)[0]
+    check_ray_address()
+    jobs = [check_args(cfg), check_args(valid_config(cfg))]
+    # One Ray for both jobs (run_job leaves a Ray it did not start running); none when all is done.
+    started = any(job.todo for job in jobs) and init_ray(jobs[0].options.num_cpus, verbose=jobs[0].options.verbose)
+    try:
+        for job in jobs:
+            run_job(lambda job=job: job, ScoreActor)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    return jobs[0]
