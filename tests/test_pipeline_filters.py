@@ -177,7 +177,7 @@ def pipeline_show(step: str, out: Path, sets: list[str], capsys) -> str:
     return capsys.readouterr().out.split("  #")[0]
 
 
-@pytest.mark.slow  # 13 steps, 4 of them Ray Train runs (~25 s each on 2 quiet cores); CI runs it (.ci/run)
+@pytest.mark.slow  # 13 steps, 4 Ray Train runs: 441 s of call here at load ~30 on 2 cores; CI runs it (.ci/run)
 @pytest.mark.ci
 def test_the_tiny_recipe_with_both_filters_end_to_end(ray_address, tmp_path, capsys):
     """The tiny recipe with [score_filter] and [ce_filter] on: scorers trained, the training pairs
