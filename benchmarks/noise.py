@@ -4,7 +4,7 @@ its pairs made noisy in six kinds, then `raymt data prepare`'s rules and languag
 
     python benchmarks/noise.py --data ../shared/data/multi30k --work-dir /tmp/noise --json noise.json
     python benchmarks/noise.py ... --forward CK_EN_DE --backward CK_DE_EN          # + the score filter
-    python benchmarks/noise.py ... --train-steps 1200 --train-scorers --oracle        # + BLEU (~85 min)
+    python benchmarks/noise.py ... --train-steps 1200 --train-scorers --oracle        # + BLEU (~2 h)
 
 Kinds (each 1/6 of the noisy pairs; --seed fixes them): misaligned (targets shuffled among them),
 copy (target = source), wrong_language (a target from the built-in corpus's fr or es, or another
@@ -17,6 +17,13 @@ clean, noisy and cleaned data and scores test_2016_flickr (hours on CPU: an opti
 with --train-scorers the score filter's models are the noisy arm's en->de model and a de->en model
 trained on the noisy corpus for as many updates: what a pipeline without clean data has (models
 trained on clean Multi30k would have seen the very pairs they score).
+
+The score filter's threshold three ways (issue 68 item 1), each reported per kind and, with
+--train-steps, as a "cleaned" arm: `labels` (the score that --clean-drop of the *known clean* pairs
+fall under: what no real corpus allows, the figure before issue 68), `keep_best` (prepare's
+--keep-best F: the best F of the scored pairs) and `calibrate_valid` (prepare's --calibrate-valid
+Q: the score that Q of Multi30k's validation pairs, scored by the same models, fall under; Q is
+--clean-drop). The last two use no labels. --limit N takes the first N training pairs (a smoke run).
 """
 
 from __future__ import annotations
@@ -154,23 +161,53 @@ def kept_by_kind(work: Path, name: str, src: list[str], tgt: list[str], kinds: l
 
 
 def score_filter(work: Path, args: argparse.Namespace, kinds: list[str]) -> dict:
-    """`raymt data score` of the noisy corpus; the threshold dropping --clean-drop of the clean pairs
-    and what it drops of each kind."""
+    """`raymt data score` of the noisy corpus and of Multi30k's validation set (`--valid`); the
+    threshold dropping --clean-drop of the clean pairs (chosen with the labels) and what it drops
+    of each kind."""
     cmd = [sys.executable, "-m", "raymt.data", "score", "--forward", args.forward, "--backward", args.backward]
-    cmd += ["--corpus", str(work / "noisy")] + (["--gpu"] if args.gpu else [])
+    cmd += ["--corpus", str(work / "noisy"), "--valid", str(Path(args.data) / "val")] + (["--gpu"] if args.gpu else [])
     print("$", " ".join(cmd[1:]), flush=True)
     t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT)
     seconds = time.time() - t0
-    files = sorted((work / "noisy.scores").glob("part-*.parquet"))
-    scores = pq.read_table(files).column("score").to_numpy()
-    clean = scores[np.array([k == "clean" for k in kinds])]
+    values = read_scores(work / "noisy.scores")
+    clean = values[np.array([k == "clean" for k in kinds])]
     threshold = float(np.quantile(clean[~np.isnan(clean)], args.clean_drop))
-    below = {
-        k: float(np.mean([s < threshold for s, kk in zip(scores, kinds) if kk.split(".")[0] == k]))
+    return {"threshold": threshold, "dropped": dropped_by_kind(values, kinds, threshold), "score_s": round(seconds, 1)}
+
+
+def read_scores(location: Path) -> np.ndarray:
+    """A score directory's scores in line order."""
+    return pq.read_table(sorted(location.glob("part-*.parquet"))).column("score").to_numpy()
+
+
+def dropped_by_kind(values: np.ndarray, kinds: list[str], threshold: float) -> dict[str, float]:
+    """The share of each kind's pairs scoring under `threshold` (an unscored pair counts as dropped)."""
+    return {
+        k: float(np.mean([not s >= threshold for s, kk in zip(values, kinds) if kk.split(".")[0] == k]))
         for k in ("clean", *KINDS)
     }
-    return {"threshold": threshold, "dropped": below, "score_s": round(seconds, 1)}
+
+
+def label_free(work: Path, args: argparse.Namespace, kinds: list[str]) -> dict[str, dict]:
+    """The thresholds a user can set without labels, as prepare draws them (raymt.data.scores):
+    --keep-best F over the noisy corpus's scores, --calibrate-valid Q over the validation set's;
+    each one's threshold, its prepare flags and what it drops of each kind."""
+    from raymt.data import scores
+
+    values = read_scores(work / "noisy.scores")
+    valid = read_scores(work / "noisy.scores" / scores.VALID_DIR)
+    rules = {
+        "keep_best": (scores.best_threshold(values, args.keep_best), ["--keep-best", repr(args.keep_best)]),
+        "calibrate_valid": (
+            scores.calibrated_threshold(valid, args.clean_drop),
+            ["--calibrate-valid", repr(args.clean_drop)],
+        ),
+    }
+    return {
+        name: {"threshold": t, "flags": flags, "dropped": dropped_by_kind(values, kinds, t)}
+        for name, (t, flags) in rules.items()
+    }
 
 
 def train(work: Path, args: argparse.Namespace, name: str, corpus: str, pair: str = "en-de") -> dict:
@@ -226,9 +263,14 @@ def train_arms(work: Path, args: argparse.Namespace, clean: tuple, noisy: tuple,
         src, tgt, kinds = noisy
         kept = [(s, t) for s, t, k in zip(src, tgt, kinds) if k == "clean"]
         corpora["oracle"] = prepare_pairs(work, "oracle", args, [s for s, _ in kept], [t for _, t in kept])
+    for name in report.get("label_free", {}):  # the cleaned arms of the thresholds without labels
+        corpora[f"cleaned-{name}"] = str(work / f"cleaned-{name}")
     rows = {name: bleu_row(train(work, args, name, corpus)) for name, corpus in corpora.items()}
     won = rows["cleaned"]["bleu"] - rows["noisy"]["bleu"]
     out = rows | {"recovered": ratio(won, rows["clean"]["bleu"] - rows["noisy"]["bleu"])}
+    for name in report.get("label_free", {}):
+        gain = rows[f"cleaned-{name}"]["bleu"] - rows["noisy"]["bleu"]
+        out[f"recovered_{name}"] = ratio(gain, rows["clean"]["bleu"] - rows["noisy"]["bleu"])
     if args.oracle:
         out["recovered_of_oracle"] = ratio(won, rows["oracle"]["bleu"] - rows["noisy"]["bleu"])
     return out
@@ -251,6 +293,10 @@ def main() -> int:
     p.add_argument(
         "--clean-drop", type=float, default=0.05, help="the score filter's threshold drops this of clean pairs"
     )
+    p.add_argument(
+        "--keep-best", type=float, default=0.9, help="the label-free keep_best threshold: keep this share of pairs"
+    )
+    p.add_argument("--limit", type=int, help="only the first N training pairs (a smoke run)")
     p.add_argument("--gpu", action="store_true", help="score on GPUs")
     p.add_argument("--train-steps", type=int, help="also train the recipe on clean, noisy and cleaned data (long)")
     p.add_argument(
@@ -271,7 +317,7 @@ def main() -> int:
         p.error("--train-scorers goes with --train-steps and without --forward/--backward")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    src, tgt = read(Path(args.data) / "train", "en"), read(Path(args.data) / "train", "de")
+    src, tgt = read(Path(args.data) / "train", "en")[: args.limit], read(Path(args.data) / "train", "de")[: args.limit]
     noisy_src, noisy_tgt, kinds = inject(src, tgt, args.noise, args.seed)
     write(work / "noisy", noisy_src, noisy_tgt)
     manifest, seconds = prepare(work, "rules", args, RULES)
@@ -295,6 +341,12 @@ def main() -> int:
         report["score"] |= {"forward": args.forward, "backward": args.backward}
         prepare(work, "cleaned", args, [*RULES, "--min-score", repr(report["score"]["threshold"])])
         report["combined"] = kept_by_kind(work, "cleaned", noisy_src, noisy_tgt, kinds)
+        report["label_free"] = label_free(work, args, kinds)
+        for name, row in report["label_free"].items():  # prepare's own figures at each threshold
+            row["prepare"] = prepare(work, f"scored-{name}", args, [*NO_RULES, *row["flags"]])[0]
+            row["prepare"] = row["prepare"]["corpora"][0]["train"]["dropped"]
+            prepare(work, f"cleaned-{name}", args, [*RULES, *row["flags"]])
+            row["combined"] = kept_by_kind(work, f"cleaned-{name}", noisy_src, noisy_tgt, kinds)
     if args.train_steps:
         report["bleu"] = train_arms(work, args, (src, tgt), (noisy_src, noisy_tgt, kinds), report)
     print_table(report)
@@ -323,15 +375,31 @@ def print_table(report: dict) -> None:
     if "score" in report:
         threshold, seconds = report["score"]["threshold"], report["score"]["score_s"]
         print(f"score filter: threshold {threshold:.4f}, scoring {seconds} s (a rerun's: what was missing)")
+        print_thresholds(report)
     if "bleu" in report:
         print("\n| trained on | test_2016_flickr BLEU | chrF | minutes |\n|---|---|---|---|")
-        for name in ("clean", "noisy", "cleaned", "oracle"):
+        for name in ("clean", "noisy", "cleaned", *(f"cleaned-{n}" for n in report.get("label_free", {})), "oracle"):
             if name in report["bleu"]:
                 row = report["bleu"][name]
                 print(f"| {name} | {row['bleu']:.2f} | {row['chrf']:.2f} | {row['minutes']} |")
-        print(f"BLEU lost to noise that cleaning won back: {report['bleu']['recovered']}")
+        print(f"BLEU lost to noise that cleaning won back: {report['bleu']['recovered']} (the labels' threshold)")
+        for name in report.get("label_free", {}):
+            print(f"  with the {name} threshold (no labels): {report['bleu'][f'recovered_{name}']}")
         if "recovered_of_oracle" in report["bleu"]:
             print(f"of what the noisy corpus's clean pairs alone win back: {report['bleu']['recovered_of_oracle']}")
+
+
+def print_thresholds(report: dict) -> None:
+    """One Markdown row per kind: what the score filter drops at each threshold, alone and with the rules."""
+    rows = {"labels": (report["score"], report.get("combined", {}))}
+    rows |= {name: (row, row.get("combined", {})) for name, row in report.get("label_free", {}).items()}
+    names = " | ".join(f"score: {n}" for n in rows) + " | " + " | ".join(f"both: {n}" for n in rows)
+    print(f"\n| kind | {names} |\n|---|" + "---|" * (2 * len(rows)))
+    print("| threshold | " + " | ".join(f"{r['threshold']:.4f}" for r, _ in rows.values()) + " |" * (len(rows) + 1))
+    for kind in ("clean", *KINDS):
+        alone = [f"{100 * r['dropped'][kind]:.1f}%" for r, _ in rows.values()]
+        both = [f"{100 * c[kind]:.1f}%" if kind in c else "-" for _, c in rows.values()]
+        print(f"| {kind} | {' | '.join(alone + both)} |")
 
 
 if __name__ == "__main__":

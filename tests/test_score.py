@@ -54,14 +54,18 @@ def score_config(argv: list[str]) -> ScoreConfig:
 
 def score_here(argv: list[str]) -> score_job.ScoreJob:
     """`raymt data score` without Ray: the job checked as the command checks it, its shards to do
-    scored and written here as an actor does."""
-    job = score_job.check_args(score_config(argv))
-    forward, backward = load_engine(job.forward.location, "raymt"), load_engine(job.backward.location, "raymt")
+    scored and written here as an actor does (then --valid's, as `score_job.run` does)."""
+    cfg = score_config(argv)
+    job = score_job.check_args(cfg)
+    forward = load_engine(job.forward.location, "raymt") if job.forward else None
+    backward = load_engine(job.backward.location, "raymt")
     for shard, block in job.shard_inputs():
         table = score_job.score_block(forward, backward, block, (job.src_lang, job.tgt_lang), job.options.max_tokens)
         data, job.done[shard] = score_job.shard_file(table)
         shard_job.write_shard(job.shard_location(shard), data)
     score_job.write_info(job, done=True)
+    if cfg.valid is not None:
+        score_here(["score", *to_argv(score_job.valid_config(cfg))])
     return job
 
 
@@ -170,6 +174,66 @@ def test_prepare_keeps_pairs_by_score_and_counts_the_rest(models, tmp_path):
     assert manifest["corpora"][0]["train"]["dropped"]["score"] == 30
     best = sorted(s for s, x in zip(src, got) if x >= np.sort(got)[-10])
     assert kept_sources(tmp_path) == best
+
+
+def test_without_a_forward_model_the_score_is_the_backward_cross_entropy(models, tmp_path):
+    """The cross-entropy filter of distilled pairs (mozilla/translations' ce-filter): exp(-H_bwd(src|tgt))."""
+    write_pairs(tmp_path / "train", 9, seed=11)
+    src = (tmp_path / "train.en").read_text().splitlines()
+    tgt = (tmp_path / "train.de").read_text().splitlines()
+    job = score_here(["score", "--backward", str(models[1]), "--corpus", str(tmp_path / "train")])
+    assert (job.src_lang, job.tgt_lang) == ("en", "de")  # the backward model's pair, reversed
+    got = read_scores(tmp_path / "train.scores")
+    assert got == pytest.approx([math.exp(-h) for h in direct_h(models[1], tgt, src)], rel=1e-4)
+    info = json.loads((tmp_path / "train.scores" / "score.json").read_text())
+    assert info["forward"] is None and info["formula"].startswith("exp(-H_bwd)")
+
+
+def test_calibrate_valid_drops_what_scores_under_the_validation_sets_quantile(models, tmp_path):
+    """A threshold without labels: the score that Q of the validation pairs (scored by the same
+    models, `--valid`) fall under; prepare drops the training pairs under it."""
+    write_pairs(tmp_path / "train", 40, seed=12)
+    write_pairs(tmp_path / "valid", 11, seed=13)
+    score_here(score_args(models, tmp_path / "train", "--valid", str(tmp_path / "valid"), "--shard-lines", "16"))
+    got = np.array(read_scores(tmp_path / "train.scores"))
+    valid = np.sort(read_scores(tmp_path / "train.scores" / "valid"))
+    assert len(valid) == 11
+    threshold = valid[2]  # the 0.2 quantile of 11 scores, "lower": the third smallest (index floor(0.2 * 10))
+    assert scores.calibrated_threshold(np.array([*valid, np.nan]), 0.2) == threshold
+    manifest = run_prepare(tmp_path, "--calibrate-valid", "0.2")
+    train = manifest["corpora"][0]["train"]
+    assert train["dropped"]["score"] == int((got < threshold).sum()) > 0
+    src = (tmp_path / "train.en").read_text().splitlines()
+    assert kept_sources(tmp_path) == sorted(s for s, x in zip(src, got) if x >= threshold)
+    assert manifest["options"]["calibrate_valid"] == 0.2
+
+
+@pytest.mark.parametrize("case", ["no_valid_scores", "other_valid_set", "other_models", "keep_best_too", "range"])
+def test_calibrate_valid_needs_the_validation_sets_scores_by_the_same_models(models, case, tmp_path, no_ray, capsys):
+    write_pairs(tmp_path / "train", 12, seed=14)
+    write_pairs(tmp_path / "valid", 4, seed=15)
+    extra = [] if case == "no_valid_scores" else ["--valid", str(tmp_path / "valid")]
+    score_here(score_args(models, tmp_path / "train", *extra))
+    if case == "other_valid_set":
+        write_pairs(tmp_path / "valid", 5, seed=16)
+    elif case == "other_models":
+        info_file = tmp_path / "train.scores" / "valid" / "score.json"
+        info_file.write_text(json.dumps({**json.loads(info_file.read_text()), "backward": "elsewhere"}))
+    argv = ["prepare", "--out", str(tmp_path / "c"), "--train", str(tmp_path / "train"), "--valid"]
+    argv += [str(tmp_path / "valid"), "--calibrate-valid", "1.0" if case == "range" else "0.1"]
+    argv += ["--keep-best", "0.5"] if case == "keep_best_too" else []
+    capsys.readouterr()
+    assert data_main.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    expected = {
+        "no_valid_scores": "holds no validation scores: score the corpus with `raymt data score --valid",
+        "other_valid_set": "does not match the corpus",
+        "other_models": "was scored by other models",
+        "keep_best_too": "keep_best and prepare.calibrate_valid are ways of filtering by score: set one",
+        "range": "calibrate_valid=1.0 must be a number in (0, 1)",
+    }[case]
+    assert expected in err[0]
 
 
 @pytest.mark.parametrize(

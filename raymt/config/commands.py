@@ -166,18 +166,27 @@ class BacktranslateConfig:
 
 @dataclass(kw_only=True)
 class ScoreConfig:
-    """`raymt data score`: the two models, the corpus and the output of a dual cross-entropy
-    scoring job, and its sharding and actors."""
+    """`raymt data score`: the two models, the corpus (and its validation set) and the output of a
+    dual cross-entropy scoring job, and its sharding and actors."""
 
-    forward: str = flag(help="a raymt checkpoint translating src->tgt", metavar="CKPT", required=True)
+    # Without a forward model a pair's score is exp(-H_backward(src|tgt)): the cross-entropy filter
+    # of distilled pairs (mozilla/translations scores a teacher's translations with a backward model).
+    forward: Optional[str] = flag(
+        None, "a raymt checkpoint translating src->tgt (none: score by the backward model alone)", metavar="CKPT"
+    )
     backward: str = flag(help="a raymt checkpoint translating tgt->src", metavar="CKPT", required=True)
     corpus: str = flag(help="PREFIX (PREFIX.<src>, PREFIX.<tgt>) or a file", metavar="SPEC", required=True)
+    # The validation set scored by the same models into OUTPUT/valid (a score directory of its
+    # own): what prepare's calibrate_valid sets its threshold from.
+    valid: Optional[str] = flag(
+        None, "also score this validation set into OUTPUT/valid (for prepare's --calibrate-valid)", metavar="SPEC"
+    )
     output: Optional[str] = flag(None, "the scores' directory (default SPEC.scores, beside it)", metavar="DIR|URI")
     src_lang: Optional[str] = flag(
-        None, "the corpus's source language (default: the forward model's)", name="--src", metavar="SRC_LANG"
+        None, "the corpus's source language (default: the models')", name="--src", metavar="SRC_LANG"
     )
     tgt_lang: Optional[str] = flag(
-        None, "the corpus's target language (default: the forward model's)", name="--tgt", metavar="TGT_LANG"
+        None, "the corpus's target language (default: the models')", name="--tgt", metavar="TGT_LANG"
     )
     src_col: Optional[str] = flag(None, "TSV column number, or JSONL key / Parquet column (default: --src)")
     tgt_col: Optional[str] = flag(None, "TSV column number, or JSONL key / Parquet column (default: --tgt)")

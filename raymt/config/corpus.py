@@ -23,7 +23,7 @@ BUILTIN_LANGS = ("en", "de", "fr", "es")
 # The content rules of prepare's cleaning (raymt.data.clean), each counted under its name.
 CONTENT_RULES = ("copy", "number_mismatch", "url_mismatch", "alpha_ratio", "repeats", "wrong_language")
 # The options of the score rule (`raymt data score`'s scores), None unless a corpus filters by score.
-SCORE_KEYS = ("min_score", "keep_best", "scores")
+SCORE_KEYS = ("min_score", "keep_best", "calibrate_valid", "scores")
 # The cleaning options a corpus may set for itself (CorpusSpec.clean: `clean = {wrong_language =
 # false}` in its [[data.corpora]] table); CorpusOptions holds their defaults, for every corpus.
 CLEAN_KEYS = (
@@ -40,6 +40,7 @@ CLEAN_KEYS = (
     "wrong_language_min_chars",
     "min_score",
     "keep_best",
+    "calibrate_valid",
     "scores",
     "max_len",
     "max_chars",

@@ -134,11 +134,15 @@ class CorpusOptions:
     wrong_language_min_chars: int = flag(5, "wrong_language_min_chars (default %(default)s)")
     # score: the dual conditional cross-entropy filter (docs/data.md, "Scoring pairs"): a pair is
     # dropped when its `raymt data score` score (exp(-dcce), in (0, 1], higher is better) is under
-    # min_score, or when it is not among the best keep_best fraction of its corpus's scored pairs;
+    # min_score, or when it is not among the best keep_best fraction of its corpus's scored pairs,
+    # or when it scores under the calibrate_valid quantile of the validation pairs' scores (the
+    # same scorers' scores of the corpus's validation set, `raymt data score --valid`: a threshold
+    # without labels that drops about that share of pairs as clean as the validation set);
     # the scores are read from `scores` (a directory of `raymt data score`; None: SPEC.scores
-    # beside each training input). Off (None) by default.
+    # beside each training input). Off (None) by default; one of the three at most.
     min_score: Optional[float] = flag(None, "min_score (default %(default)s)")
     keep_best: Optional[float] = flag(None, "keep_best (default %(default)s)")
+    calibrate_valid: Optional[float] = flag(None, "calibrate_valid (default %(default)s)", metavar="Q")
     scores: Optional[str] = flag(None, "scores (default %(default)s)")
     # Drop and count lines that are not valid UTF-8 instead of failing.
     skip_invalid: bool = flag(False, "sets skip_invalid")
@@ -183,13 +187,20 @@ class CorpusOptions:
                 value is None or (isinstance(value, (int, float)) and 0 < value <= 1),
                 f"{section}.{name}={value!r} must be a number in (0, 1]",
             )
+        q = self.calibrate_valid
         check(
-            self.min_score is None or self.keep_best is None,
-            f"{section}.min_score and {section}.keep_best are two ways of filtering by score: set one",
+            q is None or (isinstance(q, (int, float)) and 0 < q < 1),
+            f"{section}.calibrate_valid={q!r} must be a number in (0, 1): the share of validation pairs under "
+            "the threshold (0.05: the score that 5% of them fall under)",
+        )
+        given = [name for name in ("min_score", "keep_best", "calibrate_valid") if getattr(self, name) is not None]
+        check(
+            len(given) <= 1,
+            " and ".join(f"{section}.{name}" for name in given) + " are ways of filtering by score: set one",
         )
         check(
-            self.scores is None or self.min_score is not None or self.keep_best is not None,
-            f"{section}.scores={self.scores!r} filters nothing without min_score or keep_best",
+            self.scores is None or bool(given),
+            f"{section}.scores={self.scores!r} filters nothing without min_score, keep_best or calibrate_valid",
         )
 
 

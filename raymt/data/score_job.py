@@ -10,11 +10,15 @@ with its own tokenizer) and write its file whole; a dead actor's shards go to a 
 same command verifies the files there and scores the rest, every line in exactly one row. An
 empty or invalid line gets a NaN score and is counted. `score.json` names the models, languages,
 corpus (a fingerprint of its files) and line count; a rerun with other settings is refused.
+With `--valid SPEC` the validation set is then scored the same way into OUTPUT/valid (a score
+directory of its own: prepare's calibrate_valid reads it); without `--forward` a pair's score is
+the backward model's exp(-H) alone.
 In Python: `run(ScoreConfig(forward=CKPT, backward=CKPT, corpus=SPEC))`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import pyarrow as pa
 
 from raymt import storage
+from raymt.cluster import check_ray_address, init_ray
 from raymt.command import add_flags
 from raymt.config import PrepareConfig, ScoreConfig, ShardJobOptions
 from raymt.data import scores
@@ -66,7 +71,7 @@ def add_score_parser(sub: Any) -> None:
 class ScoreJob(ShardJob):
     """Everything checked before Ray starts: the models, the corpus, the output, what is left to do."""
 
-    forward: ModelInfo  # src->tgt
+    forward: Optional[ModelInfo]  # src->tgt; None: scored by the backward model alone
     backward: ModelInfo  # tgt->src
     source: Source  # the corpus, read as prepare reads it
     files: list[dict] = field(default_factory=list)  # the corpus files' fingerprints (scores.file_fingerprint)
@@ -111,7 +116,7 @@ class ScoreJob(ShardJob):
 
     def actor_kwargs(self) -> dict:
         """A scoring actor's keywords: each loads both models."""
-        models = {"forward": self.forward.location, "backward": self.backward.location}
+        models = {"forward": self.forward and self.forward.location, "backward": self.backward.location}
         return {**models, "langs": self.langs, "max_tokens": self.options.max_tokens}
 
     def summary(self, seconds: float, progress: Progress) -> str:
@@ -126,10 +131,12 @@ class ScoreJob(ShardJob):
 # ---------------------------------------------------------------- checks before Ray
 
 
-def check_models(forward: ModelInfo, backward: ModelInfo, src: str, tgt: str) -> None:
-    """One-line errors unless the forward model translates src->tgt and the backward tgt->src (raymt
-    checkpoints: scoring reads their log-probabilities; their tokenizers may differ)."""
+def check_models(forward: Optional[ModelInfo], backward: ModelInfo, src: str, tgt: str) -> None:
+    """One-line errors unless the forward model (if any) translates src->tgt and the backward tgt->src
+    (raymt checkpoints: scoring reads their log-probabilities; their tokenizers may differ)."""
     for flag, info, pair in (("--forward", forward, (src, tgt)), ("--backward", backward, (tgt, src))):
+        if info is None:
+            continue
         if info.kind != "raymt":
             raise ValueError(f"{flag} {info.location} is a CTranslate2 export: pass the raymt checkpoint it came from")
         if pair not in info.pairs:
@@ -140,13 +147,15 @@ def check_models(forward: ModelInfo, backward: ModelInfo, src: str, tgt: str) ->
             )
 
 
-def corpus_langs(cfg: ScoreConfig, forward: ModelInfo) -> tuple[str, str]:
-    """The corpus's languages: --src/--tgt, else the forward model's one pair."""
+def corpus_langs(cfg: ScoreConfig, forward: Optional[ModelInfo], backward: ModelInfo) -> tuple[str, str]:
+    """The corpus's languages: --src/--tgt, else the forward model's one pair (without one, the
+    backward model's reversed)."""
     if cfg.src_lang and cfg.tgt_lang:
         return cfg.src_lang, cfg.tgt_lang
-    if len(forward.pairs) != 1:
-        raise ValueError(f"--forward {forward.location} translates several pairs: pass --src and --tgt (the corpus's)")
-    src, tgt = forward.pairs[0]
+    flag, info = ("--forward", forward) if forward is not None else ("--backward", backward)
+    if len(info.pairs) != 1:
+        raise ValueError(f"{flag} {info.location} translates several pairs: pass --src and --tgt (the corpus's)")
+    src, tgt = info.pairs[0] if forward is not None else info.pairs[0][::-1]
     return cfg.src_lang or src, cfg.tgt_lang or tgt
 
 
@@ -156,11 +165,13 @@ def check_args(cfg: ScoreConfig) -> ScoreJob:
     from raymt.checkpoint import load_weights
     from raymt.engines import load_model_info
 
-    forward, backward = load_model_info(cfg.forward), load_model_info(cfg.backward)
-    src, tgt = corpus_langs(cfg, forward)
+    forward = load_model_info(cfg.forward) if cfg.forward is not None else None
+    backward = load_model_info(cfg.backward)
+    src, tgt = corpus_langs(cfg, forward, backward)
     check_models(forward, backward, src, tgt)
-    for location in (forward.location, backward.location):  # a corrupt weights file fails now, not in every actor
-        load_weights(location)
+    for info in (forward, backward):  # a corrupt weights file fails now, not in every actor
+        if info is not None:
+            load_weights(info.location)
     source = source_from_spec(cfg.corpus, PrepareConfig(src_lang=src, tgt_lang=tgt), cfg.src_col, cfg.tgt_col)
     if source.kind == "parquet" and len(source.paths) != 1:
         raise ValueError(f"--corpus {cfg.corpus}: score one Parquet file at a time (it names {len(source.paths)})")
@@ -183,7 +194,7 @@ def check_args(cfg: ScoreConfig) -> ScoreJob:
 def settings(job: ScoreJob) -> dict:
     """What fixes a job's scores: a rerun into the same --output must have the same."""
     return {
-        "forward": job.forward.location,
+        "forward": job.forward and job.forward.location,
         "backward": job.backward.location,
         "src_lang": job.src_lang,
         "tgt_lang": job.tgt_lang,
@@ -197,7 +208,11 @@ def settings(job: ScoreJob) -> dict:
 def write_info(job: ScoreJob, done: bool = False) -> dict:
     """score.json: settings, line count, totals so far and whether the job is complete."""
     info = {
-        "formula": "exp(-(|H_fwd - H_bwd| + (H_fwd + H_bwd) / 2)), H per target token and EOS",
+        "formula": (
+            "exp(-(|H_fwd - H_bwd| + (H_fwd + H_bwd) / 2)), H per target token and EOS"
+            if job.forward
+            else "exp(-H_bwd), H per source token and EOS"
+        ),
         **settings(job),
         "num_lines": job.num_lines,
         "num_shards": job.num_shards,
@@ -222,9 +237,10 @@ def cross_entropies(
 
 
 def score_block(
-    forward: Engine, backward: Engine, block: pa.Table, langs: tuple[str, str], max_tokens: int
+    forward: Optional[Engine], backward: Engine, block: pa.Table, langs: tuple[str, str], max_tokens: int
 ) -> pa.Table:
-    """A shard's rows scored (line_id, score, h_fwd, h_bwd, status): NaN for an empty or invalid pair."""
+    """A shard's rows scored (line_id, score, h_fwd, h_bwd, status): NaN for an empty or invalid pair
+    (and h_fwd NaN without a forward model: the score is then `scores.backward_score`)."""
     src, tgt = block.column("src").to_pylist(), block.column("tgt").to_pylist()
     n = len(src)
     status = [
@@ -235,13 +251,13 @@ def score_block(
     h_fwd, h_bwd = [math.nan] * n, [math.nan] * n
     if todo:
         ss, ts = [src[i].strip() for i in todo], [tgt[i].strip() for i in todo]
-        for i, hf, hb in zip(
-            todo,
-            cross_entropies(forward, ss, ts, langs[0], langs[1], max_tokens),
-            cross_entropies(backward, ts, ss, langs[1], langs[0], max_tokens),
-        ):
+        fwd = cross_entropies(forward, ss, ts, langs[0], langs[1], max_tokens) if forward else [math.nan] * len(todo)
+        for i, hf, hb in zip(todo, fwd, cross_entropies(backward, ts, ss, langs[1], langs[0], max_tokens)):
             h_fwd[i], h_bwd[i] = hf, hb
-    score = [math.nan if math.isnan(f) else scores.dual_score(f, b) for f, b in zip(h_fwd, h_bwd)]
+    score = [
+        math.nan if math.isnan(b) else scores.dual_score(f, b) if forward else scores.backward_score(b)
+        for f, b in zip(h_fwd, h_bwd)
+    ]
     columns = {"line_id": block.column("line_id"), "score": score, "h_fwd": h_fwd, "h_bwd": h_bwd}
     return pa.table(columns, schema=scores.OUT_SCHEMA).append_column("status", pa.array(status, pa.string()))
 
@@ -258,7 +274,7 @@ class ScoreActor(ShardActor):
 
     def __init__(
         self,
-        forward: str,
+        forward: Optional[str],
         backward: str,
         langs: tuple[str, str],
         max_tokens: int,
@@ -270,7 +286,7 @@ class ScoreActor(ShardActor):
 
         super().__init__(**common)  # ShardActor's: output, shard_lines, driver_node, delay_s
         self.langs, self.max_tokens = tuple(langs), max_tokens
-        self.forward = load_engine(forward, "raymt", device, num_threads)
+        self.forward = load_engine(forward, "raymt", device, num_threads) if forward else None
         self.backward = load_engine(backward, "raymt", device, num_threads)
 
     def shard_file(self, block: pa.Table) -> tuple[bytes, dict]:
@@ -278,8 +294,31 @@ class ScoreActor(ShardActor):
         return shard_file(score_block(self.forward, self.backward, block, self.langs, self.max_tokens))
 
 
+def valid_config(cfg: ScoreConfig) -> ScoreConfig:
+    """The job that scores --valid: the same models, languages and columns, into OUTPUT/valid."""
+    assert cfg.valid is not None
+    output = scores.valid_location(cfg.output or scores.default_location(cfg.corpus))
+    return dataclasses.replace(cfg, corpus=cfg.valid, valid=None, output=output)
+
+
 def run(cfg: ScoreConfig) -> ScoreJob:
     """Score every pair of `cfg.corpus` into `cfg.output` (default SPEC.scores) on Ray actors (the
-    shards a previous run left to do); the finished job (its score.json: `job.record()`'s). Raises a
-    one-line ValueError on a user error and `raymt.shard_job.Unfinished` when shards are left to do."""
-    return run_job(lambda: check_args(cfg), ScoreActor)[0]
+    shards a previous run left to do), then --valid's into OUTPUT/valid, both checked before Ray
+    and scored in one Ray session; the corpus's finished job (its score.json: `job.record()`'s).
+    Raises a one-line ValueError on a user error and `raymt.shard_job.Unfinished` when shards are
+    left to do."""
+    if cfg.valid is None:
+        return run_job(lambda: check_args(cfg), ScoreActor)[0]
+    check_ray_address()
+    jobs = [check_args(cfg), check_args(valid_config(cfg))]
+    # One Ray for both jobs (run_job leaves a Ray it did not start running); none when all is done.
+    started = any(job.todo for job in jobs) and init_ray(jobs[0].options.num_cpus, verbose=jobs[0].options.verbose)
+    try:
+        for job in jobs:
+            run_job(lambda job=job: job, ScoreActor)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    return jobs[0]

@@ -9,12 +9,18 @@ H_B(x|y) likewise; the pair's score is
     score(x, y) = exp(-(|H_A(y|x) - H_B(x|y)| + (H_A(y|x) + H_B(x|y)) / 2))
 
 in (0, 1], higher is better: both models find the pair likely, and alike likely. prepare keeps a
-pair whose score is at least `min_score`, or the best `keep_best` fraction of a corpus's pairs.
+pair whose score is at least `min_score`, or the best `keep_best` fraction of a corpus's pairs, or
+a pair that scores at least the `calibrate_valid` quantile of the validation pairs' scores (the
+same models' scores of the corpus's validation set, in the score directory's `valid/`: a
+threshold set without labels, the validation pairs taken as clean). Without a forward model (the
+cross-entropy filter of distilled pairs, as mozilla/translations filters them with a backward
+model) the score is exp(-H_B(x|y)).
 
 A score directory (default: beside the corpus, `SPEC.scores`) holds `score.json` (the models,
 the languages, the corpus and a fingerprint of its files, the line count, `done`) and
 `part-<first line id>.parquet` shards (line_id, score, h_fwd, h_bwd; NaN for an empty or invalid
-line), one row per corpus line (`raymt.shard_job`).
+line), one row per corpus line (`raymt.shard_job`), and with `--valid` the validation set's
+scores in `valid/`, a score directory of its own.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from raymt.shard_job import shard_name
 INFO_FILE = "score.json"
 INFO_FORMAT = "raymt-scores/1"
 SUFFIX = ".scores"  # SPEC.scores: a corpus's score directory beside it
+VALID_DIR = "valid"  # in a score directory: the same models' scores of the validation set (--valid)
 META_KEY = b"raymt.scores"  # Parquet schema metadata of a shard: its counts
 COUNTS = ("scored", "empty", "invalid")
 OUT_SCHEMA = pa.schema(
@@ -46,6 +53,11 @@ EDGE_BYTES = 1 << 20  # a file's fingerprint hashes its first and last MiB (and 
 def dual_score(h_fwd: float, h_bwd: float) -> float:
     """exp(-(|H_fwd - H_bwd| + (H_fwd + H_bwd) / 2)): Junczys-Dowmunt (2018)'s score, higher is better."""
     return math.exp(-(abs(h_fwd - h_bwd) + 0.5 * (h_fwd + h_bwd)))
+
+
+def backward_score(h_bwd: float) -> float:
+    """exp(-H_bwd): the score without a forward model (the cross-entropy filter of distilled pairs)."""
+    return math.exp(-h_bwd)
 
 
 def cross_entropy(log_probs: Sequence[float]) -> float:
@@ -69,6 +81,11 @@ def file_fingerprint(location: str) -> dict:
 def default_location(spec: str) -> str:
     """Where a corpus SPEC's scores are by default: SPEC.scores beside it."""
     return spec.rstrip("/") + SUFFIX
+
+
+def valid_location(location: str) -> str:
+    """Where a score directory holds its validation set's scores (`raymt data score --valid`)."""
+    return storage.join(location, VALID_DIR)
 
 
 def read_info(location: str, where: str) -> dict:
@@ -143,6 +160,16 @@ def best_threshold(scores: np.ndarray, keep_best: float) -> float:
     return float(scored[max(1, round(keep_best * len(scored))) - 1])
 
 
+def calibrated_threshold(valid_scores: np.ndarray, quantile: float) -> float:
+    """The score that `quantile` of the scored validation pairs fall under (numpy's "lower"
+    quantile: a score one of them has), so a pair as clean as they are is dropped with about that
+    probability: calibrate_valid's threshold, set without labels."""
+    scored = valid_scores[~np.isnan(valid_scores)]
+    if not len(scored):
+        return math.inf
+    return float(np.quantile(scored, quantile, method="lower"))
+
+
 class ScoreReader:
     """A score directory read in line order, one shard at a time (a prepare task's memory stays
     flat in the corpus's size)."""
@@ -173,7 +200,7 @@ class ScoreReader:
 
 def filters(cfg: Any) -> bool:
     """Whether a corpus's cleaning options (a PrepareConfig) filter by score."""
-    return cfg.min_score is not None or cfg.keep_best is not None
+    return any(getattr(cfg, k) is not None for k in ("min_score", "keep_best", "calibrate_valid"))
 
 
 def locations(cfg: Any, train: Sequence[Any], where: str) -> list[str]:
@@ -207,16 +234,47 @@ def check_scores(cfg: Any, corpus: Any, where: str) -> list[dict]:
         check_match(info, location, source.paths, langs, where)
         digest = hashlib.sha256(storage.read_bytes(storage.join(location, INFO_FILE))).hexdigest()
         out.append({"location": location, "sha256": digest})
+        if cfg.calibrate_valid is not None:
+            out[-1]["valid_sha256"] = check_valid_scores(info, location, corpus, where)
     return out
+
+
+def check_valid_scores(info: dict, location: str, corpus: Any, where: str) -> str:
+    """calibrate_valid's check before Ray: the score directory holds scores of the corpus's
+    validation set (`valid_location`), complete, matched to its files and made by the models that
+    scored the training pairs; the sha256 of their score.json (in the corpus's fingerprint)."""
+    if not corpus.valid:
+        raise ValueError(
+            f"{where}: calibrate_valid reads the validation set's scores, and this corpus has no validation "
+            "set of its own: pass its --valid, or filter it with keep_best or min_score"
+        )
+    valid = valid_location(location)
+    if storage.optional_bytes(storage.join(valid, INFO_FILE)) is None:
+        raise ValueError(
+            f"{where}: calibrate_valid: {location} holds no validation scores: score the corpus with "
+            "`raymt data score --valid SPEC` (the validation set), or filter with keep_best"
+        )
+    vinfo = read_info(valid, where)
+    check_match(vinfo, valid, [p for s in corpus.valid for p in s.paths], (info["src_lang"], info["tgt_lang"]), where)
+    if (vinfo.get("forward"), vinfo.get("backward")) != (info.get("forward"), info.get("backward")):
+        raise ValueError(
+            f"{where}: calibrate_valid: {valid} was scored by other models than {location}: score both with "
+            "the same `raymt data score --valid` command"
+        )
+    return hashlib.sha256(storage.read_bytes(storage.join(valid, INFO_FILE))).hexdigest()
 
 
 def score_entries(cfg: Any, corpus: Any, where: str) -> list[dict]:
     """What each training input's prepare tasks need to filter it (its task spec's "scores"): the
     score directory, its shard and line counts, and the corpus's threshold (min_score, or the
-    score of keep_best's last pair over all its inputs)."""
+    score of keep_best's last pair over all its inputs, or calibrate_valid's quantile of the
+    validation scores of its first input's directory: `check_valid_scores` saw each one's)."""
     found = [(loc, read_info(loc, where)) for loc in locations(cfg, corpus.train, where)]
     threshold = cfg.min_score
-    if threshold is None:
+    if cfg.calibrate_valid is not None:
+        valid = valid_location(found[0][0])
+        threshold = calibrated_threshold(all_scores(read_info(valid, where), valid), cfg.calibrate_valid)
+    elif threshold is None:
         threshold = best_threshold(np.concatenate([all_scores(info, loc) for loc, info in found]), cfg.keep_best)
     return [
         {"location": loc, "shard_lines": info["shard_lines"], "num_lines": info["num_lines"], "threshold": threshold}

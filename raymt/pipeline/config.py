@@ -11,9 +11,12 @@ errors; `--set STAGE.FIELD=VALUE` changes any field as the file would (`load`).
     [mono]               # `raymt data mono`'s options (MonoConfig's): language ID, length, dedup, sample
     [backward]           # the tgt->src model: trained (as [teacher]), a checkpoint, or imported
     [bt]                 # beam, sample, noise, seed, engine: the backward model translates mono_tgt
+    [scorers]            # the filters' models: forward/backward checkpoints given, else trained (as [teacher])
+    [score_filter]       # enabled, keep_best or calibrate_valid: the training pairs by dual cross-entropy
     [teacher]            # num_seeds, preset, config, set, max_steps, max_minutes; stages, real_weight,
                          # average_last, finetune_*: two stages with back-translation; import_from
     [distill]            # beam, engine: the teachers translate the training sources
+    [ce_filter]          # enabled, keep_best: the distilled pairs by the backward model's cross-entropy
     [student]            # preset, config, set, max_steps, max_minutes
     [export]             # dtypes compared (the faster kept), beam timed
     [evaluate]           # beam
@@ -25,9 +28,10 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, ClassVar, Optional, Sequence
 
 from raymt.config import BT_ENGINES, CONTENT_RULES, PrepareConfig, load_file, parse_set_args, parse_value, preset
+from raymt.config.corpus import SCORE_KEYS
 from raymt.data.mono_clean import MonoConfig
 from raymt.data.text import resolve
 from raymt.errors import check
@@ -275,6 +279,73 @@ class DistillStage:
 
 
 @dataclass
+class ScorersStage(TrainStage):
+    """[scorers]: the models of the score filters: a src->tgt `forward` and a tgt->src `backward`
+    raymt checkpoint, each given or else trained (scorer-fwd on the prepared pairs, scorer-bwd on
+    them reversed) with this stage's preset, config, set and length, as [teacher]'s."""
+
+    STAGE = "scorers"
+    forward: Optional[str] = None
+    backward: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("forward", "backward"):
+            given = getattr(self, name)
+            check(
+                given is None or Path(given).is_dir(),
+                f"scorers.{name}={given}: no such directory (a raymt checkpoint; leave it out to train one)",
+            )
+
+
+@dataclass
+class ScoreFilterStage:
+    """[score_filter]: the training pairs scored by dual conditional cross-entropy ([scorers]'
+    models, `raymt data score`) and the corpus prepared again without those under a threshold set
+    without labels: the best `keep_best` fraction, or `calibrate_valid` (the score that this share
+    of the validation pairs, scored alike, fall under; CALIBRATE_VALID when neither is set)."""
+
+    CALIBRATE_VALID: ClassVar[float] = 0.05
+    enabled: bool = False
+    keep_best: Optional[float] = None
+    calibrate_valid: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        check(
+            self.keep_best is None or self.calibrate_valid is None,
+            "score_filter.keep_best and score_filter.calibrate_valid are two thresholds: set one",
+        )
+        check(
+            self.keep_best is None or 0 < self.keep_best <= 1,
+            f"score_filter.keep_best={self.keep_best} must be in (0, 1]",
+        )
+        check(
+            self.calibrate_valid is None or 0 < self.calibrate_valid < 1,
+            f"score_filter.calibrate_valid={self.calibrate_valid} must be in (0, 1): the share of validation "
+            "pairs under the threshold",
+        )
+
+    def rule(self) -> dict[str, float]:
+        """prepare's score option that applies the threshold (`PrepareConfig` field -> value)."""
+        if self.keep_best is not None:
+            return {"keep_best": self.keep_best}
+        return {"calibrate_valid": self.calibrate_valid or self.CALIBRATE_VALID}
+
+
+@dataclass
+class CeFilterStage:
+    """[ce_filter]: the teachers' translations scored by [scorers]' backward model (exp(-H(src |
+    translation)), `raymt data score` without a forward model, as mozilla/translations filters
+    them); the student trains on the best `keep_best` of them."""
+
+    enabled: bool = False
+    keep_best: float = 0.95
+
+    def __post_init__(self) -> None:
+        check(0 < self.keep_best <= 1, f"ce_filter.keep_best={self.keep_best} must be in (0, 1]")
+
+
+@dataclass
 class ExportStage:
     """[export]: the student in CTranslate2, at the fastest of `dtypes` on one thread at `beam`."""
 
@@ -310,8 +381,11 @@ class PipelineConfig:
     mono: MonoStage = field(default_factory=MonoStage)
     backward: BackwardStage = field(default_factory=BackwardStage)
     bt: BtStage = field(default_factory=BtStage)
+    scorers: ScorersStage = field(default_factory=ScorersStage)
+    score_filter: ScoreFilterStage = field(default_factory=ScoreFilterStage)
     teacher: TeacherStage = field(default_factory=TeacherStage)
     distill: DistillStage = field(default_factory=DistillStage)
+    ce_filter: CeFilterStage = field(default_factory=CeFilterStage)
     student: StudentStage = field(default_factory=StudentStage)
     export: ExportStage = field(default_factory=ExportStage)
     evaluate: EvaluateStage = field(default_factory=EvaluateStage)
@@ -332,11 +406,21 @@ class PipelineConfig:
             "corpora.mono_tgt is back-translated for the teachers to train on, but teacher.import_from "
             "imports the teacher: drop one",
         )
+        self.check_filters()
 
     @property
     def back_translates(self) -> bool:
         """Whether the teachers train on back-translated pairs (monolingual target text, trained teachers)."""
         return self.corpora.has_mono("tgt") and self.teacher.import_from is None
+
+    def check_filters(self) -> None:
+        """One line when [score_filter] is on and [prepare] filters by score itself."""
+        own = [k for k in SCORE_KEYS if getattr(self.prepare, k) is not None]
+        check(
+            not (self.score_filter.enabled and own),
+            f"prepare.{own[0] if own else ''} with score_filter.enabled: the score filter sets prepare's threshold "
+            "and scores; leave prepare's out",
+        )
 
     @property
     def pair(self) -> tuple[str, str]:

@@ -5,6 +5,15 @@ the training sources: `raymt backtranslate --format text`) -> student (`raymt tr
 pairs with the teachers' tokenizer) -> export (`raymt export --format ctranslate2`, int8 or
 float32, whichever is faster) -> evaluate (every model on the test set, one thread).
 
+With [score_filter] on, the training pairs are first prepared without it (prepare-unscored), the
+scorers trained (scorer-fwd on them, scorer-bwd on them reversed: prepare-reverse) unless
+[scorers] names checkpoints, the pairs and the validation set scored (score: `raymt data score
+--valid`), and `prepare` is the corpus prepared again with the score rule (keep_best or
+calibrate_valid), so everything after it reads the filtered corpus. With [ce_filter] on, the
+teachers' translations are scored by the backward scorer (ce-filter: `raymt data score` without a
+forward model; funnel.json: pairs in, pairs kept) and the student's corpus keeps the best
+keep_best of them (its own prepare's score rule).
+
 A step kind (`Kind`) says its version, the command that runs it alone, its end marker, its typed
 config and how it runs; `pipeline_steps` lists a config's steps with the settings and inputs that
 make their keys (`raymt.pipeline.keys`). A new kind (monolingual text, back-translation, filters)
@@ -23,11 +32,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import numpy as np
+
 from raymt import average, backtranslate, export, hf_import, train
 from raymt.checkpoint import weights_file
-from raymt.config import BacktranslateConfig, CorpusOptions, DataConfig, DecodeOptions, ShardJobOptions
+from raymt.config import (
+    BacktranslateConfig,
+    Config,
+    CorpusOptions,
+    DataConfig,
+    DecodeOptions,
+    PrepareConfig,
+    ScoreConfig,
+    ShardJobOptions,
+    apply_overrides,
+)
+from raymt.config.corpus import SCORE_KEYS
 from raymt.data import __main__ as data_command
-from raymt.data import mono_clean
+from raymt.data import mono_clean, score_job, scores
 from raymt.data.builtin import write_builtin
 from raymt.data.format import MANIFEST_FILE, SPM_FILE
 from raymt.data.mono import MONO_FILE, input_files
@@ -129,9 +151,11 @@ def corpus_run(ctx: Context, step: Step) -> None:
 
 
 def prepare_config(ctx: Context, step: Step) -> data_command.PrepareCommand:
-    """`raymt data prepare`: the training and validation pairs, the [prepare] options."""
+    """`raymt data prepare`: the training and validation pairs, the [prepare] options (after the
+    score step, with [score_filter]'s threshold on its scores: `score_rule`)."""
     inputs = InputFlags(train=[ctx.prefix("train")], valid=[ctx.prefix("valid")])
-    return data_command.PrepareCommand(out=str(ctx.dir(step.name)), inputs=inputs, options=ctx.cfg.prepare)
+    options = score_rule(ctx) if "score" in step.uses else ctx.cfg.prepare
+    return data_command.PrepareCommand(out=str(ctx.dir(step.name)), inputs=inputs, options=options)
 
 
 def prepare_run(ctx: Context, step: Step) -> None:
@@ -188,6 +212,8 @@ def write_student_config(ctx: Context, step: Step) -> None:
     tokenizer = ctx.best(ctx.teachers()[0])
     generated = ctx.cfg.corpora.builtin
     cfg = student_config(flags, ctx.cfg.pair, distilled, tokenizer, ctx.prefix("valid"), None, generated=generated)
+    if "ce-filter" in step.uses:
+        cfg = ce_filtered(ctx, cfg)
     student_config_file(ctx, step).write_text(json.dumps(cfg.to_dict(), indent=2))
 
 
@@ -311,7 +337,7 @@ def backward_flags(ctx: Context, step: Step) -> TrainFlags:
 
 
 # [prepare]'s options a run's data section does not take from it: the score filter's, the vocabulary.
-NOT_CLEANING = ("min_score", "keep_best", "scores", "tokenizer", "bt_tag")
+NOT_CLEANING = (*SCORE_KEYS, "tokenizer", "bt_tag")
 
 
 def cleaning_sets(prepare: CorpusOptions) -> list[str]:
@@ -512,6 +538,143 @@ KINDS: dict[str, Kind] = {
 }
 
 
+# ---------------------------------------------------------------- the score filters
+
+FUNNEL_FILE = "funnel.json"  # the ce-filter step's end marker: pairs in, pairs kept
+SCORER_STEPS = {"forward": "scorer-fwd", "backward": "scorer-bwd"}  # the steps that train them
+
+
+def prepare_reverse_config(ctx: Context, step: Step) -> data_command.PrepareCommand:
+    """`raymt data prepare` of the training and validation pairs read tgt->src with [prepare]'s
+    options: the backward scorer's corpus (a prepared corpus holds one direction)."""
+    cmd = prepare_config(ctx, step)
+    return dataclasses.replace(
+        cmd, options=dataclasses.replace(cmd.options, src_lang=ctx.cfg.tgt, tgt_lang=ctx.cfg.src)
+    )
+
+
+def prepare_reverse_run(ctx: Context, step: Step) -> None:
+    """The reversed prepared corpus (`raymt.data.__main__.run`)."""
+    ctx.dir(step.name).parent.mkdir(parents=True, exist_ok=True)
+    data_command.run(prepare_reverse_config(ctx, step))
+
+
+def scorer_flags(ctx: Context, step: Step) -> TrainFlags:
+    """`raymt train` of a scorer ([scorers]' stage) on the corpus it uses: scorer-fwd src->tgt on
+    the pairs prepared without the score rule, scorer-bwd tgt->src on them reversed."""
+    stage, where = ctx.cfg.scorers, ctx.dir(step.name)
+    src, tgt = ctx.cfg.pair if step.name == SCORER_STEPS["forward"] else ctx.cfg.pair[::-1]
+    return TrainFlags(
+        preset=stage.preset,
+        config=stage.config,
+        set=list(stage.set),
+        max_steps=stage.max_steps,
+        max_minutes=stage.max_minutes,
+        corpus=str(ctx.dir(step.uses[0])),
+        src_lang=src,
+        tgt_lang=tgt,
+        storage_path=str(where.parent),
+        name=where.name,
+        verbose=ctx.verbose,
+    )
+
+
+def scorer(ctx: Context, side: str) -> str:
+    """The `side` ("forward" or "backward") scorer's checkpoint: [scorers]' given one, else the best
+    of the step that trains it."""
+    given = getattr(ctx.cfg.scorers, side)
+    return given if given is not None else ctx.best(SCORER_STEPS[side])
+
+
+def score_config(ctx: Context, step: Step) -> ScoreConfig:
+    """`raymt data score --valid`: the training pairs and the validation set by both scorers."""
+    return ScoreConfig(
+        forward=scorer(ctx, "forward"),
+        backward=scorer(ctx, "backward"),
+        corpus=ctx.prefix("train"),
+        valid=ctx.prefix("valid"),
+        output=str(ctx.dir(step.name)),
+        src_lang=ctx.cfg.src,
+        tgt_lang=ctx.cfg.tgt,
+        shards=ShardJobOptions(verbose=ctx.verbose),
+    )
+
+
+def score_run(ctx: Context, step: Step) -> None:
+    """The scores (`raymt.data.score_job.run`; `raymt.shard_job.Unfinished` when shards are left)."""
+    score_job.run(score_config(ctx, step))
+
+
+def scored(where: Path) -> bool:
+    """Whether a scoring finished (score.json says done)."""
+    info = read_json(where / scores.INFO_FILE)
+    return bool(info and info.get("done"))
+
+
+def score_rule(ctx: Context) -> PrepareConfig:
+    """[prepare]'s options with [score_filter]'s threshold on the score step's scores."""
+    return dataclasses.replace(ctx.cfg.prepare, scores=str(ctx.dir("score")), **ctx.cfg.score_filter.rule())
+
+
+def ce_backward(ctx: Context) -> str:
+    """The CE filter's model: [scorers] backward given, else the back-translation's backward model
+    (as mozilla/translations scores with it), else the backward scorer trained."""
+    if ctx.cfg.scorers.backward is None and ctx.cfg.back_translates:
+        return ctx.backward()
+    return scorer(ctx, "backward")
+
+
+def ce_config(ctx: Context, step: Step) -> ScoreConfig:
+    """`raymt data score` without a forward model: the teachers' translations by the backward
+    model (exp(-H(src | translation)), mozilla/translations' cross-entropy filter: `ce_backward`)."""
+    return ScoreConfig(
+        backward=ce_backward(ctx),
+        corpus=str(ctx.dir("distill") / "text"),
+        output=str(ctx.dir(step.name)),
+        src_lang=ctx.cfg.src,
+        tgt_lang=ctx.cfg.tgt,
+        shards=ShardJobOptions(shard_lines=ctx.cfg.distill.shard_lines, verbose=ctx.verbose),
+    )
+
+
+def ce_run(ctx: Context, step: Step) -> None:
+    """The distilled pairs scored, then funnel.json: the pairs in, scored, and kept (the best
+    [ce_filter] keep_best at the threshold the student's prepare draws: `scores.best_threshold`)."""
+    where, keep_best = ctx.dir(step.name), ctx.cfg.ce_filter.keep_best
+    score_job.run(ce_config(ctx, step))
+    values = scores.all_scores(scores.read_info(str(where), step.name), str(where))
+    threshold = scores.best_threshold(values, keep_best)
+    funnel = {
+        "pairs": len(values),
+        "scored": int((~np.isnan(values)).sum()),
+        "kept": int((values >= threshold).sum()),
+        "keep_best": keep_best,
+        "threshold": threshold,
+    }
+    (where / FUNNEL_FILE).write_text(json.dumps(funnel, indent=2))
+    print(f"ce-filter: {funnel['kept']:,} of {funnel['pairs']:,} distilled pairs kept (score >= {threshold:.4g})")
+
+
+def ce_filtered(ctx: Context, cfg: Config) -> Config:
+    """The student's config with its distilled pairs filtered by the ce-filter step's scores (its
+    prepare's score rule: the best [ce_filter] keep_best)."""
+    first, *rest = cfg.data.corpora
+    clean = {**first.clean, "keep_best": ctx.cfg.ce_filter.keep_best, "scores": str(ctx.dir("ce-filter"))}
+    return apply_overrides(cfg, {"data.corpora": [dataclasses.replace(first, clean=clean), *rest]})
+
+
+KINDS.update(
+    {
+        "prepare-reverse": Kind(1, "data prepare", has(MANIFEST_FILE), prepare_reverse_config, prepare_reverse_run),
+        "scorer": Kind(1, "train", has(SUMMARY), scorer_flags, train_run),
+        "score": Kind(1, "data score", lambda w: scored(w) and scored(w / scores.VALID_DIR), score_config, score_run),
+        "ce-filter": Kind(
+            1, "data score", has(FUNNEL_FILE), ce_config, ce_run, "then funnel.json: the best ce_filter.keep_best kept"
+        ),
+    }
+)
+
+
 # ---------------------------------------------------------------- the steps of a config
 
 
@@ -556,7 +719,10 @@ def pipeline_steps(cfg: PipelineConfig) -> list[Step]:
         sizes.update({"corpora.builtin_mono_size": c.builtin_mono_size} if c.builtin_mono_size else {})
         steps.append(make("corpus", "corpus", sizes))
     prepare = stage_settings("prepare", cfg.prepare, skip=("src_lang", "tgt_lang"))
-    steps.append(make("prepare", "prepare", prepare, corpus_inputs(cfg, ("train", "valid"), ("src", "tgt")), corpus))
+    steps += scorer_steps(cfg, prepare, corpus)  # none without a score filter
+    prepare, scored_uses = filtered_prepare(cfg, prepare)
+    pairs = corpus_inputs(cfg, ("train", "valid"), ("src", "tgt"))
+    steps.append(make("prepare", "prepare", prepare, pairs, (*scored_uses, *corpus)))
     steps += bt_steps(cfg, corpus)
     teachers = tuple(f"teacher-{n}" for n in range(1, cfg.teacher.num_seeds + 1))
     if cfg.teacher.import_from is None:
@@ -565,9 +731,11 @@ def pipeline_steps(cfg: PipelineConfig) -> list[Step]:
     mono_src = ("mono-src",) if c.has_mono("src") else ()
     uses = (*teachers, *corpus, *mono_src)
     steps.append(make("distill", "distill", distill, corpus_inputs(cfg, ("train",), ("src",)), uses))
+    ce = ce_filter_steps(cfg)
+    steps += ce
     student = stage_settings("student", cfg.student)
     valid = corpus_inputs(cfg, ("valid",), ("src", "tgt"))
-    steps.append(make("student", "student", student, valid, ("distill", teachers[0], *corpus)))
+    steps.append(make("student", "student", student, valid, ("distill", teachers[0], *corpus, *(s.name for s in ce))))
     test = corpus_inputs(cfg, ("test",), ("src", "tgt"))
     steps.append(make("export", "export", stage_settings("export", cfg.export), test, ("student", *corpus)))
     evaluate = stage_settings("evaluate", cfg.evaluate)
@@ -656,3 +824,64 @@ def teacher_steps(cfg: PipelineConfig, teachers: tuple[str, ...]) -> list[Step]:
             steps.append(make(f"{name}-avg", "average", last, uses=(f"{name}-bt",)))
             steps.append(make(name, "teacher", {**seed, **finetune}, uses=("prepare", f"{name}-avg")))
     return steps
+
+
+# ---------------------------------------------------------------- the steps of the score filters
+
+
+def given_scorers(cfg: PipelineConfig, sides: tuple[str, ...]) -> tuple[dict, dict]:
+    """The settings ("scorers.forward": its path) and input fingerprints (its weights file) of the
+    scorers of `sides` that [scorers] gives."""
+    settings, inputs = {}, {}
+    for side in sides:
+        given = getattr(cfg.scorers, side)
+        if given is not None:
+            settings[f"scorers.{side}"] = given
+            inputs[f"scorers.{side}"] = file_fingerprint(str(weights_file(given)))
+    return settings, inputs
+
+
+def scorer_steps(cfg: PipelineConfig, prepare: dict, corpus: tuple[str, ...]) -> list[Step]:
+    """The steps before the score filter's `prepare`: the scorers not given (prepare-unscored and
+    scorer-fwd; prepare-reverse and scorer-bwd, the latter for [ce_filter] too) and the score step."""
+    on, sc, steps = cfg.score_filter.enabled, cfg.scorers, []
+    pairs = corpus_inputs(cfg, ("train", "valid"), ("src", "tgt"))
+    train = stage_settings("scorers", sc, skip=("forward", "backward"))
+    if on and sc.forward is None:
+        steps.append(make("prepare-unscored", "prepare", prepare, pairs, corpus))
+        steps.append(make(SCORER_STEPS["forward"], "scorer", train, uses=("prepare-unscored",)))
+    # The CE filter of a pipeline that back-translates scores by its backward model (`ce_backward`).
+    if (on or (cfg.ce_filter.enabled and not cfg.back_translates)) and sc.backward is None:
+        steps.append(make("prepare-reverse", "prepare-reverse", prepare, pairs, corpus))
+        steps.append(make(SCORER_STEPS["backward"], "scorer", train, uses=("prepare-reverse",)))
+    if on:
+        settings, given = given_scorers(cfg, ("forward", "backward"))
+        trained = tuple(s.name for s in steps if s.kind == "scorer")
+        steps.append(make("score", "score", settings, {**pairs, **given}, (*trained, *corpus)))
+    return steps
+
+
+def filtered_prepare(cfg: PipelineConfig, prepare: dict) -> tuple[dict, tuple[str, ...]]:
+    """`prepare`'s settings and the steps it uses beside the corpus: with [score_filter] on, its
+    threshold and the score step."""
+    if not cfg.score_filter.enabled:
+        return prepare, ()
+    rule = {f"score_filter.{k}": v for k, v in cfg.score_filter.rule().items()}
+    return {**prepare, **rule}, ("score",)
+
+
+def ce_filter_steps(cfg: PipelineConfig) -> list[Step]:
+    """ce-filter (with [ce_filter] on): the distilled pairs scored by the backward model
+    (`ce_backward`)."""
+    if not cfg.ce_filter.enabled:
+        return []
+    settings, given = given_scorers(cfg, ("backward",))
+    uses: tuple[str, ...] = ()
+    if cfg.scorers.backward is None and not cfg.back_translates:
+        uses = (SCORER_STEPS["backward"],)
+    elif cfg.scorers.backward is None and cfg.backward.checkpoint is not None:
+        given = {"backward.checkpoint": file_fingerprint(str(weights_file(cfg.backward.checkpoint)))}
+    elif cfg.scorers.backward is None:
+        uses = ("backward",)  # trained or imported
+    settings["ce_filter.keep_best"] = cfg.ce_filter.keep_best
+    return [make("ce-filter", "ce-filter", settings, given, ("distill", *uses))]
