@@ -6,9 +6,10 @@ pairs with the teachers' tokenizer) -> export (`raymt export --format ctranslate
 float32, whichever is faster) -> evaluate (every model on the test set, one thread).
 
 A step kind (`Kind`) says its version, the command that runs it alone, its end marker, its typed
-config and how it runs; `pipeline_steps` lists a config's steps with the settings and inputs that
-make their keys (`raymt.pipeline.keys`). A new kind (monolingual text, back-translation, filters)
-is one more `Kind` and its place in `pipeline_steps`.
+config, how it runs, what it takes of the cluster (`request`: the runner starts it when that is
+free) and what it counts of the data (`funnel`: the report's); `pipeline_steps` lists a config's
+steps with the settings and inputs that make their keys (`raymt.pipeline.keys`). A new kind
+(monolingual text, back-translation, filters) is one more `Kind` and its place in `pipeline_steps`.
 """
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from raymt import backtranslate, export, train
+from raymt.cluster import data_cpus, plan
 from raymt.config import BacktranslateConfig, DecodeOptions, ShardJobOptions
 from raymt.data import __main__ as data_command
 from raymt.data.builtin import write_builtin
+from raymt.data.clean import DROP_RULES
 from raymt.data.format import MANIFEST_FILE
 from raymt.data.text import read_parallel, resolve
 from raymt.engines import load_model_info
 from raymt.export import ExportConfig
-from raymt.flags import InputFlags, TrainFlags
+from raymt.flags import InputFlags, TrainFlags, build_config
 from raymt.pipeline.config import PipelineConfig, TrainStage
 from raymt.pipeline.keys import STEPS_DIR, Step, file_fingerprint, read_json
 from raymt.pipeline.models import ct2_export, fastest_ct2_type, model_row, relative_to, student_config
@@ -91,6 +94,11 @@ class Kind:
     config: Callable[[Context, Step], Any]
     run: Callable[[Context, Step], None]
     note: str = ""  # what `show` adds to its command line (all it says of a step without one)
+    # What the step takes of a cluster of these total resources ({"CPU": 3.0, "GPU": 0.0}); None:
+    # all of it (a command that spreads over the cluster: Ray Data, decoding actors by default).
+    request: Optional[Callable[[Context, Step, dict], dict]] = None
+    # The data it counts, read from its directory: (what, pairs) rows of the report's funnel.
+    funnel: Optional[Callable[[Path], list[tuple[str, int]]]] = None
 
 
 # ---------------------------------------------------------------- the corpus and prepare
@@ -112,6 +120,22 @@ def prepare_run(ctx: Context, step: Step) -> None:
     """The prepared corpus (`raymt.data.__main__.run`)."""
     ctx.dir(step.name).parent.mkdir(parents=True, exist_ok=True)
     data_command.run(prepare_config(ctx, step))
+
+
+def prepare_funnel(where: Path) -> list[tuple[str, int]]:
+    """Each corpus's raw pairs, the pairs left after each cleaning rule that dropped some (in the
+    order they apply: the score filter among them) and those kept, from the manifest."""
+    rows = []
+    for corpus in (read_json(where / MANIFEST_FILE) or {}).get("corpora", []):
+        train, name = corpus["train"], f"{corpus['name']} ({corpus['origin']})"
+        left = train["input_pairs"]
+        rows.append((f"{name}: raw pairs", left))
+        for rule in DROP_RULES:
+            if train["dropped"].get(rule):
+                left -= train["dropped"][rule]
+                rows.append((f"{name}: after {rule}", left))
+        rows.append((f"{name}: kept", train["num_pairs"]))
+    return rows
 
 
 # ---------------------------------------------------------------- training: teachers and the student
@@ -179,6 +203,18 @@ def train_run(ctx: Context, step: Step) -> None:
     train.run(cfg, resume_dir, init, verbose=ctx.verbose)
 
 
+def train_request(ctx: Context, step: Step, total: dict) -> dict:
+    """What a training step takes: its workers' CPUs (and GPUs) as `raymt.train.scaling` plans them
+    on this cluster, and the CPU its own process works on beside them (Ray Data's preparation, the
+    test set's scoring: `raymt.cluster.data_cpus`)."""
+    stage: TrainStage = ctx.cfg.teacher if step.kind == "teacher" else ctx.cfg.student
+    flags = TrainFlags(preset=stage.preset, config=stage.config, set=list(stage.set), max_steps=stage.max_steps)
+    t = build_config(flags, cluster_gpus=lambda: int(total.get("GPU", 0))).train
+    workers = plan(t.num_workers, t.use_gpu, t.cpus_per_worker, total=total)
+    cpus = workers.cpus * t.num_workers + data_cpus(total.get("CPU", 0))
+    return {"CPU": cpus, "GPU": float(workers.gpus * t.num_workers)}
+
+
 # ---------------------------------------------------------------- the teachers translate
 
 
@@ -211,6 +247,14 @@ def bt_done(where: Path) -> bool:
     """Whether a back-translation finished (bt.json says done)."""
     info = read_json(where / "bt.json")
     return bool(info and info.get("done"))
+
+
+def translated_funnel(where: Path) -> list[tuple[str, int]]:
+    """The lines a `raymt backtranslate` job read and the pairs it wrote (bt.json's counts)."""
+    info = read_json(where / "bt.json") or {}
+    if "num_lines" not in info:
+        return []
+    return [("input lines", info["num_lines"]), ("translated pairs", info["counts"]["translated"])]
 
 
 # ---------------------------------------------------------------- export and evaluation
@@ -270,18 +314,45 @@ def no_config(ctx: Context, step: Step) -> None:
     return None
 
 
+def one_cpu(ctx: Context, step: Step, total: dict) -> dict:
+    """A step of the pipeline's own process on one thread (writing text, timing on one thread)."""
+    return {"CPU": 1.0}
+
+
 KINDS: dict[str, Kind] = {
     "corpus": Kind(
-        1, None, lambda where: any(where.glob("test.*")), no_config, corpus_run, "the built-in corpus as text files"
+        1,
+        None,
+        lambda where: any(where.glob("test.*")),
+        no_config,
+        corpus_run,
+        "the built-in corpus as text files",
+        request=one_cpu,
     ),
-    "prepare": Kind(1, "data prepare", has(MANIFEST_FILE), prepare_config, prepare_run),
-    "teacher": Kind(1, "train", has(SUMMARY), train_flags, train_run),
-    "distill": Kind(1, "backtranslate", bt_done, distill_config, distill_run),
-    "student": Kind(1, "train", has(SUMMARY), train_flags, train_run, "its --config is written when the step starts"),
+    "prepare": Kind(1, "data prepare", has(MANIFEST_FILE), prepare_config, prepare_run, funnel=prepare_funnel),
+    "teacher": Kind(1, "train", has(SUMMARY), train_flags, train_run, request=train_request),
+    "distill": Kind(1, "backtranslate", bt_done, distill_config, distill_run, funnel=translated_funnel),
+    "student": Kind(
+        1,
+        "train",
+        has(SUMMARY),
+        train_flags,
+        train_run,
+        "its --config is written when the step starts",
+        request=train_request,
+    ),
     "export": Kind(
-        1, "export", has(EXPORT_RECORD), export_config, export_run, "--dtype: the fastest of [export] dtypes, timed"
+        1,
+        "export",
+        has(EXPORT_RECORD),
+        export_config,
+        export_run,
+        "--dtype: the fastest of [export] dtypes, timed",
+        request=one_cpu,
     ),
-    "evaluate": Kind(1, None, has(REPORT), no_config, evaluate_run, "every model on the test set, one thread"),
+    "evaluate": Kind(
+        1, None, has(REPORT), no_config, evaluate_run, "every model on the test set, one thread", request=one_cpu
+    ),
 }
 
 
