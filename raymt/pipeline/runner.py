@@ -146,13 +146,10 @@ class Pipeline:
                 known += by_name[name]
             elif by_kind.get(kind):
                 known += sum(by_kind[kind]) / len(by_kind[kind])
-                guessed.append(name)
+                guessed.append(f"{name} as a {kind} took here")
             else:
                 unknown.append(name)
-        notes = [f"{', '.join(guessed)} timed as {'their' if len(guessed) > 1 else 'its'} kind's measured"] * bool(
-            guessed
-        )
-        notes += [f"unknown for {', '.join(unknown)} (never measured here)"] * bool(unknown)
+        notes = [*guessed, *([f"unknown for {', '.join(unknown)} (never measured here)"] * bool(unknown))]
         head = f"time left: about {minutes(known)}" if len(unknown) < len(todo) else "time left: unknown"
         return f"{head} for {len(todo)} step(s) one after another" + (f" ({'; '.join(notes)})" if notes else "")
 
@@ -221,7 +218,12 @@ class Pipeline:
                     print(f"pipeline: {name} done ({self.ctx.dir(name)})", flush=True)
                     waiting.remove(name)
                     continue
-                request = self.request(name, total)
+                try:
+                    request = self.request(name, total)
+                except ValueError as err:  # its workers do not fit the cluster: the command's own line
+                    waiting.remove(name)
+                    self.failed(name, err, failed, running)
+                    break
                 if running and not fits(request, [r.request for r in running.values()], total):
                     continue
                 waiting.remove(name)
@@ -238,20 +240,25 @@ class Pipeline:
             step = running.pop(name)
             error = step.error or self.finish(name, step)
             if error is not None:
-                failed.append(error)
-                still = f"; waiting for {', '.join(running)} to end" if running else ""
-                print(f"pipeline: {name} failed: {type(error).__name__}: {error}{still}", flush=True)
+                self.failed(name, error, failed, running)
             else:
                 ran.append((name, (step.started, time.time())))
         if failed:
             raise failed[0]
         return ran
 
+    @staticmethod
+    def failed(name: str, error: BaseException, failed: list[BaseException], running: dict) -> None:
+        """Step `name` failed with `error`: noted in `failed` and printed, with the steps still running."""
+        failed.append(error)
+        still = f"; waiting for {', '.join(running)} to end" if running else ""
+        print(f"pipeline: {name} failed: {type(error).__name__}: {error}{still}", flush=True)
+
     def start(self, name: str, request: dict, ended: queue.Queue) -> Running:
         """Step `name` started in a thread of its own, which puts its name in `ended` when it ends."""
         step = self.ctx.steps[name]
         kind = KINDS[step.kind]
-        takes = ", ".join(f"{v:g} {k}" for k, v in request.items()) or "nothing"
+        takes = ", ".join(f"{v:g} {k}{'s' * (v != 1)}" for k, v in request.items()) or "nothing"
         print(f"pipeline: {name} starts ({self.state(name)}; takes {takes}): {self.command(name)}", flush=True)
         running = Running(request, time.time())
 
