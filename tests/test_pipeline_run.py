@@ -171,10 +171,10 @@ def test_plan_gives_the_time_left_from_the_steps_measured(tmp_path, monkeypatch)
 
 def teachers_run(monkeypatch, out: Path, total: dict, cpus_per_worker: str) -> dict[str, dict]:
     """Two teachers of the tiny recipe run by `run_steps` on a cluster of `total` resources, each a
-    fake training of 1 s; their step.json records."""
+    fake training of 0.3 s; their step.json records."""
 
     def fake_train(ctx, step):
-        time.sleep(1.0)
+        time.sleep(0.3)
         (ctx.dir(step.name) / "summary.json").write_text("{}")
 
     monkeypatch.setitem(KINDS, "teacher", dataclasses.replace(KINDS["teacher"], run=fake_train))
