@@ -23,6 +23,23 @@ from raymt.pipeline.steps import pipeline_steps
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "recipes" / "pipeline-tiny.toml")
 BASE = {"src": "en", "tgt": "de", "output": "out"}
+# The steps of recipes/pipeline-tiny.toml, in order: back-translation and a two-stage teacher.
+TINY_STEPS = [
+    "corpus",
+    "prepare",
+    "mono-src",
+    "mono-tgt",
+    "backward",
+    "bt",
+    "prepare-bt",
+    "teacher-1-bt",
+    "teacher-1-avg",
+    "teacher-1",
+    "distill",
+    "student",
+    "export",
+    "evaluate",
+]
 
 
 def keys(data: dict) -> dict[str, str]:
@@ -99,17 +116,9 @@ def test_plan_and_show_on_a_fresh_output_start_no_ray(tmp_path, capsys, monkeypa
     t0 = time.perf_counter()
     assert pipeline.main(["plan", TINY, "--output", str(out)]) == 0
     *lines, left = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == [
-        "corpus",
-        "prepare",
-        "teacher-1",
-        "distill",
-        "student",
-        "export",
-        "evaluate",
-    ]
+    assert [line.split()[0] for line in lines] == TINY_STEPS
     assert all(line.endswith("to do") for line in lines), lines
-    assert left.startswith("time left: unknown for 7 step(s)") and "(never measured here)" in left, left
+    assert left.startswith(f"time left: unknown for {len(TINY_STEPS)} step(s)") and "(never measured here)" in left
     assert time.perf_counter() - t0 < 10
     # Each step's command line parses back to the config the step runs.
     shown = {}
@@ -144,7 +153,7 @@ def test_plan_names_what_changed_since_the_last_run(tmp_path):
         line.split(maxsplit=2)[::2] for line in Pipeline(load(TINY, str(out), ["student.max_steps=30"])).plan()[:-1]
     )
     assert plan["corpus"] == plan["prepare"] == "done"
-    assert plan["teacher-1"] == plan["distill"] == "to do"
+    assert plan["teacher-1"] == plan["distill"] == plan["bt"] == "to do"
     assert plan["student"] == "stale (student.max_steps 10 -> 30)"
     assert plan["export"] == "stale (uses student, which changed)"
     sets = ["student.set=train.eval_every=5"]
@@ -152,7 +161,7 @@ def test_plan_names_what_changed_since_the_last_run(tmp_path):
     assert plan["student"] == "stale (student.set.train.eval_every 10 -> 5)"
 
 
-@pytest.mark.slow  # ~72 s here (two Ray Train runs of ~25 s each on 2 busy cores); CI runs it (.ci/run)
+@pytest.mark.slow  # five Ray Train runs (backward, two teacher stages, student): minutes; CI runs it (.ci/run)
 @pytest.mark.ci
 def test_the_tiny_recipe_end_to_end_then_a_rerun_redoes_nothing(ray_address, tmp_path, capsys):
     """Done when 1 of issue 67 (its first part): `raymt pipeline run recipes/pipeline-tiny.toml
@@ -163,7 +172,7 @@ def test_the_tiny_recipe_end_to_end_then_a_rerun_redoes_nothing(ray_address, tmp
     assert pipeline.main(argv) == 0, capsys.readouterr().err[-3000:]
     printed = capsys.readouterr().out
     started = [line.split()[1] for line in printed.splitlines() if line.startswith("pipeline: ") and " starts " in line]
-    assert started == ["corpus", "prepare", "teacher-1", "distill", "student", "export", "evaluate"]
+    assert started == TINY_STEPS
     report = json.loads((out / "report.json").read_text())
     assert [(r["model"], r["beam"]) for r in report["rows"]] == [("teacher-1", 2), ("student", 1), ("student", 2)]
     assert report["num_sentences"] == 30 and all(r["sentences_per_s"] > 0 for r in report["rows"])
@@ -173,7 +182,16 @@ def test_the_tiny_recipe_end_to_end_then_a_rerun_redoes_nothing(ray_address, tmp
     # The student learned from the teacher's translations, with the teacher's tokenizer.
     steps = {p.name.split(".")[0]: p for p in (out / "steps").iterdir() if p.is_dir()}
     bt = json.loads((steps["distill"] / "bt.json").read_text())
-    assert bt["done"] and bt["counts"]["translated"] == 400
+    assert bt["done"] and bt["counts"]["translated"] == 400 + 100  # the training sources, the English text
+    # Back-translation: the backward de->en model made English sources of the 100 German lines,
+    # prepared beside the original pairs; stage 2 started from stage 1's average, on the original.
+    back = json.loads((steps["bt"] / "bt.json").read_text())
+    assert back["done"] and back["counts"]["translated"] == 100 and (back["src_lang"], back["tgt_lang"]) == ("de", "en")
+    manifest = json.loads((steps["prepare-bt"] / "manifest.json").read_text())
+    assert [(c["origin"], c["train"]["input_pairs"]) for c in manifest["corpora"]] == [("real", 400), ("bt", 100)]
+    stage2 = json.loads((steps["teacher-1"] / "summary.json").read_text())
+    assert stage2["init_checkpoint"] == str(steps["teacher-1-avg"] / "model")
+    assert json.loads((steps["teacher-1"] / "raymt_config.json").read_text())["data"]["corpus"] == str(steps["prepare"])
     summary = json.loads((steps["student"] / "summary.json").read_text())
     teacher = json.loads((steps["teacher-1"] / "summary.json").read_text())
     spm = (Path(summary["best_checkpoint"]) / "spm.model").read_bytes()
@@ -186,7 +204,7 @@ def test_the_tiny_recipe_end_to_end_then_a_rerun_redoes_nothing(ray_address, tmp
     assert time.perf_counter() - t0 < 10
     assert pipeline.main(["plan", TINY, "--output", str(out)]) == 0
     *plan, left = capsys.readouterr().out.splitlines()
-    assert len(plan) == 7 and all(line.endswith("  done") for line in plan), plan
+    assert len(plan) == len(TINY_STEPS) and all(line.endswith("  done") for line in plan), plan
     assert left == "time left: none (every step is done)"
     assert (out / "report.png").stat().st_size > 0
 

@@ -24,10 +24,18 @@ from raymt.pipeline.steps import KINDS, pipeline_steps
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "recipes" / "pipeline-tiny.toml")
 TWO_SEEDS = ["teacher.num_seeds=2"]
+# The tiny recipe without back-translation: corpus, prepare, teachers, distill, student, export, evaluate.
+PLAIN = ["corpora.builtin_mono_size=0", "teacher.stages=1"]
 # Each kind's end marker (what `Kind.done` looks for) and what a fake run writes in it.
 MARKERS = {
     "corpus": ("test.de", "x\n"),
     "prepare": ("manifest.json", "{}"),
+    "mono": ("mono.json", "{}"),
+    "backward": ("summary.json", "{}"),
+    "bt": ("bt.json", '{"done": true}'),
+    "prepare-bt": ("manifest.json", "{}"),
+    "teacher-bt": ("summary.json", "{}"),
+    "average": ("model/average.json", "{}"),
     "teacher": ("summary.json", "{}"),
     "distill": ("bt.json", '{"done": true}'),
     "student": ("summary.json", "{}"),
@@ -44,6 +52,7 @@ def fake_finished(p: Pipeline, walls: dict[str, float] | None = None) -> None:
         where = p.ctx.dir(name)
         where.mkdir(parents=True, exist_ok=True)
         marker, text = MARKERS[step.kind]
+        (where / marker).parent.mkdir(exist_ok=True)
         (where / marker).write_text(text)
         record = {**p.records[name], "wall_s": (walls or {}).get(name, 60.0)}
         (where / RECORD_FILE).write_text(json.dumps(record))
@@ -56,8 +65,9 @@ def states(out: Path, sets: list[str]) -> dict[str, str]:
 
 
 def test_each_change_marks_exactly_the_steps_downstream_stale_with_the_reason(tmp_path):
-    """A test per staleness rule (done when 3 of issue 67): the student's settings, a cleaning rule
-    and the distillation's decoding, each against a pipeline whose every step finished."""
+    """A test per staleness rule (done when 3 of issue 67): the student's settings, a cleaning rule,
+    the back-translation's and the distillation's decoding, each against a pipeline (the tiny
+    recipe's: back-translation, two-stage teachers) whose every step finished."""
     out = tmp_path / "out"
     fake_finished(Pipeline(load(TINY, str(out), TWO_SEEDS)))
     assert set(states(out, []).values()) == {"done"}
@@ -74,8 +84,26 @@ def test_each_change_marks_exactly_the_steps_downstream_stale_with_the_reason(tm
             ["prepare.max_ratio=2.0"],
             {
                 "prepare": "prepare.max_ratio 3.0 -> 2.0",
-                "teacher-1": "uses prepare, which changed",
-                "teacher-2": "uses prepare, which changed",
+                "backward": "uses prepare, which changed",
+                "bt": "uses backward, which changed",
+                "prepare-bt": "uses prepare, which changed; uses bt, which changed",
+                **{f"teacher-{n}-bt": "uses prepare-bt, which changed" for n in (1, 2)},
+                **{f"teacher-{n}-avg": f"uses teacher-{n}-bt, which changed" for n in (1, 2)},
+                **{f"teacher-{n}": f"uses prepare, which changed; uses teacher-{n}-avg, which changed" for n in (1, 2)},
+                "distill": "uses teacher-1, which changed; uses teacher-2, which changed",
+                "student": "uses distill, which changed; uses teacher-1, which changed",
+                "export": "uses student, which changed",
+                "evaluate": "uses teacher-1, which changed; uses teacher-2, which changed; uses export, which changed",
+            },
+        ),
+        "the back-translation's decoding": (
+            ["bt.beam=3"],
+            {
+                "bt": "bt.beam 2 -> 3",
+                "prepare-bt": "uses bt, which changed",
+                **{f"teacher-{n}-bt": "uses prepare-bt, which changed" for n in (1, 2)},
+                **{f"teacher-{n}-avg": f"uses teacher-{n}-bt, which changed" for n in (1, 2)},
+                **{f"teacher-{n}": f"uses teacher-{n}-avg, which changed" for n in (1, 2)},
                 "distill": "uses teacher-1, which changed; uses teacher-2, which changed",
                 "student": "uses distill, which changed; uses teacher-1, which changed",
                 "export": "uses student, which changed",
@@ -98,7 +126,11 @@ def test_each_change_marks_exactly_the_steps_downstream_stale_with_the_reason(tm
             name: f"stale ({reason})" for name, reason in stale.items()
         }, case
     # How a step runs is no change: the workers and CPUs of a training.
-    sets = ["teacher.set=train.num_workers=2", "student.set=train.cpus_per_worker=0.5"]
+    sets = [
+        "teacher.set=train.num_workers=2",
+        "student.set=train.cpus_per_worker=0.5",
+        "backward.set=train.min_workers=1",
+    ]
     assert set(states(out, sets).values()) == {"done"}
 
 
@@ -137,7 +169,10 @@ def test_an_output_written_by_another_pipeline_is_one_line_before_ray(tmp_path, 
     for split in ("train", "valid", "test"):
         for lang in ("en", "de"):
             (tmp_path / f"c.{split}.{lang}").write_text("a b\n")
-    other = [f"corpora.{split}={corpus}.{split}" for split in ("train", "valid", "test")]
+    other = [
+        "corpora.builtin_mono_size=0",
+        *(f"corpora.{split}={corpus}.{split}" for split in ("train", "valid", "test")),
+    ]
     with pytest.raises(ValueError, match=f"this config is en-de on {corpus}.train"):
         Pipeline(load(TINY, str(out), other))
     assert Pipeline(load(TINY, str(out), other), share_output=True).plan()[0].startswith("prepare ")
@@ -150,22 +185,23 @@ def test_plan_gives_the_time_left_from_the_steps_measured(tmp_path, monkeypatch)
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("plan started Ray"))
     out = tmp_path / "out"
     walls = {"corpus": 1, "prepare": 30, "teacher-1": 600, "teacher-2": 660, "distill": 120}
-    fake_finished(Pipeline(load(TINY, str(out), TWO_SEEDS)), {**walls, "student": 300, "export": 20, "evaluate": 40})
+    plain = [*PLAIN, *TWO_SEEDS]
+    fake_finished(Pipeline(load(TINY, str(out), plain)), {**walls, "student": 300, "export": 20, "evaluate": 40})
     t0 = time.perf_counter()
-    left = Pipeline(load(TINY, str(out), TWO_SEEDS)).plan()[-1]
+    left = Pipeline(load(TINY, str(out), plain)).plan()[-1]
     assert time.perf_counter() - t0 < 3
     assert left == "time left: none (every step is done)"
     # The student changed: it, the export and the evaluation as they took under their old keys.
-    left = Pipeline(load(TINY, str(out), [*TWO_SEEDS, "student.max_steps=30"])).plan()[-1]
+    left = Pipeline(load(TINY, str(out), [*plain, "student.max_steps=30"])).plan()[-1]
     assert left == "time left: about 6.0 min for 3 step(s) one after another", left
     # A third seed was never run: it takes what a teacher took here (their mean, 630 s).
-    left = Pipeline(load(TINY, str(out), ["teacher.num_seeds=3"])).plan()[-1]
+    left = Pipeline(load(TINY, str(out), [*PLAIN, "teacher.num_seeds=3"])).plan()[-1]
     assert left.startswith("time left: about 18.5 min for 5 step(s)"), left  # 630 + 120 + 300 + 20 + 40
     assert left.endswith("(teacher-3 as a teacher took here)"), left
     # A step of a kind never run here is named, not guessed.
     for path in (out / "steps").glob("student.*"):
         (path / RECORD_FILE).unlink()
-    left = Pipeline(load(TINY, str(out), [*TWO_SEEDS, "student.max_steps=30"])).plan()[-1]
+    left = Pipeline(load(TINY, str(out), [*plain, "student.max_steps=30"])).plan()[-1]
     assert left == "time left: about 60 s for 3 step(s) one after another (unknown for student (never measured here))"
 
 
@@ -178,7 +214,7 @@ def teachers_run(monkeypatch, out: Path, total: dict, cpus_per_worker: str) -> d
         (ctx.dir(step.name) / "summary.json").write_text("{}")
 
     monkeypatch.setitem(KINDS, "teacher", dataclasses.replace(KINDS["teacher"], run=fake_train))
-    sets = [*TWO_SEEDS, f"teacher.set=train.cpus_per_worker={cpus_per_worker}"]
+    sets = [*PLAIN, *TWO_SEEDS, f"teacher.set=train.cpus_per_worker={cpus_per_worker}"]
     p = Pipeline(load(TINY, str(out), sets))
     for name in ("teacher-1", "teacher-2"):
         p.ctx.dir(name).mkdir(parents=True)
@@ -208,7 +244,7 @@ def test_a_failed_step_lets_the_running_ones_finish_and_starts_no_other(tmp_path
         (ctx.dir(step.name) / "summary.json").write_text("{}")
 
     monkeypatch.setitem(KINDS, "teacher", dataclasses.replace(KINDS["teacher"], run=fake_train))
-    p = Pipeline(load(TINY, str(tmp_path / "out"), [*TWO_SEEDS, "teacher.set=train.cpus_per_worker=1"]))
+    p = Pipeline(load(TINY, str(tmp_path / "out"), [*PLAIN, *TWO_SEEDS, "teacher.set=train.cpus_per_worker=1"]))
     for name in ("teacher-1", "teacher-2"):
         p.ctx.dir(name).mkdir(parents=True)
     with pytest.raises(ValueError, match="teacher-1 broke"):
@@ -218,7 +254,7 @@ def test_a_failed_step_lets_the_running_ones_finish_and_starts_no_other(tmp_path
     assert "pipeline: teacher-2 finished" in printed and "distill starts" not in printed
     assert (p.ctx.dir("teacher-2") / RECORD_FILE).exists() and not (p.ctx.dir("teacher-1") / RECORD_FILE).exists()
     # Workers that the cluster cannot hold: the command's own line, before the step starts.
-    p = Pipeline(load(TINY, str(tmp_path / "big"), ["teacher.set=train.num_workers=8"]))
+    p = Pipeline(load(TINY, str(tmp_path / "big"), [*PLAIN, "teacher.set=train.num_workers=8"]))
     with pytest.raises(ValueError, match="train.num_workers=8 x 0.25 CPUs needs 2 CPUs but the cluster's 2 CPUs"):
         p.run_steps(["teacher-1"], {"CPU": 2.0})
     assert "pipeline: teacher-1 failed: ValueError: train.num_workers=8" in capsys.readouterr().out
@@ -226,7 +262,7 @@ def test_a_failed_step_lets_the_running_ones_finish_and_starts_no_other(tmp_path
 
 def test_the_report_has_the_data_funnel_each_steps_cpu_hours_and_a_figure(tmp_path):
     out = tmp_path / "out"
-    p = Pipeline(load(TINY, str(out), TWO_SEEDS))
+    p = Pipeline(load(TINY, str(out), [*PLAIN, *TWO_SEEDS]))
     fake_finished(p, {"teacher-1": 1800.0})
     dropped = {"empty": 3, "ratio": 7, "duplicate": 0}
     train = {"input_pairs": 400, "num_pairs": 390, "dropped": dropped}
@@ -274,7 +310,7 @@ def test_two_teacher_seeds_train_together_on_4_cpus_and_one_after_the_other_on_2
     two seeds of one worker of 1 CPU each, on a local head declaring 4 CPUs and on the session's 2."""
     from conftest import start_head, stop_group
 
-    sets = ["--set", "teacher.num_seeds=2", "--set", "teacher.set=train.cpus_per_worker=1"]
+    sets = [arg for item in [*PLAIN, *TWO_SEEDS, "teacher.set=train.cpus_per_worker=1"] for arg in ("--set", item)]
     argv = ["run", "teacher-1", "teacher-2", TINY, *sets]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", RAY_TRAIN_ENABLE_PRINT_PATCH="0")
     head, temp_dir = start_head(tmp_path / "head.log", env, num_cpus=4)
@@ -301,7 +337,7 @@ def test_two_teacher_seeds_train_together_on_4_cpus_and_one_after_the_other_on_2
 
 
 def test_run_steps_named_runs_them_and_the_steps_they_use(tmp_path, capsys):
-    p = Pipeline(load(TINY, str(tmp_path / "out"), TWO_SEEDS))
+    p = Pipeline(load(TINY, str(tmp_path / "out"), [*PLAIN, *TWO_SEEDS]))
     assert p.needed(["teacher-2"]) == ["corpus", "prepare", "teacher-2"]
     assert p.needed(["teacher-1", "teacher-2"]) == ["corpus", "prepare", "teacher-1", "teacher-2"]
     assert p.needed(["student"]) == ["corpus", "prepare", "teacher-1", "teacher-2", "distill", "student"]

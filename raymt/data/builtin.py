@@ -148,15 +148,24 @@ def sources(src_lang: str, tgt_lang: str, train_size: int, eval_size: int, seed:
     return {split: Source(kind="pairs", pairs=pairs, generated=True) for split, pairs in splits.items()}
 
 
-def write_builtin(folder: Path, src_lang: str, tgt_lang: str, train_size: int, eval_size: int, seed: int) -> None:
+def write_builtin(
+    folder: Path, src_lang: str, tgt_lang: str, train_size: int, eval_size: int, seed: int, mono_size: int = 0
+) -> None:
     """The built-in corpus of a pair as text files in `folder` (train, valid, test .SRC/.TGT), written
-    whole (a temporary sibling renamed) or kept when there."""
+    whole (a temporary sibling renamed) or kept when there; with `mono_size`, also monolingual text
+    held out of training (mono.SRC: the sources of `mono_size` more pairs, mono.TGT: the targets of
+    `mono_size` others). The training pairs are those of mono_size 0 (the generator's prefix)."""
     if (folder / f"test.{tgt_lang}").exists():
         return
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for split, (src, tgt) in builtin_splits(src_lang, tgt_lang, train_size, eval_size, seed).items():
+    splits = builtin_splits(src_lang, tgt_lang, train_size + 2 * mono_size, eval_size, seed)
+    src, tgt = splits["train"]
+    splits["train"] = (src[:train_size], tgt[:train_size])
+    if mono_size:
+        splits["mono"] = (src[train_size : train_size + mono_size], tgt[train_size + mono_size :])
+    for split, (src, tgt) in splits.items():
         for lang, lines in ((src_lang, src), (tgt_lang, tgt)):
             (tmp / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     tmp.rename(folder)

@@ -5,9 +5,14 @@ errors; `--set STAGE.FIELD=VALUE` changes any field as the file would (`load`).
     src = "en"
     tgt = "de"
     output = "runs/pipeline-tiny"
-    [corpora]            # train/valid/test prefixes (PREFIX.src, PREFIX.tgt); none: the built-in corpus
+    [corpora]            # train/valid/test prefixes (PREFIX.src, PREFIX.tgt); none: the built-in corpus;
+                         # mono_src/mono_tgt: monolingual text (or builtin_mono_size: held out of the built-in)
     [prepare]            # `raymt data prepare`'s options (PrepareConfig's fields): rules, vocab_size, ...
-    [teacher]            # num_seeds, preset, config, set, max_steps, max_minutes
+    [mono]               # `raymt data mono`'s options (MonoConfig's): language ID, length, dedup, sample
+    [backward]           # the tgt->src model: trained (as [teacher]), a checkpoint, or imported
+    [bt]                 # beam, sample, noise, seed, engine: the backward model translates mono_tgt
+    [teacher]            # num_seeds, preset, config, set, max_steps, max_minutes; stages, real_weight,
+                         # average_last, finetune_*: two stages with back-translation; import_from
     [distill]            # beam, engine: the teachers translate the training sources
     [student]            # preset, config, set, max_steps, max_minutes
     [export]             # dtypes compared (the faster kept), beam timed
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from raymt.config import BT_ENGINES, CONTENT_RULES, PrepareConfig, load_file, parse_set_args, parse_value, preset
+from raymt.data.mono_clean import MonoConfig
 from raymt.data.text import resolve
 from raymt.errors import check
 from raymt.pipeline.models import CT2_TYPES
@@ -45,9 +51,22 @@ class CorporaConfig:
     builtin_train_size: int = 2000
     builtin_eval_size: int = 100
     seed: int = 1
+    # Monolingual text (what `raymt data mono --input` reads: a file, glob, directory or URI): the
+    # target side is back-translated for the teachers, the source side translated by them.
+    mono_src: Optional[str] = None
+    mono_tgt: Optional[str] = None
+    # The built-in corpus only: this many more source and target lines held out of training as
+    # monolingual text (mono.SRC, mono.TGT in the corpus step's directory).
+    builtin_mono_size: int = 0
 
     def __post_init__(self) -> None:
         positive("corpora", builtin_train_size=self.builtin_train_size, builtin_eval_size=self.builtin_eval_size)
+        check(self.builtin_mono_size >= 0, f"corpora.builtin_mono_size={self.builtin_mono_size} must be >= 0")
+        check(
+            not self.builtin_mono_size or (self.train is None and self.mono_src is None and self.mono_tgt is None),
+            "corpora.builtin_mono_size holds text out of the built-in corpus: not with corpora.train, "
+            "mono_src or mono_tgt (give your monolingual text as mono_src/mono_tgt)",
+        )
         if self.train is None:
             check(
                 self.valid is None and self.test is None,
@@ -64,6 +83,10 @@ class CorporaConfig:
         """Whether the corpora are the built-in corpus."""
         return self.train is None
 
+    def has_mono(self, side: str) -> bool:
+        """Whether there is monolingual text of `side` (src or tgt): given, or held out of the built-in."""
+        return getattr(self, f"mono_{side}") is not None or self.builtin_mono_size > 0
+
     def check_files(self, src: str, tgt: str) -> None:
         """Every corpus file there (a missing one: one line naming it)."""
         for name in ("train", "valid", "test"):
@@ -73,6 +96,10 @@ class CorporaConfig:
                     resolve(prefix, src), resolve(prefix, tgt)
             except ValueError as err:
                 raise ValueError(f"corpora.{name}: {err}") from None
+        for side in ("src", "tgt"):
+            spec = getattr(self, f"mono_{side}")
+            plain = spec is not None and "://" not in spec and not any(c in spec for c in "*?[")
+            check(not plain or Path(spec).exists(), f"corpora.mono_{side}={spec}: no such file or directory")
 
 
 @dataclass
@@ -101,14 +128,129 @@ class TrainStage:
 
 @dataclass
 class TeacherStage(TrainStage):
-    """[teacher]: `num_seeds` teachers (teacher-N trains with train.seed=N), their ensemble distilled."""
+    """[teacher]: `num_seeds` teachers (teacher-N trains with train.seed=N), their ensemble distilled.
+    With back-translated pairs, `stages` 2: stage 1 (teacher-N-bt) on the original and back-translated
+    pairs mixed (the original weighted `real_weight`), stage 2 (teacher-N) on the original pairs from
+    the average of stage 1's `average_last` last checkpoints (teacher-N-avg), with `finetune_set`
+    added and its own length if given; `stages` 1: teacher-N on the mix. `import_from`: one teacher
+    imported (`raymt import` of a Hugging Face directory or Hub id), none trained."""
 
     STAGE = "teacher"
     num_seeds: int = 1
+    stages: int = 2
+    real_weight: float = 1.0
+    average_last: int = 4
+    finetune_set: list[str] = field(default_factory=list)
+    finetune_max_steps: Optional[int] = None
+    finetune_max_minutes: Optional[float] = None
+    import_from: Optional[str] = None
+    revision: Optional[str] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        positive("teacher", num_seeds=self.num_seeds)
+        positive("teacher", num_seeds=self.num_seeds, real_weight=self.real_weight, average_last=self.average_last)
+        positive("teacher", finetune_max_steps=self.finetune_max_steps, finetune_max_minutes=self.finetune_max_minutes)
+        check(self.stages in (1, 2), f"teacher.stages={self.stages}: 1 or 2 (with back-translated pairs)")
+        parse_set_args(list(self.finetune_set))
+        check(
+            self.import_from is None or self.num_seeds == 1,
+            f"teacher.import_from with teacher.num_seeds={self.num_seeds}: an imported teacher is one teacher",
+        )
+        check_import("teacher", self.import_from, self.revision)
+
+
+def check_import(stage: str, directory: Optional[str], revision: Optional[str]) -> None:
+    """One line for a stage's import_from that is neither a directory nor a Hub id, or a lone revision."""
+    check(revision is None or directory is not None, f"{stage}.revision without {stage}.import_from: give both")
+    hub_id = directory is not None and directory.count("/") == 1 and not directory.startswith((".", "/"))
+    check(
+        directory is None or Path(directory).is_dir() or hub_id,
+        f"{stage}.import_from={directory}: no such directory, nor a Hub id (ORG/NAME)",
+    )
+
+
+@dataclass
+class BackwardStage(TrainStage):
+    """[backward]: the tgt->src model that back-translates corpora.mono_tgt: trained on the training
+    pairs reversed (as [teacher]), or an existing raymt `checkpoint`, or imported (`import_from`:
+    `raymt import` of a Hugging Face directory or Hub id)."""
+
+    STAGE = "backward"
+    checkpoint: Optional[str] = None
+    import_from: Optional[str] = None
+    revision: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(
+            self.checkpoint is None or self.import_from is None,
+            "backward.checkpoint and backward.import_from both name the backward model: give one",
+        )
+        check(
+            self.checkpoint is None or Path(self.checkpoint).is_dir(),
+            f"backward.checkpoint={self.checkpoint}: no such directory (a raymt checkpoint)",
+        )
+        check_import("backward", self.import_from, self.revision)
+
+    @property
+    def trained(self) -> bool:
+        """Whether the pipeline trains the backward model."""
+        return self.checkpoint is None and self.import_from is None
+
+
+# The fields of [mono]: `raymt data mono`'s options but its input, output, language and sets.
+MONO_SKIP = ("input", "output", "lang", "column", "exclude")
+# Its rules of content, off for the built-in corpus's generated text unless set (as [prepare]'s).
+MONO_CONTENT_RULES = ("alpha_ratio", "repeats", "wrong_language")
+
+
+@dataclass
+class MonoStage:
+    """[mono]: `raymt data mono`'s options for corpora.mono_src and mono_tgt (MonoConfig's defaults);
+    `exclude_eval`: drop the lines of the validation and test sets."""
+
+    min_chars: int = MonoConfig.min_chars
+    max_chars: int = MonoConfig.max_chars
+    min_words: int = MonoConfig.min_words
+    max_words: Optional[int] = MonoConfig.max_words
+    alpha_ratio: bool = MonoConfig.alpha_ratio
+    alpha_ratio_min: float = MonoConfig.alpha_ratio_min
+    repeats: bool = MonoConfig.repeats
+    repeats_max: int = MonoConfig.repeats_max
+    wrong_language: bool = MonoConfig.wrong_language
+    wrong_language_confidence: float = MonoConfig.wrong_language_confidence
+    wrong_language_min_chars: int = MonoConfig.wrong_language_min_chars
+    dedup: bool = MonoConfig.dedup
+    near_dedup: bool = MonoConfig.near_dedup
+    max_lines: Optional[int] = MonoConfig.max_lines
+    seed: int = MonoConfig.seed
+    exclude_eval: bool = True
+
+    def config(self, input: str, output: str, lang: str, exclude: Sequence[str] = ()) -> MonoConfig:
+        """`raymt data mono`'s config of one side (its checks, as mono.FIELD)."""
+        options = {k: v for k, v in dataclasses.asdict(self).items() if k != "exclude_eval"}
+        try:
+            return MonoConfig(input=[input], output=output, lang=lang, exclude=list(exclude), **options)
+        except ValueError as err:
+            raise ValueError(f"[mono]: {err}") from None
+
+
+@dataclass
+class BtStage:
+    """[bt]: the backward model translates the monolingual target text (`raymt backtranslate`):
+    at `beam`, or sampled (`sample`), or noised beam output (`noise`), seeded by `seed`."""
+
+    beam: int = 5
+    sample: bool = False
+    noise: bool = False
+    seed: int = 1
+    engine: str = "auto"
+    shard_lines: int = 10_000  # the restart unit; not in the key (the output is the same)
+
+    def __post_init__(self) -> None:
+        positive("bt", beam=self.beam, shard_lines=self.shard_lines)
+        check(self.engine in BT_ENGINES, f"bt.engine={self.engine!r}: one of {', '.join(BT_ENGINES)}")
+        check(not (self.sample and self.noise), "bt.sample and bt.noise are two ways of back-translating: pick one")
 
 
 @dataclass
@@ -165,6 +307,9 @@ class PipelineConfig:
     output: str
     corpora: CorporaConfig = field(default_factory=CorporaConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    mono: MonoStage = field(default_factory=MonoStage)
+    backward: BackwardStage = field(default_factory=BackwardStage)
+    bt: BtStage = field(default_factory=BtStage)
     teacher: TeacherStage = field(default_factory=TeacherStage)
     distill: DistillStage = field(default_factory=DistillStage)
     student: StudentStage = field(default_factory=StudentStage)
@@ -179,6 +324,19 @@ class PipelineConfig:
         )
         check(bool(self.output), "output is empty: a directory for the pipeline's steps")
         self.corpora.check_files(self.src, self.tgt)
+        for side, lang in (("src", self.src), ("tgt", self.tgt)):
+            if self.corpora.has_mono(side):
+                self.mono.config("-", "-", lang)  # its checks with the language (language ID knows it?)
+        check(
+            self.teacher.import_from is None or not self.corpora.has_mono("tgt"),
+            "corpora.mono_tgt is back-translated for the teachers to train on, but teacher.import_from "
+            "imports the teacher: drop one",
+        )
+
+    @property
+    def back_translates(self) -> bool:
+        """Whether the teachers train on back-translated pairs (monolingual target text, trained teachers)."""
+        return self.corpora.has_mono("tgt") and self.teacher.import_from is None
 
     @property
     def pair(self) -> tuple[str, str]:
@@ -192,6 +350,8 @@ SECTIONS: dict[str, type] = {
     if f.default_factory is not dataclasses.MISSING
 }
 TOP_FIELDS = ("src", "tgt", "output")
+# The lists of `raymt train --set` items: --set STAGE.FIELD=ITEM adds one.
+SET_LISTS = ("set", "finetune_set")
 # Fields of a section that the pipeline sets itself.
 SET_BY_PIPELINE = {"prepare": ("src_lang", "tgt_lang")}
 
@@ -239,7 +399,7 @@ def apply_sets(data: dict, sets: Sequence[str]) -> dict:
         check(name in allowed, f"--set {key}: [{section}] has no field {name!r}; use one of {', '.join(allowed)}")
         kind = typing.get_type_hints(SECTIONS[section])[name]
         table = data.setdefault(section, {})
-        if name == "set":
+        if name in SET_LISTS:
             table[name] = [*table.get(name, []), raw]
         elif typing.get_origin(kind) is list:
             table[name] = [v.strip() for v in raw.split(",") if v.strip()]
@@ -260,6 +420,8 @@ def build_section(section: str, table: Any, pair: tuple[str, str], builtin: bool
         values.update(src_lang=pair[0], tgt_lang=pair[1])
         if builtin:  # generated text: the content rules off (as in a run on it), unless set here
             values = {**{rule: False for rule in CONTENT_RULES}, **values}
+    if section == "mono" and builtin:  # the built-in corpus's held-out text: generated, as above
+        values = {**{rule: False for rule in MONO_CONTENT_RULES}, **values}
     return cls(**values)
 
 

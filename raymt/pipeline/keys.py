@@ -61,7 +61,7 @@ def flat_settings(settings: dict[str, Any]) -> dict[str, Any]:
     "20"), so that a change names the one override that changed; those of RESOURCE_FIELDS left out."""
     out: dict[str, Any] = {}
     for key, value in settings.items():
-        if key.endswith(".set") and isinstance(value, list):
+        if key.endswith((".set", "_set")) and isinstance(value, list):
             out.update({f"{key}.{k.strip()}": v.strip() for k, _, v in (item.partition("=") for item in value)})
         else:
             out[key] = value

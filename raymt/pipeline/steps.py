@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gzip
 import hashlib
 import json
 import shutil
@@ -23,13 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from raymt import backtranslate, export, train
+from raymt import average, backtranslate, export, hf_import, train
+from raymt.checkpoint import weights_file
 from raymt.cluster import data_cpus, plan
-from raymt.config import BacktranslateConfig, DecodeOptions, ShardJobOptions
+from raymt.config import BacktranslateConfig, CorpusOptions, DataConfig, DecodeOptions, ShardJobOptions
 from raymt.data import __main__ as data_command
+from raymt.data import mono_clean
 from raymt.data.builtin import write_builtin
 from raymt.data.clean import DROP_RULES
-from raymt.data.format import MANIFEST_FILE
+from raymt.data.format import MANIFEST_FILE, SPM_FILE
+from raymt.data.mono import MONO_FILE, input_files
+from raymt.data.text import lines as text_lines
 from raymt.data.text import read_parallel, resolve
 from raymt.engines import load_model_info
 from raymt.export import ExportConfig
@@ -37,12 +42,18 @@ from raymt.flags import InputFlags, TrainFlags, build_config
 from raymt.pipeline.config import PipelineConfig, TrainStage
 from raymt.pipeline.keys import STEPS_DIR, Step, file_fingerprint, read_json
 from raymt.pipeline.models import ct2_export, fastest_ct2_type, model_row, relative_to, student_config
+from raymt.provenance import AVERAGE_FILE
 from raymt.rundir import RUN_CONFIG
 
 SUMMARY = "summary.json"  # raymt train's end marker
 EXPORT_RECORD = "export.json"  # the export step's: the weight type chosen and the speeds measured
 REPORT = "report.json"  # the evaluation step's
-MODEL_DIR = "model"  # the export step's CTranslate2 model, in its directory
+MODEL_DIR = "model"  # the export step's CTranslate2 model, in its directory; an import's or average's checkpoint
+IMPORT_RECORD = "import.json"  # an import step's end marker (the checkpoint imported and checked)
+# The steps whose checkpoint is MODEL_DIR in their directory (not a training run's best).
+MODEL_DIR_KINDS = ("teacher-import", "backward-import", "average")
+# The steps whose checkpoint is a teacher the student learns from.
+TEACHER_KINDS = ("teacher", "teacher-import")
 
 
 @dataclass
@@ -60,10 +71,13 @@ class Context:
 
     def teachers(self) -> list[str]:
         """The teacher steps' names."""
-        return [name for name, step in self.steps.items() if step.kind == "teacher"]
+        return [name for name, step in self.steps.items() if step.kind in TEACHER_KINDS]
 
     def best(self, name: str) -> str:
-        """The best checkpoint of training step `name` (a placeholder until it has finished)."""
+        """The best checkpoint of training step `name` (a placeholder until it has finished); an
+        import's or an average's checkpoint."""
+        if self.steps[name].kind in MODEL_DIR_KINDS:
+            return str(self.dir(name) / MODEL_DIR)
         summary = read_json(self.dir(name) / SUMMARY)
         return summary["best_checkpoint"] if summary else str(self.dir(name) / "<best checkpoint>")
 
@@ -80,6 +94,17 @@ class Context:
     def test_pairs(self) -> tuple[list[str], list[str]]:
         """The test set's sources and references."""
         return read_parallel(self.prefix("test"), *self.cfg.pair)
+
+    def mono_input(self, side: str) -> str:
+        """The monolingual text of `side` (src or tgt): the config's, or the built-in corpus's held out."""
+        given = getattr(self.cfg.corpora, f"mono_{side}")
+        lang = self.cfg.src if side == "src" else self.cfg.tgt
+        return given if given is not None else str(self.dir("corpus") / f"mono.{lang}")
+
+    def backward(self) -> str:
+        """The backward (tgt->src) model's checkpoint: given, imported or trained."""
+        given = self.cfg.backward.checkpoint
+        return given if given is not None else self.best("backward")
 
 
 @dataclass(frozen=True)
@@ -105,9 +130,10 @@ class Kind:
 
 
 def corpus_run(ctx: Context, step: Step) -> None:
-    """The built-in corpus of the pair as text files (train, valid, test)."""
+    """The built-in corpus of the pair as text files (train, valid, test; mono held out)."""
     c = ctx.cfg.corpora
-    write_builtin(ctx.dir(step.name), *ctx.cfg.pair, c.builtin_train_size, c.builtin_eval_size, c.seed)
+    sizes = c.builtin_train_size, c.builtin_eval_size, c.seed, c.builtin_mono_size
+    write_builtin(ctx.dir(step.name), *ctx.cfg.pair, *sizes)
 
 
 def prepare_config(ctx: Context, step: Step) -> data_command.PrepareCommand:
@@ -144,18 +170,19 @@ def prepare_funnel(where: Path) -> list[tuple[str, int]]:
 def train_flags(ctx: Context, step: Step) -> TrainFlags:
     """`raymt train`'s flags of a training step: a run in OUT/steps/<step>.<key>/."""
     where = ctx.dir(step.name)
-    if step.kind == "teacher":
+    if step.kind in ("teacher", "teacher-bt"):
         stage: TrainStage = ctx.cfg.teacher
         sets = [*stage.set, f"train.seed={step.settings['teacher.seed']}"]
         corpus, config = str(ctx.dir("prepare")), stage.config
     else:
         stage, sets, corpus, config = ctx.cfg.student, [], None, str(student_config_file(ctx, step))
+    teacher = step.kind != "student"
     return TrainFlags(
-        preset=stage.preset if step.kind == "teacher" else None,
+        preset=stage.preset if teacher else None,
         config=config,
         set=sets,
-        max_steps=stage.max_steps if step.kind == "teacher" else None,
-        max_minutes=stage.max_minutes if step.kind == "teacher" else None,
+        max_steps=stage.max_steps if teacher else None,
+        max_minutes=stage.max_minutes if teacher else None,
         corpus=corpus,
         storage_path=str(where.parent),
         name=where.name,
@@ -195,7 +222,7 @@ def train_run(ctx: Context, step: Step) -> None:
     where.parent.mkdir(parents=True, exist_ok=True)
     if step.kind == "student" and not (where / RUN_CONFIG).exists():
         write_student_config(ctx, step)
-    flags = train_flags(ctx, step)
+    flags = KINDS[step.kind].config(ctx, step)
     if (where / RUN_CONFIG).exists():
         flags = TrainFlags(resume=str(where), verbose=ctx.verbose)
     gpus = functools.partial(train.count_cluster_gpus, ctx.verbose)
@@ -207,7 +234,8 @@ def train_request(ctx: Context, step: Step, total: dict) -> dict:
     """What a training step takes: its workers' CPUs (and GPUs) as `raymt.train.scaling` plans them
     on this cluster, and the CPU its own process works on beside them (Ray Data's preparation, the
     test set's scoring: `raymt.cluster.data_cpus`)."""
-    stage: TrainStage = ctx.cfg.teacher if step.kind == "teacher" else ctx.cfg.student
+    stages = {"student": ctx.cfg.student, "backward": ctx.cfg.backward}
+    stage: TrainStage = stages.get(step.kind, ctx.cfg.teacher)
     flags = TrainFlags(preset=stage.preset, config=stage.config, set=list(stage.set), max_steps=stage.max_steps)
     t = build_config(flags, cluster_gpus=lambda: int(total.get("GPU", 0))).train
     workers = plan(t.num_workers, t.use_gpu, t.cpus_per_worker, total=total)
@@ -227,7 +255,7 @@ def distill_config(ctx: Context, step: Step) -> BacktranslateConfig:
     stage = ctx.cfg.distill
     return BacktranslateConfig(
         checkpoint=checkpoints,
-        input=ctx.train_sources(),
+        input=distill_input(ctx, step),
         output=str(ctx.dir(step.name)),
         format="text",
         src_lang=ctx.cfg.src,
@@ -240,6 +268,7 @@ def distill_config(ctx: Context, step: Step) -> BacktranslateConfig:
 
 def distill_run(ctx: Context, step: Step) -> None:
     """The distilled pairs (`raymt.backtranslate.run`; `raymt.shard_job.Unfinished` when shards are left)."""
+    write_distill_input(ctx, step)
     backtranslate.run(distill_config(ctx, step))
 
 
@@ -255,6 +284,191 @@ def translated_funnel(where: Path) -> list[tuple[str, int]]:
     if "num_lines" not in info:
         return []
     return [("input lines", info["num_lines"]), ("translated pairs", info["counts"]["translated"])]
+
+
+# ---------------------------------------------------------------- monolingual text and back-translation
+
+
+def mono_config(ctx: Context, step: Step) -> mono_clean.MonoConfig:
+    """`raymt data mono` of one side's monolingual text ([mono]), without the lines of the
+    validation and test sets (`exclude_eval`)."""
+    side = step.settings["mono.side"]
+    lang = ctx.cfg.src if side == "src" else ctx.cfg.tgt
+    exclude = [ctx.prefix("valid"), ctx.prefix("test")] if ctx.cfg.mono.exclude_eval else []
+    return ctx.cfg.mono.config(ctx.mono_input(side), str(ctx.dir(step.name)), lang, exclude)
+
+
+def mono_run(ctx: Context, step: Step) -> None:
+    """The monolingual text made ready (`raymt.data.mono_clean.run`; a killed one starts again)."""
+    where = ctx.dir(step.name)
+    if where.exists() and not (where / MONO_FILE).exists():
+        shutil.rmtree(where)  # a killed run's partial output: `raymt data mono` wants a new directory
+    where.parent.mkdir(parents=True, exist_ok=True)
+    mono_clean.run(mono_config(ctx, step))
+
+
+def import_config(ctx: Context, step: Step) -> hf_import.ImportConfig:
+    """`raymt import` of the teacher's or the backward model's import_from, into MODEL_DIR."""
+    stage = ctx.cfg.teacher if step.kind == "teacher-import" else ctx.cfg.backward
+    assert stage.import_from is not None, "an import step has a model to import"
+    output = str(ctx.dir(step.name) / MODEL_DIR)
+    return hf_import.ImportConfig(directory=stage.import_from, output=output, revision=stage.revision)
+
+
+def import_run(ctx: Context, step: Step) -> None:
+    """The model imported, then checked to translate the step's direction (a one-line error
+    naming the model's languages otherwise); import.json (the end marker) names it."""
+    cfg = import_config(ctx, step)
+    shutil.rmtree(cfg.output, ignore_errors=True)  # a killed import's
+    hf_import.run(cfg)
+    src, tgt = ctx.cfg.pair if step.kind == "teacher-import" else ctx.cfg.pair[::-1]
+    check_direction(cfg.output, src, tgt, f"{step.name}: {cfg.directory}")
+    (ctx.dir(step.name) / IMPORT_RECORD).write_text(json.dumps({"directory": cfg.directory, "checkpoint": cfg.output}))
+
+
+def check_direction(checkpoint: str, src: str, tgt: str, what: str) -> None:
+    """One line unless the model at `checkpoint` translates src->tgt (`raymt.backtranslate.directions`)."""
+    try:
+        backtranslate.directions(load_model_info(checkpoint), src, tgt)
+    except ValueError as err:
+        raise ValueError(f"{what} does not translate {src}->{tgt}: {err}") from None
+
+
+def backward_flags(ctx: Context, step: Step) -> TrainFlags:
+    """`raymt train` of the backward model: the training pairs read reversed (--train TGT-SRC:PREFIX,
+    as a run reads any pair of text files), cleaned by [prepare]'s options and tokenized with the
+    prepared corpus's vocabulary (a prepared corpus holds one direction's ids); a run in its directory."""
+    stage, where = ctx.cfg.backward, ctx.dir(step.name)
+    reverse = f"{ctx.cfg.tgt}-{ctx.cfg.src}"
+    inputs = InputFlags(train=[f"{reverse}:{ctx.prefix('train')}"], valid=[f"{reverse}:{ctx.prefix('valid')}"])
+    tokenizer = f"data.tokenizer={ctx.dir('prepare') / SPM_FILE}"
+    return TrainFlags(
+        preset=stage.preset,
+        config=stage.config,
+        set=[*cleaning_sets(ctx.cfg.prepare), tokenizer, *stage.set],
+        max_steps=stage.max_steps,
+        max_minutes=stage.max_minutes,
+        inputs=inputs,
+        storage_path=str(where.parent),
+        name=where.name,
+        verbose=ctx.verbose,
+    )
+
+
+# [prepare]'s options a run's data section does not take from it: the score filter's, the vocabulary.
+NOT_CLEANING = ("min_score", "keep_best", "scores", "tokenizer", "bt_tag")
+
+
+def cleaning_sets(prepare: CorpusOptions) -> list[str]:
+    """[prepare]'s cleaning options as `raymt train --set data.FIELD=VALUE` items (those that differ
+    from a run's defaults), so a run that prepares its own corpus cleans as the prepare step did."""
+    default = DataConfig()
+    return [
+        f"data.{f.name}={str(value).lower() if isinstance(value, bool) else value}"
+        for f in dataclasses.fields(CorpusOptions)
+        if f.name not in NOT_CLEANING and (value := getattr(prepare, f.name)) != getattr(default, f.name)
+    ]
+
+
+def bt_config(ctx: Context, step: Step) -> BacktranslateConfig:
+    """`raymt backtranslate`: the backward model translates the prepared monolingual target text
+    into synthetic sources ([bt]), with its length penalty."""
+    checkpoint = ctx.backward()
+    decode = load_model_info(checkpoint).config.decode if Path(checkpoint).exists() else DecodeOptions()
+    stage = ctx.cfg.bt
+    return BacktranslateConfig(
+        checkpoint=(checkpoint,),
+        input=str(ctx.dir("mono-tgt")),
+        output=str(ctx.dir(step.name)),
+        format="text",
+        src_lang=ctx.cfg.tgt,
+        tgt_lang=ctx.cfg.src,
+        decode=DecodeOptions(beam=stage.beam, sample=stage.sample, length_penalty=decode.length_penalty),
+        noise=stage.noise,
+        seed=stage.seed,
+        engine=stage.engine,
+        shards=ShardJobOptions(shard_lines=stage.shard_lines, verbose=ctx.verbose),
+    )
+
+
+def bt_run(ctx: Context, step: Step) -> None:
+    """The back-translated pairs (`raymt.backtranslate.run`, continued from its finished shards)."""
+    backtranslate.run(bt_config(ctx, step))
+
+
+def prepare_bt_config(ctx: Context, step: Step) -> data_command.PrepareCommand:
+    """`raymt data prepare` of the training pairs and the back-translated ones (`--bt`, the original
+    weighted `--real-weight` [teacher] real_weight) with the prepare step's vocabulary, so stage 2
+    continues stage 1's model; without the <BT> tag (that vocabulary has none: stage 2 unlearns the
+    synthetic sources' style instead)."""
+    pair = f"{ctx.cfg.src}-{ctx.cfg.tgt}"
+    inputs = InputFlags(
+        train=[ctx.prefix("train")],
+        valid=[ctx.prefix("valid")],
+        bt=[f"{pair}:{ctx.dir('bt')}"],
+        real_weight=ctx.cfg.teacher.real_weight,
+    )
+    tokenizer = str(ctx.dir("prepare") / SPM_FILE)
+    options = dataclasses.replace(ctx.cfg.prepare, tokenizer=tokenizer, bt_tag=False)
+    return data_command.PrepareCommand(out=str(ctx.dir(step.name)), inputs=inputs, options=options)
+
+
+def prepare_bt_run(ctx: Context, step: Step) -> None:
+    """The prepared corpus of original and back-translated pairs (`raymt.data.__main__.run`)."""
+    data_command.run(prepare_bt_config(ctx, step))
+
+
+def teacher_flags(ctx: Context, step: Step) -> TrainFlags:
+    """`raymt train` of a teacher: on the prepared corpus, or with back-translation on the mixed one
+    (stage 1, or one stage); stage 2 from stage 1's average (--init) with [teacher] finetune_*."""
+    flags = train_flags(ctx, step)
+    if "prepare-bt" in step.uses:
+        flags.corpus = str(ctx.dir("prepare-bt"))
+    averaged = [name for name in step.uses if ctx.steps[name].kind == "average"]
+    if averaged:
+        stage = ctx.cfg.teacher
+        flags.init = ctx.best(averaged[0])
+        flags.set = [*flags.set, *stage.finetune_set]
+        flags.max_steps = stage.finetune_max_steps or flags.max_steps
+        flags.max_minutes = stage.finetune_max_minutes or flags.max_minutes
+    return flags
+
+
+def average_config(ctx: Context, step: Step) -> average.AverageConfig:
+    """`raymt average` of stage 1's last [teacher] average_last checkpoints, into MODEL_DIR."""
+    run_dir = str(ctx.dir(step.uses[0]))
+    return average.AverageConfig(
+        run_dir=run_dir, last=ctx.cfg.teacher.average_last, output=str(ctx.dir(step.name) / MODEL_DIR)
+    )
+
+
+def average_run(ctx: Context, step: Step) -> None:
+    """Stage 1's average (`raymt.average.run`; a killed one's output replaced)."""
+    cfg = average_config(ctx, step)
+    shutil.rmtree(cfg.output, ignore_errors=True)
+    average.run(cfg)
+
+
+def distill_input(ctx: Context, step: Step) -> str:
+    """What the teachers translate: the training sources, and with corpora.mono_src its prepared
+    text after them (one file, written when the step starts: OUT/steps/distill.<key>.<src>.gz)."""
+    if "mono-src" not in step.uses:
+        return ctx.train_sources()
+    return str(ctx.out / STEPS_DIR / f"{step.dirname()}.{ctx.cfg.src}.gz")
+
+
+def write_distill_input(ctx: Context, step: Step) -> None:
+    """The distill step's input with monolingual sources (`distill_input`), written once and whole
+    (a rerun's backtranslate continues on the very file)."""
+    target = Path(distill_input(ctx, step))
+    if "mono-src" not in step.uses or target.exists():
+        return
+    mono = mono_clean.MonoResult(str(ctx.dir("mono-src")), read_json(ctx.dir("mono-src") / MONO_FILE) or {})
+    tmp = target.with_name(target.name + ".tmp")
+    with gzip.open(tmp, "wb") as out:
+        for path in (ctx.train_sources(), mono.text):
+            out.writelines(line + b"\n" for line in text_lines(path))
+    tmp.rename(target)
 
 
 # ---------------------------------------------------------------- export and evaluation
@@ -304,6 +518,9 @@ def evaluate_run(ctx: Context, step: Step) -> None:
     (where / REPORT).write_text(json.dumps(report, indent=2))
 
 
+IMPORT_NOTE = "then checked to translate the step's direction"
+
+
 def has(name: str) -> Callable[[Path], bool]:
     """Whether a directory holds the file `name` (a command's end marker)."""
     return lambda where: (where / name).exists()
@@ -330,7 +547,7 @@ KINDS: dict[str, Kind] = {
         request=one_cpu,
     ),
     "prepare": Kind(1, "data prepare", has(MANIFEST_FILE), prepare_config, prepare_run, funnel=prepare_funnel),
-    "teacher": Kind(1, "train", has(SUMMARY), train_flags, train_run, request=train_request),
+    "teacher": Kind(1, "train", has(SUMMARY), teacher_flags, train_run, request=train_request),
     "distill": Kind(1, "backtranslate", bt_done, distill_config, distill_run, funnel=translated_funnel),
     "student": Kind(
         1,
@@ -352,6 +569,22 @@ KINDS: dict[str, Kind] = {
     ),
     "evaluate": Kind(
         1, None, has(REPORT), no_config, evaluate_run, "every model on the test set, one thread", request=one_cpu
+    ),
+    # Monolingual text, the backward model, back-translation and the teachers' two stages.
+    "mono": Kind(1, "data mono", has(MONO_FILE), mono_config, mono_run),
+    "backward-import": Kind(1, "import", has(IMPORT_RECORD), import_config, import_run, IMPORT_NOTE),
+    "teacher-import": Kind(1, "import", has(IMPORT_RECORD), import_config, import_run, IMPORT_NOTE),
+    "backward": Kind(1, "train", has(SUMMARY), backward_flags, train_run, request=train_request),
+    "bt": Kind(1, "backtranslate", bt_done, bt_config, bt_run, funnel=translated_funnel),
+    "prepare-bt": Kind(1, "data prepare", has(MANIFEST_FILE), prepare_bt_config, prepare_bt_run, funnel=prepare_funnel),
+    "teacher-bt": Kind(1, "train", has(SUMMARY), teacher_flags, train_run, request=train_request),
+    "average": Kind(
+        1,
+        "average",
+        lambda where: (where / MODEL_DIR / AVERAGE_FILE).exists(),
+        average_config,
+        average_run,
+        request=one_cpu,
     ),
 }
 
@@ -394,17 +627,21 @@ def pipeline_steps(cfg: PipelineConfig) -> list[Step]:
     """The steps of `cfg`, in the order they run (each after the steps it uses); keys not yet set."""
     c = cfg.corpora
     corpus = ("corpus",) if c.builtin else ()
-    steps = []
+    steps = import_steps(cfg)  # first: a model without the pair is one line before Ray starts
     if c.builtin:
-        sizes = stage_settings("corpora", c, skip=("train", "valid", "test"))
+        sizes = stage_settings("corpora", c, skip=("train", "valid", "test", *MONO_FIELDS))
+        sizes.update({"corpora.builtin_mono_size": c.builtin_mono_size} if c.builtin_mono_size else {})
         steps.append(make("corpus", "corpus", sizes))
     prepare = stage_settings("prepare", cfg.prepare, skip=("src_lang", "tgt_lang"))
     steps.append(make("prepare", "prepare", prepare, corpus_inputs(cfg, ("train", "valid"), ("src", "tgt")), corpus))
+    steps += bt_steps(cfg, corpus)
     teachers = tuple(f"teacher-{n}" for n in range(1, cfg.teacher.num_seeds + 1))
-    teacher = stage_settings("teacher", cfg.teacher, skip=("num_seeds",))
-    steps += [make(t, "teacher", {**teacher, "teacher.seed": n}, uses=("prepare",)) for n, t in enumerate(teachers, 1)]
+    if cfg.teacher.import_from is None:
+        steps += teacher_steps(cfg, teachers)
     distill = stage_settings("distill", cfg.distill, skip=("shard_lines",))
-    steps.append(make("distill", "distill", distill, corpus_inputs(cfg, ("train",), ("src",)), (*teachers, *corpus)))
+    mono_src = ("mono-src",) if c.has_mono("src") else ()
+    uses = (*teachers, *corpus, *mono_src)
+    steps.append(make("distill", "distill", distill, corpus_inputs(cfg, ("train",), ("src",)), uses))
     student = stage_settings("student", cfg.student)
     valid = corpus_inputs(cfg, ("valid",), ("src", "tgt"))
     steps.append(make("student", "student", student, valid, ("distill", teachers[0], *corpus)))
@@ -412,4 +649,87 @@ def pipeline_steps(cfg: PipelineConfig) -> list[Step]:
     steps.append(make("export", "export", stage_settings("export", cfg.export), test, ("student", *corpus)))
     evaluate = stage_settings("evaluate", cfg.evaluate)
     steps.append(make("evaluate", "evaluate", evaluate, test, (*teachers, "export", *corpus)))
+    return steps
+
+
+# ---------------------------------------------------------------- the steps of back-translation and the teachers
+
+# [corpora]'s monolingual text: the mono steps' inputs, not the built-in corpus's settings.
+MONO_FIELDS = ("mono_src", "mono_tgt", "builtin_mono_size")
+# [teacher]'s fields that only some teacher steps use (none of them a plain teacher's).
+TEACHER_BT = ("stages", "real_weight", "average_last", "finetune_max_steps", "finetune_max_minutes")
+TEACHER_ONLY = ("num_seeds", "import_from", "revision", "finetune_set", *TEACHER_BT)
+
+
+def mono_fingerprints(spec: str, name: str) -> dict[str, dict]:
+    """The fingerprints of the files of monolingual text `spec` (as `raymt data mono` lists them)."""
+    files = input_files(spec, name)
+    return {f"{name}:{f.path}" if len(files) > 1 else name: {"size": f.size, "mtime_ns": f.mtime_ns} for f in files}
+
+
+def import_steps(cfg: PipelineConfig) -> list[Step]:
+    """The imports (`raymt import`): the teacher's, the backward model's (when it back-translates)."""
+    steps = []
+    for name, kind, stage in (
+        ("teacher-1", "teacher-import", cfg.teacher),
+        ("backward", "backward-import", cfg.backward),
+    ):
+        if stage.import_from is not None and (kind == "teacher-import" or cfg.back_translates):
+            settings = {f"{stage.STAGE}.import_from": stage.import_from, f"{stage.STAGE}.revision": stage.revision}
+            steps.append(make(name, kind, settings))
+    return steps
+
+
+def bt_steps(cfg: PipelineConfig, corpus: tuple[str, ...]) -> list[Step]:
+    """mono-src and mono-tgt (`raymt data mono` of each side given), then, when the teachers learn
+    from back-translation, the backward model (trained; a checkpoint given is checked here), bt and
+    prepare-bt (the original and back-translated pairs prepared together)."""
+    c, steps = cfg.corpora, []
+    valid_test = corpus_inputs(cfg, ("valid", "test"), ("src", "tgt")) if cfg.mono.exclude_eval else {}
+    for side in ("src", "tgt"):
+        if c.has_mono(side):
+            given = getattr(c, f"mono_{side}")
+            inputs = {**valid_test, **(mono_fingerprints(given, f"corpora.mono_{side}") if given else {})}
+            settings = {"mono.side": side, **stage_settings("mono", cfg.mono)}
+            steps.append(make(f"mono-{side}", "mono", settings, inputs, corpus))
+    if not cfg.back_translates:
+        return steps
+    b, inputs, backward = cfg.backward, {}, ()
+    if b.trained:
+        settings = stage_settings("backward", b, skip=("checkpoint", "import_from", "revision"))
+        pairs = corpus_inputs(cfg, ("train", "valid"), ("src", "tgt"))
+        steps.append(make("backward", "backward", settings, pairs, ("prepare", *corpus)))
+        backward = ("backward",)
+    elif b.checkpoint is not None:
+        check_direction(b.checkpoint, cfg.tgt, cfg.src, f"backward.checkpoint={b.checkpoint}")
+        inputs = {"backward.checkpoint": file_fingerprint(str(weights_file(b.checkpoint)))}
+    else:
+        backward = ("backward",)  # imported: `import_steps`
+    steps.append(make("bt", "bt", stage_settings("bt", cfg.bt, skip=("shard_lines",)), inputs, ("mono-tgt", *backward)))
+    weight = {"teacher.real_weight": cfg.teacher.real_weight}
+    pairs = corpus_inputs(cfg, ("train", "valid"), ("src", "tgt"))
+    steps.append(make("prepare-bt", "prepare-bt", weight, pairs, ("prepare", "bt", *corpus)))
+    return steps
+
+
+def teacher_steps(cfg: PipelineConfig, teachers: tuple[str, ...]) -> list[Step]:
+    """teacher-1..N on the prepared corpus; with back-translation on the mixed one (one stage), or
+    teacher-N-bt on it, teacher-N-avg its average and teacher-N on the original pairs from it (two)."""
+    stage, steps = cfg.teacher, []
+    plain = stage_settings("teacher", stage, skip=TEACHER_ONLY)
+    for n, name in enumerate(teachers, 1):
+        seed = {**plain, "teacher.seed": n}
+        if not cfg.back_translates:
+            steps.append(make(name, "teacher", seed, uses=("prepare",)))
+        elif stage.stages == 1:
+            steps.append(make(name, "teacher", seed, uses=("prepare-bt",)))
+        else:
+            last = {"teacher.average_last": stage.average_last}
+            finetune = {
+                f"teacher.{k}": getattr(stage, k)
+                for k in ("finetune_set", "finetune_max_steps", "finetune_max_minutes")
+            }
+            steps.append(make(f"{name}-bt", "teacher-bt", seed, uses=("prepare-bt",)))
+            steps.append(make(f"{name}-avg", "average", last, uses=(f"{name}-bt",)))
+            steps.append(make(name, "teacher", {**seed, **finetune}, uses=("prepare", f"{name}-avg")))
     return steps
