@@ -16,9 +16,9 @@ from raymt.data.__main__ import PrepareCommand
 from raymt.flags import TrainFlags
 from raymt.pipeline import __main__ as pipeline
 from raymt.pipeline.config import from_dict, load
+from raymt.pipeline.graph import pipeline_steps
 from raymt.pipeline.keys import set_keys
 from raymt.pipeline.runner import Pipeline
-from raymt.pipeline.steps import pipeline_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "recipes" / "pipeline-tiny.toml")
@@ -115,9 +115,10 @@ def test_plan_and_show_on_a_fresh_output_start_no_ray(tmp_path, capsys, monkeypa
     out = tmp_path / "out"
     t0 = time.perf_counter()
     assert pipeline.main(["plan", TINY, "--output", str(out)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    *lines, left = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == TINY_STEPS
     assert all(line.endswith("to do") for line in lines), lines
+    assert left.startswith(f"time left: unknown for {len(TINY_STEPS)} step(s)") and "(never measured here)" in left
     assert time.perf_counter() - t0 < 10
     # Each step's command line parses back to the config the step runs.
     shown = {}
@@ -148,13 +149,15 @@ def test_plan_names_what_changed_since_the_last_run(tmp_path):
         first.ctx.dir(name).mkdir(parents=True)
     (first.ctx.dir("corpus") / "test.de").write_text("x\n")
     (first.ctx.dir("prepare") / "manifest.json").write_text("{}")
-    plan = dict(line.split(maxsplit=2)[::2] for line in Pipeline(load(TINY, str(out), ["student.max_steps=30"])).plan())
+    plan = dict(
+        line.split(maxsplit=2)[::2] for line in Pipeline(load(TINY, str(out), ["student.max_steps=30"])).plan()[:-1]
+    )
     assert plan["corpus"] == plan["prepare"] == "done"
     assert plan["teacher-1"] == plan["distill"] == plan["bt"] == "to do"
     assert plan["student"] == "stale (student.max_steps 10 -> 30)"
     assert plan["export"] == "stale (uses student, which changed)"
     sets = ["student.set=train.eval_every=5"]
-    plan = dict(line.split(maxsplit=2)[::2] for line in Pipeline(load(TINY, str(out), sets)).plan())
+    plan = dict(line.split(maxsplit=2)[::2] for line in Pipeline(load(TINY, str(out), sets)).plan()[:-1])
     assert plan["student"] == "stale (student.set.train.eval_every 10 -> 5)"
 
 
@@ -200,8 +203,10 @@ def test_the_tiny_recipe_end_to_end_then_a_rerun_redoes_nothing(ray_address, tmp
     assert " starts " not in again and "pipeline: 0 step(s) run" in again
     assert time.perf_counter() - t0 < 10
     assert pipeline.main(["plan", TINY, "--output", str(out)]) == 0
-    plan = capsys.readouterr().out.splitlines()
+    *plan, left = capsys.readouterr().out.splitlines()
     assert len(plan) == len(TINY_STEPS) and all(line.endswith("  done") for line in plan), plan
+    assert left == "time left: none (every step is done)"
+    assert (out / "report.png").stat().st_size > 0
 
 
 def test_the_command_round_trips_through_its_flags():

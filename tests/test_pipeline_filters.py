@@ -17,8 +17,8 @@ from raymt.data.__main__ import PrepareCommand
 from raymt.flags import TrainFlags
 from raymt.pipeline import __main__ as pipeline
 from raymt.pipeline.config import from_dict
+from raymt.pipeline.graph import pipeline_steps
 from raymt.pipeline.keys import set_keys
-from raymt.pipeline.steps import pipeline_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "recipes" / "pipeline-tiny.toml")
@@ -145,7 +145,8 @@ def test_plan_and_show_the_filter_steps_without_ray(tmp_path, capsys, monkeypatc
     out = tmp_path / "out"
     sets = [arg for item in FILTERS_ON for arg in ("--set", item)]
     assert pipeline.main(["plan", TINY, "--output", str(out), *sets]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    *lines, time_left = capsys.readouterr().out.splitlines()
+    assert time_left.startswith("time left:"), time_left
     names = [line.split()[0] for line in lines]
     filters = ["prepare-unscored", "scorer-fwd", "prepare-reverse", "scorer-bwd", "score", "prepare"]
     assert names[1:7] == filters and names.index("ce-filter") == names.index("distill") + 1, names

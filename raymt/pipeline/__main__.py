@@ -1,7 +1,8 @@
-"""`raymt pipeline run|plan|show STEP CONFIG.toml`: from raw corpora to a deployed student in one
-resumable command (docs/pipeline.md). `run` runs each step in order, skipping the done ones (its
-rerun after a kill redoes no finished step); `plan` lists each step's key and state (done, to do,
-or stale and why) without starting Ray; `show STEP` prints the command that runs one step alone.
+"""`raymt pipeline run [STEP ...]|plan|show STEP CONFIG.toml`: from raw corpora to a deployed student
+in one resumable command (docs/pipeline.md). `run` runs the steps (or the STEPs and those they use), skipping
+the done ones (its rerun after a kill redoes no finished step), side by side where the cluster has
+room; `plan` lists each step's key and state (done, to do, or stale and why) and the time left,
+without starting Ray; `show STEP` prints the command that runs one step alone.
 """
 
 from __future__ import annotations
@@ -26,15 +27,25 @@ class PipelineCommand:
     """`raymt pipeline`: what to do, the config file (and the step `show` names), its overrides."""
 
     action: str = flag(help="run the steps, plan (a dry run) or show STEP's command", positional=True, choices=ACTIONS)
-    args: list[str] = flag(help="[STEP] CONFIG.toml", positional=True, repeat=True, required=True, metavar="ARG")
+    args: list[str] = flag(
+        help="[STEP ...] CONFIG.toml (run STEP ...: those steps and the steps they use)",
+        positional=True,
+        repeat=True,
+        required=True,
+        metavar="ARG",
+    )
     output: Optional[str] = flag(None, "the output directory (instead of the config's output)", metavar="DIR")
     set: list[str] = flag(help="override any config field (repeatable)", repeat=True, metavar="STAGE.FIELD=VALUE")
+    share_output: bool = flag(False, "write into an output directory that another pipeline (languages, corpus) wrote")
     verbose: bool = flag(False, "also print Ray's own INFO lines")
 
     def __post_init__(self) -> None:
-        wanted = 2 if self.action == "show" else 1
-        usage = "show STEP CONFIG.toml" if self.action == "show" else f"{self.action} CONFIG.toml"
-        check(len(self.args) == wanted, f"{self.action}: {' '.join(self.args)}: usage: raymt pipeline {usage}")
+        wanted = {"show": 2, "plan": 1}.get(self.action, len(self.args) or 1)
+        usage = {"show": "show STEP CONFIG.toml", "run": "run [STEP ...] CONFIG.toml", "plan": "plan CONFIG.toml"}
+        check(
+            len(self.args) == wanted,
+            f"{self.action}: {' '.join(self.args)}: usage: raymt pipeline {usage[self.action]}",
+        )
 
     @property
     def config(self) -> str:
@@ -45,15 +56,17 @@ class PipelineCommand:
 def run(cmd: PipelineCommand) -> Optional[dict]:
     """The action: `run` returns the report; `plan` and `show` print (a one-line ValueError for a
     mistake in the config, before Ray starts)."""
-    pipeline = Pipeline(load(cmd.config, cmd.output, cmd.set), cmd.verbose)
+    pipeline = Pipeline(load(cmd.config, cmd.output, cmd.set), cmd.verbose, cmd.share_output)
     if cmd.action == "plan":
         print("\n".join(pipeline.plan()))
         return None
     if cmd.action == "show":
         print(pipeline.command(cmd.args[0]))
         return None
+    for name in cmd.args[:-1]:
+        pipeline.check_step(name)
     check_ray_address()
-    return pipeline.run()
+    return pipeline.run(cmd.args[:-1])
 
 
 def main(argv: Optional[list[str]] = None) -> int:

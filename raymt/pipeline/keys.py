@@ -1,8 +1,9 @@
 """Each step's key and state. A step's output is OUT/steps/<step>.<key>/, the key a short hash of
 the step kind, its version (bumped in code when the step's results change; never a hash of source
-files), the languages, the settings that change its results, the fingerprints of its input files
-and the keys of the steps it uses. So a changed setting makes exactly the steps downstream of it
-stale, and a reverted one finds its old output again (still under the old key).
+files), the languages, the settings that change its results (not the resources a step runs on:
+`RESOURCE_FIELDS`), the fingerprints of its input files and the keys of the steps it uses. So a
+changed setting makes exactly the steps downstream of it stale, and a reverted one finds its old
+output again (still under the old key).
 
 A step is done when its directory holds its command's own end marker. OUT/pipeline.json records
 the last run's steps (key, settings, inputs, the keys used): `plan` names what changed since.
@@ -21,7 +22,26 @@ from raymt.data.text import input_file_info
 KEY_LENGTH = 12
 STEPS_DIR = "steps"
 PIPELINE_FILE = "pipeline.json"
-RECORD_FILE = "step.json"  # in a finished step's directory: its record and wall time
+RECORD_FILE = "step.json"  # in a finished step's directory: its record, wall time and resources
+# Settings of how a step runs, not of what it makes: the workers, actors and CPUs it spreads over,
+# restart units, progress and verbosity. A stage field or `set` item (train.num_workers=1) of one
+# of these names is in no key, so that a step reruns on another machine without redoing its work.
+# (train.num_workers also scales the global batch: a run resumed keeps the one it started with.)
+RESOURCE_FIELDS = frozenset(
+    {
+        "num_workers",
+        "min_workers",
+        "cpus_per_worker",
+        "resize_interval_s",
+        "autoscale_timeout_s",
+        "num_actors",
+        "cpus_per_actor",
+        "num_cpus",
+        "shard_lines",
+        "progress_s",
+        "verbose",
+    }
+)
 
 
 def digest(blob: Any) -> str:
@@ -38,14 +58,14 @@ def file_fingerprint(path: str) -> dict:
 
 def flat_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """Settings with each `set` list read as its FIELD=VALUE items ("student.set.train.max_steps":
-    "20"), so that a change names the one override that changed."""
+    "20"), so that a change names the one override that changed; those of RESOURCE_FIELDS left out."""
     out: dict[str, Any] = {}
     for key, value in settings.items():
         if key.endswith((".set", "_set")) and isinstance(value, list):
-            out.update({f"{key}.{k}": v for k, _, v in (item.partition("=") for item in value)})
+            out.update({f"{key}.{k.strip()}": v.strip() for k, _, v in (item.partition("=") for item in value)})
         else:
             out[key] = value
-    return out
+    return {key: value for key, value in out.items() if key.rpartition(".")[2] not in RESOURCE_FIELDS}
 
 
 @dataclass

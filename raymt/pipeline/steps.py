@@ -5,19 +5,14 @@ the training sources: `raymt backtranslate --format text`) -> student (`raymt tr
 pairs with the teachers' tokenizer) -> export (`raymt export --format ctranslate2`, int8 or
 float32, whichever is faster) -> evaluate (every model on the test set, one thread).
 
-With [score_filter] on, the training pairs are first prepared without it (prepare-unscored), the
-scorers trained (scorer-fwd on them, scorer-bwd on them reversed: prepare-reverse) unless
-[scorers] names checkpoints, the pairs and the validation set scored (score: `raymt data score
---valid`), and `prepare` is the corpus prepared again with the score rule (keep_best or
-calibrate_valid), so everything after it reads the filtered corpus. With [ce_filter] on, the
-teachers' translations are scored by the backward scorer (ce-filter: `raymt data score` without a
-forward model; funnel.json: pairs in, pairs kept) and the student's corpus keeps the best
-keep_best of them (its own prepare's score rule).
+Here also monolingual text, the backward model, back-translation and the teachers' two stages;
+the score filters' kinds are in `raymt.pipeline.filters` (they add themselves to `KINDS`).
 
 A step kind (`Kind`) says its version, the command that runs it alone, its end marker, its typed
-config and how it runs; `pipeline_steps` lists a config's steps with the settings and inputs that
-make their keys (`raymt.pipeline.keys`). A new kind (monolingual text, back-translation, filters)
-is one more `Kind` and its place in `pipeline_steps`.
+config, how it runs, what it takes of the cluster (`request`: the runner starts it when that is
+free) and what it counts of the data (`funnel`: the report's); `raymt.pipeline.graph.pipeline_steps`
+lists a config's steps with the settings and inputs that make their keys (`raymt.pipeline.keys`).
+A new kind is one more `Kind` and its place in `pipeline_steps`.
 """
 
 from __future__ import annotations
@@ -25,17 +20,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gzip
-import hashlib
 import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import numpy as np
-
 from raymt import average, backtranslate, export, hf_import, train
-from raymt.checkpoint import weights_file
+from raymt.cluster import data_cpus, plan
 from raymt.config import (
     BacktranslateConfig,
     Config,
@@ -43,23 +35,23 @@ from raymt.config import (
     DataConfig,
     DecodeOptions,
     PrepareConfig,
-    ScoreConfig,
     ShardJobOptions,
     apply_overrides,
 )
 from raymt.config.corpus import SCORE_KEYS
 from raymt.data import __main__ as data_command
-from raymt.data import mono_clean, score_job, scores
+from raymt.data import mono_clean
 from raymt.data.builtin import write_builtin
+from raymt.data.clean import DROP_RULES
 from raymt.data.format import MANIFEST_FILE, SPM_FILE
-from raymt.data.mono import MONO_FILE, input_files
+from raymt.data.mono import MONO_FILE
 from raymt.data.text import lines as text_lines
 from raymt.data.text import read_parallel, resolve
 from raymt.engines import load_model_info
 from raymt.export import ExportConfig
-from raymt.flags import InputFlags, TrainFlags
+from raymt.flags import InputFlags, TrainFlags, build_config
 from raymt.pipeline.config import PipelineConfig, TrainStage
-from raymt.pipeline.keys import STEPS_DIR, Step, file_fingerprint, read_json
+from raymt.pipeline.keys import STEPS_DIR, Step, read_json
 from raymt.pipeline.models import ct2_export, fastest_ct2_type, model_row, relative_to, student_config
 from raymt.provenance import AVERAGE_FILE
 from raymt.rundir import RUN_CONFIG
@@ -138,6 +130,11 @@ class Kind:
     config: Callable[[Context, Step], Any]
     run: Callable[[Context, Step], None]
     note: str = ""  # what `show` adds to its command line (all it says of a step without one)
+    # What the step takes of a cluster of these total resources ({"CPU": 3.0, "GPU": 0.0}); None:
+    # all of it (a command that spreads over the cluster: Ray Data, decoding actors by default).
+    request: Optional[Callable[[Context, Step, dict], dict]] = None
+    # The data it counts, read from its directory: (what, pairs) rows of the report's funnel.
+    funnel: Optional[Callable[[Path], list[tuple[str, int]]]] = None
 
 
 # ---------------------------------------------------------------- the corpus and prepare
@@ -162,6 +159,22 @@ def prepare_run(ctx: Context, step: Step) -> None:
     """The prepared corpus (`raymt.data.__main__.run`)."""
     ctx.dir(step.name).parent.mkdir(parents=True, exist_ok=True)
     data_command.run(prepare_config(ctx, step))
+
+
+def prepare_funnel(where: Path) -> list[tuple[str, int]]:
+    """Each corpus's raw pairs, the pairs left after each cleaning rule that dropped some (in the
+    order they apply: the score filter among them) and those kept, from the manifest."""
+    rows = []
+    for corpus in (read_json(where / MANIFEST_FILE) or {}).get("corpora", []):
+        train, name = corpus["train"], f"{corpus['name']} ({corpus['origin']})"
+        left = train["input_pairs"]
+        rows.append((f"{name}: raw pairs", left))
+        for rule in DROP_RULES:
+            if train["dropped"].get(rule):
+                left -= train["dropped"][rule]
+                rows.append((f"{name}: after {rule}", left))
+        rows.append((f"{name}: kept", train["num_pairs"]))
+    return rows
 
 
 # ---------------------------------------------------------------- training: teachers and the student
@@ -232,6 +245,19 @@ def train_run(ctx: Context, step: Step) -> None:
     train.run(cfg, resume_dir, init, verbose=ctx.verbose)
 
 
+def train_request(ctx: Context, step: Step, total: dict) -> dict:
+    """What a training step takes: its workers' CPUs (and GPUs) as `raymt.train.scaling` plans them
+    on this cluster, and the CPU its own process works on beside them (Ray Data's preparation, the
+    test set's scoring: `raymt.cluster.data_cpus`)."""
+    stages = {"student": ctx.cfg.student, "backward": ctx.cfg.backward, "scorer": ctx.cfg.scorers}
+    stage: TrainStage = stages.get(step.kind, ctx.cfg.teacher)
+    flags = TrainFlags(preset=stage.preset, config=stage.config, set=list(stage.set), max_steps=stage.max_steps)
+    t = build_config(flags, cluster_gpus=lambda: int(total.get("GPU", 0))).train
+    workers = plan(t.num_workers, t.use_gpu, t.cpus_per_worker, total=total)
+    cpus = workers.cpus * t.num_workers + data_cpus(total.get("CPU", 0))
+    return {"CPU": cpus, "GPU": float(workers.gpus * t.num_workers)}
+
+
 # ---------------------------------------------------------------- the teachers translate
 
 
@@ -265,6 +291,14 @@ def bt_done(where: Path) -> bool:
     """Whether a back-translation finished (bt.json says done)."""
     info = read_json(where / "bt.json")
     return bool(info and info.get("done"))
+
+
+def translated_funnel(where: Path) -> list[tuple[str, int]]:
+    """The lines a `raymt backtranslate` job read and the pairs it wrote (bt.json's counts)."""
+    info = read_json(where / "bt.json") or {}
+    if "num_lines" not in info:
+        return []
+    return [("input lines", info["num_lines"]), ("translated pairs", info["counts"]["translated"])]
 
 
 # ---------------------------------------------------------------- monolingual text and back-translation
@@ -512,147 +546,70 @@ def no_config(ctx: Context, step: Step) -> None:
     return None
 
 
+def one_cpu(ctx: Context, step: Step, total: dict) -> dict:
+    """A step of the pipeline's own process on one thread (writing text, timing on one thread)."""
+    return {"CPU": 1.0}
+
+
 KINDS: dict[str, Kind] = {
     "corpus": Kind(
-        1, None, lambda where: any(where.glob("test.*")), no_config, corpus_run, "the built-in corpus as text files"
+        1,
+        None,
+        lambda where: any(where.glob("test.*")),
+        no_config,
+        corpus_run,
+        "the built-in corpus as text files",
+        request=one_cpu,
     ),
-    "prepare": Kind(1, "data prepare", has(MANIFEST_FILE), prepare_config, prepare_run),
-    "teacher": Kind(1, "train", has(SUMMARY), teacher_flags, train_run),
-    "distill": Kind(1, "backtranslate", bt_done, distill_config, distill_run),
-    "student": Kind(1, "train", has(SUMMARY), train_flags, train_run, "its --config is written when the step starts"),
+    "prepare": Kind(1, "data prepare", has(MANIFEST_FILE), prepare_config, prepare_run, funnel=prepare_funnel),
+    "teacher": Kind(1, "train", has(SUMMARY), teacher_flags, train_run, request=train_request),
+    "distill": Kind(1, "backtranslate", bt_done, distill_config, distill_run, funnel=translated_funnel),
+    "student": Kind(
+        1,
+        "train",
+        has(SUMMARY),
+        train_flags,
+        train_run,
+        "its --config is written when the step starts",
+        request=train_request,
+    ),
     "export": Kind(
-        1, "export", has(EXPORT_RECORD), export_config, export_run, "--dtype: the fastest of [export] dtypes, timed"
+        1,
+        "export",
+        has(EXPORT_RECORD),
+        export_config,
+        export_run,
+        "--dtype: the fastest of [export] dtypes, timed",
+        request=one_cpu,
     ),
-    "evaluate": Kind(1, None, has(REPORT), no_config, evaluate_run, "every model on the test set, one thread"),
+    "evaluate": Kind(
+        1, None, has(REPORT), no_config, evaluate_run, "every model on the test set, one thread", request=one_cpu
+    ),
     # Monolingual text, the backward model, back-translation and the teachers' two stages.
     "mono": Kind(1, "data mono", has(MONO_FILE), mono_config, mono_run),
     "backward-import": Kind(1, "import", has(IMPORT_RECORD), import_config, import_run, IMPORT_NOTE),
     "teacher-import": Kind(1, "import", has(IMPORT_RECORD), import_config, import_run, IMPORT_NOTE),
-    "backward": Kind(1, "train", has(SUMMARY), backward_flags, train_run),
-    "bt": Kind(1, "backtranslate", bt_done, bt_config, bt_run),
-    "prepare-bt": Kind(1, "data prepare", has(MANIFEST_FILE), prepare_bt_config, prepare_bt_run),
-    "teacher-bt": Kind(1, "train", has(SUMMARY), teacher_flags, train_run),
+    "backward": Kind(1, "train", has(SUMMARY), backward_flags, train_run, request=train_request),
+    "bt": Kind(1, "backtranslate", bt_done, bt_config, bt_run, funnel=translated_funnel),
+    "prepare-bt": Kind(1, "data prepare", has(MANIFEST_FILE), prepare_bt_config, prepare_bt_run, funnel=prepare_funnel),
+    "teacher-bt": Kind(1, "train", has(SUMMARY), teacher_flags, train_run, request=train_request),
     "average": Kind(
-        1, "average", lambda where: (where / MODEL_DIR / AVERAGE_FILE).exists(), average_config, average_run
+        1,
+        "average",
+        lambda where: (where / MODEL_DIR / AVERAGE_FILE).exists(),
+        average_config,
+        average_run,
+        request=one_cpu,
     ),
 }
 
 
-# ---------------------------------------------------------------- the score filters
-
-FUNNEL_FILE = "funnel.json"  # the ce-filter step's end marker: pairs in, pairs kept
-SCORER_STEPS = {"forward": "scorer-fwd", "backward": "scorer-bwd"}  # the steps that train them
-
-
-def prepare_reverse_config(ctx: Context, step: Step) -> data_command.PrepareCommand:
-    """`raymt data prepare` of the training and validation pairs read tgt->src with [prepare]'s
-    options: the backward scorer's corpus (a prepared corpus holds one direction)."""
-    cmd = prepare_config(ctx, step)
-    return dataclasses.replace(
-        cmd, options=dataclasses.replace(cmd.options, src_lang=ctx.cfg.tgt, tgt_lang=ctx.cfg.src)
-    )
-
-
-def prepare_reverse_run(ctx: Context, step: Step) -> None:
-    """The reversed prepared corpus (`raymt.data.__main__.run`)."""
-    ctx.dir(step.name).parent.mkdir(parents=True, exist_ok=True)
-    data_command.run(prepare_reverse_config(ctx, step))
-
-
-def scorer_flags(ctx: Context, step: Step) -> TrainFlags:
-    """`raymt train` of a scorer ([scorers]' stage) on the corpus it uses: scorer-fwd src->tgt on
-    the pairs prepared without the score rule, scorer-bwd tgt->src on them reversed."""
-    stage, where = ctx.cfg.scorers, ctx.dir(step.name)
-    src, tgt = ctx.cfg.pair if step.name == SCORER_STEPS["forward"] else ctx.cfg.pair[::-1]
-    return TrainFlags(
-        preset=stage.preset,
-        config=stage.config,
-        set=list(stage.set),
-        max_steps=stage.max_steps,
-        max_minutes=stage.max_minutes,
-        corpus=str(ctx.dir(step.uses[0])),
-        src_lang=src,
-        tgt_lang=tgt,
-        storage_path=str(where.parent),
-        name=where.name,
-        verbose=ctx.verbose,
-    )
-
-
-def scorer(ctx: Context, side: str) -> str:
-    """The `side` ("forward" or "backward") scorer's checkpoint: [scorers]' given one, else the best
-    of the step that trains it."""
-    given = getattr(ctx.cfg.scorers, side)
-    return given if given is not None else ctx.best(SCORER_STEPS[side])
-
-
-def score_config(ctx: Context, step: Step) -> ScoreConfig:
-    """`raymt data score --valid`: the training pairs and the validation set by both scorers."""
-    return ScoreConfig(
-        forward=scorer(ctx, "forward"),
-        backward=scorer(ctx, "backward"),
-        corpus=ctx.prefix("train"),
-        valid=ctx.prefix("valid"),
-        output=str(ctx.dir(step.name)),
-        src_lang=ctx.cfg.src,
-        tgt_lang=ctx.cfg.tgt,
-        shards=ShardJobOptions(verbose=ctx.verbose),
-    )
-
-
-def score_run(ctx: Context, step: Step) -> None:
-    """The scores (`raymt.data.score_job.run`; `raymt.shard_job.Unfinished` when shards are left)."""
-    score_job.run(score_config(ctx, step))
-
-
-def scored(where: Path) -> bool:
-    """Whether a scoring finished (score.json says done)."""
-    info = read_json(where / scores.INFO_FILE)
-    return bool(info and info.get("done"))
+# ---------------------------------------------------------------- what the filters change in other steps
 
 
 def score_rule(ctx: Context) -> PrepareConfig:
     """[prepare]'s options with [score_filter]'s threshold on the score step's scores."""
     return dataclasses.replace(ctx.cfg.prepare, scores=str(ctx.dir("score")), **ctx.cfg.score_filter.rule())
-
-
-def ce_backward(ctx: Context) -> str:
-    """The CE filter's model: [scorers] backward given, else the back-translation's backward model
-    (as mozilla/translations scores with it), else the backward scorer trained."""
-    if ctx.cfg.scorers.backward is None and ctx.cfg.back_translates:
-        return ctx.backward()
-    return scorer(ctx, "backward")
-
-
-def ce_config(ctx: Context, step: Step) -> ScoreConfig:
-    """`raymt data score` without a forward model: the teachers' translations by the backward
-    model (exp(-H(src | translation)), mozilla/translations' cross-entropy filter: `ce_backward`)."""
-    return ScoreConfig(
-        backward=ce_backward(ctx),
-        corpus=str(ctx.dir("distill") / "text"),
-        output=str(ctx.dir(step.name)),
-        src_lang=ctx.cfg.src,
-        tgt_lang=ctx.cfg.tgt,
-        shards=ShardJobOptions(shard_lines=ctx.cfg.distill.shard_lines, verbose=ctx.verbose),
-    )
-
-
-def ce_run(ctx: Context, step: Step) -> None:
-    """The distilled pairs scored, then funnel.json: the pairs in, scored, and kept (the best
-    [ce_filter] keep_best at the threshold the student's prepare draws: `scores.best_threshold`)."""
-    where, keep_best = ctx.dir(step.name), ctx.cfg.ce_filter.keep_best
-    score_job.run(ce_config(ctx, step))
-    values = scores.all_scores(scores.read_info(str(where), step.name), str(where))
-    threshold = scores.best_threshold(values, keep_best)
-    funnel = {
-        "pairs": len(values),
-        "scored": int((~np.isnan(values)).sum()),
-        "kept": int((values >= threshold).sum()),
-        "keep_best": keep_best,
-        "threshold": threshold,
-    }
-    (where / FUNNEL_FILE).write_text(json.dumps(funnel, indent=2))
-    print(f"ce-filter: {funnel['kept']:,} of {funnel['pairs']:,} distilled pairs kept (score >= {threshold:.4g})")
 
 
 def ce_filtered(ctx: Context, cfg: Config) -> Config:
@@ -661,227 +618,3 @@ def ce_filtered(ctx: Context, cfg: Config) -> Config:
     first, *rest = cfg.data.corpora
     clean = {**first.clean, "keep_best": ctx.cfg.ce_filter.keep_best, "scores": str(ctx.dir("ce-filter"))}
     return apply_overrides(cfg, {"data.corpora": [dataclasses.replace(first, clean=clean), *rest]})
-
-
-KINDS.update(
-    {
-        "prepare-reverse": Kind(1, "data prepare", has(MANIFEST_FILE), prepare_reverse_config, prepare_reverse_run),
-        "scorer": Kind(1, "train", has(SUMMARY), scorer_flags, train_run),
-        "score": Kind(1, "data score", lambda w: scored(w) and scored(w / scores.VALID_DIR), score_config, score_run),
-        "ce-filter": Kind(
-            1, "data score", has(FUNNEL_FILE), ce_config, ce_run, "then funnel.json: the best ce_filter.keep_best kept"
-        ),
-    }
-)
-
-
-# ---------------------------------------------------------------- the steps of a config
-
-
-def file_hash(path: Optional[str]) -> Optional[str]:
-    """sha256 of a small settings file (a train config), None without one."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
-
-
-def stage_settings(name: str, stage: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A stage's fields as flat settings ("teacher.preset"), a config file by its content."""
-    out = {f"{name}.{k}": v for k, v in dataclasses.asdict(stage).items() if k not in skip}
-    if isinstance(stage, TrainStage):
-        out[f"{name}.config"] = file_hash(stage.config)
-    return out
-
-
-def corpus_inputs(cfg: PipelineConfig, splits: tuple[str, ...], sides: tuple[str, ...]) -> dict[str, dict]:
-    """The fingerprints of the given corpora's files ("corpora.train.en")."""
-    c = cfg.corpora
-    if c.builtin:
-        return {}
-    lang = {"src": cfg.src, "tgt": cfg.tgt}
-    return {
-        f"corpora.{split}.{lang[side]}": file_fingerprint(resolve(getattr(c, split), lang[side]))
-        for split in splits
-        for side in sides
-    }
-
-
-def make(name: str, kind: str, settings: dict, inputs: Optional[dict] = None, uses: tuple[str, ...] = ()) -> Step:
-    """A step of kind `kind` at its current version."""
-    return Step(name, kind, KINDS[kind].version, settings, inputs or {}, uses)
-
-
-def pipeline_steps(cfg: PipelineConfig) -> list[Step]:
-    """The steps of `cfg`, in the order they run (each after the steps it uses); keys not yet set."""
-    c = cfg.corpora
-    corpus = ("corpus",) if c.builtin else ()
-    steps = import_steps(cfg)  # first: a model without the pair is one line before Ray starts
-    if c.builtin:
-        sizes = stage_settings("corpora", c, skip=("train", "valid", "test", *MONO_FIELDS))
-        sizes.update({"corpora.builtin_mono_size": c.builtin_mono_size} if c.builtin_mono_size else {})
-        steps.append(make("corpus", "corpus", sizes))
-    prepare = stage_settings("prepare", cfg.prepare, skip=("src_lang", "tgt_lang"))
-    steps += scorer_steps(cfg, prepare, corpus)  # none without a score filter
-    prepare, scored_uses = filtered_prepare(cfg, prepare)
-    pairs = corpus_inputs(cfg, ("train", "valid"), ("src", "tgt"))
-    steps.append(make("prepare", "prepare", prepare, pairs, (*scored_uses, *corpus)))
-    steps += bt_steps(cfg, corpus)
-    teachers = tuple(f"teacher-{n}" for n in range(1, cfg.teacher.num_seeds + 1))
-    if cfg.teacher.import_from is None:
-        steps += teacher_steps(cfg, teachers)
-    distill = stage_settings("distill", cfg.distill, skip=("shard_lines",))
-    mono_src = ("mono-src",) if c.has_mono("src") else ()
-    uses = (*teachers, *corpus, *mono_src)
-    steps.append(make("distill", "distill", distill, corpus_inputs(cfg, ("train",), ("src",)), uses))
-    ce = ce_filter_steps(cfg)
-    steps += ce
-    student = stage_settings("student", cfg.student)
-    valid = corpus_inputs(cfg, ("valid",), ("src", "tgt"))
-    steps.append(make("student", "student", student, valid, ("distill", teachers[0], *corpus, *(s.name for s in ce))))
-    test = corpus_inputs(cfg, ("test",), ("src", "tgt"))
-    steps.append(make("export", "export", stage_settings("export", cfg.export), test, ("student", *corpus)))
-    evaluate = stage_settings("evaluate", cfg.evaluate)
-    steps.append(make("evaluate", "evaluate", evaluate, test, (*teachers, "export", *corpus)))
-    return steps
-
-
-# ---------------------------------------------------------------- the steps of back-translation and the teachers
-
-# [corpora]'s monolingual text: the mono steps' inputs, not the built-in corpus's settings.
-MONO_FIELDS = ("mono_src", "mono_tgt", "builtin_mono_size")
-# [teacher]'s fields that only some teacher steps use (none of them a plain teacher's).
-TEACHER_BT = ("stages", "real_weight", "average_last", "finetune_max_steps", "finetune_max_minutes")
-TEACHER_ONLY = ("num_seeds", "import_from", "revision", "finetune_set", *TEACHER_BT)
-
-
-def mono_fingerprints(spec: str, name: str) -> dict[str, dict]:
-    """The fingerprints of the files of monolingual text `spec` (as `raymt data mono` lists them)."""
-    files = input_files(spec, name)
-    return {f"{name}:{f.path}" if len(files) > 1 else name: {"size": f.size, "mtime_ns": f.mtime_ns} for f in files}
-
-
-def import_steps(cfg: PipelineConfig) -> list[Step]:
-    """The imports (`raymt import`): the teacher's, the backward model's (when it back-translates)."""
-    steps = []
-    for name, kind, stage in (
-        ("teacher-1", "teacher-import", cfg.teacher),
-        ("backward", "backward-import", cfg.backward),
-    ):
-        if stage.import_from is not None and (kind == "teacher-import" or cfg.back_translates):
-            settings = {f"{stage.STAGE}.import_from": stage.import_from, f"{stage.STAGE}.revision": stage.revision}
-            steps.append(make(name, kind, settings))
-    return steps
-
-
-def bt_steps(cfg: PipelineConfig, corpus: tuple[str, ...]) -> list[Step]:
-    """mono-src and mono-tgt (`raymt data mono` of each side given), then, when the teachers learn
-    from back-translation, the backward model (trained; a checkpoint given is checked here), bt and
-    prepare-bt (the original and back-translated pairs prepared together)."""
-    c, steps = cfg.corpora, []
-    valid_test = corpus_inputs(cfg, ("valid", "test"), ("src", "tgt")) if cfg.mono.exclude_eval else {}
-    for side in ("src", "tgt"):
-        if c.has_mono(side):
-            given = getattr(c, f"mono_{side}")
-            inputs = {**valid_test, **(mono_fingerprints(given, f"corpora.mono_{side}") if given else {})}
-            settings = {"mono.side": side, **stage_settings("mono", cfg.mono)}
-            steps.append(make(f"mono-{side}", "mono", settings, inputs, corpus))
-    if not cfg.back_translates:
-        return steps
-    b, inputs, backward = cfg.backward, {}, ()
-    if b.trained:
-        settings = stage_settings("backward", b, skip=("checkpoint", "import_from", "revision"))
-        pairs = corpus_inputs(cfg, ("train", "valid"), ("src", "tgt"))
-        steps.append(make("backward", "backward", settings, pairs, ("prepare", *corpus)))
-        backward = ("backward",)
-    elif b.checkpoint is not None:
-        check_direction(b.checkpoint, cfg.tgt, cfg.src, f"backward.checkpoint={b.checkpoint}")
-        inputs = {"backward.checkpoint": file_fingerprint(str(weights_file(b.checkpoint)))}
-    else:
-        backward = ("backward",)  # imported: `import_steps`
-    steps.append(make("bt", "bt", stage_settings("bt", cfg.bt, skip=("shard_lines",)), inputs, ("mono-tgt", *backward)))
-    weight = {"teacher.real_weight": cfg.teacher.real_weight}
-    pairs = corpus_inputs(cfg, ("train", "valid"), ("src", "tgt"))
-    steps.append(make("prepare-bt", "prepare-bt", weight, pairs, ("prepare", "bt", *corpus)))
-    return steps
-
-
-def teacher_steps(cfg: PipelineConfig, teachers: tuple[str, ...]) -> list[Step]:
-    """teacher-1..N on the prepared corpus; with back-translation on the mixed one (one stage), or
-    teacher-N-bt on it, teacher-N-avg its average and teacher-N on the original pairs from it (two)."""
-    stage, steps = cfg.teacher, []
-    plain = stage_settings("teacher", stage, skip=TEACHER_ONLY)
-    for n, name in enumerate(teachers, 1):
-        seed = {**plain, "teacher.seed": n}
-        if not cfg.back_translates:
-            steps.append(make(name, "teacher", seed, uses=("prepare",)))
-        elif stage.stages == 1:
-            steps.append(make(name, "teacher", seed, uses=("prepare-bt",)))
-        else:
-            last = {"teacher.average_last": stage.average_last}
-            finetune = {
-                f"teacher.{k}": getattr(stage, k)
-                for k in ("finetune_set", "finetune_max_steps", "finetune_max_minutes")
-            }
-            steps.append(make(f"{name}-bt", "teacher-bt", seed, uses=("prepare-bt",)))
-            steps.append(make(f"{name}-avg", "average", last, uses=(f"{name}-bt",)))
-            steps.append(make(name, "teacher", {**seed, **finetune}, uses=("prepare", f"{name}-avg")))
-    return steps
-
-
-# ---------------------------------------------------------------- the steps of the score filters
-
-
-def given_scorers(cfg: PipelineConfig, sides: tuple[str, ...]) -> tuple[dict, dict]:
-    """The settings ("scorers.forward": its path) and input fingerprints (its weights file) of the
-    scorers of `sides` that [scorers] gives."""
-    settings, inputs = {}, {}
-    for side in sides:
-        given = getattr(cfg.scorers, side)
-        if given is not None:
-            settings[f"scorers.{side}"] = given
-            inputs[f"scorers.{side}"] = file_fingerprint(str(weights_file(given)))
-    return settings, inputs
-
-
-def scorer_steps(cfg: PipelineConfig, prepare: dict, corpus: tuple[str, ...]) -> list[Step]:
-    """The steps before the score filter's `prepare`: the scorers not given (prepare-unscored and
-    scorer-fwd; prepare-reverse and scorer-bwd, the latter for [ce_filter] too) and the score step."""
-    on, sc, steps = cfg.score_filter.enabled, cfg.scorers, []
-    pairs = corpus_inputs(cfg, ("train", "valid"), ("src", "tgt"))
-    train = stage_settings("scorers", sc, skip=("forward", "backward"))
-    if on and sc.forward is None:
-        steps.append(make("prepare-unscored", "prepare", prepare, pairs, corpus))
-        steps.append(make(SCORER_STEPS["forward"], "scorer", train, uses=("prepare-unscored",)))
-    # The CE filter of a pipeline that back-translates scores by its backward model (`ce_backward`).
-    if (on or (cfg.ce_filter.enabled and not cfg.back_translates)) and sc.backward is None:
-        steps.append(make("prepare-reverse", "prepare-reverse", prepare, pairs, corpus))
-        steps.append(make(SCORER_STEPS["backward"], "scorer", train, uses=("prepare-reverse",)))
-    if on:
-        settings, given = given_scorers(cfg, ("forward", "backward"))
-        trained = tuple(s.name for s in steps if s.kind == "scorer")
-        steps.append(make("score", "score", settings, {**pairs, **given}, (*trained, *corpus)))
-    return steps
-
-
-def filtered_prepare(cfg: PipelineConfig, prepare: dict) -> tuple[dict, tuple[str, ...]]:
-    """`prepare`'s settings and the steps it uses beside the corpus: with [score_filter] on, its
-    threshold and the score step."""
-    if not cfg.score_filter.enabled:
-        return prepare, ()
-    rule = {f"score_filter.{k}": v for k, v in cfg.score_filter.rule().items()}
-    return {**prepare, **rule}, ("score",)
-
-
-def ce_filter_steps(cfg: PipelineConfig) -> list[Step]:
-    """ce-filter (with [ce_filter] on): the distilled pairs scored by the backward model
-    (`ce_backward`)."""
-    if not cfg.ce_filter.enabled:
-        return []
-    settings, given = given_scorers(cfg, ("backward",))
-    uses: tuple[str, ...] = ()
-    if cfg.scorers.backward is None and not cfg.back_translates:
-        uses = (SCORER_STEPS["backward"],)
-    elif cfg.scorers.backward is None and cfg.backward.checkpoint is not None:
-        given = {"backward.checkpoint": file_fingerprint(str(weights_file(cfg.backward.checkpoint)))}
-    elif cfg.scorers.backward is None:
-        uses = ("backward",)  # trained or imported
-    settings["ce_filter.keep_best"] = cfg.ce_filter.keep_best
-    return [make("ce-filter", "ce-filter", settings, given, ("distill", *uses))]
