@@ -45,6 +45,19 @@ def test_a_pair_of_languages_gets_the_sentences_of_all_four():
     assert [builtin.sentence(r)["fr"] for r in [random.Random(2)] for _ in range(50)] == src
 
 
+def test_a_language_outside_the_corpus_gets_the_same_phrases_in_its_own_words():
+    """benchmarks/noise.py's held-out wrong languages: the same draws, formatted by Babel in Russian."""
+    import random
+
+    for seed in range(20):
+        ru, every = builtin.sentence(random.Random(seed), ("ru", "de")), builtin.sentence(random.Random(seed))
+        assert ru["de"] == every["de"], seed
+    months = [builtin._date(random.Random(seed), ("ru",))["ru"] for seed in range(20)]
+    assert all(any("\u0400" <= c <= "\u04ff" for c in m) for m in months)  # Cyrillic month names
+    with pytest.raises(ValueError, match="is not in the built-in corpus"):
+        builtin.generate(5, "en", "ru", seed=1)  # the corpus itself stays LANGS
+
+
 def test_a_vocabulary_too_small_for_the_characters_is_a_one_line_error():
     sentences = ["alpha beta gamma delta epsilon", "zeta eta theta"]  # 17 characters + 4 specials
     with pytest.raises(ValueError, match=r"^vocabulary size 16 is smaller than the \d+ pieces") as err:

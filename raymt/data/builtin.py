@@ -45,7 +45,18 @@ def _codes(kind: str) -> list[str]:
 
 _TERRITORIES = [c for c in _codes("territories") if len(c) == 2]
 _LANGUAGES = [c for c in _codes("languages") if len(c) == 2]
-_LOCALES = {lang: Locale.parse(lang) for lang in LANGS}  # parsed once: a quarter of the time otherwise
+
+
+class _Locales(dict):
+    """Babel's locales by language code, each parsed once (a quarter of the time otherwise); any
+    language Babel knows, so benchmarks/noise.py can format phrases outside the corpus's LANGS."""
+
+    def __missing__(self, lang: str) -> Locale:
+        self[lang] = Locale.parse(lang)
+        return self[lang]
+
+
+_LOCALES = _Locales({lang: Locale.parse(lang) for lang in LANGS})
 
 # Each phrase draws from `rng` the same way whichever `langs` it formats, so a pair of languages
 # gets the same sentences as the other pairs, and formatting only the two asked for halves the
@@ -93,7 +104,8 @@ PHRASES: tuple[Phrase, ...] = (_country, _language, _date, _time, _quantity, _mo
 
 
 def sentence(rng: random.Random, langs: tuple[str, ...] = LANGS) -> dict[str, str]:
-    """One sentence in each of `langs`: a CLDR list of 1-3 random phrases."""
+    """One sentence in each of `langs` (LANGS or any other language Babel and num2words know): a CLDR
+    list of 1-3 random phrases."""
     phrases = [rng.choice(PHRASES)(rng, langs) for _ in range(rng.choice((1, 2, 2, 3)))]
     # CLDR puts (narrow) no-break spaces in times and amounts; plain spaces keep the
     # text identical after SentencePiece's NFKC normalization.
