@@ -11,8 +11,8 @@ decoding of each sentence, and that decoding agrees with raymt's CTranslate2 eng
 (by raymt's score where they tie).
 
 LibreTranslate's fork and the test extra's argostranslate are one module, so LibreTranslate lives in
-a venv of its own, `.venv-libretranslate` (`./run.sh libretranslate`, which .ci/run calls); without
-it the test is skipped, except under CI, where it fails."""
+a venv of its own, `.venv-libretranslate` (`./run.sh libretranslate`, which .ci/run calls before the
+tests marked ci); without it the test is skipped, except under CI, where it fails."""
 
 import json
 import os
@@ -32,11 +32,6 @@ from raymt.engines import load_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.ci, pytest.mark.hosts]  # ~30 s: two processes of LibreTranslate's venv
 ROOT = Path(__file__).resolve().parents[1]
-LIBRETRANSLATE = argos.libretranslate_executable(ROOT)
-if LIBRETRANSLATE is None:
-    if os.environ.get("CI"):
-        pytest.fail(f"no {argos.LIBRETRANSLATE_VENV}: .ci/run installs it (./run.sh libretranslate)")
-    pytest.skip(f"no {argos.LIBRETRANSLATE_VENV} (./run.sh libretranslate installs it)", allow_module_level=True)
 
 # In LibreTranslate's venv: its fork's decoding of each sentence (as LibreTranslate's /translate
 # calls it) and LibreTranslate's formatting of it (app.py: unescape(improve_translation_formatting)).
@@ -52,6 +47,17 @@ print(json.dumps([raw, formatted]))
 """
 
 
+def libretranslate() -> Path:
+    """LibreTranslate's executable in .venv-libretranslate; a skip where it is missing, a failure
+    under CI (.ci/run installs it before the tests marked ci)."""
+    executable = argos.libretranslate_executable(ROOT)
+    if executable is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"no {argos.LIBRETRANSLATE_VENV}: .ci/run installs it (./run.sh libretranslate)")
+        pytest.skip(f"no {argos.LIBRETRANSLATE_VENV} (./run.sh libretranslate installs it)")
+    return executable
+
+
 def post(url: str, fields: dict, form: bool) -> dict:
     """The JSON answer of one POST (form-encoded as libretranslatepy sends it, or JSON)."""
     if form:
@@ -64,17 +70,18 @@ def post(url: str, fields: dict, form: bool) -> dict:
 
 
 def test_libretranslate_serves_the_export_offline_as_raymt_translates(tmp_path):
+    executable = libretranslate()
     checkpoint = make_checkpoint(tmp_path / "ckpt")
     export.run(export.ExportConfig(checkpoint=str(checkpoint), output=str(tmp_path / "argos"), format="argos"))
     [package] = sorted((tmp_path / "argos").iterdir())
     env = argos.offline_env(tmp_path / "lt")
-    python = LIBRETRANSLATE.parent / "python"
+    python = executable.parent / "python"
     argos.install(python, [package], env)
     assert (tmp_path / "lt" / "argos_packages_dir" / "translate-en_de-1_0" / "metadata.json").exists()
     sentences = SENTENCES[:8]
     port = free_port()
     with open(tmp_path / "libretranslate.log", "w+") as log:
-        server = argos.start_libretranslate(LIBRETRANSLATE, env, port, ["en", "de"], 1, log)
+        server = argos.start_libretranslate(executable, env, port, ["en", "de"], 1, log)
         try:
             url = f"http://127.0.0.1:{port}"
             with urllib.request.urlopen(f"{url}/languages", timeout=30) as response:
