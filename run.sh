@@ -6,6 +6,10 @@
 #                                        (HOST_LIMITS; docs/architecture.md#tests)
 #   ./run.sh lint                        ruff: lint and format check (CI runs it first)
 #   ./run.sh shell                       just set up; then: source .venv/bin/activate
+#   ./run.sh libretranslate [its flags]  LibreTranslate 1.9.6 in a venv of its own,
+#                                        .venv-libretranslate (its argos-translate-lt fork and the
+#                                        test extra's argostranslate are one module); no flags:
+#                                        just set up (docs/serving.md "Deploying to LibreTranslate")
 # train and shell install only what training needs; test adds pytest and the peers it compares
 # to; lint adds only ruff.
 set -euo pipefail
@@ -14,8 +18,8 @@ cd "$(dirname "$0")"
 cmd=${1:-train}
 shift || true
 case "$cmd" in
-  train | test | lint | shell) ;;
-  *) echo "run.sh: unknown command '$cmd' (use train, test, lint or shell)" >&2; exit 2 ;;
+  train | test | lint | shell | libretranslate) ;;
+  *) echo "run.sh: unknown command '$cmd' (use train, test, lint, shell or libretranslate)" >&2; exit 2 ;;
 esac
 
 python_bin=${PYTHON:-}
@@ -26,26 +30,45 @@ if [[ -z "$python_bin" ]]; then
 fi
 [[ -n "$python_bin" ]] || { echo "run.sh: no python3 found; install Python 3.11" >&2; exit 2; }
 
-if [[ ! -x .venv/bin/python ]]; then
-  "$python_bin" -m venv .venv
-fi
-# shellcheck disable=SC1091
-source .venv/bin/activate
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-
-# torch first, so that the project's `torch>=2.4` finds it installed:
-# - with an NVIDIA GPU: the default wheel from the package index (CUDA build);
-# - without one: the CPU-only wheel (~200 MB instead of several GB of CUDA libraries),
-#   from PyTorch's CPU wheel index, or from a local wheel cache when pip has one.
-if ! python -c "import torch" 2>/dev/null; then
-  torch_spec=${RAYMT_TORCH:-torch==2.13.0}
-  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-    pip install "$torch_spec"
-  else
-    pip install --retries 1 "$torch_spec" \
-      --extra-index-url "${RAYMT_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+# A venv in $1 (made if missing), activated, with torch in it.
+venv_with_torch() {
+  if [[ ! -x "$1/bin/python" ]]; then
+    "$python_bin" -m venv "$1"
   fi
+  # shellcheck disable=SC1091
+  source "$1/bin/activate"
+  export PIP_DISABLE_PIP_VERSION_CHECK=1
+  # torch first, so that the project's `torch>=2.4` (and LibreTranslate's) finds it installed:
+  # - with an NVIDIA GPU: the default wheel from the package index (CUDA build);
+  # - without one: the CPU-only wheel (~200 MB instead of several GB of CUDA libraries),
+  #   from PyTorch's CPU wheel index, or from a local wheel cache when pip has one.
+  if ! python -c "import torch" 2>/dev/null; then
+    local torch_spec=${RAYMT_TORCH:-torch==2.13.0}
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+      pip install "$torch_spec"
+    else
+      pip install --retries 1 "$torch_spec" \
+        --extra-index-url "${RAYMT_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+    fi
+  fi
+}
+
+# LibreTranslate apart from the project (tests/test_libretranslate.py and
+# benchmarks/serve_load.py find it here); the project is not installed into it. spaCy: the
+# sentence splitter of raymt's packages offline (ARGOS_CHUNK_TYPE=SPACY), which LibreTranslate lacks.
+if [[ "$cmd" == libretranslate ]]; then
+  venv_with_torch .venv-libretranslate
+  libre_specs="libretranslate==1.9.6 spacy==3.8.18"
+  if [[ "$(cat .venv-libretranslate/.installed 2>/dev/null)" != "$libre_specs" ]]; then
+    # shellcheck disable=SC2086  # the specs are words
+    pip install $libre_specs
+    echo "$libre_specs" >.venv-libretranslate/.installed
+  fi
+  if [[ $# == 0 ]]; then echo "ready: .venv-libretranslate/bin/libretranslate"; exit 0; fi
+  exec libretranslate "$@"
 fi
+
+venv_with_torch .venv
 
 # Install the project with only the extras the command needs (train: none; test: [test]),
 # each recorded by a marker file, redone when pyproject.toml is newer than its marker.

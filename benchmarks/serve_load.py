@@ -10,7 +10,12 @@ translator replicas, Serve's controller, the GCS, the raylet, Ray's other proces
 generator, the naive server; benchmarks/serve_cpu.py). `--naive-port` first starts a naive
 server (a process of its own) that translates one request at a time on the same API; `--offline`
 first measures the ceiling, the engine's `translate` on the same sentences with no HTTP;
-`--kill-after S` adds a round with one kill: C clients load the server, one translator replica
+`--libretranslate-port P` first starts a real LibreTranslate there (from `.venv-libretranslate`:
+`./run.sh libretranslate`) serving the same model as an Argos package (`raymt export --format
+argos`, int8) and gives it the server's loads through its POST /translate: then every server
+searches as argostranslate does (beam --beam, length penalty 0.2, CTranslate2's length limit), a
+`raymt serve` started by `--serve` too (one started apart needs `--length-penalty 0.2 --max-len-a 0
+--max-len-b 257`). `--kill-after S` adds a round with one kill: C clients load the server, one translator replica
 is SIGKILLed after S seconds, and the round reports the requests answered and the seconds until
 a new replica is up and the rate is back to 0.9 of the rate before the kill. `--serve FLAGS`
 starts `raymt serve` itself (its replicas and threads: `--serve "--replicas 2
@@ -19,6 +24,10 @@ starts `raymt serve` itself (its replicas and threads: `--serve "--replicas 2
     raymt serve --checkpoint CK --engine ctranslate2 --port 8000 &
     python benchmarks/serve_load.py --url http://127.0.0.1:8000 --data PREFIX --tgt-lang de \\
         --closed 16 --sentences 4 --rates 20,40 --seconds 30
+    # LibreTranslate as the peer, at equal cores and beam (docs/serving.md, "Measuring")
+    python benchmarks/serve_load.py --checkpoint CK --engine ctranslate2 --beam 4 --tgt-lang de \\
+        --serve "--cpus-per-replica 2" --libretranslate-port 8002 --libretranslate-ct2 1:2 \\
+        --naive-port 8001 --closed 1,4,16 --sentences 4 --rates 0.5
 """
 
 from __future__ import annotations
@@ -33,11 +42,13 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass, replace
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -47,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import serve_cpu  # noqa: E402
+from raymt import argos  # noqa: E402
 from raymt.config import DecodeOptions  # noqa: E402
 
 # The kill round: the rate is back when no 2-second window after the kill is below this share of
@@ -56,19 +68,34 @@ RATE_WINDOW_S = 2.0
 SETTLE_S = 6.0
 
 
-def post(url: str, texts: list[str], target: Optional[str], model: str = "", timeout: float = 120) -> tuple[int, int]:
-    """(HTTP status, target tokens) of one POST /v1/translate (to `model` of a server of several)."""
-    fields = {"text": texts} | ({"target": target} if target else {}) | ({"model": model} if model else {})
-    body = json.dumps(fields).encode()
-    request = urllib.request.Request(f"{url}/v1/translate", body, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            answer = json.loads(response.read())
-            return response.status, sum(t.get("target_tokens", 0) for t in answer["translations"])
-    except urllib.error.HTTPError as err:
-        return err.code, 0
-    except OSError:
-        return 0, 0  # refused, reset or timed out
+@dataclass
+class Endpoint:
+    """Where a load's requests go and in which API: raymt's POST /v1/translate (`target`, and
+    `model` of a server of several), or LibreTranslate's POST /translate (`source` given: its
+    answers carry no token counts)."""
+
+    url: str
+    target: Optional[str]
+    model: str = ""
+    source: str = ""
+
+    def post(self, texts: list[str], timeout: float = 120) -> tuple[int, int]:
+        """(HTTP status, target tokens) of one request of `texts`."""
+        if self.source:
+            path, fields = "/translate", {"q": texts, "source": self.source, "target": self.target, "format": "text"}
+        else:
+            path, fields = "/v1/translate", {"text": texts}
+            fields |= ({"target": self.target} if self.target else {}) | ({"model": self.model} if self.model else {})
+        body = json.dumps(fields).encode()
+        request = urllib.request.Request(f"{self.url}{path}", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                answer = json.loads(response.read())
+                return response.status, sum(t.get("target_tokens", 0) for t in answer.get("translations", []))
+        except urllib.error.HTTPError as err:
+            return err.code, 0
+        except OSError:
+            return 0, 0  # refused, reset or timed out
 
 
 def stats(url: str) -> Optional[dict]:
@@ -119,16 +146,16 @@ class Tally:
         return out
 
 
-def closed_loop(url: str, texts: list[str], clients: int, per_request: int, requests: int, target, model="") -> dict:
+def closed_loop(to: Endpoint, texts: list[str], clients: int, per_request: int, requests: int) -> dict:
     """`clients` threads, each sending `requests` requests of `per_request` sentences in turn."""
-    tally, before = Tally(), stats(url)
+    tally, before = Tally(), stats(to.url)
 
     def client(c: int) -> None:
         for r in range(requests):
             start = (c * requests + r) * per_request
             batch = [texts[(start + i) % len(texts)] for i in range(per_request)]
             t0 = time.perf_counter()
-            status, tokens = post(url, batch, target, model)
+            status, tokens = to.post(batch)
             tally.add(time.perf_counter() - t0, status, per_request, tokens)
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
@@ -137,13 +164,13 @@ def closed_loop(url: str, texts: list[str], clients: int, per_request: int, requ
         t.start()
     for t in threads:
         t.join()
-    return {"load": f"closed {clients}x{per_request}"} | tally.report(time.perf_counter() - t0, before, stats(url))
+    return {"load": f"closed {clients}x{per_request}"} | tally.report(time.perf_counter() - t0, before, stats(to.url))
 
 
-def open_loop(url: str, texts: list[str], rate: float, seconds: float, per_request: int, target, model="") -> dict:
+def open_loop(to: Endpoint, texts: list[str], rate: float, seconds: float, per_request: int) -> dict:
     """Requests of `per_request` sentences at Poisson arrivals of `rate`/s for `seconds`; each
     latency from its scheduled send time."""
-    rng, tally, before = random.Random(0), Tally(), stats(url)
+    rng, tally, before = random.Random(0), Tally(), stats(to.url)
     schedule, at = [], 0.0
     while at < seconds:
         schedule.append(at)
@@ -153,7 +180,7 @@ def open_loop(url: str, texts: list[str], rate: float, seconds: float, per_reque
     def send(i: int, due: float) -> None:
         time.sleep(max(0.0, t0 + due - time.perf_counter()))
         batch = [texts[(i * per_request + k) % len(texts)] for k in range(per_request)]
-        status, tokens = post(url, batch, target, model)
+        status, tokens = to.post(batch)
         tally.add(time.perf_counter() - (t0 + due), status, per_request, tokens)
 
     threads = [threading.Thread(target=send, args=(i, due)) for i, due in enumerate(schedule)]
@@ -162,7 +189,7 @@ def open_loop(url: str, texts: list[str], rate: float, seconds: float, per_reque
     for t in threads:
         t.join()
     elapsed = max(seconds, time.perf_counter() - t0)
-    return {"load": f"open {rate:g}/s x{per_request}"} | tally.report(elapsed, before, stats(url))
+    return {"load": f"open {rate:g}/s x{per_request}"} | tally.report(elapsed, before, stats(to.url))
 
 
 def replicas_of(port: int) -> set[int]:
@@ -179,14 +206,14 @@ def kill_round(args: argparse.Namespace, texts: list[str], clients: int) -> dict
     first = replicas_of(args.port)
     if not first:
         return {"load": load, "error": f"no translator replica of this machine listens on port {args.port}"}
-    tally, stop = Tally(), threading.Event()
+    tally, stop, to = Tally(), threading.Event(), Endpoint(args.url, args.tgt_lang, args.model)
 
     def client(c: int) -> None:
         i = c
         while not stop.is_set():
             batch = [texts[(i * args.sentences + k) % len(texts)] for k in range(args.sentences)]
             t0 = time.perf_counter()
-            status, tokens = post(args.url, batch, args.tgt_lang, args.model)
+            status, tokens = to.post(batch)
             tally.add(time.perf_counter() - t0, status, args.sentences, tokens)
             i += clients
 
@@ -283,11 +310,13 @@ def start_naive(args: argparse.Namespace, opts: DecodeOptions) -> multiprocessin
     return proc
 
 
-def start_server(args: argparse.Namespace) -> subprocess.Popen:
-    """`raymt serve` on --url's port with --checkpoint, --engine, --beam and --serve's flags,
-    returned once it serves."""
+def start_server(args: argparse.Namespace, opts: DecodeOptions) -> subprocess.Popen:
+    """`raymt serve` on --url's port with --checkpoint, --engine, the search `opts` and --serve's
+    flags, returned once it serves."""
+    search = ["--beam", str(opts.beam), "--length-penalty", str(opts.length_penalty),
+              "--max-len-a", str(opts.max_len_a), "--max-len-b", str(opts.max_len_b)]  # fmt: skip
     command = [sys.executable, "-m", "raymt.serve", "--checkpoint", args.checkpoint, "--engine", args.engine,
-               "--beam", str(args.beam), "--port", str(args.port), *shlex.split(args.serve)]  # fmt: skip
+               *search, "--port", str(args.port), *shlex.split(args.serve)]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     for line in proc.stdout:
         print(line, end="", file=sys.stderr)
@@ -295,6 +324,23 @@ def start_server(args: argparse.Namespace) -> subprocess.Popen:
             threading.Thread(target=proc.stdout.read, daemon=True).start()  # its status lines
             return proc
     raise SystemExit(f"raymt serve {args.serve} exited ({proc.wait()}) before serving")
+
+
+def start_libre(args: argparse.Namespace, work: Path) -> subprocess.Popen:
+    """LibreTranslate on --libretranslate-port, offline, serving --checkpoint exported as Argos
+    packages (int8), its files under `work`: CTranslate2's threads from --libretranslate-ct2, its
+    HTTP server's from --libretranslate-threads, its beam --beam; returned once it answers."""
+    exe = Path(args.libretranslate_bin) if args.libretranslate_bin else argos.libretranslate_executable(ROOT)
+    if exe is None or not exe.exists():
+        raise SystemExit(f"no LibreTranslate at {exe or argos.LIBRETRANSLATE_VENV}: ./run.sh libretranslate")
+    packages = argos.export_argos(args.checkpoint, work / "argos")
+    inter, intra = args.libretranslate_ct2
+    env = argos.offline_env(work / "lt", threads=intra) | {"ARGOS_INTER_THREADS": str(inter)}
+    env["ARGOS_BEAM_SIZE"] = str(args.beam)
+    argos.install(exe.parent / "python", packages, env)
+    log = (work / "libretranslate.log").open("w")  # it logs every text it translates (argostranslate's INFO)
+    languages = [args.src_lang, args.tgt_lang]
+    return argos.start_libretranslate(exe, env, args.libretranslate_port, languages, args.libretranslate_threads, log)
 
 
 def offline(args: argparse.Namespace, texts: list[str], opts: DecodeOptions, threads: int, engines: dict) -> dict:
@@ -332,6 +378,19 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--naive-port", type=int, help="start a naive one-request-at-a-time server there (needs --checkpoint)"
     )
+    p.add_argument(
+        "--libretranslate-port",
+        type=int,
+        help="start LibreTranslate there on --checkpoint's Argos export (needs --tgt-lang; ./run.sh libretranslate)",
+    )
+    p.add_argument("--libretranslate-threads", type=int, default=4, help="its --threads (its HTTP server's)")
+    p.add_argument(
+        "--libretranslate-ct2",
+        default="1:1",
+        metavar="INTER:INTRA",
+        help="its CTranslate2 workers and threads each (ARGOS_INTER_THREADS, ARGOS_INTRA_THREADS)",
+    )
+    p.add_argument("--libretranslate-bin", help="its executable (default: .venv-libretranslate/bin/libretranslate)")
     p.add_argument("--offline", action="store_true", help="measure the engine without HTTP (needs --checkpoint)")
     p.add_argument("--offline-threads", default="1,2", help="comma-separated thread counts of --offline")
     p.add_argument("--checkpoint", help="the served model, for --naive-port, --offline and --serve")
@@ -351,8 +410,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.kill_after is not None and args.kill_after < 3:
         p.error(f"--kill-after {args.kill_after:g}: at least 3 s (the rate before the kill is measured from 1 s)")
-    if (args.offline or args.naive_port or args.serve) and not args.checkpoint:
-        p.error("--offline, --naive-port and --serve need --checkpoint")
+    if (args.offline or args.naive_port or args.serve or args.libretranslate_port) and not args.checkpoint:
+        p.error("--offline, --naive-port, --serve and --libretranslate-port need --checkpoint")
+    if args.libretranslate_port and not args.tgt_lang:
+        p.error("--libretranslate-port needs --tgt-lang (LibreTranslate's requests name their languages)")
+    try:
+        args.libretranslate_ct2 = tuple(int(n) for n in args.libretranslate_ct2.split(":"))
+        assert len(args.libretranslate_ct2) == 2 and min(args.libretranslate_ct2) >= 1
+    except (ValueError, AssertionError):
+        p.error(f"--libretranslate-ct2 {args.libretranslate_ct2}: give INTER:INTRA, e.g. 1:2")
     args.port = urllib.parse.urlsplit(args.url).port or 80
     return args
 
@@ -397,15 +463,17 @@ def one_round(args: argparse.Namespace, texts: list[str], opts: DecodeOptions, r
     if args.fixed_rates is None:  # the first round's: every round loads at the same rates
         args.fixed_rates = rates_for(args, rows)
     rates = args.fixed_rates
-    servers = [("raymt serve", args.url, rates, args.port, me)]
+    servers = [("raymt serve", Endpoint(args.url, args.tgt_lang, args.model), rates, args.port, me)]
+    if args.libre:
+        libre = Endpoint(f"http://127.0.0.1:{args.libretranslate_port}", args.tgt_lang, source=args.src_lang)
+        servers.append(("libretranslate", libre, rates, None, me | {args.libre.pid: "libretranslate"}))
     if args.naive_port:
-        naive = me | {args.naive.pid: "naive server"}
-        servers.append(("naive", f"http://127.0.0.1:{args.naive_port}", rates[:1], None, naive))
+        naive = Endpoint(f"http://127.0.0.1:{args.naive_port}", args.tgt_lang)
+        servers.append(("naive", naive, rates[:1], None, me | {args.naive.pid: "naive server"}))
     clients = [int(c) for c in args.closed.split(",") if c]
-    for name, url, server_rates, port, extra in servers:
-        common = (args.sentences, args.tgt_lang, args.model)
-        loads = [partial(closed_loop, url, texts, c, common[0], args.requests, *common[1:]) for c in clients]
-        loads += [partial(open_loop, url, texts, r, args.seconds, *common) for r in server_rates]
+    for name, to, server_rates, port, extra in servers:
+        loads = [partial(closed_loop, to, texts, c, args.sentences, args.requests) for c in clients]
+        loads += [partial(open_loop, to, texts, r, args.seconds, args.sentences) for r in server_rates]
         if name == "raymt serve" and args.kill_after is not None:
             loads.append(partial(kill_round, args, texts, clients[0] if clients else 16))
         rows += [{"server": name} | with_cpu(load, port, extra) for load in loads]
@@ -479,6 +547,7 @@ def verdict(table: list[dict], args: argparse.Namespace) -> list[str]:
             f"highest rate with p99 <= 1 s: {best:g} requests/s = {share:.2f} of the offline "
             "1-thread rate (target >= 0.7)"
         )
+    lines += against_libretranslate(table, args)
     for r in table:
         if r["load"].startswith("kill") and "answered_pct" in r:
             lines.append(
@@ -489,15 +558,43 @@ def verdict(table: list[dict], args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def against_libretranslate(table: list[dict], args: argparse.Namespace) -> list[str]:
+    """Issue 69's targets: raymt serve's throughput at the most clients over LibreTranslate's, and
+    both p50s at the fewest clients and at the lowest rate; both CPU totals per 1,000 sentences."""
+    serve = {r["load"]: r for r in table if r["server"] == "raymt serve"}
+    libre = {r["load"]: r for r in table if r["server"] == "libretranslate"}
+    both = [load for load in serve if load in libre]
+    closed = sorted((load for load in both if load.startswith("closed")), key=lambda x: int(x.split()[1].split("x")[0]))
+    opens = sorted((load for load in both if load.startswith("open")), key=lambda x: float(x.split()[1][:-2]))
+    lines = []
+    if closed:
+        most, fewest = serve[closed[-1]], libre[closed[-1]]
+        ratio = most["sentences_per_s"] / fewest["sentences_per_s"]
+        lines.append(f"{closed[-1]}: raymt serve / LibreTranslate = {ratio:.2f} sentences/s (target >= 1.5)")
+    for load in closed[:1] + opens[:1]:
+        a, b = serve[load]["p50_ms"], libre[load]["p50_ms"]
+        lines.append(f"{load}: p50 raymt serve {a:.1f} ms, LibreTranslate {b:.1f} ms (target: no worse)")
+    for load in closed:
+        cpu = [(serve if i == 0 else libre)[load].get("cpu_s_per_1k", {}).get("total") for i in range(2)]
+        if None not in cpu:
+            lines.append(f"{load}: CPU s per 1,000 sentences, raymt serve {cpu[0]:.2f}, LibreTranslate {cpu[1]:.2f}")
+    return lines
+
+
 def main(argv: Optional[list[str]] = None) -> list[dict]:
     """Run the loads --repeats times, interleaved; print each row, the medians, each load's CPU by
     process and the targets' ratios."""
     args = parse_args(argv)
     texts, opts, rows, engines = read_texts(args), DecodeOptions(beam=args.beam), [], {}
+    if args.libretranslate_port:  # every server searches as LibreTranslate does
+        opts = replace(argos.SEARCH, beam=args.beam)
     args.fixed_rates = None
-    server = start_server(args) if args.serve else None
-    args.naive = start_naive(args, opts) if args.naive_port else None
+    work = tempfile.TemporaryDirectory(prefix="serve_load_")
+    server = args.naive = args.libre = None
     try:
+        server = start_server(args, opts) if args.serve else None
+        args.naive = start_naive(args, opts) if args.naive_port else None
+        args.libre = start_libre(args, Path(work.name)) if args.libretranslate_port else None
         for r in range(args.repeats):
             for row in one_round(args, texts, opts, r, engines):
                 print(json.dumps(row), flush=True)
@@ -505,9 +602,13 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
     finally:
         if args.naive:
             args.naive.kill()
+        if args.libre:
+            args.libre.terminate()
+            args.libre.wait(60)
         if server:
             server.send_signal(signal.SIGTERM)
             server.wait(120)
+        work.cleanup()
     table = medians(rows)
     print(f"\nmedians of {args.repeats} rounds ({len(texts)} sentences, {args.sentences} a request):")
     for row in table:

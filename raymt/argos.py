@@ -15,23 +15,41 @@ one-pair model exports one package (no prefix), and a multilingual model with a 
 (data.tag_side "tgt") one package per trained pair, its target's tag as `target_prefix`. Packages
 put nothing before a source, hold one tokenizer, and decode into one target: a source-side tag,
 source-language codes or separate vocabularies are refused.
+
+Running them offline (`offline_env`, `install`, `start_libretranslate`): argostranslate 1.11.0 or a
+real LibreTranslate 1.9.6, whose fork of argostranslate (argos-translate-lt, the same module) lives
+in a venv of its own (`./run.sh libretranslate`: LIBRETRANSLATE_VENV).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import tempfile
+import time
+import urllib.request
 import zipfile
 from pathlib import Path
+from typing import IO, Optional, Sequence
 
 from raymt.checkpoint import SPM_FILE, check_checkpoint, model_languages, tag_side
+from raymt.config import DecodeOptions
 from raymt.exporting import check_new_output, export_model
 from raymt.tags import lang_name, lang_tag
 
 PACKAGE_VERSION = "1.0"
 ARGOS_VERSION = "1.9"  # the package format argostranslate 1.9+ reads (a `spacy/` or `minisbd/` splitter)
 SPM_NAME = "sentencepiece.model"
+# argostranslate's search in raymt's terms (translate.apply_packaged_translation: beam 4, length
+# penalty 0.2; CTranslate2's default max_decoding_length 256, raymt's limit of a * len + b less one).
+SEARCH = DecodeOptions(beam=4, length_penalty=0.2, max_len_a=0.0, max_len_b=257)
+# Where `./run.sh libretranslate` installs LibreTranslate (beside the project's .venv).
+LIBRETRANSLATE_VENV = ".venv-libretranslate"
+INSTALL = (
+    "import sys, pathlib, argostranslate.package as p\nfor f in sys.argv[1:]: p.install_from_path(pathlib.Path(f))"
+)
 
 
 def package_name(src: str, tgt: str) -> str:
@@ -119,3 +137,71 @@ def export_argos(checkpoint: str | Path, output: str | Path, dtype: str = "int8"
         except OSError as err:
             raise ValueError(f"cannot create --output {output}: {err.strerror}") from None
         return [write_package(ct2, output, pair, checkpoint) for pair in pairs]
+
+
+def offline_env(root: Path, threads: int = 1) -> dict[str, str]:
+    """The environment (os.environ's, changed) in which argostranslate, or LibreTranslate, runs these
+    packages offline with its files under `root`: its data, config, cache and packages directories;
+    ARGOS_CHUNK_TYPE=SPACY (the package's spaCy splitter instead of MiniSBD, which downloads a
+    model); the marker of spaCy's xx_sent_ud_sm in its cache (importing argostranslate.sbd under
+    SPACY downloads it where missing); an empty package index on disk (LibreTranslate reads the
+    index at start while fewer than two packages are installed, and would download packages and
+    MiniSBD models from it); `threads`: CTranslate2's threads per translation."""
+    env = dict(os.environ)
+    for var in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "ARGOS_PACKAGES_DIR"):
+        env[var] = str(root / var.lower())
+    (root / "xdg_cache_home" / "argos-translate" / "spacy" / "senter" / "model").mkdir(parents=True, exist_ok=True)
+    (root / "index").mkdir(parents=True, exist_ok=True)
+    (root / "index" / "index.json").write_text("[]")
+    env.update(
+        ARGOS_CHUNK_TYPE="SPACY",
+        ARGOS_PACKAGE_INDEX=(root / "index").as_uri() + "/",
+        ARGOS_INTRA_THREADS=str(threads),
+        HF_HUB_OFFLINE="1",
+    )
+    return env
+
+
+def install(python: str | Path, packages: Sequence[Path], env: dict[str, str]) -> None:
+    """Install `packages` with `python`'s argostranslate (`install_from_path`) into env's directory."""
+    done = subprocess.run([str(python), "-c", INSTALL, *map(str, packages)], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"installing {', '.join(p.name for p in packages)} failed: {done.stderr[-2000:]}")
+
+
+def start_libretranslate(
+    executable: str | Path, env: dict[str, str], port: int, languages: Sequence[str], threads: int, log: IO
+) -> subprocess.Popen:
+    """LibreTranslate (`executable`) on 127.0.0.1:`port` serving the packages installed under `env`
+    (`offline_env`), only `languages`, without its web page; `threads`: its HTTP server's (waitress)
+    threads; its output to `log`. Returns once GET /languages answers."""
+    flags = ["--host", "127.0.0.1", "--port", str(port), "--load-only", ",".join(languages)]
+    flags += ["--disable-web-ui", "--threads", str(threads)]
+    process = subprocess.Popen([str(executable), *flags], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/languages", process)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return process
+
+
+def wait_until_up(url: str, process: subprocess.Popen, timeout_s: float = 180.0) -> None:
+    """Return once `url` answers; RuntimeError if `process` exits first or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited ({process.returncode}) before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer within {timeout_s:g} s")
+
+
+def libretranslate_executable(root: str | Path) -> Optional[Path]:
+    """LibreTranslate's executable in `root`'s LIBRETRANSLATE_VENV, None when not installed there."""
+    path = Path(root) / LIBRETRANSLATE_VENV / "bin" / "libretranslate"
+    return path if path.exists() else None

@@ -5,10 +5,9 @@ installs offline and translates with as raymt's CTranslate2 engine (`raymt backt
 package format cannot express.
 
 argostranslate reads its settings from the environment when imported, so it runs in a subprocess
-whose environment keeps it off ~/.local and ~/.config and off the network (`argos_env`)."""
+whose environment keeps it off ~/.local and ~/.config and off the network (`raymt.argos.offline_env`)."""
 
 import json
-import os
 import subprocess
 import sys
 import zipfile
@@ -20,20 +19,16 @@ from test_decoder_tag import save_decoder_tagged
 from test_tags import PAIRS, SENTENCES, TAGS, tagged_tokenizer
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
-from raymt import export
+from raymt import argos, export
 from raymt.checkpoint import languages_entry, save_checkpoint
 from raymt.command import parse, to_argv
-from raymt.config import Config, CorpusSpec, DataConfig, DecodeOptions, tiny
+from raymt.config import Config, CorpusSpec, DataConfig, tiny
 from raymt.engines import load_engine
 from raymt.model import Transformer
 
 pytestmark = pytest.mark.hosts  # decoded outputs across engines: ./run.sh test --hosts
 # The translating tests take 10-30 s each (argostranslate starts in a subprocess): `-m ci`.
 pytest.importorskip("argostranslate")
-
-# argostranslate's search (translate.apply_packaged_translation; CTranslate2's default
-# max_decoding_length 256): raymt's limit of a * len + b, less one, is CTranslate2's.
-ARGOS_SEARCH = DecodeOptions(beam=4, length_penalty=0.2, max_len_a=0.0, max_len_b=257)
 
 RUN_ARGOS = """
 import json, sys
@@ -47,24 +42,11 @@ print(json.dumps(out))
 """
 
 
-def argos_env(root: Path) -> dict:
-    """An environment for argostranslate under `root`: its data, config, cache and packages
-    directories there; the spaCy sentence splitter each package carries (ARGOS_CHUNK_TYPE=SPACY). With
-    SPACY, importing argostranslate.sbd looks for spaCy's xx_sent_ud_sm in its cache and tries to
-    download it where it is missing; the marker it looks for keeps that off the network."""
-    env = dict(os.environ)
-    for var in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "ARGOS_PACKAGES_DIR"):
-        env[var] = str(root / var.lower())
-    (root / "xdg_cache_home" / "argos-translate" / "spacy" / "senter" / "model").mkdir(parents=True)
-    env.update(ARGOS_CHUNK_TYPE="SPACY", ARGOS_INTRA_THREADS="1", HF_HUB_OFFLINE="1")
-    return env
-
-
 def argos_translate(root: Path, packages: list[Path], pairs: list[tuple[str, str]], sentences: list[str]) -> dict:
     """argostranslate's translations of `sentences` for each pair, after installing `packages`."""
     stdin = json.dumps([[str(p) for p in packages], pairs, sentences])
     done = subprocess.run(
-        [sys.executable, "-c", RUN_ARGOS], input=stdin, env=argos_env(root), capture_output=True, text=True
+        [sys.executable, "-c", RUN_ARGOS], input=stdin, env=argos.offline_env(root), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "HTTPSConnection" not in done.stderr, done.stderr[-2000:]  # nothing tried the network
@@ -80,7 +62,7 @@ def raymt_translate(checkpoint: Path, tmp: Path, sentences: list[str], tgt_lang:
         export.ExportConfig(checkpoint=str(checkpoint), output=str(tmp), format="ctranslate2", dtype="int8")
     )
     engine = load_engine(str(ct2), "ctranslate2", compute_type="int8")
-    return [nbest[0][1] for nbest in engine.translate(sentences, ARGOS_SEARCH, tgt_lang)]
+    return [nbest[0][1] for nbest in engine.translate(sentences, argos.SEARCH, tgt_lang)]
 
 
 @pytest.mark.slow  # ~5 s: argostranslate in a subprocess (CI runs it: -m ci)
@@ -131,7 +113,7 @@ def test_a_decoder_tagged_model_exports_one_package_per_pair(tmp_path):
     )
     engine = load_engine(str(ct2), "ctranslate2", compute_type="int8")
     for tgt in ("de", "fr"):
-        want = [nbest[0][1] for nbest in engine.translate(sentences, ARGOS_SEARCH, tgt)]
+        want = [nbest[0][1] for nbest in engine.translate(sentences, argos.SEARCH, tgt)]
         texts, (first, second, both) = got[f"en-{tgt}"][:-3], got[f"en-{tgt}"][-3:]
         assert not any("<2" in text for text in got[f"en-{tgt}"])
         assert_translations_agree(checkpoint, sentences, tgt, texts, want)

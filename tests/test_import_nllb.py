@@ -209,7 +209,7 @@ def call(service: Service, body: dict) -> tuple[int, dict]:
 
 def test_serve_lists_the_languages_and_translates_from_the_named_source(nllb):
     cfg = ServeConfig({"nllb": str(nllb.checkpoint)}, engine="raymt", decode=DecodeOptions(beam=2, max_len_b=8))
-    languages = Router(model_pairs(cfg), cfg.max_body_bytes).local("GET", "/languages").body
+    languages = Router(model_pairs(cfg), cfg.max_body_bytes, cfg.max_text_chars).local("GET", "/languages").body
     assert [(lang["code"], lang["targets"]) for lang in languages] == [
         ("de", ["en", "es", "fr"]),
         ("en", ["de", "es", "fr"]),

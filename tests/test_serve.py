@@ -245,7 +245,7 @@ def test_bad_model_flags_are_one_line_before_ray(flags, message, capsys):
 
 
 def test_the_router_picks_a_model_by_name_or_by_its_one_pair():
-    router = Router({"multi": [("en", "de"), ("en", "fr")], "ende": [("en", "de")], "deen": [("de", "en")]}, 100)
+    router = Router({"multi": [("en", "de"), ("en", "fr")], "ende": [("en", "de")], "deen": [("de", "en")]}, 100, 50)
     assert router.pick({"model": "ende", "target": "fr"}) == "ende"  # named: its own checks follow
     assert router.pick({"target": "fr"}) == router.pick({"source": "auto", "target": "fr"}) == "multi"
     assert router.pick({"source": "de"}) == "deen"
@@ -255,7 +255,7 @@ def test_the_router_picks_a_model_by_name_or_by_its_one_pair():
         router.pick({"model": "nope"})
     with pytest.raises(Refused, match=r"no model translates en -> es; .*, deen \(de-en\)"):
         router.pick({"source": "en", "target": "es"})
-    assert Router({"default": [("en", "de")]}, 100).pick({"target": "xx"}) == "default"  # one model: its 400
+    assert Router({"default": [("en", "de")]}, 100, 50).pick({"target": "xx"}) == "default"  # one model: its 400
     assert router.local("GET", "/languages").body == [
         {"code": "de", "name": "German", "targets": ["en"]},
         {"code": "en", "name": "English", "targets": ["de", "fr"]},
@@ -263,6 +263,7 @@ def test_the_router_picks_a_model_by_name_or_by_its_one_pair():
     ]
     models = router.local("GET", "/v1/models").body["models"]
     assert [(m["name"], m["pairs"]) for m in models][1] == ("ende", [["en", "de"]])
+    assert 'maxlength="50"' in router.local("GET", "/").body  # the page counts against max_text_chars
     assert router.local("POST", "/v1/translate") is None and router.local("GET", "/stats") is None
     assert (router.local("GET", "/v1/translate").status, router.local("GET", "/x").status) == (405, 404)
 

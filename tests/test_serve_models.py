@@ -1,5 +1,5 @@
-"""`raymt serve --model NAME=CKPT ...` over real HTTP: two tiny checkpoints (a tagged en->de/fr
-model and a one-pair en->de one) behind Serve multiplexing, one model held a replica at a time;
+"""`raymt serve --model NAME=CKPT ...` over real HTTP: three tiny checkpoints (a tagged en->de/fr
+model, a one-pair en->de one and a de->en one) behind Serve multiplexing, one model held a replica at a time;
 each request answered by the model its `model` field or its pair names, equal to `raymt
 translate`'s output for that checkpoint; the page at `/` in a headless Chromium (CI).
 """
@@ -18,12 +18,19 @@ from test_tags import SENTENCES
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ci]
+MAX_TEXT_CHARS = 500  # the page's character count shows it
 
 
 @pytest.fixture(scope="module")
 def models(tagged, tmp_path_factory):  # noqa: F811 (the imported fixture)
-    """{name: checkpoint}: the tagged en->de/fr model of test_serve and a one-pair en->de model."""
-    return {"multi": str(tagged), "ende": str(make_checkpoint(tmp_path_factory.mktemp("models") / "ende", 3))}
+    """{name: checkpoint}: the tagged en->de/fr model of test_serve, a one-pair en->de model and a
+    de->en one (the page's swap)."""
+    made = tmp_path_factory.mktemp("models")
+    return {
+        "multi": str(tagged),
+        "ende": str(make_checkpoint(made / "ende", 3)),
+        "deen": str(make_checkpoint(made / "deen", 4, pair="de-en")),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +40,14 @@ def server(models, ray_cluster):
 
     from raymt.serve.app import start
 
-    cfg = serve_config("-", models=models, models_per_replica=1, port=free_port(), request_timeout_s=60.0)
+    cfg = serve_config(
+        "-",
+        models=models,
+        models_per_replica=1,
+        port=free_port(),
+        request_timeout_s=60.0,
+        max_text_chars=MAX_TEXT_CHARS,
+    )
     start(cfg)
     try:
         yield f"http://127.0.0.1:{cfg.port}"
@@ -72,12 +86,16 @@ def test_an_ambiguous_or_unknown_model_is_a_400_naming_the_choices(server):
 
 def test_languages_and_models_list_what_each_model_serves(server):
     assert http(f"{server}/languages")[1] == [
-        {"code": "de", "name": "German", "targets": []},
+        {"code": "de", "name": "German", "targets": ["en"]},
         {"code": "en", "name": "English", "targets": ["de", "fr"]},
         {"code": "fr", "name": "French", "targets": []},
     ]
     assert http(f"{server}/v1/models")[1] == {
-        "models": [{"name": "multi", "pairs": [["en", "de"], ["en", "fr"]]}, {"name": "ende", "pairs": [["en", "de"]]}]
+        "models": [
+            {"name": "multi", "pairs": [["en", "de"], ["en", "fr"]]},
+            {"name": "ende", "pairs": [["en", "de"]]},
+            {"name": "deen", "pairs": [["de", "en"]]},
+        ]
     }
     assert http(f"{server}/ready")[1]["ready"] is True
 
@@ -108,6 +126,9 @@ CHROMEDRIVER = shutil.which("chromedriver")
     reason="no chromium and chromedriver on PATH (Debian: apt-get install chromium chromium-driver; .ci/run does)",
 )
 def test_the_page_in_headless_chromium_translates_a_typed_sentence(server, models, capsys):
+    """Typed text counted; both menus name languages alike; Detect finds English; each choice of
+    target and model answers as `raymt translate`; swap puts the translation back as the source
+    of the reverse pair (another model) and translates it as that model does."""
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra")
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -121,24 +142,47 @@ def test_the_page_in_headless_chromium_translates_a_typed_sentence(server, model
     }
     # a sentence both untrained models answer with some text (most get an empty answer)
     i = next(i for i in range(len(SENTENCES)) if all(want[i] for want in wants.values()))
+    back = cli_translation(models["deen"], [wants[("ende", "de")][i]], "en", capsys)[0]
     t0 = time.time()
     browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    find = browser.find_element
     try:
         browser.get(f"{server}/")
         wait = WebDriverWait(browser, 60)
-        wait.until(lambda b: len(Select(b.find_element("id", "model")).options) == 3)  # any, multi, ende
-        assert browser.find_element("id", "models").is_displayed()
-        Select(browser.find_element("id", "source")).select_by_value("en")
-        for model, target in (("", "fr"), ("ende", "de")):
-            Select(browser.find_element("id", "target")).select_by_value(target)
-            Select(browser.find_element("id", "model")).select_by_value(model)
-            browser.execute_script('document.getElementById("output").textContent = ""')
-            box = browser.find_element("id", "input")
-            box.clear()
-            box.send_keys(SENTENCES[i])
-            browser.find_element("id", "go").click()
-            shown = wait.until(lambda b: b.find_element("id", "output").text or b.find_element("id", "error").text)
-            assert shown == wants[(model or "multi", target)][i], browser.find_element("id", "error").text
+        wait.until(lambda b: len(Select(find("id", "model")).options) == 4)  # any, multi, ende, deen
+        assert find("id", "models").is_displayed()
+        source, target = Select(find("id", "source")), Select(find("id", "target"))
+        assert [o.text for o in source.options] == ["Detect", "German", "English"]
+        assert [o.text for o in target.options] == ["German", "English", "French"]  # Detect: every target
+        source.select_by_value("en")
+        assert [o.text for o in target.options] == ["German", "French"]
+        box = find("id", "input")
+        box.send_keys(SENTENCES[i])
+        assert find("id", "count").text == f"{len(SENTENCES[i])} / {MAX_TEXT_CHARS}"
+
+        def translate(model: str, target_code: str, source_code: str = "") -> str:
+            if source_code:
+                source.select_by_value(source_code)
+            target.select_by_value(target_code)
+            Select(find("id", "model")).select_by_value(model)
+            find("id", "go").click()  # disabled until the answer
+            wait.until(lambda b: find("id", "go").is_enabled())
+            assert not find("id", "error").text, find("id", "error").text
+            return find("id", "output").text
+
+        assert translate("", "fr", "auto") == wants[("multi", "fr")][i]
+        assert find("id", "detected").text.startswith("Detected: English (")  # multi's one source
+        assert translate("ende", "de", "en") == wants[("ende", "de")][i]
+        assert find("id", "detected").text == ""
+        assert find("id", "swap").is_enabled()  # deen serves de -> en
+        find("id", "swap").click()
+        picked = (source.first_selected_option.text, target.first_selected_option.text)
+        assert picked == ("German", "English") and box.get_attribute("value") == wants[("ende", "de")][i]
+        assert Select(find("id", "model")).first_selected_option.text == "any"  # ende does not serve de -> en
+        assert translate("", "en") == back
+        source.select_by_value("en")
+        target.select_by_value("fr")
+        assert not find("id", "swap").is_enabled()  # nothing serves fr -> en
     except Exception:
         print("browser console:", browser.get_log("browser"), "\npage:", browser.page_source[-1500:])
         raise

@@ -54,7 +54,7 @@ class Replica:
         from raymt.serve.batcher import decoding_thread
 
         self.cfg = config_from_dict(cfg)
-        self.router = Router(routes, self.cfg.max_body_bytes)
+        self.router = Router(routes, self.cfg.max_body_bytes, self.cfg.max_text_chars)
         self.threads = max(1, int(self.cfg.cpus_per_replica))
         torch.set_num_threads(self.threads)
         self.thread = decoding_thread()

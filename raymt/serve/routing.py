@@ -12,7 +12,7 @@ from typing import Any, Optional
 from urllib.parse import parse_qs
 
 from raymt.errors import first_line
-from raymt.serve.page import PAGE
+from raymt.serve.page import page
 from raymt.tags import lang_name
 
 # Answered by a model's Service (a translator replica): LibreTranslate's /detect reads its languages.
@@ -88,9 +88,10 @@ def given(value: Any) -> Optional[str]:
 class Router:
     """Every served model's pairs by name, in order, as each replica's ingress sees them."""
 
-    def __init__(self, models: dict[str, list[Pair]], max_body_bytes: int):
+    def __init__(self, models: dict[str, list[Pair]], max_body_bytes: int, max_text_chars: int):
         self.models = {name: [tuple(p) for p in pairs] for name, pairs in models.items()}
         self.max_body_bytes = max_body_bytes
+        self.page = page(max_text_chars)  # its character count shows the server's limit
 
     def local(self, method: str, path: str) -> Optional[Reply]:
         """The answer from the models' pairs alone (the page, the languages, the models, an unknown
@@ -98,7 +99,7 @@ class Router:
         if method == "POST" and path in TRANSLATE_ROUTES or method == "GET" and path in REPLICA_ROUTES:
             return None
         if method == "GET" and path == "/":
-            return Reply(200, PAGE, media_type="text/html; charset=utf-8")
+            return Reply(200, self.page, media_type="text/html; charset=utf-8")
         if method == "GET" and path == "/languages":
             return Reply(200, language_list([p for pairs in self.models.values() for p in pairs]))
         if method == "GET" and path == "/v1/models":
