@@ -214,3 +214,24 @@ def test_the_command_round_trips_through_its_flags():
         action="show", args=["student", TINY], output="o", set=["student.max_steps=3", "evaluate.beam=1"]
     )
     assert parse(pipeline.PipelineCommand, to_argv(cmd), "raymt pipeline") == cmd
+
+
+def test_a_training_step_without_a_length_is_sized_by_patience(tmp_path):
+    """No max_steps (nor train.max_steps/epochs in set or the config file): the run ends by
+    patience (or max_minutes), not at the quick start's 400 updates; a length given is kept."""
+    from raymt.pipeline.config import UNSIZED_MAX_STEPS, TeacherStage
+
+    assert TeacherStage(preset="tiny").length() == (UNSIZED_MAX_STEPS, ["train.patience=5"])
+    assert TeacherStage(preset="tiny", patience=2, max_minutes=30).length()[1] == ["train.patience=2"]
+    assert TeacherStage(preset="tiny", max_steps=50).length() == (50, [])
+    assert TeacherStage(preset="tiny", set=["train.epochs=3"]).length() == (None, [])
+    config = tmp_path / "run.toml"
+    config.write_text("[train]\nmax_steps = 70\n")
+    assert TeacherStage(preset="tiny", config=str(config)).length() == (None, [])
+    with pytest.raises(ValueError, match="teacher.patience=0 must be > 0"):
+        TeacherStage(preset="tiny", patience=0)
+    # In a step's command line (show): the teacher of a config that gives no length.
+    cfg = from_dict({"src": "en", "tgt": "de", "output": str(tmp_path / "out"), "teacher": {"preset": "tiny"}})
+    line = Pipeline(cfg).command("teacher-1")
+    flags = parse(TrainFlags, shlex.split(line.split("  #")[0])[2:], "raymt train")
+    assert flags.max_steps == UNSIZED_MAX_STEPS and "train.patience=5" in flags.set

@@ -106,6 +106,10 @@ class CorporaConfig:
             check(not plain or Path(spec).exists(), f"corpora.mono_{side}={spec}: no such file or directory")
 
 
+# The updates' cap of a training step sized to its data (patience or max_minutes ends it first).
+UNSIZED_MAX_STEPS = 1_000_000
+
+
 @dataclass
 class TrainStage:
     """A training stage: `raymt train`'s preset, config file, --set overrides and length."""
@@ -116,6 +120,10 @@ class TrainStage:
     set: list[str] = field(default_factory=list)
     max_steps: Optional[int] = None
     max_minutes: Optional[float] = None
+    # A step whose length is not given (max_steps, or train.max_steps / train.epochs in `set` or
+    # its config file) is sized to its data: it ends after `patience` evaluations in a row without
+    # a better validation BLEU (or at max_minutes), never at the quick start's 400 updates.
+    patience: int = 5
 
     def __post_init__(self) -> None:
         try:
@@ -127,7 +135,22 @@ class TrainStage:
             f"{self.STAGE}.config={self.config}: no such file (a TOML or JSON config of `raymt train`)",
         )
         parse_set_args(list(self.set))  # one line for an item that is no FIELD=VALUE
-        positive(self.STAGE, max_steps=self.max_steps, max_minutes=self.max_minutes)
+        positive(self.STAGE, max_steps=self.max_steps, max_minutes=self.max_minutes, patience=self.patience)
+
+    def length_given(self) -> bool:
+        """Whether the stage sets its length: max_steps, or train.max_steps / train.epochs in `set` or
+        in its config file."""
+        keys = set(parse_set_args(list(self.set)))
+        if self.config is not None:
+            keys |= {f"train.{k}" for k in load_file(self.config).get("train", {})}
+        return self.max_steps is not None or bool(keys & {"train.max_steps", "train.epochs"})
+
+    def length(self) -> tuple[Optional[int], list[str]]:
+        """The run's max_steps flag and the --set items that go before the stage's own: as given, or
+        sized to its data (`patience`; the updates' cap UNSIZED_MAX_STEPS, which it ends before)."""
+        if self.length_given():
+            return self.max_steps, []
+        return UNSIZED_MAX_STEPS, [f"train.patience={self.patience}"]
 
 
 @dataclass

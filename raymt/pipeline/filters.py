@@ -57,11 +57,12 @@ def scorer_flags(ctx: Context, step: Step) -> TrainFlags:
     the pairs prepared without the score rule, scorer-bwd tgt->src on them reversed."""
     stage, where = ctx.cfg.scorers, ctx.dir(step.name)
     src, tgt = ctx.cfg.pair if step.name == SCORER_STEPS["forward"] else ctx.cfg.pair[::-1]
+    max_steps, sized = stage.length()
     return TrainFlags(
         preset=stage.preset,
         config=stage.config,
-        set=list(stage.set),
-        max_steps=stage.max_steps,
+        set=[*sized, *stage.set],
+        max_steps=max_steps,
         max_minutes=stage.max_minutes,
         corpus=str(ctx.dir(step.uses[0])),
         src_lang=src,

@@ -185,16 +185,18 @@ def train_flags(ctx: Context, step: Step) -> TrainFlags:
     where = ctx.dir(step.name)
     if step.kind in ("teacher", "teacher-bt"):
         stage: TrainStage = ctx.cfg.teacher
-        sets = [*stage.set, f"train.seed={step.settings['teacher.seed']}"]
+        max_steps, sized = stage.length()
+        sets = [*sized, *stage.set, f"train.seed={step.settings['teacher.seed']}"]
         corpus, config = str(ctx.dir("prepare")), stage.config
     else:
         stage, sets, corpus, config = ctx.cfg.student, [], None, str(student_config_file(ctx, step))
+        max_steps = None
     teacher = step.kind != "student"
     return TrainFlags(
         preset=stage.preset if teacher else None,
         config=config,
         set=sets,
-        max_steps=stage.max_steps if teacher else None,
+        max_steps=max_steps,
         max_minutes=stage.max_minutes if teacher else None,
         corpus=corpus,
         storage_path=str(where.parent),
@@ -212,11 +214,12 @@ def write_student_config(ctx: Context, step: Step) -> None:
     """The student's config (`raymt.pipeline.models.student_config`, as `raymt distill` builds it):
     the [student] stage on the distilled pairs with the first teacher's tokenizer."""
     stage = ctx.cfg.student
+    max_steps, sized = stage.length()
     flags = TrainFlags(
         preset=stage.preset,
         config=stage.config,
-        set=list(stage.set),
-        max_steps=stage.max_steps,
+        set=[*sized, *stage.set],
+        max_steps=max_steps,
         max_minutes=stage.max_minutes,
         src_lang=ctx.cfg.src,
         tgt_lang=ctx.cfg.tgt,
@@ -357,11 +360,12 @@ def backward_flags(ctx: Context, step: Step) -> TrainFlags:
     reverse = f"{ctx.cfg.tgt}-{ctx.cfg.src}"
     inputs = InputFlags(train=[f"{reverse}:{ctx.prefix('train')}"], valid=[f"{reverse}:{ctx.prefix('valid')}"])
     tokenizer = f"data.tokenizer={ctx.dir('prepare') / SPM_FILE}"
+    max_steps, sized = stage.length()
     return TrainFlags(
         preset=stage.preset,
         config=stage.config,
-        set=[*cleaning_sets(ctx.cfg.prepare), tokenizer, *stage.set],
-        max_steps=stage.max_steps,
+        set=[*cleaning_sets(ctx.cfg.prepare), tokenizer, *sized, *stage.set],
+        max_steps=max_steps,
         max_minutes=stage.max_minutes,
         inputs=inputs,
         storage_path=str(where.parent),
