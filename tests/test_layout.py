@@ -34,7 +34,8 @@ KNOWN_CYCLES: list[frozenset[str]] = []
 # The only imports of one command module (`raymt COMMAND`'s: raymt/COMMAND.py or
 # raymt/COMMAND/__main__.py) by another (issue 56): a sweep runs training, a run scores its
 # test sets, a distillation checks its teachers' pair as back-translation does and reads a training
-# worker's error as training does (its steps are the pipeline's). What two commands share lives in a module that is no command's.
+# worker's error as training does (its steps are the pipeline's). What two commands share lives
+# in a module that is no command's.
 COMMAND_IMPORTS = {
     ("raymt.tune", "raymt.train"),
     ("raymt.train", "raymt.evaluate"),
