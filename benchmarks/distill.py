@@ -102,7 +102,7 @@ def updates(run: Path) -> int:
 def student_models(run: Path, steps: int, average: int, dtype: str) -> list[tuple[str, Path]]:
     """A student run's best checkpoint and (average > 0) its last `average` averaged, each exported
     to CTranslate2 at `dtype` (directories named by the updates: an earlier export is not reused)."""
-    from raymt.distill import ct2_export
+    from raymt.pipeline.models import ct2_export
 
     checkpoints = [("", json.loads((run / "summary.json").read_text())["best_checkpoint"])]
     if average:
