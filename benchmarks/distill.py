@@ -7,7 +7,7 @@ on the original pairs at equal updates, side by side on Multi30k's test_2016_fli
   (`raymt train --set data.tokenizer=T`), exported at the same weight type.
 
 Every row is decoded by CTranslate2 on one thread in this one process, one after another
-(raymt.distill.model_row): sacreBLEU, chrF, the papers' BLEU (Moses-tokenized, lowercased), size
+(raymt.pipeline.models.model_row): sacreBLEU, chrF, the papers' BLEU (Moses-tokenized, lowercased), size
 on disk, sentences/s. With several --teacher, raymt distill decodes with their ensemble and the
 table also has each teacher. Prints the table of docs/distill.md and writes OUT/distill.json.
 
@@ -43,7 +43,7 @@ def raymt(*args: str) -> float:
 def main() -> None:
     """Both arms, then the table."""
     from raymt.data.text import read_parallel
-    from raymt.distill import ct2_export, model_row
+    from raymt.pipeline.models import ct2_export, model_row
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--teacher", action="append", required=True)
@@ -102,7 +102,7 @@ def updates(run: Path) -> int:
 def student_models(run: Path, steps: int, average: int, dtype: str) -> list[tuple[str, Path]]:
     """A student run's best checkpoint and (average > 0) its last `average` averaged, each exported
     to CTranslate2 at `dtype` (directories named by the updates: an earlier export is not reused)."""
-    from raymt.distill import ct2_export
+    from raymt.pipeline.models import ct2_export
 
     checkpoints = [("", json.loads((run / "summary.json").read_text())["best_checkpoint"])]
     if average:
@@ -117,12 +117,14 @@ def student_models(run: Path, steps: int, average: int, dtype: str) -> list[tupl
 def resume_rows(args: argparse.Namespace) -> None:
     """--resume-to: both students continued to N updates, then every row measured again."""
     from raymt.data.text import read_parallel
-    from raymt.distill import ct2_export, model_row
+    from raymt.pipeline.models import ct2_export, model_row
 
     if len(args.teacher) != 1:
         raise SystemExit("--resume-to measures one teacher")
     out, m30k = Path(args.out).resolve(), Path(args.m30k)
-    runs = {"student": out / "distilled" / "student", "student, original pairs": out / "original"}
+    # The distillation's student run: the pipeline's student step (OUT/distilled/steps/student.<key>/).
+    (student,) = [p for p in (out / "distilled" / "steps").glob("student.*") if p.is_dir()]
+    runs = {"student": student, "student, original pairs": out / "original"}
     runs.update((name, Path(run).resolve()) for name, run in (item.split("=", 1) for item in args.also))
     seconds = {}
     for name, run in runs.items():

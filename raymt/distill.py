@@ -2,31 +2,28 @@
 sequence-level knowledge distillation (Kim & Rush 2016): the student learns the teachers'
 beam-search translations of the training sources instead of the references.
 
-Four steps, each an existing command that the docs show on its own (docs/distill.md):
+A preset of `raymt pipeline` (docs/pipeline.md), one code path: the flags make a `PipelineConfig`
+(`pipeline_config`: the teachers given as [teacher] checkpoints, none trained) whose steps run:
 
-1. translate: the teachers translate the training corpus's source side with beam search on Ray
-   actors (`raymt backtranslate --format text`: every line exactly once, restartable) into
-   OUT/teacher/ (text.SRC, text.TGT: the distilled pairs, kept);
-2. train: the student trains on them, optionally mixed with the original pairs
-   (`--mix-original`), with the teacher's tokenizer (data.tokenizer), on Ray Train: `raymt train
-   --config OUT/student.json --storage-path OUT --name student`, the config written here;
-3. export: its best checkpoint to CTranslate2 (OUT/student-ct2), stored int8 or float32,
-   whichever translates faster on one thread (measured here);
-4. compare: teacher and student side by side on the test set, on one thread of CTranslate2:
-   BLEU, chrF, size and sentences/s (OUT/report.json).
+1. corpus: without --train, the built-in corpus of the pair written as files;
+2. distill: the teachers translate the training sources with beam search on Ray actors (`raymt
+   backtranslate --format text`: every line exactly once, restartable);
+3. student: the student trains on them, optionally mixed with the original pairs
+   (`--mix-original`), with the teacher's tokenizer, on Ray Train;
+4. export: its best checkpoint to CTranslate2, stored int8 or float32, whichever translates
+   faster on one thread;
+5. evaluate: teachers and student side by side on the test set, on one thread of CTranslate2:
+   BLEU, chrF, size and sentences/s (OUT/report.md, report.json).
 
-Killed, the same command goes on: step 1 from its finished shards, step 2 from the student's
-latest checkpoint, steps 3 and 4 again. OUT/distill.json records the settings; another
-command's settings are refused there. Without --train the built-in corpus of the pair is
-written to OUT/builtin/ and distilled.
+Each step's output is OUT/steps/<step>.<key>/. Killed, the same command goes on (the pipeline
+skips the steps done; the translation continues from its finished shards, the student from its
+latest checkpoint). OUT/distill.json records the settings; another command's are refused there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,24 +31,20 @@ from typing import Optional
 
 from raymt import backtranslate, train
 from raymt.cluster import check_ray_address
-from raymt.command import command_line, flag, parse
-from raymt.config import PRESETS, BacktranslateConfig, Config, DecodeOptions, ShardJobOptions, preset
-from raymt.data.builtin import write_builtin as write_builtin_files
-from raymt.data.text import read_parallel, resolve
+from raymt.command import flag, parse
+from raymt.config import PRESETS, preset
+from raymt.data.text import resolve
 from raymt.engines import load_model_info, resolve_engine
 from raymt.errors import check, cli_error
-from raymt.export import ExportConfig
-from raymt.exporting import export_model
-from raymt.flags import TrainFlags
-from raymt.pipeline.models import ct2_export, fastest_ct2_type, model_row, relative_to, student_config
-from raymt.rundir import RUN_CONFIG
+from raymt.flags import TrainFlags, build_config
+from raymt.pipeline.config import PipelineConfig, from_dict
+from raymt.pipeline.report import REPORT_MD
+from raymt.pipeline.runner import Pipeline
+from raymt.pipeline.steps import MODEL_DIR
 from raymt.shard_job import SettingsRecord, Unfinished
 
 PROG = "raymt.distill"
 SETTINGS_FILE = "distill.json"
-REPORT_FILE = "report.json"
-STUDENT_CONFIG = "student.json"
-TEACHER_DIR, STUDENT_RUN, STUDENT_CT2, BUILTIN_DIR = "teacher", "student", "student-ct2", "builtin"
 # Flags that may change between a killed command and its rerun (they do not change the result).
 RERUN_FREE = ("num_cpus", "verbose")
 # OUT/distill.json: the settings a rerun must share (a directory without it must be empty).
@@ -70,10 +63,10 @@ class DistillConfig:
         None, "original pairs PREFIX.SRC/PREFIX.TGT (default: built-in corpus)", metavar="PREFIX"
     )
     valid: Optional[str] = flag(None, "validation pairs of the student run", metavar="PREFIX")
-    test: Optional[str] = flag(None, "test pairs: the student run's test and the comparison", metavar="PREFIX")
+    test: Optional[str] = flag(None, "test pairs of the comparison", metavar="PREFIX")
     src_lang: Optional[str] = flag(None, "source language (default: the teacher's)")
     tgt_lang: Optional[str] = flag(None, "target language (default: the teacher's)")
-    output: str = flag(help="the distillation's directory (steps 1-4)", required=True, metavar="DIR")
+    output: str = flag(help="the distillation's directory (the pipeline's output)", required=True, metavar="DIR")
     student_preset: str = flag("student_mini", f"one of {', '.join(PRESETS)}")
     student_config: Optional[str] = flag(None, "the student run's config (TOML/JSON) over the preset", metavar="FILE")
     set: list[str] = flag(help="the student run's", repeat=True, metavar="SECTION.FIELD=VALUE")
@@ -89,6 +82,12 @@ class DistillConfig:
     def __post_init__(self) -> None:
         check(0.0 <= self.mix_original < 1.0, f"--mix-original {self.mix_original} must be in [0, 1)")
         check(self.beam >= 1, f"--beam {self.beam} must be >= 1")
+        given = [self.train, self.valid, self.test]
+        check(
+            all(given) or not any(given),
+            "--train, --valid and --test: give all three (the student's training, validation and the "
+            "comparison's test pairs), or none (the built-in corpus)",
+        )
         preset(self.student_preset)  # an unknown preset: one line naming the choices
 
     def settings(self) -> dict:
@@ -101,20 +100,7 @@ def parse_args(argv: Optional[list[str]] = None) -> DistillConfig:
     return parse(DistillConfig, argv, "python -m raymt.distill", __doc__.split("\n\n")[0])
 
 
-@dataclass
-class Plan:
-    """Everything checked before Ray starts: languages, inputs and the student's config."""
-
-    out: Path
-    src_lang: str
-    tgt_lang: str
-    train: str  # prefix of the original pairs
-    valid: Optional[str]
-    test: Optional[str]
-    student: Config  # the student run's config
-
-
-def _teacher_pair(cfg: DistillConfig) -> tuple[str, str]:
+def teacher_pair(cfg: DistillConfig) -> tuple[str, str]:
     """The pair the teachers translate; several teachers must make an ensemble (one tokenizer, one
     set of languages: `check_ensemble`) that --engine can decode."""
     info = load_model_info(list(cfg.teacher))
@@ -122,177 +108,62 @@ def _teacher_pair(cfg: DistillConfig) -> tuple[str, str]:
     return backtranslate.directions(info, cfg.src_lang, cfg.tgt_lang)[:2]
 
 
-def _student_config(cfg: DistillConfig, plan: Plan, distilled: str) -> Config:
-    """The student run's config: preset < --student-config < flags < --set, as `raymt train`
-    builds it, on the distilled pairs (mixed with the original ones by --mix-original) with the
-    teacher's tokenizer."""
-    flags = TrainFlags(
-        preset=cfg.student_preset,
-        config=cfg.student_config,
-        set=list(cfg.set),
-        max_steps=cfg.max_steps or None,
-        num_workers=cfg.num_workers or None,
-        src_lang=plan.src_lang,
-        tgt_lang=plan.tgt_lang,
-    )
-    pair = (plan.src_lang, plan.tgt_lang)
-    return student_config(
-        flags, pair, distilled, cfg.teacher[0], plan.valid, plan.test, plan.train, cfg.mix_original, not cfg.train
-    )
-
-
-def check_args(cfg: DistillConfig) -> Plan:
-    """Every input, the teachers and the student's config checked; nothing written yet."""
-    src, tgt = _teacher_pair(cfg)
-    out = Path(cfg.output).resolve()
-    train_prefix = cfg.train or str(out / BUILTIN_DIR / "train")
-    valid = cfg.valid or (None if cfg.train else str(out / BUILTIN_DIR / "valid"))
-    test = cfg.test or (None if cfg.train else str(out / BUILTIN_DIR / "test"))
+def corpora(cfg: DistillConfig, pair: tuple[str, str], student: dict) -> dict:
+    """[corpora]: the pairs given (each file there: one line naming a missing one), or the built-in
+    corpus at the sizes and seed of the student's config (data.builtin_*_size, train.seed)."""
     if cfg.train:
-        for prefix in (p for p in (cfg.train, cfg.valid, cfg.test) if p):
-            resolve(prefix, src), resolve(prefix, tgt)  # a missing file: one line naming it
-    plan = Plan(out, src, tgt, train_prefix, valid, test, Config())
-    plan.student = _student_config(cfg, plan, str(out / TEACHER_DIR / "text"))
-    RECORD.check(str(out), cfg.settings())  # OUT is new, empty, or this distillation's
-    return plan
+        for prefix in (cfg.train, cfg.valid, cfg.test):
+            resolve(prefix, pair[0]), resolve(prefix, pair[1])
+        return {"train": cfg.train, "valid": cfg.valid, "test": cfg.test}
+    run = build_config(TrainFlags(preset=student["preset"], config=student.get("config"), set=student["set"]))
+    data = run.data
+    return {
+        "builtin_train_size": data.builtin_train_size,
+        "builtin_eval_size": data.builtin_eval_size,
+        "seed": run.train.seed,
+    }
 
 
-def write_builtin(plan: Plan, seed: int, train_size: int, eval_size: int) -> None:
-    """The built-in corpus of the pair as text files under OUT/builtin/ (train, valid, test)."""
-    write_builtin_files(plan.out / BUILTIN_DIR, plan.src_lang, plan.tgt_lang, train_size, eval_size, seed)
-
-
-def start(cfg: DistillConfig, plan: Plan) -> None:
-    """OUT/distill.json (once), the student's config and, without --train, the built-in corpus."""
-    plan.out.mkdir(parents=True, exist_ok=True)
-    if RECORD.read(str(plan.out)) is None:
-        RECORD.write(str(plan.out), RECORD.settings(cfg.settings()))
-    (plan.out / STUDENT_CONFIG).write_text(json.dumps(plan.student.to_dict(), indent=2))
-    if not cfg.train:
-        data = plan.student.data
-        write_builtin(plan, plan.student.train.seed, data.builtin_train_size, data.builtin_eval_size)
-
-
-def _step(number: int, name: str, command: str, step: object) -> None:
-    """A step's header: the command that runs it alone (its config's command line)."""
-    print(f"\n=== distill {number}/4: {name}: {command_line(command, step)}", flush=True)
-
-
-def translate_config(cfg: DistillConfig, plan: Plan) -> BacktranslateConfig:
-    """Step 1's back-translation: the teachers at --beam and their length penalty, text output."""
-    decode = load_model_info(cfg.teacher[0]).config.decode
-    return BacktranslateConfig(
-        checkpoint=tuple(cfg.teacher),
-        input=resolve(plan.train, plan.src_lang),
-        output=str(plan.out / TEACHER_DIR),
-        format="text",
-        src_lang=plan.src_lang,
-        tgt_lang=plan.tgt_lang,
-        decode=DecodeOptions(beam=cfg.beam, length_penalty=decode.length_penalty),
-        engine=cfg.engine,
-        shards=ShardJobOptions(shard_lines=cfg.shard_lines, num_cpus=cfg.num_cpus, verbose=cfg.verbose),
-    )
-
-
-def translate_step(cfg: DistillConfig, plan: Plan) -> None:
-    """Step 1: the teachers' beam-search translations of the training sources (restartable;
-    `raymt.shard_job.Unfinished` when shards are left to do)."""
-    step = translate_config(cfg, plan)
-    _step(1, "translate", "backtranslate", step)
-    backtranslate.run(step)
-
-
-def student_flags(cfg: DistillConfig, plan: Plan) -> TrainFlags:
-    """Step 2's `raymt train` flags: the student's config in OUT, or its run continued."""
-    run_dir = plan.out / STUDENT_RUN
-    if (run_dir / RUN_CONFIG).exists():
-        return TrainFlags(resume=str(run_dir), verbose=cfg.verbose)
-    config = str(plan.out / STUDENT_CONFIG)
-    return TrainFlags(config=config, storage_path=str(plan.out), name=STUDENT_RUN, verbose=cfg.verbose)
-
-
-def train_step(cfg: DistillConfig, plan: Plan) -> dict:
-    """Step 2: the student's run (continued when killed); its summary."""
-    summary = plan.out / STUDENT_RUN / "summary.json"  # written last: the run finished
-    if not summary.exists():
-        flags = student_flags(cfg, plan)
-        _step(2, "train the student", "train", flags)
-        gpus = functools.partial(train.count_cluster_gpus, cfg.verbose)
-        student, resume_dir, init = train.resolve_resume(flags, gpus)
-        train.run(student, resume_dir, init, verbose=cfg.verbose)
-    return json.loads(summary.read_text())
-
-
-def export_step(plan: Plan, best: str, sources: list[str], opts: DecodeOptions) -> dict:
-    """Step 3: the student in CTranslate2 (OUT/student-ct2), stored int8 or float32, whichever
-    decodes `sources` faster on one thread; the choice and its speeds (OUT/student-ct2.json)."""
-    target, record = plan.out / STUDENT_CT2, plan.out / f"{STUDENT_CT2}.json"
-    if record.exists():  # written after the export: it is whole
-        return json.loads(record.read_text())
-    dtype, speeds = fastest_ct2_type(best, sources, opts)
-    step = ExportConfig(checkpoint=best, output=str(target), format="ctranslate2", dtype=dtype)
-    _step(3, "export the student", "export", step)
-    shutil.rmtree(target, ignore_errors=True)
-    export_model(step.checkpoint, target, step.format, step.dtype)
-    choice = {"checkpoint": best, "dtype": dtype, "sentences_per_s": speeds, "beam": opts.beam}
-    record.write_text(json.dumps(choice, indent=2))
-    return choice
-
-
-def compare(cfg: DistillConfig, plan: Plan, student: Path, dtype: str) -> dict:
-    """Step 4: teachers (beam --beam; several: each, and their ensemble in raymt's engine) and the
-    student (greedy and beam --beam) on the test set, on one thread, one after another here; one
-    models in CTranslate2 at the student's weight type."""
-    test = read_parallel(plan.test, plan.src_lang, plan.tgt_lang)
-    teachers: list[tuple[str, Path | list[str]]] = [
-        (
-            "teacher" if len(cfg.teacher) == 1 else f"teacher {i + 1}",
-            ct2_export(t, plan.out / f"teacher-ct2-{i}-{dtype}", dtype),
-        )
-        for i, t in enumerate(cfg.teacher)
-    ]
-    if len(cfg.teacher) > 1:
-        teachers.append((f"ensemble of {len(cfg.teacher)}", list(cfg.teacher)))
-    rows = [model_row(name, model, dtype, cfg.beam, test, plan.tgt_lang) for name, model in teachers]
-    rows += [model_row("student", student, dtype, beam, test, plan.tgt_lang) for beam in dict.fromkeys((1, cfg.beam))]
-    teacher = next((r for r in rows if r["model"].startswith("ensemble")), rows[0])  # what was distilled
-    relative_to(rows, teacher)
-    return {"test": plan.test, "num_sentences": len(test[0]), "engine": f"ctranslate2 {dtype}, 1 thread", "rows": rows}
-
-
-def print_report(report: dict) -> None:
-    """The side-by-side table of step 4."""
-    print(f"\n=== distill: {report['test']} ({report['num_sentences']:,} sentences; {report['engine']})")
-    print("| model | engine | beam | BLEU | chrF | MiB | sentences/s | speed vs teacher | BLEU vs teacher |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in report["rows"]:
-        print(
-            f"| {r['model']} | {r['engine']} | {r['beam']} | {r['bleu']:.2f} | {r['chrf']:.2f} | {r['mib']:.1f} | "
-            f"{r['sentences_per_s']:,.1f} | {r['speed_vs_teacher']:.2f}x | {r['bleu_vs_teacher']:+.2f} |"
-        )
+def pipeline_config(cfg: DistillConfig) -> PipelineConfig:
+    """The pipeline this distillation is, as its TOML tables would give it (`from_dict`): the
+    teachers as [teacher] checkpoints, the corpora, the student (--num-workers as its first --set
+    item, so a --set train.num_workers wins, as in `raymt train`), the teachers' translation at
+    --beam, and export and evaluation at --beam."""
+    src, tgt = teacher_pair(cfg)
+    workers = [f"train.num_workers={cfg.num_workers}"] if cfg.num_workers else []
+    student = {"preset": cfg.student_preset, "set": [*workers, *cfg.set], "mix_original": cfg.mix_original}
+    student.update({"config": cfg.student_config} if cfg.student_config else {})
+    student.update({"max_steps": cfg.max_steps} if cfg.max_steps else {})
+    tables = {
+        "src": src,
+        "tgt": tgt,
+        "output": cfg.output,
+        "corpora": corpora(cfg, (src, tgt), student),
+        "teacher": {"checkpoints": list(cfg.teacher)},
+        "distill": {"beam": cfg.beam, "engine": cfg.engine, "shard_lines": cfg.shard_lines},
+        "student": student,
+        "export": {"beam": cfg.beam},
+        "evaluate": {"beam": cfg.beam},
+    }
+    return from_dict(tables)
 
 
 def run(cfg: DistillConfig) -> Optional[dict]:
-    """Distill: the four steps, each skipped where a previous run finished it; the report of step 4
-    (None without --test). Raises a one-line ValueError on a user error (before Ray starts where
-    it can), `raymt.shard_job.Unfinished` when the teachers' translation left shards to do."""
+    """Distill: the pipeline's steps, each skipped where a previous run finished it; the report.
+    Raises a one-line ValueError on a user error (before Ray starts and before anything is
+    written), `raymt.shard_job.Unfinished` when the teachers' translation left shards to do."""
     check_ray_address()
-    plan = check_args(cfg)
-    start(cfg, plan)
-    translate_step(cfg, plan)
-    best = train_step(cfg, plan)["best_checkpoint"]
-    if plan.test is None:
-        print(f"\ndistill: no --test: the student is {best}; export and compare with a test set")
-        return None
-    sources = read_parallel(plan.test, plan.src_lang, plan.tgt_lang)[0]
-    choice = export_step(plan, best, sources, DecodeOptions(beam=cfg.beam))
-    report = compare(cfg, plan, plan.out / STUDENT_CT2, choice["dtype"])
-    report["export"] = choice
-    (plan.out / REPORT_FILE).write_text(json.dumps(report, indent=2))
-    print_report(report)
-    print(
-        f"student: {best} (CTranslate2 {choice['dtype']}: {plan.out / STUDENT_CT2}); report: {plan.out / REPORT_FILE}"
-    )
+    pipeline = Pipeline(pipeline_config(cfg), cfg.verbose, num_cpus=cfg.num_cpus)
+    out = str(pipeline.out)
+    settings = cfg.settings()
+    RECORD.check(out, settings)  # OUT is new, empty, or this distillation's
+    if RECORD.read(out) is None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        RECORD.write(out, RECORD.settings(settings))
+    report = pipeline.run()
+    ctx = pipeline.ctx
+    print((Path(out) / REPORT_MD).read_text().split("\n## ")[0].rstrip())
+    print(f"student: {ctx.best('student')} (CTranslate2: {ctx.dir('export') / MODEL_DIR}); report: {out}/{REPORT_MD}")
     return report
 
 

@@ -33,14 +33,14 @@ KNOWN_CYCLES: list[frozenset[str]] = []
 
 # The only imports of one command module (`raymt COMMAND`'s: raymt/COMMAND.py or
 # raymt/COMMAND/__main__.py) by another (issue 56): a sweep runs training, a run scores its
-# test sets, a distillation runs back-translation, training and export (each step is that
-# command). What two commands share lives in a module that is no command's.
+# test sets, a distillation checks its teachers' pair as back-translation does and reads a training
+# worker's error as training does (its steps are the pipeline's). What two commands share lives
+# in a module that is no command's.
 COMMAND_IMPORTS = {
     ("raymt.tune", "raymt.train"),
     ("raymt.train", "raymt.evaluate"),
     ("raymt.distill", "raymt.backtranslate"),
     ("raymt.distill", "raymt.train"),
-    ("raymt.distill", "raymt.export"),
 }
 
 

@@ -14,10 +14,11 @@ errors; `--set STAGE.FIELD=VALUE` changes any field as the file would (`load`).
     [scorers]            # the filters' models: forward/backward checkpoints given, else trained (as [teacher])
     [score_filter]       # enabled, keep_best or calibrate_valid: the training pairs by dual cross-entropy
     [teacher]            # num_seeds, preset, config, set, max_steps, max_minutes; stages, real_weight,
-                         # average_last, finetune_*: two stages with back-translation; import_from
+                         # average_last, finetune_*: two stages with back-translation; import_from;
+                         # checkpoints: existing raymt teachers (their ensemble distils; none trained)
     [distill]            # beam, engine: the teachers translate the training sources
     [ce_filter]          # enabled, keep_best: the distilled pairs by the backward model's cross-entropy
-    [student]            # preset, config, set, max_steps, max_minutes
+    [student]            # preset, config, set, max_steps, max_minutes; mix_original: share of original pairs
     [export]             # dtypes compared (the faster kept), beam timed
     [evaluate]           # beam
 """
@@ -160,7 +161,8 @@ class TeacherStage(TrainStage):
     pairs mixed (the original weighted `real_weight`), stage 2 (teacher-N) on the original pairs from
     the average of stage 1's `average_last` last checkpoints (teacher-N-avg), with `finetune_set`
     added and its own length if given; `stages` 1: teacher-N on the mix. `import_from`: one teacher
-    imported (`raymt import` of a Hugging Face directory or Hub id), none trained."""
+    imported (`raymt import` of a Hugging Face directory or Hub id), none trained. `checkpoints`:
+    existing raymt checkpoints, the teachers (several: their ensemble distils), none trained."""
 
     STAGE = "teacher"
     num_seeds: int = 1
@@ -172,6 +174,7 @@ class TeacherStage(TrainStage):
     finetune_max_minutes: Optional[float] = None
     import_from: Optional[str] = None
     revision: Optional[str] = None
+    checkpoints: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -184,6 +187,27 @@ class TeacherStage(TrainStage):
             f"teacher.import_from with teacher.num_seeds={self.num_seeds}: an imported teacher is one teacher",
         )
         check_import("teacher", self.import_from, self.revision)
+        self.check_checkpoints()
+
+    def check_checkpoints(self) -> None:
+        """One line for a given teacher that is no directory, or given beside import_from or num_seeds."""
+        if not self.checkpoints:
+            return
+        check(
+            self.import_from is None,
+            "teacher.checkpoints and teacher.import_from both name the teachers: give one",
+        )
+        check(
+            self.num_seeds == 1,
+            f"teacher.num_seeds={self.num_seeds} with teacher.checkpoints: the teachers are the checkpoints given",
+        )
+        for path in self.checkpoints:
+            check(Path(path).is_dir(), f"teacher.checkpoints: {path}: no such directory (a raymt checkpoint)")
+
+    @property
+    def trained(self) -> bool:
+        """Whether the pipeline trains the teachers (neither imported nor given)."""
+        return self.import_from is None and not self.checkpoints
 
 
 def check_import(stage: str, directory: Optional[str], revision: Optional[str]) -> None:
@@ -286,6 +310,12 @@ class StudentStage(TrainStage):
 
     STAGE = "student"
     preset: str = "student_mini"
+    # The original training pairs' share of the student's (the distilled ones get the rest).
+    mix_original: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(0.0 <= self.mix_original < 1.0, f"student.mix_original={self.mix_original} must be in [0, 1)")
 
 
 @dataclass
@@ -429,12 +459,22 @@ class PipelineConfig:
             "corpora.mono_tgt is back-translated for the teachers to train on, but teacher.import_from "
             "imports the teacher: drop one",
         )
+        check(
+            not self.teacher.checkpoints or not self.corpora.has_mono("tgt"),
+            "corpora.mono_tgt is back-translated for the teachers to train on, but teacher.checkpoints "
+            "gives the teachers: drop one",
+        )
+        check(
+            not self.teacher.checkpoints or not self.score_filter.enabled,
+            "score_filter filters the teachers' training pairs, but teacher.checkpoints gives the teachers: "
+            "drop one (ce_filter filters the distilled pairs)",
+        )
         self.check_filters()
 
     @property
     def back_translates(self) -> bool:
         """Whether the teachers train on back-translated pairs (monolingual target text, trained teachers)."""
-        return self.corpora.has_mono("tgt") and self.teacher.import_from is None
+        return self.corpora.has_mono("tgt") and self.teacher.trained
 
     def check_filters(self) -> None:
         """One line when [score_filter] is on and [prepare] filters by score itself."""

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from raymt.checkpoint import weights_file
 from raymt.data.mono import input_files
 from raymt.data.text import resolve
+from raymt.engines import load_model_info, resolve_engine
 from raymt.pipeline.config import PipelineConfig, TrainStage
 from raymt.pipeline.filters import SCORER_STEPS
 from raymt.pipeline.keys import Step, file_fingerprint
@@ -52,10 +53,12 @@ def make(name: str, kind: str, settings: dict, inputs: Optional[dict] = None, us
 
 
 def pipeline_steps(cfg: PipelineConfig) -> list[Step]:
-    """The steps of `cfg`, in the order they run (each after the steps it uses); keys not yet set."""
+    """The steps of `cfg`, in the order they run (each after the steps it uses); keys not yet set.
+    Without a step that uses it (given or imported teachers), no prepare step."""
     c = cfg.corpora
     corpus = ("corpus",) if c.builtin else ()
     steps = import_steps(cfg)  # first: a model without the pair is one line before Ray starts
+    given = given_teachers(cfg)  # also first: their languages checked
     if c.builtin:
         sizes = stage_settings("corpora", c, skip=("train", "valid", "test", *MONO_FIELDS))
         sizes.update({"corpora.builtin_mono_size": c.builtin_mono_size} if c.builtin_mono_size else {})
@@ -66,23 +69,48 @@ def pipeline_steps(cfg: PipelineConfig) -> list[Step]:
     pairs = corpus_inputs(cfg, ("train", "valid"), ("src", "tgt"))
     steps.append(make("prepare", "prepare", prepare, pairs, (*scored_uses, *corpus)))
     steps += bt_steps(cfg, corpus)
-    teachers = tuple(f"teacher-{n}" for n in range(1, cfg.teacher.num_seeds + 1))
-    if cfg.teacher.import_from is None:
+    teachers = () if given else tuple(f"teacher-{n}" for n in range(1, cfg.teacher.num_seeds + 1))
+    if cfg.teacher.trained:
         steps += teacher_steps(cfg, teachers)
     distill = stage_settings("distill", cfg.distill, skip=("shard_lines",))
     mono_src = ("mono-src",) if c.has_mono("src") else ()
     uses = (*teachers, *corpus, *mono_src)
-    steps.append(make("distill", "distill", distill, corpus_inputs(cfg, ("train",), ("src",)), uses))
+    steps.append(make("distill", "distill", distill, {**corpus_inputs(cfg, ("train",), ("src",)), **given}, uses))
     ce = ce_filter_steps(cfg)
     steps += ce
-    student = stage_settings("student", cfg.student)
-    valid = corpus_inputs(cfg, ("valid",), ("src", "tgt"))
-    steps.append(make("student", "student", student, valid, ("distill", teachers[0], *corpus, *(s.name for s in ce))))
+    steps.append(student_step(cfg, teachers[:1], dict(list(given.items())[:1]), corpus, ce))
     test = corpus_inputs(cfg, ("test",), ("src", "tgt"))
     steps.append(make("export", "export", stage_settings("export", cfg.export), test, ("student", *corpus)))
     evaluate = stage_settings("evaluate", cfg.evaluate)
-    steps.append(make("evaluate", "evaluate", evaluate, test, (*teachers, "export", *corpus)))
-    return steps
+    steps.append(make("evaluate", "evaluate", evaluate, {**test, **given}, (*teachers, "export", *corpus)))
+    return [s for s in steps if s.name != "prepare" or any("prepare" in t.uses for t in steps)]
+
+
+def student_step(
+    cfg: PipelineConfig, teacher: tuple[str, ...], given: dict, corpus: tuple[str, ...], ce: list[Step]
+) -> Step:
+    """The student: [student] (mix_original in its key when set: a pipeline of before has none), the
+    validation pairs, the first teacher (its tokenizer), and the training pairs when it mixes them."""
+    settings = stage_settings("student", cfg.student, skip=() if cfg.student.mix_original else ("mix_original",))
+    inputs = corpus_inputs(cfg, ("valid", *("train",) * bool(cfg.student.mix_original)), ("src", "tgt"))
+    uses = ("distill", *teacher, *corpus, *(s.name for s in ce))
+    return make("student", "student", settings, {**inputs, **given}, uses)
+
+
+def given_teachers(cfg: PipelineConfig) -> dict[str, dict]:
+    """The fingerprints of [teacher] checkpoints' weights files ("teacher.checkpoints.1"), each checked
+    to translate src->tgt and all to decode as one ensemble (one line each, before Ray starts)."""
+    given = cfg.teacher.checkpoints
+    if not given:
+        return {}
+    for path in given:
+        check_direction(path, cfg.src, cfg.tgt, f"teacher.checkpoints: {path}")
+    try:
+        info = load_model_info(list(given))  # `check_ensemble`: one tokenizer, one set of languages
+        resolve_engine(cfg.distill.engine, info)  # several on distill.engine ctranslate2: no ensembles there
+    except ValueError as err:
+        raise ValueError(f"teacher.checkpoints: {err}") from None
+    return {f"teacher.checkpoints.{i}": file_fingerprint(str(weights_file(p))) for i, p in enumerate(given, 1)}
 
 
 # ---------------------------------------------------------------- the steps of back-translation and the teachers
@@ -91,7 +119,7 @@ def pipeline_steps(cfg: PipelineConfig) -> list[Step]:
 MONO_FIELDS = ("mono_src", "mono_tgt", "builtin_mono_size")
 # [teacher]'s fields that only some teacher steps use (none of them a plain teacher's).
 TEACHER_BT = ("stages", "real_weight", "average_last", "finetune_max_steps", "finetune_max_minutes")
-TEACHER_ONLY = ("num_seeds", "import_from", "revision", "finetune_set", *TEACHER_BT)
+TEACHER_ONLY = ("num_seeds", "import_from", "revision", "checkpoints", "finetune_set", *TEACHER_BT)
 
 
 def mono_fingerprints(spec: str, name: str) -> dict[str, dict]:

@@ -74,10 +74,12 @@ def minutes(seconds: float) -> str:
 class Pipeline:
     """A config's steps with their keys, in OUT (the config's output location)."""
 
-    def __init__(self, cfg: PipelineConfig, verbose: bool = False, share_output: bool = False):
+    def __init__(
+        self, cfg: PipelineConfig, verbose: bool = False, share_output: bool = False, num_cpus: Optional[int] = None
+    ):
         out = storage.normalize(cfg.output)
         check(not storage.is_uri(out), f"output={cfg.output}: a local directory for now (object storage: later)")
-        self.cfg, self.out = cfg, Path(out)
+        self.cfg, self.out, self.num_cpus = cfg, Path(out), num_cpus  # num_cpus: of a local Ray instance
         steps = pipeline_steps(cfg)
         self.records = set_keys(steps, cfg.pair)
         self.ctx = Context(cfg, self.out, {s.name: s for s in steps}, verbose)
@@ -176,7 +178,8 @@ class Pipeline:
 
         self.write_record()
         t0 = time.time()
-        init_ray(dashboard=True, verbose=self.ctx.verbose)  # one Ray for every step (Train needs the dashboard)
+        # One Ray for every step (Train needs the dashboard).
+        init_ray(self.num_cpus, dashboard=True, verbose=self.ctx.verbose)
         ran = self.run_steps(self.needed(targets), RayCluster().resources())
         run = {"wall_s": round(time.time() - t0, 1), "steps_run": [name for name, _ in ran]}
         run["overhead_s"] = round(run["wall_s"] - covered(interval for _, interval in ran), 1)

@@ -80,9 +80,13 @@ class Context:
         """The directory of step `name` under its current key."""
         return self.out / STEPS_DIR / self.steps[name].dirname()
 
-    def teachers(self) -> list[str]:
-        """The teacher steps' names."""
-        return [name for name, step in self.steps.items() if step.kind in TEACHER_KINDS]
+    def teachers(self) -> list[tuple[str, str]]:
+        """The teachers as (name, checkpoint): [teacher] checkpoints given (teacher-1, ...), else the
+        teacher steps' (trained or imported)."""
+        given = self.cfg.teacher.checkpoints
+        if given:
+            return [(f"teacher-{i}", path) for i, path in enumerate(given, 1)]
+        return [(name, self.best(name)) for name, step in self.steps.items() if step.kind in TEACHER_KINDS]
 
     def best(self, name: str) -> str:
         """The best checkpoint of training step `name` (a placeholder until it has finished); an
@@ -211,8 +215,9 @@ def student_config_file(ctx: Context, step: Step) -> Path:
 
 
 def write_student_config(ctx: Context, step: Step) -> None:
-    """The student's config (`raymt.pipeline.models.student_config`, as `raymt distill` builds it):
-    the [student] stage on the distilled pairs with the first teacher's tokenizer."""
+    """The student's config (`raymt.pipeline.models.student_config`): the [student] stage on the
+    distilled pairs (mixed with the original ones by [student] mix_original) with the first
+    teacher's tokenizer."""
     stage = ctx.cfg.student
     max_steps, sized = stage.length()
     flags = TrainFlags(
@@ -225,9 +230,10 @@ def write_student_config(ctx: Context, step: Step) -> None:
         tgt_lang=ctx.cfg.tgt,
     )
     distilled = str(ctx.dir("distill") / "text")
-    tokenizer = ctx.best(ctx.teachers()[0])
+    tokenizer = ctx.teachers()[0][1]
+    original, mix = ctx.prefix("train"), stage.mix_original
     generated = ctx.cfg.corpora.builtin
-    cfg = student_config(flags, ctx.cfg.pair, distilled, tokenizer, ctx.prefix("valid"), None, generated=generated)
+    cfg = student_config(flags, ctx.cfg.pair, distilled, tokenizer, ctx.prefix("valid"), None, original, mix, generated)
     if "ce-filter" in step.uses:
         cfg = ce_filtered(ctx, cfg)
     student_config_file(ctx, step).write_text(json.dumps(cfg.to_dict(), indent=2))
@@ -267,7 +273,7 @@ def train_request(ctx: Context, step: Step, total: dict) -> dict:
 def distill_config(ctx: Context, step: Step) -> BacktranslateConfig:
     """`raymt backtranslate --format text`: the teachers (an ensemble if several) translate the
     training sources at [distill] beam with the first teacher's length penalty."""
-    checkpoints = tuple(ctx.best(name) for name in ctx.teachers())
+    checkpoints = tuple(checkpoint for _, checkpoint in ctx.teachers())
     first = Path(checkpoints[0])
     decode = load_model_info(str(first)).config.decode if first.exists() else DecodeOptions()
     stage = ctx.cfg.distill
@@ -524,10 +530,10 @@ def evaluate_run(ctx: Context, step: Step) -> None:
     dtype, test, tgt = choice["dtype"], ctx.test_pairs(), ctx.cfg.tgt
     teachers = ctx.teachers()
     models: list[tuple[str, Any]] = [
-        (name, ct2_export(ctx.best(name), where / f"{name}-ct2", dtype)) for name in teachers
+        (name, ct2_export(checkpoint, where / f"{name}-ct2", dtype)) for name, checkpoint in teachers
     ]
     if len(teachers) > 1:
-        models.append((f"ensemble of {len(teachers)}", [ctx.best(name) for name in teachers]))
+        models.append((f"ensemble of {len(teachers)}", [checkpoint for _, checkpoint in teachers]))
     rows = [model_row(name, model, dtype, beam, test, tgt) for name, model in models]
     student = ctx.dir("export") / MODEL_DIR
     rows += [model_row("student", student, dtype, b, test, tgt) for b in dict.fromkeys((1, beam))]
