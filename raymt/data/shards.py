@@ -47,7 +47,13 @@ def _driver_node() -> dict[str, str]:
 
 
 def _inputs_dataset(specs: list[dict]):
-    """One row (and one block, so one read task) per input."""
+    """One row (and one block, so one read task) per input.
+
+    Its reading tasks (passes 1 and 2) exit their worker process after their input (max_calls=1):
+    Ray reuses worker processes, and Python keeps memory a task freed (pass 1's sample of up to
+    sp_sample_size pairs), which the next tasks in that process (reading, tokenizing) then held,
+    more the larger the corpus (benchmarks/scale.py). A process start per input costs a second.
+    """
     import ray.data
 
     return ray.data.from_items([{"idx": i} for i in range(len(specs))], override_num_blocks=len(specs))
@@ -62,6 +68,7 @@ def _sample(cfg: PrepareConfig, specs: list[dict]) -> tuple[list[str], Counter]:
         batch_format="pyarrow",
         fn_kwargs={"specs": specs, "cfg": cfg, "k": k},
         label_selector=_driver_node(),
+        max_calls=1,  # its worker process exits after its input: see _inputs_dataset
     )
     return merge_samples(ds.iter_batches(batch_size=None, batch_format="pyarrow"), k)
 
@@ -139,6 +146,7 @@ def _tokenized(
         batch_format="pyarrow",
         fn_kwargs={"specs": specs, "cfg": cfg, "tally": tally},
         label_selector=_driver_node(),
+        max_calls=1,  # its worker process exits after its input: see _inputs_dataset
     )
     # Blocks of BLOCK_ROWS pairs are tokenized by tasks anywhere in the cluster. A strict
     # repartition is its own operator: Ray Data fuses neither the reads nor the tokenizing
