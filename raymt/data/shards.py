@@ -310,6 +310,9 @@ def eval_split(cfg: PrepareConfig, sources: list[Source], path: Path) -> int:
     return len(src)
 
 
+SHUFFLE_BATCH_BYTES = 4 * MAX_BLOCK_BYTES
+
+
 def _only_warnings(record: logging.LogRecord) -> bool:
     """Log filter: Ray Data's warnings reach the terminal, its info and error chatter does not."""
     # Progress bars are off on purpose (below): no need to say so.
@@ -326,9 +329,17 @@ def ray_data_settings() -> Iterator[None]:
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
-    saved = ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.target_max_block_size
+    saved = (
+        ctx.execution_options.preserve_order,
+        ctx.enable_progress_bars,
+        ctx.target_max_block_size,
+        ctx.shuffle_input_batch_bytes,
+    )
     ctx.execution_options.preserve_order = True
     ctx.target_max_block_size = MAX_BLOCK_BYTES  # task memory independent of input sizes
+    # A shuffle map task of de-duplication takes blocks up to this size (Ray's default 1 GiB:
+    # its memory grew with the corpus up to that); fewer would mean more, smaller shuffle objects.
+    ctx.shuffle_input_batch_bytes = SHUFFLE_BATCH_BYTES
     ctx.enable_progress_bars = False  # our progress lines and final table say enough
     terminals = [h for h in logging.getLogger("ray.data").handlers if isinstance(h, logging.StreamHandler)]
     for handler in terminals:
@@ -336,6 +347,11 @@ def ray_data_settings() -> Iterator[None]:
     try:
         yield
     finally:
-        ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.target_max_block_size = saved
+        (
+            ctx.execution_options.preserve_order,
+            ctx.enable_progress_bars,
+            ctx.target_max_block_size,
+            ctx.shuffle_input_batch_bytes,
+        ) = saved
         for handler in terminals:
             handler.removeFilter(_only_warnings)
