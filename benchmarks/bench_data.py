@@ -136,6 +136,9 @@ class PeakMemory:
         if proc.pid == self.me.pid:
             return "driver"
         try:
+            # This driver's Ray cluster only (ray.init starts it as a child): not another one on the host.
+            if self.me.pid not in (p.pid for p in proc.parents()):
+                return None
             title = " ".join(proc.cmdline())
         except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
             return None

@@ -92,7 +92,7 @@ def test_near_duplicates_after_case_punctuation_and_digits():
     off = dict.fromkeys(CONTENT_RULES, False)
     cfg = PrepareConfig(max_chars=100, max_len=50, max_ratio=10.0, ratio_min_len=3, near_dedup=True, seed=1, **off)
     block = clean.tokenize_block(table, tokenizer().model_proto, cfg, tally)
-    out = clean.Dedup()(block, tally)
+    out = clean.deduplicate(block, tally)
     assert out.column_names == ["src_ids", "tgt_ids"] and len(out) == 2
     counts = tally.total()
     assert (counts["near_duplicate"], counts["duplicate"]) == (1, 1)
@@ -115,7 +115,7 @@ def write_scores(prefix: str, values: list[float]) -> None:
 def test_near_duplicates_keep_the_best_scored_pair_that_passes_the_other_rules(request, tmp_path, monkeypatch, where):
     """With scores, of each near-duplicate group the highest-scored pair stays wherever it is (ties:
     the first); a best that another rule drops leaves the best of the rest."""
-    if where == "ray":  # Ray Data's tasks and Dedup actor, not the driver's loop
+    if where == "ray":  # Ray Data's tasks and shuffle, not the driver's loop
         request.getfixturevalue("ray_cluster")
         monkeypatch.setattr(shards, "DRIVER_BYTES", 0)
     names = [chr(97 + i // 6) + chr(97 + i % 6) for i in range(30)]  # distinct words: no near-duplicates
@@ -143,11 +143,35 @@ def test_near_duplicates_keep_the_best_scored_pair_that_passes_the_other_rules(r
     assert kept == [s for s, _ in good] + ["a man 3 dogs", "Room 12 is blue!", "Two cats sleep."]
 
 
-def test_best_of_groups_ranks_by_score_and_an_unscored_pair_last():
+def test_deduplicate_keeps_the_best_scored_and_an_unscored_pair_last():
+    """Of each near-duplicate group the highest score stays (ties and unscored: the first in input
+    order, whatever the rows' order); exact copies of it that come after it are `duplicate`."""
     nan = float("nan")
-    block = pa.table({"nh": [1, 2, 1, 2, 3, 3], "score": [nan, 0.2, 0.1, 0.2, 0.4, nan]})
-    block = block.append_column("source", pa.array([0] * 6, pa.int32())).append_column("line", pa.array(range(6)))
-    assert clean.best_of_groups([block]) == {1: (0, 2)}  # group 2 ties and group 3's first is scored: first
+    nh = [1, 2, 1, 2, 3, 3, 1, 1]
+    h = [10, 20, 11, 21, 30, 31, 11, 10]  # the 7th is an exact copy of the best of group 1 (3rd)
+    score = [nan, 0.2, 0.1, 0.2, 0.4, nan, 0.0, 0.05]
+    rows = list(range(8))[::-1]  # any order in: the shuffle's
+    block = pa.table(
+        {
+            "src_ids": [[i + 1] * (i + 1) for i in rows],
+            "tgt_ids": [[i + 1] for i in rows],
+            "h": pa.array([h[i] for i in rows], pa.uint64()),
+            "nh": pa.array([nh[i] for i in rows], pa.uint64()),
+            "order": pa.array([(i // 4 << clean.LINE_BITS) | i for i in rows], pa.int64()),
+            "score": [score[i] for i in rows],
+            "bucket": [0] * 8,
+        }
+    )
+    tally = clean.Tally()
+    out = clean.deduplicate(block, tally)
+    # group 1: the 3rd (0.1) beats an unscored first; group 2 ties: the first; group 3: scored first
+    assert out.column("tgt_ids").to_pylist() == [[2], [3], [5]]
+    dropped_src = 1 + 4 + 6 + 7 + 8
+    assert tally.total() == {
+        "duplicate": 1, "near_duplicate": 4, "src_tokens": -dropped_src, "tgt_tokens": -5
+    }  # fmt: skip
+    block = block.drop_columns(["score"])  # without scores: the first in input order
+    assert clean.deduplicate(block, clean.Tally()).column("tgt_ids").to_pylist() == [[1], [2], [5]]
 
 
 SENTENCES = {

@@ -11,8 +11,9 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -239,7 +240,7 @@ class Tally:
         self.parts: dict[tuple, dict] = {}
 
     def put(self, key: tuple, counts: dict) -> None:
-        """Set the counts of one part (a read input, a tokenized block, the dedup actor)."""
+        """Set the counts of one part (a read input, a tokenized block, a bucket's de-duplication)."""
         self.parts[key] = dict(counts)
 
     def total(self) -> dict:
@@ -341,10 +342,15 @@ def read_inputs(batch: pa.Table, specs: list[dict], cfg: PrepareConfig, tally: A
 
 
 def tokenize_block(
-    table: pa.Table, model_proto: bytes, cfg: PrepareConfig, tally: Any, prefix_ids: Sequence[int] = ()
+    table: pa.Table,
+    model_proto: bytes,
+    cfg: PrepareConfig,
+    tally: Any,
+    prefix_ids: Sequence[int] = (),
+    buckets: int = 1,
 ) -> pa.Table:
     """Pass 2: clean, tokenize (`prefix_ids`, the corpus's tags, before every source), drop by
-    length and ratio; hashes ride along for de-duplication."""
+    length and ratio; for de-duplication, each pair's DEDUP_COLUMNS ride along (of `buckets`)."""
     tokenizer = Tokenizer(model_proto)  # tens of ms per block of BLOCK_ROWS pairs
     counts: Counter = Counter()
     src, tgt = table.column("src").to_pylist(), table.column("tgt").to_pylist()
@@ -384,12 +390,26 @@ def tokenize_block(
         _report(tally, ("tokenize", *first, len(table)), counts)
     out = {"src_ids": pa.array(out_src, pa.list_(pa.int32())), "tgt_ids": pa.array(out_tgt, pa.list_(pa.int32()))}
     if cfg.dedup or cfg.near_dedup:
-        out["h"] = pa.array(hashes, pa.uint64())
-    if cfg.near_dedup:
-        out["nh"] = pa.array(near, pa.uint64())
-        if "score" in table.column_names:  # ranked near-duplicates: each kept pair's score and place
-            out.update({c: table.column(c).take(pa.array(rows, pa.int64())) for c in RANK_COLUMNS[1:]})
+        out.update(_dedup_columns(table, rows, hashes, near if cfg.near_dedup else None, buckets))
     return pa.table(out)
+
+
+def _dedup_columns(
+    table: pa.Table, rows: list[int], hashes: list[int], near: Optional[list[int]], buckets: int
+) -> dict[str, pa.Array]:
+    """The DEDUP_COLUMNS of the pairs at `rows` of a read block (their hashes, near: under near_dedup)."""
+    take = np.asarray(rows, np.int64)
+    source = table.column("source").to_numpy()[take].astype(np.int64)
+    line = table.column("line").to_numpy()[take]
+    cols = {"h": pa.array(np.asarray(hashes, np.uint64), pa.uint64())}
+    if near is not None:
+        cols["nh"] = pa.array(np.asarray(near, np.uint64), pa.uint64())
+    cols["order"] = pa.array((source << LINE_BITS) | line, pa.int64())
+    if near is not None and "score" in table.column_names:  # ranked near-duplicates
+        cols["score"] = table.column("score").take(pa.array(take))
+    key = cols.get("nh", cols["h"]).to_numpy()
+    cols["bucket"] = pa.array((key % np.uint64(buckets)).astype(np.int64), pa.int64())
+    return cols
 
 
 def _token_rule(src_len: int, tgt_len: int, cfg: CorpusOptions) -> Optional[str]:
@@ -404,61 +424,55 @@ def _token_rule(src_len: int, tgt_len: int, cfg: CorpusOptions) -> Optional[str]
     return None
 
 
-# tokenize_block's columns for near_dedup with scores: the group, and each pair's score and place.
-RANK_COLUMNS = ("nh", "score", "source", "line")
+# De-duplication, partitioned by hash (`deduplicate`): tokenize_block gives each pair these
+# columns: its hash `h`, under near_dedup its near-duplicate key's `nh` (exact copies share it
+# too), its place in input order (`order`: the input's index, then its line), with ranked
+# near-duplicates its `score`, and the `bucket` its key (nh, else h) falls in. Every pair of a
+# bucket meets in one call, so the pair that today's order or score keeps is found there.
+DEDUP_COLUMNS = ("h", "nh", "order", "score", "bucket")
+LINE_BITS = 40  # order = input << 40 | line: lines up to 2**40 in each of 2**23 inputs
+
+# Input pairs per partition: a partition's pairs (token ids and hashes) are in one task's memory
+# at once, so partitions grow in number with the corpus, not in size.
+PARTITION_PAIRS = 200_000
+# Buckets per partition: Ray Data's hash shuffle sends each bucket to a partition; many buckets
+# per partition even out the partitions' sizes.
+BUCKETS_PER_PARTITION = 8
 
 
-def best_of_groups(tables: Iterable[pa.Table]) -> dict[int, tuple[int, int]]:
-    """Of each near-duplicate group in tokenize_block's output (in input order), the (source, line)
-    of its highest-scored pair, for the groups where that is not the first pair (Dedup's default)."""
-    groups: dict[int, tuple[float, tuple[int, int], bool]] = {}  # nh -> best score, its place, not the first
-    for table in tables:
-        for nh, score, source, line in zip(*(table.column(c).to_pylist() for c in RANK_COLUMNS)):
-            score = -math.inf if math.isnan(score) else score  # an unscored line loses to any scored one
-            held = groups.get(nh)
-            if held is None:
-                groups[nh] = (score, (source, line), False)
-            elif score > held[0]:  # strictly: a tie keeps the earlier pair
-                groups[nh] = (score, (source, line), True)
-    return {nh: place for nh, (_, place, later) in groups.items() if later}
+def dedup_partitions(num_pairs: int) -> tuple[int, int]:
+    """(partitions, buckets) to de-duplicate `num_pairs` input pairs: one of each up to
+    PARTITION_PAIRS (the kept pairs then stay in input order), more beyond."""
+    partitions = max(1, -(-num_pairs // PARTITION_PAIRS))
+    return partitions, 1 if partitions == 1 else partitions * BUCKETS_PER_PARTITION
 
 
-class Dedup:
-    """Ray Data UDF on a single actor: blocks arrive in input order, so the first copy is kept, or
-    of a near-duplicate group in `best` (`best_of_groups`) the pair at its (source, line).
-    Exact duplicates count as `duplicate`, other near ones (the `nh` column of near_dedup) as `near_duplicate`."""
-
-    def __init__(self, best: Optional[dict[int, tuple[int, int]]] = None) -> None:
-        self.seen: set[int] = set()
-        self.seen_near: set[int] = set()
-        self.best = best or {}
-        self.totals: Counter = Counter()
-
-    def __call__(self, table: pa.Table, tally: Any) -> pa.Table:
-        """Drop pairs whose hash was seen before; the running totals replace the last report."""
-        keep = []
-        exact = table.column("h").to_pylist()
-        near = table.column("nh").to_pylist() if "nh" in table.column_names else [None] * len(exact)
-        places = [None] * len(exact)
-        if "source" in table.column_names:
-            places = list(zip(table.column("source").to_pylist(), table.column("line").to_pylist()))
-        for i, (h, nh, place) in enumerate(zip(exact, near, places)):
-            if h in self.seen:  # exact copies (of a kept pair) count as duplicate under near_dedup too
-                self.totals["duplicate"] += 1
-            # A group whose best comes later (`best`) keeps that pair only, the first otherwise.
-            elif nh is not None and (nh in self.seen_near or self.best.get(nh, place) != place):
-                self.totals["near_duplicate"] += 1
-            else:
-                self.seen.add(h)
-                if nh is not None:
-                    self.seen_near.add(nh)
-                keep.append(i)
-        dropped = sorted(set(range(len(table))) - set(keep))
-        for col, name in (("src_ids", "src_tokens"), ("tgt_ids", "tgt_tokens")):
-            lengths = pc.list_value_length(table.column(col)).to_pylist()
-            self.totals[name] -= sum(lengths[i] for i in dropped)  # taken back from the tokenizer's
-        _report(tally, ("duplicate",), self.totals)
-        return table.take(pa.array(keep, pa.int64())).select(COLUMNS)
+def deduplicate(table: pa.Table, tally: Any) -> pa.Table:
+    """The pairs of one bucket (tokenize_block's rows, in any order) that de-duplication keeps, in
+    input order: of each key (nh under near_dedup, else h) the first pair in input order, or with
+    scores the highest-scored (ties: the first; unscored last). A dropped exact copy of the kept
+    pair that comes after it counts as `duplicate`, any other as `near_duplicate`."""
+    h = table.column("h").to_numpy()
+    key = table.column("nh").to_numpy() if "nh" in table.column_names else h
+    order = table.column("order").to_numpy()
+    if "score" in table.column_names:  # NaN (unscored) ranks below any score
+        score = pc.fill_null(table.column("score"), math.nan).to_numpy()
+        ranked = np.lexsort((order, np.where(np.isnan(score), np.inf, -score), key))
+    else:
+        ranked = np.lexsort((order, key))
+    first = np.ones(len(ranked), bool)
+    first[1:] = key[ranked][1:] != key[ranked][:-1]
+    kept = ranked[first]
+    group = np.cumsum(first) - 1  # of each ranked pair: its key's index in `kept`
+    dropped, group = ranked[~first], group[~first]
+    exact = (h[dropped] == h[kept][group]) & (order[dropped] > order[kept][group])
+    counts = {"duplicate": int(exact.sum()), "near_duplicate": int(len(dropped) - exact.sum())}
+    for col, name in (("src_ids", "src_tokens"), ("tgt_ids", "tgt_tokens")):
+        lengths = pc.list_value_length(table.column(col)).to_numpy()
+        counts[name] = -int(lengths[dropped].sum())  # taken back from the tokenizer's
+    if len(table):
+        _report(tally, ("duplicate", table.column("bucket")[0].as_py()), counts)
+    return table.take(pa.array(kept[np.argsort(order[kept])])).select(COLUMNS)
 
 
 def read_counts(counts: dict) -> dict:

@@ -6,7 +6,6 @@ import contextlib
 import hashlib
 import logging
 import re
-import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
@@ -18,11 +17,10 @@ import pyarrow.parquet as pq
 from raymt.config import PrepareConfig
 from raymt.data.clean import (
     DROP_RULES,
-    RANK_COLUMNS,
-    Dedup,
     Tally,
     all_dropped,
-    best_of_groups,
+    dedup_partitions,
+    deduplicate,
     merge_samples,
     read_counts,
     read_inputs,
@@ -31,6 +29,7 @@ from raymt.data.clean import (
 )
 from raymt.data.format import COLUMNS, MAX_BLOCK_BYTES, TRAIN_DIR, token_index
 from raymt.data.sources import BLOCK_ROWS, Source, read_eval
+from raymt.data.text import input_file_info
 
 # Training inputs up to these sizes (the built-in corpus, a notebook's lists, Multi30k's 1.2 MB
 # of gzipped text) are prepared in the driver: starting Ray Data's tasks and actors takes
@@ -48,7 +47,13 @@ def _driver_node() -> dict[str, str]:
 
 
 def _inputs_dataset(specs: list[dict]):
-    """One row (and one block, so one read task) per input."""
+    """One row (and one block, so one read task) per input.
+
+    Its reading tasks (passes 1 and 2) exit their worker process after their input (max_calls=1):
+    Ray reuses worker processes, and Python keeps memory a task freed (pass 1's sample of up to
+    sp_sample_size pairs), which the next tasks in that process (reading, tokenizing) then held,
+    more the larger the corpus (benchmarks/scale.py). A process start per input costs a second.
+    """
     import ray.data
 
     return ray.data.from_items([{"idx": i} for i in range(len(specs))], override_num_blocks=len(specs))
@@ -63,6 +68,7 @@ def _sample(cfg: PrepareConfig, specs: list[dict]) -> tuple[list[str], Counter]:
         batch_format="pyarrow",
         fn_kwargs={"specs": specs, "cfg": cfg, "k": k},
         label_selector=_driver_node(),
+        max_calls=1,  # its worker process exits after its input: see _inputs_dataset
     )
     return merge_samples(ds.iter_batches(batch_size=None, batch_format="pyarrow"), k)
 
@@ -107,39 +113,18 @@ def _write_train(
     train_dir: Path,
     tally: Any,
     prefix_ids: Sequence[int] = (),
+    num_pairs: int = 0,
 ) -> None:
-    """Pass 2: read, tokenize in parallel tasks, filter, de-duplicate and write Parquet shards
-    (`prefix_ids` before every source)."""
-    import ray.data
-
-    best = None
-    if _ranks_near(cfg, specs):
-        # The same read and tokenizing without output first (its counts are the same parts of the
-        # tally, put again below): Dedup writes a group's first pair before it sees a better one.
-        ranks = _tokenized(cfg, specs, model_proto, tally, prefix_ids).select_columns(list(RANK_COLUMNS))
-        best = best_of_groups(ranks.iter_batches(batch_size=None, batch_format="pyarrow"))
-    ds = _tokenized(cfg, specs, model_proto, tally, prefix_ids)
+    """Pass 2: read, tokenize in parallel tasks, filter, de-duplicate (partitioned by hash, for
+    `num_pairs` input pairs) and write Parquet shards (`prefix_ids` before every source)."""
+    partitions, buckets = dedup_partitions(num_pairs)
+    ds = _tokenized(cfg, specs, model_proto, tally, prefix_ids, buckets)
     if cfg.dedup or cfg.near_dedup:
-        # One actor, one call at a time: with preserve_order it sees the blocks in input order.
-        # It reserves no CPU: set lookups are light, and a reserved share of a one-CPU machine
-        # would leave the tokenizing tasks none.
-        one_by_one = ray.data.ActorPoolStrategy(
-            size=1, max_tasks_in_flight_per_actor=1, max_concurrent_calls_per_actor=1
+        # Ray Data's hash shuffle brings each bucket's pairs, from every tokenizing task, to one
+        # task of its partition, on any node; each partition's state is its pairs, not the corpus's.
+        ds = ds.groupby("bucket", num_partitions=partitions).map_groups(
+            deduplicate, batch_format="pyarrow", fn_kwargs={"tally": tally}
         )
-        with warnings.catch_warnings():
-            # max_restarts has no named parameter yet, and it matters: a restarted actor
-            # would have forgotten the pairs it saw, so fail instead.
-            warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-            ds = ds.map_batches(
-                Dedup,
-                batch_size=None,
-                batch_format="pyarrow",
-                compute=one_by_one,
-                num_cpus=0,
-                fn_constructor_kwargs={"best": best},
-                fn_kwargs={"tally": tally},
-                max_restarts=0,
-            )
     # The output directory is local: the shards are written on this machine too.
     ds.write_parquet(
         str(train_dir),
@@ -150,13 +135,10 @@ def _write_train(
     )
 
 
-def _ranks_near(cfg: PrepareConfig, specs: list[dict]) -> bool:
-    """Whether near-duplicates are ranked by score: near_dedup on a corpus that reads scores."""
-    return cfg.near_dedup and any("scores" in spec for spec in specs)
-
-
-def _tokenized(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, tally: Any, prefix_ids: Sequence[int]):
-    """Pass 2's dataset of tokenized, filtered blocks in input order, before de-duplication."""
+def _tokenized(
+    cfg: PrepareConfig, specs: list[dict], model_proto: bytes, tally: Any, prefix_ids: Sequence[int], buckets: int
+):
+    """Pass 2's dataset of tokenized, filtered blocks in input order, before de-duplication (into `buckets`)."""
     # Read tasks run on this machine, where local inputs are; one task reads a whole input.
     ds = _inputs_dataset(specs).map_batches(
         read_inputs,
@@ -164,6 +146,7 @@ def _tokenized(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, tally:
         batch_format="pyarrow",
         fn_kwargs={"specs": specs, "cfg": cfg, "tally": tally},
         label_selector=_driver_node(),
+        max_calls=1,  # its worker process exits after its input: see _inputs_dataset
     )
     # Blocks of BLOCK_ROWS pairs are tokenized by tasks anywhere in the cluster. A strict
     # repartition is its own operator: Ray Data fuses neither the reads nor the tokenizing
@@ -173,7 +156,13 @@ def _tokenized(cfg: PrepareConfig, specs: list[dict], model_proto: bytes, tally:
         tokenize_block,
         batch_size=None,
         batch_format="pyarrow",
-        fn_kwargs={"model_proto": model_proto, "cfg": cfg, "tally": tally, "prefix_ids": list(prefix_ids)},
+        fn_kwargs={
+            "model_proto": model_proto,
+            "cfg": cfg,
+            "tally": tally,
+            "prefix_ids": list(prefix_ids),
+            "buckets": buckets,
+        },
     )
     return ds
 
@@ -185,29 +174,31 @@ def _write_train_here(
     train_dir: Path,
     tally: Tally,
     prefix_ids: Sequence[int] = (),
+    num_pairs: int = 0,
 ) -> None:
     """Pass 2 in the driver (`in_driver` inputs): the pairs and files `_write_train` writes."""
-    # As in `_write_train`: with ranked near-duplicates, a run without output finds each group's best.
-    best = (
-        best_of_groups(_tokenized_here(cfg, specs, model_proto, tally, prefix_ids)) if _ranks_near(cfg, specs) else None
-    )
-    dedup = Dedup(best) if cfg.dedup or cfg.near_dedup else None
-    blocks = [dedup(b, tally) if dedup else b for b in _tokenized_here(cfg, specs, model_proto, tally, prefix_ids)]
-    kept = pa.concat_tables(blocks) if blocks else pa.table({c: [] for c in COLUMNS})
+    partitions, buckets = dedup_partitions(num_pairs)
+    blocks = list(_tokenized_here(cfg, specs, model_proto, tally, prefix_ids, buckets))
+    kept = pa.concat_tables(blocks) if blocks else pa.table({c: pa.array([], pa.list_(pa.int32())) for c in COLUMNS})
+    if (cfg.dedup or cfg.near_dedup) and len(kept):
+        # Bucket by bucket, as `_write_train`'s partitions (one bucket up to PARTITION_PAIRS: input order).
+        bucket = kept.column("bucket").to_numpy()
+        parts = [kept.filter(pa.array(bucket == b)) for b in range(buckets)]
+        kept = pa.concat_tables([deduplicate(part, tally) for part in parts if len(part)])
     train_dir.mkdir(parents=True)
     for i, lo in enumerate(range(0, len(kept), cfg.shard_pairs)):  # named as _name_shards expects
         pq.write_table(kept.slice(lo, cfg.shard_pairs), train_dir / f"driver_000000-{i}.parquet")
 
 
 def _tokenized_here(
-    cfg: PrepareConfig, specs: list[dict], model_proto: bytes, tally: Tally, prefix_ids: Sequence[int]
+    cfg: PrepareConfig, specs: list[dict], model_proto: bytes, tally: Tally, prefix_ids: Sequence[int], buckets: int
 ) -> Iterator[pa.Table]:
     """`_tokenized` in the driver: the tokenized, filtered blocks in input order."""
     inputs = pa.table({"idx": pa.array(range(len(specs)), pa.int64())})
     read = list(read_inputs(inputs, specs, cfg, tally))
     read = pa.concat_tables(read) if read else pa.table({"src": [], "tgt": []})
     for lo in range(0, len(read), BLOCK_ROWS):
-        yield tokenize_block(read.slice(lo, BLOCK_ROWS), model_proto, cfg, tally, prefix_ids)
+        yield tokenize_block(read.slice(lo, BLOCK_ROWS), model_proto, cfg, tally, prefix_ids, buckets)
 
 
 def _name_shards(train_dir: Path, shard_pairs: int, rel: str = TRAIN_DIR) -> list[dict]:
@@ -268,14 +259,15 @@ def write_split(
     manifest's train entry, checked against pass 1's counts (`first`, when it ran)."""
     import ray
 
+    num_pairs = first["input"] if first is not None else _estimated_pairs(specs)
     if here:
         tally = Tally()
-        _write_train_here(cfg, specs, model_proto, tmp / rel, tally, prefix_ids)
+        _write_train_here(cfg, specs, model_proto, tmp / rel, tally, prefix_ids, num_pairs)
         counts = tally.total()
     else:
         tally = ray.remote(num_cpus=0)(Tally).remote()
         try:
-            _write_train(cfg, specs, model_proto, tmp / rel, tally, prefix_ids)
+            _write_train(cfg, specs, model_proto, tmp / rel, tally, prefix_ids, num_pairs)
             counts = ray.get(tally.total.remote())
         finally:
             ray.kill(tally)
@@ -297,12 +289,28 @@ def write_split(
     }
 
 
+# Stored bytes per input pair, to estimate a corpus's size (de-duplication's partitions) when
+# pass 1 did not count it: low, for compressed text, so that partitions come out small.
+BYTES_PER_PAIR = 40
+
+
+def _estimated_pairs(specs: list[dict]) -> int:
+    """About how many pairs the inputs hold, from their sizes (pass 1, which counts them, runs
+    only when there is no tokenizer to start from)."""
+    pairs = sum(len(spec["pairs"][0]) for spec in specs if spec["kind"] == "pairs")
+    uris = [uri for spec in specs if spec["kind"] != "pairs" for uri in spec["paths"]]
+    return pairs + sum(input_file_info(uri).size for uri in uris) // BYTES_PER_PAIR
+
+
 def eval_split(cfg: PrepareConfig, sources: list[Source], path: Path) -> int:
     """Read a validation/test set on the driver and write it whole (stripped, nothing dropped)."""
     src, tgt = read_eval(cfg, sources)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"src": pa.array(src, pa.string()), "tgt": pa.array(tgt, pa.string())}), path)
     return len(src)
+
+
+SHUFFLE_BATCH_BYTES = 4 * MAX_BLOCK_BYTES
 
 
 def _only_warnings(record: logging.LogRecord) -> bool:
@@ -313,7 +321,7 @@ def _only_warnings(record: logging.LogRecord) -> bool:
 
 @contextlib.contextmanager
 def ray_data_settings() -> Iterator[None]:
-    """Ordered execution (shard order, first duplicate kept), small blocks, a quiet terminal.
+    """Ordered execution (shard order), small blocks, a quiet terminal.
 
     Errors still raise (ours as one line) and Ray Data's log file keeps everything; on the
     terminal it would print each of our input errors again with a traceback.
@@ -321,9 +329,17 @@ def ray_data_settings() -> Iterator[None]:
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
-    saved = ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.target_max_block_size
+    saved = (
+        ctx.execution_options.preserve_order,
+        ctx.enable_progress_bars,
+        ctx.target_max_block_size,
+        ctx.shuffle_input_batch_bytes,
+    )
     ctx.execution_options.preserve_order = True
     ctx.target_max_block_size = MAX_BLOCK_BYTES  # task memory independent of input sizes
+    # A shuffle map task of de-duplication takes blocks up to this size (Ray's default 1 GiB:
+    # its memory grew with the corpus up to that); fewer would mean more, smaller shuffle objects.
+    ctx.shuffle_input_batch_bytes = SHUFFLE_BATCH_BYTES
     ctx.enable_progress_bars = False  # our progress lines and final table say enough
     terminals = [h for h in logging.getLogger("ray.data").handlers if isinstance(h, logging.StreamHandler)]
     for handler in terminals:
@@ -331,6 +347,11 @@ def ray_data_settings() -> Iterator[None]:
     try:
         yield
     finally:
-        ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.target_max_block_size = saved
+        (
+            ctx.execution_options.preserve_order,
+            ctx.enable_progress_bars,
+            ctx.target_max_block_size,
+            ctx.shuffle_input_batch_bytes,
+        ) = saved
         for handler in terminals:
             handler.removeFilter(_only_warnings)
