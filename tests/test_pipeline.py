@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pipeline_cases import BASE, TINY_STEPS, keys
 from tiny_checkpoint import one_thread, write_pairs  # noqa: F401 (autouse fixture)
 
 from raymt.command import parse, to_argv
@@ -16,38 +17,10 @@ from raymt.data.__main__ import PrepareCommand
 from raymt.flags import TrainFlags
 from raymt.pipeline import __main__ as pipeline
 from raymt.pipeline.config import from_dict, load
-from raymt.pipeline.graph import pipeline_steps
-from raymt.pipeline.keys import set_keys
 from raymt.pipeline.runner import Pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "recipes" / "pipeline-tiny.toml")
-BASE = {"src": "en", "tgt": "de", "output": "out"}
-# The steps of recipes/pipeline-tiny.toml, in order: back-translation and a two-stage teacher.
-TINY_STEPS = [
-    "corpus",
-    "prepare",
-    "mono-src",
-    "mono-tgt",
-    "backward",
-    "bt",
-    "prepare-bt",
-    "teacher-1-bt",
-    "teacher-1-avg",
-    "teacher-1",
-    "distill",
-    "student",
-    "export",
-    "evaluate",
-]
-
-
-def keys(data: dict) -> dict[str, str]:
-    """Each step's key of a config given as TOML tables."""
-    cfg = from_dict(data)
-    steps = pipeline_steps(cfg)
-    set_keys(steps, cfg.pair)
-    return {s.name: s.key for s in steps}
 
 
 def test_bad_config_is_one_line_before_ray(tmp_path, capsys):

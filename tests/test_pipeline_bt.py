@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from pipeline_cases import BASE, TINY_STEPS, changed, keys
 from tiny_checkpoint import make_checkpoint, one_thread, write_pairs  # noqa: F401 (autouse fixture)
 
 from raymt.average import AverageConfig
@@ -21,46 +22,16 @@ from raymt.hf_import import ImportConfig
 from raymt.pipeline import __main__ as pipeline
 from raymt.pipeline.config import from_dict, load
 from raymt.pipeline.graph import pipeline_steps
-from raymt.pipeline.keys import set_keys
 from raymt.pipeline.runner import Pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "recipes" / "pipeline-tiny.toml")
 BT_CPU = str(ROOT / "recipes" / "pipeline-multi30k-bt-cpu.toml")
-BASE = {"src": "en", "tgt": "de", "output": "out"}
 MONO = {**BASE, "corpora": {"builtin_mono_size": 20}}
 
 
-def keys(data: dict) -> dict[str, str]:
-    """Each step's key of a config given as TOML tables."""
-    cfg = from_dict(data)
-    steps = pipeline_steps(cfg)
-    set_keys(steps, cfg.pair)
-    return {s.name: s.key for s in steps}
-
-
-def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
-    """The steps whose key changed (every step of `before` is in `after`)."""
-    return {name for name in before if before[name] != after[name]}
-
-
 def test_the_steps_of_back_translation_one_stage_two_stages_and_an_imported_teacher():
-    assert list(keys(MONO)) == [
-        "corpus",
-        "prepare",
-        "mono-src",
-        "mono-tgt",
-        "backward",
-        "bt",
-        "prepare-bt",
-        "teacher-1-bt",
-        "teacher-1-avg",
-        "teacher-1",
-        "distill",
-        "student",
-        "export",
-        "evaluate",
-    ]
+    assert list(keys(MONO)) == TINY_STEPS
     two = keys({**MONO, "teacher": {"num_seeds": 2, "stages": 1}})
     assert [n for n in two if n.startswith("teacher")] == ["teacher-1", "teacher-2"]  # one stage: on the mix
     # Source text only: translated by the teachers, no backward model.

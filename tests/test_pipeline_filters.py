@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pipeline_cases import BASE, changed, keys
 from tiny_checkpoint import make_checkpoint, one_thread  # noqa: F401 (autouse fixture)
 
 from raymt.command import parse
@@ -17,27 +18,11 @@ from raymt.data.__main__ import PrepareCommand
 from raymt.flags import TrainFlags
 from raymt.pipeline import __main__ as pipeline
 from raymt.pipeline.config import from_dict
-from raymt.pipeline.graph import pipeline_steps
-from raymt.pipeline.keys import set_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "recipes" / "pipeline-tiny.toml")
-BASE = {"src": "en", "tgt": "de", "output": "out"}
 ON = {"score_filter": {"enabled": True}, "ce_filter": {"enabled": True}}
 FILTERS_ON = ["score_filter.enabled=true", "ce_filter.enabled=true"]
-
-
-def keys(data: dict) -> dict[str, str]:
-    """Each step's key of a config given as TOML tables."""
-    cfg = from_dict(data)
-    steps = pipeline_steps(cfg)
-    set_keys(steps, cfg.pair)
-    return {s.name: s.key for s in steps}
-
-
-def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
-    """The steps whose key differs."""
-    return {n for n in before if before[n] != after.get(n)}
 
 
 def test_bad_filter_config_is_one_line(tmp_path):
