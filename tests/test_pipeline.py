@@ -147,7 +147,9 @@ def test_the_tiny_recipe_end_to_end_then_a_rerun_redoes_nothing(ray_address, tmp
     started = [line.split()[1] for line in printed.splitlines() if line.startswith("pipeline: ") and " starts " in line]
     assert started == TINY_STEPS
     report = json.loads((out / "report.json").read_text())
-    assert [(r["model"], r["beam"]) for r in report["rows"]] == [("teacher-1", 2), ("student", 1), ("student", 2)]
+    models = [(r["model"], r["beam"]) for r in report["rows"]]
+    assert models == [("teacher-1", 2), ("student", 1), ("student", 2), ("backward (de->en)", 2)]
+    assert report["rows"][-1]["speed_vs_teacher"] is None  # another direction: not compared
     assert report["num_sentences"] == 30 and all(r["sentences_per_s"] > 0 for r in report["rows"])
     assert report["export"]["dtype"] in ("int8", "float32")
     assert all(step["wall_s"] is not None for step in report["steps"].values())

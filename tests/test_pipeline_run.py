@@ -65,6 +65,9 @@ def states(out: Path, sets: list[str]) -> dict[str, str]:
     return dict(line.split(maxsplit=2)[::2] for line in lines)
 
 
+TEACHERS_CHANGED = "uses teacher-1, which changed; uses teacher-2, which changed"
+
+
 def test_each_change_marks_exactly_the_steps_downstream_stale_with_the_reason(tmp_path):
     """A test per staleness rule (done when 3 of issue 67): the student's settings, a cleaning rule,
     the back-translation's and the distillation's decoding, each against a pipeline (the tiny
@@ -94,7 +97,7 @@ def test_each_change_marks_exactly_the_steps_downstream_stale_with_the_reason(tm
                 "distill": "uses teacher-1, which changed; uses teacher-2, which changed",
                 "student": "uses distill, which changed; uses teacher-1, which changed",
                 "export": "uses student, which changed",
-                "evaluate": "uses teacher-1, which changed; uses teacher-2, which changed; uses export, which changed",
+                "evaluate": f"{TEACHERS_CHANGED}; uses export, which changed; uses bt, which changed",
             },
         ),
         "the back-translation's decoding": (
@@ -108,7 +111,7 @@ def test_each_change_marks_exactly_the_steps_downstream_stale_with_the_reason(tm
                 "distill": "uses teacher-1, which changed; uses teacher-2, which changed",
                 "student": "uses distill, which changed; uses teacher-1, which changed",
                 "export": "uses student, which changed",
-                "evaluate": "uses teacher-1, which changed; uses teacher-2, which changed; uses export, which changed",
+                "evaluate": f"{TEACHERS_CHANGED}; uses export, which changed; uses bt, which changed",
             },
         ),
         "the distillation's decoding": (

@@ -82,7 +82,8 @@ def pipeline_steps(cfg: PipelineConfig) -> list[Step]:
     test = corpus_inputs(cfg, ("test",), ("src", "tgt"))
     steps.append(make("export", "export", stage_settings("export", cfg.export), test, ("student", *corpus)))
     evaluate = stage_settings("evaluate", cfg.evaluate)
-    steps.append(make("evaluate", "evaluate", evaluate, {**test, **given}, (*teachers, "export", *corpus)))
+    backward = ("bt",) if cfg.back_translates else ()  # its key holds the backward model's (evaluated too)
+    steps.append(make("evaluate", "evaluate", evaluate, {**test, **given}, (*teachers, "export", *corpus, *backward)))
     return [s for s in steps if s.name != "prepare" or any("prepare" in t.uses for t in steps)]
 
 

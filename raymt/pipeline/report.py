@@ -68,9 +68,11 @@ def markdown(report: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
+        speed, bleu = r["speed_vs_teacher"], r["bleu_vs_teacher"]  # None: another direction (backward)
         lines.append(
             f"| {r['model']} | {r['engine']} | {r['beam']} | {r['bleu']:.2f} | {r['chrf']:.2f} | {r['mib']:.1f} | "
-            f"{r['sentences_per_s']:,.1f} | {r['speed_vs_teacher']:.2f}x | {r['bleu_vs_teacher']:+.2f} |"
+            f"{r['sentences_per_s']:,.1f} | {'n/a' if speed is None else f'{speed:.2f}x'} | "
+            f"{'n/a' if bleu is None else f'{bleu:+.2f}'} |"
         )
     lines += ["", "## The data", "", "| step | what | pairs |", "|---|---|---|"]
     lines += [f"| {row['step']} | {row['what']} | {row['pairs']:,} |" for row in report["funnel"]]

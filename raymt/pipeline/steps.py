@@ -523,8 +523,9 @@ def export_run(ctx: Context, step: Step) -> None:
 
 def evaluate_run(ctx: Context, step: Step) -> None:
     """Every model on the test set, one after another on one thread (`model_row`): each teacher in
-    CTranslate2 at the student's weight type, their ensemble in raymt's engine (several), and the
-    student greedy and at [evaluate] beam; report.json (the end marker)."""
+    CTranslate2 at the student's weight type, their ensemble in raymt's engine (several), the
+    student greedy and at [evaluate] beam, and the backward model (back-translation) tgt->src;
+    report.json (the end marker)."""
     where, beam = ctx.dir(step.name), ctx.cfg.evaluate.beam
     choice = json.loads((ctx.dir("export") / EXPORT_RECORD).read_text())
     dtype, test, tgt = choice["dtype"], ctx.test_pairs(), ctx.cfg.tgt
@@ -538,6 +539,11 @@ def evaluate_run(ctx: Context, step: Step) -> None:
     student = ctx.dir("export") / MODEL_DIR
     rows += [model_row("student", student, dtype, b, test, tgt) for b in dict.fromkeys((1, beam))]
     relative_to(rows, rows[len(models) - 1])  # the model distilled: the ensemble, else the teacher
+    if ctx.cfg.back_translates:  # the backward model on the test set read the other way
+        backward = ct2_export(ctx.backward(), where / "backward-ct2", dtype)
+        name = f"backward ({ctx.cfg.tgt}->{ctx.cfg.src})"
+        row = model_row(name, backward, dtype, beam, (test[1], test[0]), ctx.cfg.src)
+        rows.append({**row, "speed_vs_teacher": None, "bleu_vs_teacher": None})  # another direction
     report = {"test": ctx.prefix("test"), "num_sentences": len(test[0]), "export": choice, "rows": rows}
     report["engine"] = f"ctranslate2 {dtype}, 1 thread"
     (where / REPORT).write_text(json.dumps(report, indent=2))
