@@ -176,6 +176,8 @@ def ray_cluster(ray_head):
     import ray
     from ray.data import DataContext
 
+    if ray.is_initialized():  # an earlier test's in-process command (raymt pipeline run) left its driver
+        ray.shutdown()
     ray.init(address=ray_head.address, log_to_driver=True)
     DataContext.get_current().enable_progress_bars = False
     yield

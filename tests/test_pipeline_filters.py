@@ -187,14 +187,17 @@ def test_the_tiny_recipe_with_both_filters_end_to_end(ray_address, tmp_path, cap
         "score",
         "prepare",
     ]
-    assert started[7:] == ["teacher-1", "distill", "ce-filter", "student", "export", "evaluate"]
+    # Then the tiny recipe's back-translation and two-stage teacher (its 100 monolingual lines of
+    # each side: 500 sources distilled), the CE filter before the student.
+    bt = ["mono-src", "mono-tgt", "backward", "bt", "prepare-bt", "teacher-1-bt", "teacher-1-avg", "teacher-1"]
+    assert started[7:] == [*bt, "distill", "ce-filter", "student", "export", "evaluate"]
     steps = {p.name.split(".")[0]: p for p in (out / "steps").iterdir() if p.is_dir()}
     scored = json.loads((steps["score"] / "valid" / "score.json").read_text())
     assert scored["done"] and scored["num_lines"] == 30  # the validation set, by the same scorers
     manifest = json.loads((steps["prepare"] / "manifest.json").read_text())
     assert manifest["options"]["calibrate_valid"] == 0.05 and manifest["corpora"][0]["train"]["dropped"]["score"] > 0
     funnel = json.loads((steps["ce-filter"] / "funnel.json").read_text())
-    assert funnel["pairs"] == 400 and 380 <= funnel["kept"] < 400  # the best 95% (ties at the threshold kept)
+    assert funnel["pairs"] == 500 and 475 <= funnel["kept"] < 500  # the best 95% (ties at the threshold kept)
     student = json.loads((steps["student"] / "corpus" / "manifest.json").read_text())
     assert student["corpora"][0]["train"]["dropped"]["score"] == funnel["pairs"] - funnel["kept"]
     t0 = time.perf_counter()
