@@ -199,8 +199,8 @@ def test_the_tiny_recipe_with_both_filters_end_to_end(ray_address, tmp_path, cap
     funnel = json.loads((steps["ce-filter"] / "funnel.json").read_text())
     # The best 95% of the pairs scored (ties at the threshold kept); a pair the backward model
     # cannot score (empty, or past its length limit: 13 of 500 once here) is dropped.
-    scored = funnel["scored"]
-    assert funnel["pairs"] == 500 and 0.9 * 500 <= scored and round(0.95 * scored) <= funnel["kept"] < scored
+    num_scored = funnel["scored"]
+    assert funnel["pairs"] == 500 and 450 <= num_scored and round(0.95 * num_scored) <= funnel["kept"] < num_scored
     student = json.loads((steps["student"] / "corpus" / "manifest.json").read_text())
     assert student["corpora"][0]["train"]["dropped"]["score"] == funnel["pairs"] - funnel["kept"]
     t0 = time.perf_counter()
