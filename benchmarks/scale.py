@@ -137,6 +137,8 @@ def generate_pairs(num_pairs: int, base: str, seed: int = 1):
 
 def make_corpus(num_pairs: int, directory: Path, base: str, per_file: int, with_scores: bool) -> list[str]:
     """Write the corpus as gzipped PREFIX.en.gz/PREFIX.de.gz files of `per_file` pairs; their prefixes."""
+    from raymt.data import scores
+
     prefixes, rows = [], generate_pairs(num_pairs, base)
     for k, start in enumerate(range(0, num_pairs, per_file)):
         prefix = str(directory / f"gen-{k:03d}")
@@ -145,7 +147,7 @@ def make_corpus(num_pairs: int, directory: Path, base: str, per_file: int, with_
             with gzip.open(f"{prefix}.{lang}.gz", "wt", compresslevel=1) as f:
                 f.write("".join(row[col].replace("\n", " ") + "\n" for row in part))
         if with_scores:
-            write_scores(prefix, [row[2] for row in part])
+            scores.write_given(prefix, [row[2] for row in part], ("en", "de"))
         prefixes.append(prefix)
     return prefixes
 
@@ -158,24 +160,6 @@ def make_valid(directory: Path, base: str, num_pairs: int = 500) -> str:
         with gzip.open(f"{prefix}.{lang}.gz", "wt") as f:
             f.write("".join(text + "\n" for text in side[::50][:num_pairs]))
     return prefix
-
-
-def write_scores(prefix: str, values: list[float]) -> None:
-    """PREFIX.scores as `raymt data score` writes it (one shard), these scores line by line."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from raymt.data import scores
-    from raymt.shard_job import shard_name
-
-    out = Path(scores.default_location(prefix))
-    out.mkdir()
-    table = pa.table({"line_id": range(len(values)), "score": values, "h_fwd": values, "h_bwd": values})
-    pq.write_table(table.cast(scores.OUT_SCHEMA), out / shard_name(0))
-    files = [scores.file_fingerprint(f"{prefix}.{lang}") for lang in ("en", "de")]
-    info = {"format": scores.INFO_FORMAT, "src_lang": "en", "tgt_lang": "de", "files": files, "done": True}
-    info.update(num_lines=len(values), shard_lines=len(values), num_shards=1)
-    (out / scores.INFO_FILE).write_text(json.dumps(info))
 
 
 # ---------------------------------------------------------------- prepare

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,7 +26,6 @@ from raymt.data.sources import CorpusInput, check_corpus_inputs, source_from_spe
 from raymt.engines import load_engine
 from raymt.model import Transformer
 from raymt.serve.api import Service
-from raymt.shard_job import shard_name
 from raymt.tokenizer import Tokenizer
 
 EN = "A man in a blue shirt is riding a bicycle down the street."
@@ -98,18 +96,6 @@ def test_near_duplicates_after_case_punctuation_and_digits():
     assert (counts["near_duplicate"], counts["duplicate"]) == (1, 1)
 
 
-def write_scores(prefix: str, values: list[float]) -> None:
-    """PREFIX.scores as `raymt data score` writes it (one shard), with these scores line by line."""
-    out = Path(scores.default_location(prefix))
-    out.mkdir()
-    table = pa.table({"line_id": range(len(values)), "score": values, "h_fwd": values, "h_bwd": values})
-    pq.write_table(table.cast(scores.OUT_SCHEMA), out / shard_name(0))
-    files = [scores.file_fingerprint(f"{prefix}.{lang}") for lang in ("en", "de")]
-    info = {"format": scores.INFO_FORMAT, "src_lang": "en", "tgt_lang": "de", "files": files, "done": True}
-    info.update(num_lines=len(values), shard_lines=len(values), num_shards=1)
-    (out / scores.INFO_FILE).write_text(json.dumps(info))
-
-
 # Ray Data's run: 32 s with the Ray head's start on a busy 2-core machine (CI runs it: .ci/run).
 @pytest.mark.parametrize("where", ["driver", pytest.param("ray", marks=[pytest.mark.slow, pytest.mark.ci])])
 def test_near_duplicates_keep_the_best_scored_pair_that_passes_the_other_rules(request, tmp_path, monkeypatch, where):
@@ -131,7 +117,7 @@ def test_near_duplicates_keep_the_best_scored_pair_that_passes_the_other_rules(r
         ("two cats sleep", "zwei Katzen schlafen", 0.6),
     ]
     train = write_prefix(tmp_path / "train", good + [(s, t) for s, t, _ in rows])
-    write_scores(train, [0.5] * len(good) + [x for _, _, x in rows])
+    scores.write_given(train, [0.5] * len(good) + [x for _, _, x in rows], ("en", "de"))
     valid = write_prefix(tmp_path / "valid", good[:3])
     out = tmp_path / "corpus"
     flags = ["--vocab-size", "96", "--sp-model-type", "bpe", "--near-dedup", "--keep-best", "1"]

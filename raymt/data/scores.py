@@ -152,6 +152,20 @@ def all_scores(info: dict, location: str) -> np.ndarray:
     return np.concatenate([p.to_numpy() for p in parts]) if parts else np.zeros(0)
 
 
+def write_given(prefix: str, values: Sequence[float], langs: tuple[str, str]) -> str:
+    """PREFIX.scores holding `values` line by line, as `raymt data score` writes it (one shard):
+    scores made elsewhere (another scorer, a test); its location."""
+    out = default_location(prefix)
+    storage.filesystem(out)[0].create_dir(storage.filesystem(out)[1])
+    table = pa.table({"line_id": range(len(values)), "score": values, "h_fwd": values, "h_bwd": values})
+    pq.write_table(table.cast(OUT_SCHEMA), storage.filesystem(storage.join(out, shard_name(0)))[1])
+    info = {"format": INFO_FORMAT, "src_lang": langs[0], "tgt_lang": langs[1], "done": True}
+    info.update(files=[file_fingerprint(f"{prefix}.{lang}") for lang in langs])
+    info.update(num_lines=len(values), shard_lines=len(values), num_shards=1)
+    storage.write_bytes(storage.join(out, INFO_FILE), json.dumps(info).encode())
+    return out
+
+
 def best_threshold(scores: np.ndarray, keep_best: float) -> float:
     """The score at which the best `keep_best` of the scored pairs are kept (ties at it kept too)."""
     scored = np.sort(scores[~np.isnan(scores)])[::-1]
