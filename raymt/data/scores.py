@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raymt import storage
+from raymt.data.text import resolve
 from raymt.errors import InputError
 from raymt.shard_job import shard_name
 
@@ -160,7 +161,7 @@ def write_given(prefix: str, values: Sequence[float], langs: tuple[str, str]) ->
     table = pa.table({"line_id": range(len(values)), "score": values, "h_fwd": values, "h_bwd": values})
     pq.write_table(table.cast(OUT_SCHEMA), storage.filesystem(storage.join(out, shard_name(0)))[1])
     info = {"format": INFO_FORMAT, "src_lang": langs[0], "tgt_lang": langs[1], "done": True}
-    info.update(files=[file_fingerprint(f"{prefix}.{lang}") for lang in langs])
+    info.update(files=[file_fingerprint(resolve(prefix, lang)) for lang in langs])
     info.update(num_lines=len(values), shard_lines=len(values), num_shards=1)
     storage.write_bytes(storage.join(out, INFO_FILE), json.dumps(info).encode())
     return out
