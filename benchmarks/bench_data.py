@@ -380,16 +380,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     results = in_process(sizes, args) if len(sizes) == 1 else [isolated(n, args) for n in sizes]
     print_table(results)
-    info = {
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "ray": ray.__version__,
-        "command": " ".join(sys.argv),
-    }
-    Path(args.json).write_text(json.dumps({"info": info, "results": results}, indent=2))
-    print(f"\nfull figures: {args.json}")
+    write_results(args.json, results, torch=torch.__version__, ray=ray.__version__)
     return 0
+
+
+def write_results(path: str, results: list, **versions: str) -> None:
+    """The results file: the machine, the versions given, the command line and every size's figures."""
+    info = {"machine": platform.platform(), "cpus": os.cpu_count(), **versions, "command": " ".join(sys.argv)}
+    Path(path).write_text(json.dumps({"info": info, "results": results}, indent=2))
+    print(f"\nfull figures: {path}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import gzip
 import hashlib
 import json
 import os
-import platform
 import random
 import re
 import shutil
@@ -40,7 +39,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_data import PeakMemory  # noqa: E402
+from benchmarks.bench_data import PeakMemory, write_results  # noqa: E402
 
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k" / "train"
 
@@ -291,14 +290,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     results = in_process(sizes, args) if len(sizes) == 1 else [isolated(n, args) for n in sizes]
     print_table(results)
-    info = {
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "ray": ray.__version__,
-        "command": " ".join(sys.argv),
-    }
-    Path(args.json).write_text(json.dumps({"info": info, "results": results}, indent=2))
-    print(f"\nfull figures: {args.json}")
+    write_results(args.json, results, ray=ray.__version__)
     return 0
 
 
